@@ -1,0 +1,1 @@
+//! skiff-cni: CNI plugin (veth, IPAM, routes)

@@ -1,0 +1,1 @@
+//! The HTTP apiserver (to be written).

@@ -1,0 +1,6 @@
+//! skiff control plane: the Kubernetes-compatible apiserver, its store, and (later) the
+//! scheduler and controllers, all of which talk only through the API.
+
+pub mod apiserver;
+pub mod machinery;
+pub mod store;

@@ -1,0 +1,5 @@
+//! skiff-server: the control-plane binary.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! The embedded default backend (to be written): crash-safe, group commit.

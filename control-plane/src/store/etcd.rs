@@ -1,0 +1,1 @@
+//! The etcd v3 backend (to be written).

@@ -1,0 +1,173 @@
+//! The storage layer: a key-value store with MVCC revisions, the only state the apiserver keeps.
+//!
+//! Semantics follow etcd v3 so the two backends are interchangeable:
+//! - every successful write transaction gets the next store revision; all operations of one
+//!   transaction share it, and `resourceVersion` of an object is its `mod_revision`;
+//! - `watch(prefix, after)` yields every change with revision > `after`, in revision order,
+//!   with no gap and no duplicate, then follows live changes; asking for a revision at or
+//!   below the compacted revision fails with [`Error::Compacted`];
+//! - writes are acknowledged only once durable (fsync on the embedded backend, quorum on etcd).
+
+pub mod embedded;
+pub mod etcd;
+#[cfg(test)]
+mod suite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+/// A store revision (etcd's revision; Kubernetes' resourceVersion).
+pub type Revision = i64;
+
+/// One stored key with its value and revisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Bytes,
+    /// Revision of the write that created the key (unchanged by later updates).
+    pub create_revision: Revision,
+    /// Revision of the last write to the key.
+    pub mod_revision: Revision,
+}
+
+/// One operation of a write transaction, with its precondition.
+#[derive(Debug, Clone)]
+pub enum TxnOp {
+    /// Create `key`; fails with [`Error::AlreadyExists`] if it exists.
+    Create { key: String, value: Bytes },
+    /// Replace `key`; fails with [`Error::NotFound`] if absent and with [`Error::Conflict`]
+    /// if its `mod_revision` is not `expected`.
+    Update { key: String, value: Bytes, expected: Revision },
+    /// Delete `key`; fails with [`Error::NotFound`] if absent and with [`Error::Conflict`]
+    /// if `expected` is given and differs from its `mod_revision`.
+    Delete { key: String, expected: Option<Revision> },
+}
+
+/// What a committed transaction did to one key, in the order of the ops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnResult {
+    /// The key after a Create or Update (its `mod_revision` is the transaction's revision).
+    Put(KeyValue),
+    /// A Delete: the key as it was just before it was deleted.
+    Deleted(KeyValue),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// A change seen by a watcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    /// The revision of the change (for a delete, the deleting transaction's revision).
+    pub revision: Revision,
+    /// For Put: the key after the write. For Delete: the last value before the delete
+    /// (with that value's create/mod revisions).
+    pub kv: KeyValue,
+    /// For Put: the previous value if the key existed. For Delete: `None`.
+    pub prev: Option<KeyValue>,
+}
+
+/// Result of a list: the matching keys (sorted by key) and the revision they were read at.
+#[derive(Debug, Clone, Default)]
+pub struct ListResult {
+    pub kvs: Vec<KeyValue>,
+    pub revision: Revision,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("key {key} not found")]
+    NotFound { key: String },
+    #[error("key {key} already exists")]
+    AlreadyExists { key: String },
+    #[error("key {key} was modified: expected revision {expected}, found {actual}")]
+    Conflict { key: String, expected: Revision, actual: Revision },
+    #[error("revision {requested} has been compacted (compacted up to {compacted})")]
+    Compacted { requested: Revision, compacted: Revision },
+    #[error("revision {requested} is in the future (current {current})")]
+    FutureRevision { requested: Revision, current: Revision },
+    #[error("store backend failed: {context}")]
+    Backend {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("store is closed")]
+    Closed,
+}
+
+impl Error {
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Backend { context: context.into(), source: source.into() }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The storage interface. Both backends pass the shared suite in `suite.rs`.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Read one key at the current revision.
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
+
+    /// All keys starting with `prefix`, sorted by key, at one consistent revision.
+    async fn list(&self, prefix: &str) -> Result<ListResult>;
+
+    /// Apply all ops atomically at one new revision, or none of them (the first failing
+    /// precondition is returned). An empty `ops` is an error-free no-op returning no results.
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>>;
+
+    /// The latest committed revision.
+    async fn current_revision(&self) -> Result<Revision>;
+
+    /// Every change under `prefix` with revision > `after`, then live changes, until the
+    /// stream is dropped. Fails (as the first and only item) with `Compacted` when `after`
+    /// is below the compacted revision, `FutureRevision` when above the current one.
+    async fn watch(&self, prefix: &str, after: Revision) -> Result<BoxStream<'static, Result<Event>>>;
+
+    /// Forget history at or below `revision` (watches from there fail with `Compacted`).
+    async fn compact(&self, revision: Revision) -> Result<()>;
+
+    /// The revision up to which history has been compacted (0 if never).
+    async fn compacted_revision(&self) -> Result<Revision>;
+}
+
+/// Convenience wrappers over [`Store::txn`] for single-key writes.
+#[async_trait]
+pub trait StoreExt: Store {
+    async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
+        match self.txn(vec![TxnOp::Create { key: key.into(), value }]).await?.pop() {
+            Some(TxnResult::Put(kv)) => Ok(kv),
+            other => unreachable!("create returned {other:?}"),
+        }
+    }
+
+    async fn update(&self, key: &str, value: Bytes, expected: Revision) -> Result<KeyValue> {
+        match self.txn(vec![TxnOp::Update { key: key.into(), value, expected }]).await?.pop() {
+            Some(TxnResult::Put(kv)) => Ok(kv),
+            other => unreachable!("update returned {other:?}"),
+        }
+    }
+
+    /// Delete `key`; returns the value it had.
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<KeyValue> {
+        match self.txn(vec![TxnOp::Delete { key: key.into(), expected }]).await?.pop() {
+            Some(TxnResult::Deleted(kv)) => Ok(kv),
+            other => unreachable!("delete returned {other:?}"),
+        }
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+pub type DynStore = Arc<dyn Store>;

@@ -1,0 +1,1 @@
+//! The storage test suite shared by both backends (to be written).

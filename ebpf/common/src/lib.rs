@@ -1,0 +1,2 @@
+//! Map keys and values shared by the eBPF programs (`ebpf/`) and the proxy (`proxy/`).
+#![no_std]

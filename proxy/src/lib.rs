@@ -1,0 +1,1 @@
+//! skiff-proxy: eBPF service proxy (kube-proxy replacement)

@@ -1,0 +1,1 @@
+//! Shared rig for the end-to-end tests (servers, kubectl, lab namespaces).
