@@ -3,4 +3,6 @@
 
 pub mod apiserver;
 pub mod machinery;
+pub mod pki;
+pub mod server;
 pub mod store;

@@ -1,5 +1,67 @@
 //! skiff-server: the control-plane binary.
 
-fn main() -> anyhow::Result<()> {
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use skiff_control_plane::apiserver::alloc::Cidr;
+use skiff_control_plane::server::{self, ServerConfig, StoreConfig};
+
+#[derive(Parser)]
+#[command(name = "skiff-server", about = "skiff control plane: a Kubernetes-compatible apiserver")]
+struct Args {
+    /// Store, PKI and admin.kubeconfig live here.
+    #[arg(long, default_value = "/var/lib/skiff/server")]
+    data_dir: PathBuf,
+    /// HTTPS listen address.
+    #[arg(long, default_value = "0.0.0.0:6443")]
+    listen: std::net::SocketAddr,
+    /// ClusterIP range of Services.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: String,
+    /// NodePort range.
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: String,
+    /// Comma-separated etcd endpoints; the embedded store is used when absent.
+    #[arg(long)]
+    etcd_servers: Option<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/skiff")]
+    etcd_prefix: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut config =
+        ServerConfig { data_dir: args.data_dir, listen: args.listen, ..Default::default() };
+    config.api.service_cidr = Cidr::parse(&args.service_cluster_ip_range).with_context(|| {
+        format!("--service-cluster-ip-range {:?}", args.service_cluster_ip_range)
+    })?;
+    let (lo, hi) = args
+        .service_node_port_range
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        .with_context(|| format!("--service-node-port-range {:?}", args.service_node_port_range))?;
+    config.api.node_ports = (lo, hi);
+    if let Some(servers) = args.etcd_servers {
+        config.store = StoreConfig::Etcd {
+            endpoints: servers.split(',').map(str::to_string).collect(),
+            prefix: args.etcd_prefix,
+        };
+    }
+    let running = server::start(config).await?;
+    eprintln!(
+        "skiff-server listening on {}; kubeconfig: {}",
+        running.addr,
+        running.kubeconfig.display()
+    );
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     Ok(())
 }

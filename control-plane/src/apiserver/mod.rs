@@ -1,1 +1,318 @@
-//! The HTTP apiserver (to be written).
+//! The Kubernetes-compatible HTTP apiserver: routing, discovery, OpenAPI, the resource
+//! verbs over the store, and watches served from the watch cache.
+
+pub mod alloc;
+pub mod cache;
+mod discovery;
+mod handlers;
+pub mod negotiate;
+pub mod registry;
+pub mod request;
+pub mod selectors;
+pub mod status;
+pub mod table;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use serde_json::{Value, json};
+
+use self::alloc::{Allocators, Cidr};
+use self::cache::WatchCache;
+use self::registry::Registry;
+use self::request::{Query, Route};
+use self::status::ApiError;
+use crate::machinery::openapi::OpenApiDocs;
+use crate::store::DynStore;
+
+/// The Kubernetes version skiff reports (kubectl's dispatcher picks its binary by the minor).
+pub const KUBE_VERSION: (&str, &str) = ("1", "33");
+pub const GIT_VERSION: &str = "v1.33.0-skiff";
+
+/// Apiserver settings; defaults match upstream's.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// `--service-cluster-ip-range` (upstream default 10.0.0.0/24; kubeadm's 10.96.0.0/12).
+    pub service_cidr: Cidr,
+    /// `--service-node-port-range` (upstream default 30000-32767).
+    pub node_ports: (u16, u16),
+    /// How often idle watches get a bookmark (kube-rs treats silence > timeout+5 s as dead).
+    pub bookmark_interval: Duration,
+    /// Watch timeout when the client gives none (upstream: min-request-timeout 1800 s, jittered).
+    pub default_watch_timeout: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            service_cidr: Cidr::parse("10.96.0.0/12").expect("valid default CIDR"),
+            node_ports: (30000, 32767),
+            bookmark_interval: Duration::from_secs(5),
+            default_watch_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// Shared state of every request handler.
+pub struct ApiServer {
+    pub registry: Arc<Registry>,
+    pub store: DynStore,
+    pub cache: Arc<WatchCache>,
+    pub openapi: OpenApiDocs,
+    pub alloc: Allocators,
+    pub config: ApiConfig,
+    pub metrics: handlers::Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the watch cache")]
+    Cache(#[source] crate::store::Error),
+    #[error("building the OpenAPI documents")]
+    OpenApi(#[source] crate::machinery::openapi::Error),
+    #[error("creating system object {name}")]
+    Bootstrap {
+        name: String,
+        #[source]
+        source: Box<ApiError>,
+    },
+}
+
+impl ApiServer {
+    /// Load the cache, repair the allocators and create the system namespaces.
+    pub async fn start(store: DynStore, config: ApiConfig) -> Result<Arc<ApiServer>, Error> {
+        let registry = Arc::new(Registry::new());
+        let cache =
+            WatchCache::start(store.clone(), registry.clone()).await.map_err(Error::Cache)?;
+        let openapi = OpenApiDocs::build(&registry.descs()).map_err(Error::OpenApi)?;
+        let alloc = Allocators::new(config.service_cidr, config.node_ports);
+        let server = Arc::new(ApiServer {
+            registry,
+            store,
+            cache,
+            openapi,
+            alloc,
+            config,
+            metrics: handlers::Metrics::default(),
+        });
+        server.repair_allocations();
+        server.bootstrap().await?;
+        Ok(server)
+    }
+
+    fn repair_allocations(&self) {
+        let Some(rt) = self.registry.find("", "v1", "services") else { return };
+        let services: Vec<Value> =
+            self.cache.resource(rt).list(&rt.prefix(), None).iter().map(|o| o.value()).collect();
+        self.alloc.repair(services.iter());
+    }
+
+    /// default, kube-system, kube-public, kube-node-lease and the `kubernetes` Service.
+    async fn bootstrap(&self) -> Result<(), Error> {
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            self.ensure("namespaces", None, ns, obj).await?;
+        }
+        let ip = self.alloc.kubernetes_ip().to_string();
+        let svc = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                         "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
+        });
+        self.ensure("services", Some("default"), "kubernetes", svc).await
+    }
+
+    async fn ensure(
+        &self,
+        plural: &str,
+        ns: Option<&str>,
+        name: &str,
+        obj: Value,
+    ) -> Result<(), Error> {
+        let rt = self.registry.find("", "v1", plural).expect("core resource");
+        let exists = self
+            .store
+            .get(&rt.key(ns, name))
+            .await
+            .map_err(|e| Error::Bootstrap { name: name.to_string(), source: Box::new(e.into()) })?;
+        if exists.is_some() {
+            return Ok(());
+        }
+        let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        let mut headers = http::HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let result = handlers::create(
+            self,
+            rt,
+            ns,
+            &Query::parse(Some("fieldManager=skiff-server")),
+            &headers,
+            &body,
+        )
+        .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if e.reason == "AlreadyExists" => Ok(()),
+            Err(e) => Err(Error::Bootstrap { name: name.to_string(), source: Box::new(e) }),
+        }
+    }
+
+    /// The router: the HTTP face of the apiserver, also usable in process as a tower service.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new().fallback(dispatch).with_state(self.clone())
+    }
+
+    /// Periodic compaction of store history (upstream: every 5 minutes).
+    pub fn spawn_compactor(self: &Arc<Self>, every: Duration) {
+        let server = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(server) = server.upgrade() else { return };
+                if let Some(rev) = last
+                    && let Err(e) = server.store.compact(rev).await
+                {
+                    tracing::warn!(error = %e, "compacting the store");
+                }
+                last = server.store.current_revision().await.ok();
+            }
+        });
+    }
+}
+
+async fn dispatch(State(server): State<Arc<ApiServer>>, req: Request) -> Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let response = match route(&server, req).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    };
+    server.metrics.observe(&method, response.status(), started.elapsed());
+    tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    response
+}
+
+async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let query = Query::parse(parts.uri.query());
+    let path = parts.uri.path();
+    match path {
+        "/healthz" | "/livez" | "/readyz" => return Ok(text(StatusCode::OK, "ok")),
+        "/version" => return Ok(json_response(StatusCode::OK, &version())),
+        "/metrics" => return Ok(server.metrics.render(server)),
+        "/openapi/v3" | "/openapi/v3/" => {
+            return Ok(bytes_response(
+                StatusCode::OK,
+                "application/json",
+                server.openapi.root.clone(),
+            ));
+        }
+        "/openapi/v2" | "/swagger.json" => return Ok(openapi_v2(server, &parts.headers)),
+        _ => {}
+    }
+    if let Some(gv) = path.strip_prefix("/openapi/v3/") {
+        return match server.openapi.group_versions.get(gv) {
+            Some((hash, doc)) => {
+                let mut resp = bytes_response(StatusCode::OK, "application/json", doc.clone());
+                if let Ok(etag) = HeaderValue::from_str(&format!("\"{hash}\"")) {
+                    resp.headers_mut().insert(header::ETAG, etag);
+                }
+                if query.get("hash").is_some() {
+                    resp.headers_mut().insert(
+                        header::CACHE_CONTROL,
+                        HeaderValue::from_static("public, immutable"),
+                    );
+                }
+                Ok(resp)
+            }
+            None => Err(ApiError::path_not_found()),
+        };
+    }
+    let watch_param = query.flag("watch");
+    match request::parse(&parts.method, path, watch_param)? {
+        Some(Route::LegacyRoot) => Ok(discovery::legacy_root(server, &parts.headers)),
+        Some(Route::GroupsRoot) => Ok(discovery::groups_root(server, &parts.headers)),
+        Some(Route::Group { group }) => discovery::group(server, &group),
+        Some(Route::GroupVersion { group, version }) => {
+            discovery::resource_list(server, &group, &version)
+        }
+        Some(Route::Resource(info)) => {
+            let limit = negotiate::MAX_BODY + 1;
+            let body = match parts.method {
+                Method::GET | Method::HEAD => Bytes::new(),
+                _ => axum::body::to_bytes(body, limit)
+                    .await
+                    .map_err(|_| ApiError::too_large(negotiate::MAX_BODY))?,
+            };
+            handlers::resource(server, info, query, parts.headers, body).await
+        }
+        None => Err(ApiError::path_not_found()),
+    }
+}
+
+fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
+    let wants_proto = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("protobuf"));
+    if wants_proto && !server.openapi.v2_protobuf.is_empty() {
+        bytes_response(
+            StatusCode::OK,
+            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+            server.openapi.v2_protobuf.clone(),
+        )
+    } else if server.openapi.v2_json.is_empty() {
+        ApiError::path_not_found().into_response()
+    } else {
+        bytes_response(StatusCode::OK, "application/json", server.openapi.v2_json.clone())
+    }
+}
+
+fn version() -> Value {
+    json!({
+        "major": KUBE_VERSION.0,
+        "minor": KUBE_VERSION.1,
+        "gitVersion": GIT_VERSION,
+        "gitCommit": "skiff",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "rust",
+        "compiler": "rustc",
+        "platform": "linux/amd64",
+        "emulationMajor": KUBE_VERSION.0,
+        "emulationMinor": KUBE_VERSION.1,
+    })
+}
+
+pub(crate) fn text(code: StatusCode, s: &'static str) -> Response {
+    let mut r = (code, s).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
+    bytes_response(code, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+pub(crate) fn bytes_response(
+    code: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}

@@ -35,16 +35,15 @@ impl Schemas {
     /// The component schema of a kind, found through `x-kubernetes-group-version-kind`.
     pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&Value> {
         self.components.values().find(|schema| {
-            schema
-                .get("x-kubernetes-group-version-kind")
-                .and_then(Value::as_array)
-                .is_some_and(|gvks| {
+            schema.get("x-kubernetes-group-version-kind").and_then(Value::as_array).is_some_and(
+                |gvks| {
                     gvks.iter().any(|gvk| {
                         gvk["group"].as_str() == Some(group)
                             && gvk["version"].as_str() == Some(version)
                             && gvk["kind"].as_str() == Some(kind)
                     })
-                })
+                },
+            )
         })
     }
 
@@ -56,7 +55,9 @@ impl Schemas {
         for _ in 0..16 {
             let target = if let Some(r) = current.get("$ref").and_then(Value::as_str) {
                 r
-            } else if let Some([one]) = current.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+            } else if let Some([one]) =
+                current.get("allOf").and_then(Value::as_array).map(Vec::as_slice)
+            {
                 match one.get("$ref").and_then(Value::as_str) {
                     Some(r) => r,
                     None => return current,
@@ -177,5 +178,18 @@ impl<'a> FieldSchema<'a> {
 
     pub fn schemas(&self) -> &'a Schemas {
         self.schemas
+    }
+}
+
+/// The built-in schemas (stub until the schema builder lands).
+pub fn builtin() -> &'static Schemas {
+    static EMPTY: std::sync::OnceLock<Schemas> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(Schemas::default)
+}
+
+impl Schemas {
+    /// Paths of fields in `value` the schema does not know (stub until the builder lands).
+    pub fn unknown_fields(&self, _schema: FieldSchema, _value: &Value) -> Vec<String> {
+        Vec::new()
     }
 }

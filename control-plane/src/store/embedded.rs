@@ -1,1 +1,13 @@
-//! The embedded default backend (to be written): crash-safe, group commit.
+//! The embedded default backend (placeholder until the redb backend lands: in memory).
+
+use std::path::Path;
+
+use super::memory::MemoryStore;
+
+pub type EmbeddedStore = MemoryStore;
+
+impl MemoryStore {
+    pub async fn open(_dir: &Path) -> super::Result<MemoryStore> {
+        Ok(MemoryStore::new())
+    }
+}

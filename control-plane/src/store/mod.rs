@@ -10,6 +10,7 @@
 
 pub mod embedded;
 pub mod etcd;
+pub mod memory;
 #[cfg(test)]
 mod suite;
 
@@ -133,7 +134,11 @@ pub trait Store: Send + Sync + 'static {
     /// Every change under `prefix` with revision > `after`, then live changes, until the
     /// stream is dropped. Fails (as the first and only item) with `Compacted` when `after`
     /// is below the compacted revision, `FutureRevision` when above the current one.
-    async fn watch(&self, prefix: &str, after: Revision) -> Result<BoxStream<'static, Result<Event>>>;
+    async fn watch(
+        &self,
+        prefix: &str,
+        after: Revision,
+    ) -> Result<BoxStream<'static, Result<Event>>>;
 
     /// Forget history at or below `revision` (watches from there fail with `Compacted`).
     async fn compact(&self, revision: Revision) -> Result<()>;

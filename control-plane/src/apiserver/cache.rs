@@ -1,0 +1,352 @@
+//! The watch cache: every object of every resource in memory, fed by one store watch.
+//! Lists are served from it, and each change is serialized once and fanned out to all
+//! watchers of its resource through a broadcast channel.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+
+use super::registry::{Registry, ResourceType};
+use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
+
+/// Events kept per resource for watches that resume from a past resourceVersion.
+const HISTORY_PER_RESOURCE: usize = 10_000;
+/// Live events buffered per watcher before it is cut off as too slow.
+const BROADCAST_CAPACITY: usize = 8_192;
+
+/// An object as stored in the cache: its JSON (with resourceVersion set) and the parts
+/// selectors look at.
+#[derive(Debug)]
+pub struct CachedObject {
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub rv: Revision,
+    pub json: Bytes,
+    pub labels: BTreeMap<String, String>,
+    pub fields: Vec<(&'static str, String)>,
+}
+
+impl CachedObject {
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct CacheEvent {
+    pub rv: Revision,
+    pub kind: EventType,
+    /// The object after the change (for a delete: its last state with the delete's rv).
+    pub obj: Arc<CachedObject>,
+    /// The object before the change (for selector transitions).
+    pub prev: Option<Arc<CachedObject>>,
+}
+
+/// One resource's objects, recent history and live fan-out.
+pub struct ResourceCache {
+    state: RwLock<ResourceState>,
+    tx: broadcast::Sender<Arc<CacheEvent>>,
+}
+
+struct ResourceState {
+    objects: BTreeMap<String, Arc<CachedObject>>,
+    history: VecDeque<Arc<CacheEvent>>,
+    /// Every event with rv > `history_floor` is in `history`.
+    history_floor: Revision,
+}
+
+/// What a new watcher gets: the events it missed and a receiver for what follows.
+pub struct Subscription {
+    pub backlog: Vec<Arc<CacheEvent>>,
+    pub rx: broadcast::Receiver<Arc<CacheEvent>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchStartError {
+    #[error("too old resource version: {requested} ({oldest})")]
+    TooOld { requested: Revision, oldest: Revision },
+}
+
+impl ResourceCache {
+    fn new(floor: Revision) -> Self {
+        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+        ResourceCache {
+            state: RwLock::new(ResourceState {
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_floor: floor,
+            }),
+            tx,
+        }
+    }
+
+    /// Objects whose key starts with `prefix`, from key `after` (exclusive) on.
+    pub fn list(&self, prefix: &str, after: Option<&str>) -> Vec<Arc<CachedObject>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let start = match after {
+            Some(k) => std::ops::Bound::Excluded(k.to_string()),
+            None => std::ops::Bound::Included(prefix.to_string()),
+        };
+        state
+            .objects
+            .range((start, std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Subscribe from `from` (events with rv > from), or with `None` get a snapshot of all
+    /// current objects as ADDED events first.
+    pub fn subscribe(
+        &self,
+        from: Option<Revision>,
+        prefix: &str,
+    ) -> Result<Subscription, WatchStartError> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let rx = self.tx.subscribe();
+        let backlog = match from {
+            None => state
+                .objects
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(_, o)| {
+                    Arc::new(CacheEvent {
+                        rv: o.rv,
+                        kind: EventType::Added,
+                        obj: o.clone(),
+                        prev: None,
+                    })
+                })
+                .collect(),
+            Some(rv) => {
+                if rv < state.history_floor {
+                    return Err(WatchStartError::TooOld {
+                        requested: rv,
+                        oldest: state.history_floor,
+                    });
+                }
+                let start = state.history.partition_point(|e| e.rv <= rv);
+                state.history.range(start..).cloned().collect()
+            }
+        };
+        Ok(Subscription { backlog, rx })
+    }
+
+    fn apply(&self, event: Arc<CacheEvent>) {
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        match event.kind {
+            EventType::Deleted => {
+                state.objects.remove(&event.obj.key);
+            }
+            _ => {
+                state.objects.insert(event.obj.key.clone(), event.obj.clone());
+            }
+        }
+        state.history.push_back(event.clone());
+        while state.history.len() > HISTORY_PER_RESOURCE {
+            if let Some(old) = state.history.pop_front() {
+                state.history_floor = old.rv;
+            }
+        }
+        // No receivers is fine: nobody watches this resource.
+        let _ = self.tx.send(event);
+    }
+
+    fn reset(&self, objects: BTreeMap<String, Arc<CachedObject>>, floor: Revision) {
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        state.objects = objects;
+        state.history.clear();
+        state.history_floor = floor;
+    }
+}
+
+/// All resources' caches and the revision they have caught up to.
+pub struct WatchCache {
+    registry: Arc<Registry>,
+    /// Store key prefix of each resource, in registry order.
+    prefixes: Vec<String>,
+    caches: Vec<Arc<ResourceCache>>,
+    rev: AtomicI64,
+    rev_tx: watch::Sender<Revision>,
+}
+
+impl WatchCache {
+    /// Load everything from the store and start following it.
+    pub async fn start(store: DynStore, registry: Arc<Registry>) -> store::Result<Arc<WatchCache>> {
+        let (rev_tx, _) = watch::channel(0);
+        let caches = registry.all().iter().map(|_| Arc::new(ResourceCache::new(0))).collect();
+        let prefixes = registry.all().iter().map(ResourceType::prefix).collect();
+        let cache =
+            Arc::new(WatchCache { registry, prefixes, caches, rev: AtomicI64::new(0), rev_tx });
+        let rev = cache.load(&store).await?;
+        let follower = cache.clone();
+        tokio::spawn(async move { follower.follow(store, rev).await });
+        Ok(cache)
+    }
+
+    async fn load(&self, store: &DynStore) -> store::Result<Revision> {
+        let listed = store.list("/registry/").await?;
+        let mut per: Vec<BTreeMap<String, Arc<CachedObject>>> =
+            self.caches.iter().map(|_| BTreeMap::new()).collect();
+        for kv in &listed.kvs {
+            if let Some((idx, rt)) = self.resource_of(&kv.key)
+                && let Some(obj) = cached_object(rt, kv, kv.mod_revision)
+            {
+                per[idx].insert(kv.key.clone(), Arc::new(obj));
+            }
+        }
+        for (cache, objects) in self.caches.iter().zip(per) {
+            cache.reset(objects, listed.revision);
+        }
+        self.set_rev(listed.revision);
+        Ok(listed.revision)
+    }
+
+    async fn follow(self: Arc<Self>, store: DynStore, mut rev: Revision) {
+        loop {
+            match store.watch("/registry/", rev).await {
+                Ok(mut events) => {
+                    while let Some(item) = events.next().await {
+                        match item {
+                            Ok(event) => {
+                                rev = event.revision;
+                                self.dispatch(event);
+                                self.set_rev(rev);
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "store watch failed; resuming");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(store::Error::Compacted { .. }) => {
+                    tracing::warn!("store history compacted under the watch cache; reloading");
+                    match self.load(&store).await {
+                        Ok(r) => rev = r,
+                        Err(e) => tracing::error!(error = %e, "reloading the watch cache"),
+                    }
+                }
+                Err(store::Error::Closed) => return,
+                Err(e) => tracing::warn!(error = %e, "starting the store watch"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn dispatch(&self, event: store::Event) {
+        let Some((idx, rt)) = self.resource_of(&event.kv.key) else { return };
+        let cache = &self.caches[idx];
+        let prev = cache.get(&event.kv.key);
+        let (kind, obj) = match event.kind {
+            EventKind::Put => {
+                let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
+                (kind, cached_object(rt, &event.kv, event.kv.mod_revision))
+            }
+            EventKind::Delete => (EventType::Deleted, cached_object(rt, &event.kv, event.revision)),
+        };
+        let Some(obj) = obj else {
+            tracing::error!(key = %event.kv.key, "undecodable object in the store; skipped");
+            return;
+        };
+        cache.apply(Arc::new(CacheEvent { rv: event.revision, kind, obj: Arc::new(obj), prev }));
+    }
+
+    fn set_rev(&self, rev: Revision) {
+        self.rev.store(rev, Ordering::Release);
+        self.rev_tx.send_replace(rev);
+    }
+
+    fn resource_of(&self, key: &str) -> Option<(usize, &ResourceType)> {
+        let idx = self.prefixes.iter().position(|p| key.starts_with(p.as_str()))?;
+        Some((idx, &self.registry.all()[idx]))
+    }
+
+    /// The revision every cache has caught up to.
+    pub fn revision(&self) -> Revision {
+        self.rev.load(Ordering::Acquire)
+    }
+
+    /// Wait until the cache has seen revision `rev` (false on timeout).
+    pub async fn wait_for(&self, rev: Revision, timeout: Duration) -> bool {
+        let mut rx = self.rev_tx.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|r| *r >= rev)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    pub fn resource(&self, rt: &ResourceType) -> &Arc<ResourceCache> {
+        let idx = match self.registry.all().iter().position(|t| std::ptr::eq(t, rt)) {
+            Some(idx) => idx,
+            None => {
+                let prefix = rt.prefix();
+                self.prefixes.iter().position(|p| *p == prefix).unwrap_or(0)
+            }
+        };
+        &self.caches[idx]
+    }
+}
+
+/// Decode a stored value into a cached object with `rv` as its resourceVersion.
+pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<CachedObject> {
+    let mut value: Value = serde_json::from_slice(&kv.value).ok()?;
+    set_resource_version(&mut value, rv);
+    let labels = value
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()
+        })
+        .unwrap_or_default();
+    let fields = rt.field_values(&value);
+    let json = Bytes::from(serde_json::to_vec(&value).ok()?);
+    Some(CachedObject {
+        key: kv.key.clone(),
+        namespace: fields[1].1.clone(),
+        name: fields[0].1.clone(),
+        rv,
+        json,
+        labels,
+        fields,
+    })
+}
+
+pub fn set_resource_version(obj: &mut Value, rv: Revision) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}

@@ -1,0 +1,1550 @@
+//! The resource verbs: get, list, create, update, patch, delete, deletecollection and the
+//! status/scale/binding subresources. Reads of single objects go to the store (read your
+//! writes); lists are served from the watch cache once it has caught up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use serde_json::{Map, Value, json};
+
+use super::cache::{CachedObject, set_resource_version};
+use super::negotiate::{self, BodyType, Output};
+use super::registry::ResourceType;
+use super::request::{FieldValidation, Query, RequestInfo, Verb};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::status::{ApiError, ApiResult, Cause, success_status};
+use super::table;
+use super::{ApiServer, bytes_response, json_response, watch};
+use crate::machinery::admission::{self, Gvk, Operation};
+use crate::machinery::{apply, schema, strategic};
+use crate::store::{self, KeyValue, Revision, StoreExt};
+
+/// How long a consistent list waits for the watch cache to catch up with the store.
+const CACHE_WAIT: Duration = Duration::from_secs(3);
+/// How many times a write retries after losing a compare-and-swap race.
+const MAX_RETRIES: usize = 16;
+
+pub async fn resource(
+    server: &Arc<ApiServer>,
+    info: RequestInfo,
+    query: Query,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let rt = server
+        .registry
+        .find(&info.group, &info.version, &info.resource)
+        .ok_or_else(ApiError::path_not_found)?;
+    if let Some(sub) = info.subresource.as_deref()
+        && !rt.has_subresource(sub)
+    {
+        return Err(ApiError::path_not_found());
+    }
+    // A namespaced resource addressed without a namespace only supports list/watch.
+    let ns = if rt.desc.namespaced { info.namespace.as_deref() } else { None };
+    if rt.desc.namespaced && ns.is_none() && !matches!(info.verb, Verb::List | Verb::Watch) {
+        return Err(ApiError::path_not_found());
+    }
+    if !rt.desc.namespaced && info.namespace.is_some() {
+        return Err(ApiError::path_not_found());
+    }
+    let name = info.name.as_deref();
+    let output = negotiate::output(&headers);
+    match (info.verb, name, info.subresource.as_deref()) {
+        (Verb::Get, Some(name), None | Some("status")) => {
+            let (obj, _) = get_object(server, rt, ns, name).await?;
+            Ok(render_object(rt, obj, output))
+        }
+        (Verb::Get, Some(name), Some("scale")) => {
+            let (obj, _) = get_object(server, rt, ns, name).await?;
+            Ok(json_response(StatusCode::OK, &to_scale(&obj)))
+        }
+        (Verb::List, None, None) => list(server, rt, ns, &query, output).await,
+        (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
+        (Verb::Create, None, None) => {
+            let (obj, code, warnings) = create(server, rt, ns, &query, &headers, &body).await?;
+            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+        }
+        (Verb::Create, Some(name), Some("binding")) => {
+            let obj = bind(server, rt, ns, name, &query, &headers, &body).await?;
+            Ok(json_response(StatusCode::CREATED, &obj))
+        }
+        (Verb::Update, Some(name), sub @ (None | Some("status"))) => {
+            let (obj, code, warnings) =
+                update(server, rt, ns, name, sub, &query, &headers, &body).await?;
+            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+        }
+        (Verb::Update | Verb::Patch, Some(name), Some("scale")) => {
+            let obj = scale(server, rt, ns, name, info.verb, &query, &headers, &body).await?;
+            Ok(json_response(StatusCode::OK, &obj))
+        }
+        (Verb::Patch, Some(name), sub @ (None | Some("status"))) => {
+            let (obj, code, warnings) =
+                patch(server, rt, ns, name, sub, &query, &headers, &body).await?;
+            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+        }
+        (Verb::Delete, Some(name), None) => {
+            let (obj, code) = delete(server, rt, ns, name, &query, &body).await?;
+            Ok(json_response(code, &obj))
+        }
+        (Verb::DeleteCollection, None, None) => {
+            delete_collection(server, rt, ns, &query, &body).await
+        }
+        (verb, _, _) => Err(ApiError::method_not_allowed(verb.as_str())),
+    }
+}
+
+fn with_warnings(mut resp: Response, code: StatusCode, warnings: &[String]) -> Response {
+    *resp.status_mut() = code;
+    for w in warnings {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
+}
+
+fn render_object(rt: &ResourceType, obj: Value, output: Output) -> Response {
+    match output {
+        Output::Table(version) => json_response(
+            StatusCode::OK,
+            &table::table(rt, std::slice::from_ref(&obj), version, None, true),
+        ),
+        Output::Metadata(version) => {
+            json_response(StatusCode::OK, &partial_metadata(&obj, version))
+        }
+        Output::Json => json_response(StatusCode::OK, &obj),
+    }
+}
+
+pub fn partial_metadata(obj: &Value, version: &str) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": format!("meta.k8s.io/{version}"),
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// reads
+
+/// Read one object from the store with its resourceVersion set.
+async fn get_object(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+) -> ApiResult<(Value, Revision)> {
+    let kv = server.store.get(&rt.key(ns, name)).await?.ok_or_else(|| {
+        ApiError::not_found(&rt.qualified(), name).with_details(rt.group(), rt.plural(), name)
+    })?;
+    Ok((decode_stored(&kv)?, kv.mod_revision))
+}
+
+fn decode_stored(kv: &KeyValue) -> ApiResult<Value> {
+    let mut v: Value = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("decoding stored object {}: {e}", kv.key)))?;
+    set_resource_version(&mut v, kv.mod_revision);
+    Ok(v)
+}
+
+/// A continue token: the list's revision and the last key returned.
+fn encode_continue(rv: Revision, key: &str) -> String {
+    let raw = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": key});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw.to_string())
+}
+
+fn decode_continue(token: &str) -> ApiResult<(Revision, String)> {
+    let bad = || ApiError::bad_request("continue key is not valid: ".to_string() + token);
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v["rv"].as_i64().ok_or_else(bad)?;
+    let start = v["start"].as_str().ok_or_else(bad)?.to_string();
+    Ok((rv, start))
+}
+
+/// The selectors of a list or watch request.
+pub struct Filter {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub namespace: Option<String>,
+}
+
+impl Filter {
+    pub fn from_query(rt: &ResourceType, ns: Option<&str>, query: &Query) -> ApiResult<Filter> {
+        let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))?;
+        let fields = FieldSelector::parse(
+            query.get("fieldSelector").unwrap_or(""),
+            |f| rt.supports_field(f),
+            rt.plural(),
+        )?;
+        Ok(Filter { labels, fields, namespace: ns.map(str::to_string) })
+    }
+
+    pub fn matches(&self, obj: &CachedObject) -> bool {
+        self.labels.matches(&obj.labels) && self.fields.matches(&obj.fields)
+    }
+
+    /// The narrowest key prefix: a namespace, or one object by metadata.name.
+    pub fn prefix(&self, rt: &ResourceType) -> String {
+        let ns = self.namespace.as_deref().or_else(|| self.fields.required("metadata.namespace"));
+        rt.namespace_prefix(ns)
+    }
+}
+
+async fn list(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    output: Output,
+) -> ApiResult<Response> {
+    let filter = Filter::from_query(rt, ns, query)?;
+    let limit = query.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
+    let (list_rv, after) = match query.get("continue") {
+        Some(token) => {
+            let (rv, key) = decode_continue(token)?;
+            (rv, Some(key))
+        }
+        None => {
+            let rv = match (query.get("resourceVersion"), query.get("resourceVersionMatch")) {
+                // "0": any revision is fine; serve what the cache has.
+                (Some("0"), _) => server.cache.revision(),
+                (Some(rv), m) => {
+                    let rv: Revision = rv.parse().map_err(|_| {
+                        ApiError::bad_request(format!("invalid resource version {rv:?}"))
+                    })?;
+                    if m == Some("Exact") && rv != server.cache.revision() {
+                        return Err(ApiError::gone(format!(
+                            "too old resource version: {rv} ({})",
+                            server.cache.revision()
+                        )));
+                    }
+                    if !server.cache.wait_for(rv, CACHE_WAIT).await {
+                        return Err(ApiError::timeout(format!(
+                            "Too large resource version: {rv}, current: {}",
+                            server.cache.revision()
+                        )));
+                    }
+                    server.cache.revision()
+                }
+                // Consistent read: wait until the cache holds every committed write.
+                (None, _) => {
+                    let current = server.store.current_revision().await?;
+                    if !server.cache.wait_for(current, CACHE_WAIT).await {
+                        return Err(ApiError::timeout(
+                            "the watch cache did not catch up with the store",
+                        ));
+                    }
+                    server.cache.revision()
+                }
+            };
+            (rv, None)
+        }
+    };
+    let prefix = filter.prefix(rt);
+    let all = server.cache.resource(rt).list(&prefix, after.as_deref());
+    let mut items: Vec<Arc<CachedObject>> = Vec::new();
+    let mut next = None;
+    let mut remaining = 0usize;
+    for obj in all {
+        if !filter.matches(&obj) {
+            continue;
+        }
+        if let Some(limit) = limit
+            && items.len() >= limit
+        {
+            if next.is_none() {
+                next = items.last().map(|o| encode_continue(list_rv, &o.key));
+            }
+            remaining += 1;
+            continue;
+        }
+        items.push(obj);
+    }
+    let api_version = rt.desc.api_version();
+    match output {
+        Output::Table(version) => {
+            let values: Vec<Value> = items.iter().map(|o| o.value()).collect();
+            let mut t = table::table(rt, &values, version, None, true);
+            t["metadata"] = list_meta(list_rv, next.as_deref(), remaining);
+            Ok(json_response(StatusCode::OK, &t))
+        }
+        Output::Metadata(version) => {
+            let values: Vec<Value> =
+                items.iter().map(|o| partial_metadata(&o.value(), version)).collect();
+            let v = json!({
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": format!("meta.k8s.io/{version}"),
+                "metadata": list_meta(list_rv, next.as_deref(), remaining),
+                "items": values,
+            });
+            Ok(json_response(StatusCode::OK, &v))
+        }
+        Output::Json => {
+            // Assemble the list from the cached bytes without re-encoding each item.
+            let meta = list_meta(list_rv, next.as_deref(), remaining);
+            let mut out =
+                Vec::with_capacity(128 + items.iter().map(|o| o.json.len() + 1).sum::<usize>());
+            out.extend_from_slice(b"{\"kind\":\"");
+            out.extend_from_slice(rt.list_kind().as_bytes());
+            out.extend_from_slice(b"\",\"apiVersion\":\"");
+            out.extend_from_slice(api_version.as_bytes());
+            out.extend_from_slice(b"\",\"metadata\":");
+            out.extend_from_slice(meta.to_string().as_bytes());
+            out.extend_from_slice(b",\"items\":[");
+            for (i, o) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&o.json);
+            }
+            out.extend_from_slice(b"]}");
+            Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(out)))
+        }
+    }
+}
+
+fn list_meta(rv: Revision, next: Option<&str>, remaining: usize) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(next) = next {
+        meta["continue"] = json!(next);
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    meta
+}
+
+// ---------------------------------------------------------------------------------------
+// writes
+
+pub fn now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn gvk(rt: &ResourceType) -> Gvk<'static> {
+    Gvk { group: rt.desc.group, version: rt.desc.version, kind: rt.desc.kind }
+}
+
+/// The field manager of a write: `fieldManager`, else the user agent's program name.
+fn manager(query: &Query, headers: &HeaderMap) -> ApiResult<String> {
+    if let Some(m) = query.get("fieldManager") {
+        if m.len() > 128 {
+            return Err(ApiError::bad_request(
+                "fieldManager: Too long: may not be more than 128 bytes",
+            ));
+        }
+        return Ok(m.to_string());
+    }
+    let ua =
+        headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+    Ok(ua.split('/').next().unwrap_or("unknown").chars().take(128).collect())
+}
+
+/// Decode a create/update body, check its type meta and apply field validation.
+fn decode_for(
+    rt: &ResourceType,
+    body_type: BodyType,
+    body: &[u8],
+    validation: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> ApiResult<Value> {
+    let mut obj = negotiate::decode_object(body_type, body)?;
+    check_type_meta(rt, &mut obj)?;
+    validate_fields(rt, &obj, validation, warnings)?;
+    normalize(rt, obj)
+}
+
+/// kind/apiVersion must name this resource (or be absent); they are filled in.
+fn check_type_meta(rt: &ResourceType, obj: &mut Value) -> ApiResult<()> {
+    let api_version = rt.desc.api_version();
+    let map = obj.as_object_mut().ok_or_else(|| ApiError::bad_request("body must be an object"))?;
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("kind".into(), json!(rt.kind()));
+        }
+        Some(k) if k == rt.kind() => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({}) does not match the expected API version ({api_version}) or kind {k} does not match {}",
+                map.get("apiVersion").and_then(Value::as_str).unwrap_or(""),
+                rt.kind()
+            )));
+        }
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("apiVersion".into(), json!(api_version));
+        }
+        Some(v) if v == api_version => {}
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_fields(
+    rt: &ResourceType,
+    obj: &Value,
+    validation: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> ApiResult<()> {
+    if validation == FieldValidation::Ignore {
+        return Ok(());
+    }
+    let schemas = schema::builtin();
+    let Some(root) = schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) else {
+        return Ok(());
+    };
+    let unknown = schemas.unknown_fields(schemas.field(root), obj);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let msgs: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field \"{}\"", p.trim_start_matches('.')))
+        .collect();
+    if validation == FieldValidation::Strict {
+        return Err(ApiError::bad_request(format!("strict decoding error: {}", msgs.join(", "))));
+    }
+    warnings.extend(msgs);
+    Ok(())
+}
+
+fn normalize(rt: &ResourceType, obj: Value) -> ApiResult<Value> {
+    (rt.normalize)(obj).map_err(|e| {
+        ApiError::bad_request(format!(
+            "error decoding {} {}: {e}",
+            rt.kind(),
+            rt.desc.api_version()
+        ))
+    })
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    obj["metadata"].as_object_mut().expect("metadata was just made an object")
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str().filter(|s| !s.is_empty())
+}
+
+fn generate_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let u = uuid::Uuid::new_v4();
+    u.as_bytes().iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+}
+
+/// Namespaces must exist and not be terminating for anything to be created in them.
+async fn check_namespace(server: &ApiServer, rt: &ResourceType, ns: Option<&str>) -> ApiResult<()> {
+    let Some(ns) = ns.filter(|_| rt.desc.namespaced) else { return Ok(()) };
+    let nsr = server.registry.namespaces();
+    let key = nsr.key(None, ns);
+    let obj = match server.cache.resource(nsr).get(&key) {
+        Some(o) => Some(o.value()),
+        None => server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?,
+    };
+    match obj {
+        None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
+        Some(o)
+            if o.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+                || meta_str(&o, "deletionTimestamp").is_some() =>
+        {
+            Err(ApiError::forbidden(format!(
+                "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                rt.qualified(),
+                meta_str(&o, "name").unwrap_or(ns)
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> ApiError {
+    let message = admission::invalid_message(rt.kind(), rt.group(), name, &errs);
+    let causes = errs
+        .iter()
+        .map(|e| Cause {
+            reason: e.reason().to_string(),
+            message: e.to_string(),
+            field: e.field.clone(),
+        })
+        .collect();
+    ApiError::invalid(message, causes).with_details(rt.group(), rt.kind(), name)
+}
+
+fn encode(obj: &Value) -> ApiResult<Bytes> {
+    let mut stored = obj.clone();
+    if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+        meta.remove("selfLink");
+    }
+    serde_json::to_vec(&stored).map(Bytes::from).map_err(ApiError::internal)
+}
+
+fn store_error(rt: &ResourceType, name: &str, e: store::Error) -> ApiError {
+    match e {
+        store::Error::AlreadyExists { .. } => ApiError::already_exists(&rt.qualified(), name)
+            .with_details(rt.group(), rt.plural(), name),
+        store::Error::NotFound { .. } => {
+            ApiError::not_found(&rt.qualified(), name).with_details(rt.group(), rt.plural(), name)
+        }
+        store::Error::Conflict { .. } => {
+            ApiError::modified(&rt.qualified(), name).with_details(rt.group(), rt.plural(), name)
+        }
+        other => other.into(),
+    }
+}
+
+pub async fn create(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let body_type = negotiate::body_type(headers)?;
+    let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
+    let manager = manager(query, headers)?;
+    let obj = create_object(server, rt, ns, obj, &manager, query.dry_run()?).await?;
+    Ok((obj, StatusCode::CREATED, warnings))
+}
+
+/// The create path after decoding, shared by POST and apply-creates.
+async fn create_object(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    mut obj: Value,
+    manager: &str,
+    dry_run: bool,
+) -> ApiResult<Value> {
+    // Namespace of the object must agree with the URL.
+    match (ns, meta_str(&obj, "namespace").map(str::to_string)) {
+        (Some(url), Some(body)) if url != body => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        (Some(url), _) => {
+            meta_mut(&mut obj).insert("namespace".into(), json!(url));
+        }
+        (None, _) => {
+            meta_mut(&mut obj).remove("namespace");
+        }
+    }
+    check_namespace(server, rt, ns).await?;
+    let generate = meta_str(&obj, "name")
+        .is_none()
+        .then(|| meta_str(&obj, "generateName").map(str::to_string))
+        .flatten();
+    let ts = now();
+    {
+        let meta = meta_mut(&mut obj);
+        if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("creationTimestamp".into(), json!(ts));
+        meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
+        meta.remove("managedFields");
+        if rt.tracks_generation {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
+    }
+    let g = gvk(rt);
+    admission::prepare_for_create(g, &mut obj);
+    admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
+
+    for attempt in 0..3 {
+        let mut candidate = obj.clone();
+        if let Some(prefix) = &generate {
+            meta_mut(&mut candidate)
+                .insert("name".into(), json!(format!("{prefix}{}", generate_suffix())));
+        }
+        let name = meta_str(&candidate, "name").unwrap_or_default().to_string();
+        let errs = admission::validate(g, Operation::Create, None, &candidate, None);
+        if !errs.is_empty() {
+            return Err(invalid(rt, &name, errs));
+        }
+        if name.is_empty() {
+            return Err(ApiError::invalid(
+                format!(
+                    "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                    rt.kind()
+                ),
+                vec![Cause {
+                    reason: "FieldValueRequired".into(),
+                    message: "Required value: name or generateName is required".into(),
+                    field: "metadata.name".into(),
+                }],
+            ));
+        }
+        let reservation = if rt.kind() == "Service" && rt.group().is_empty() {
+            Some(server.alloc.allocate(&mut candidate)?)
+        } else {
+            None
+        };
+        apply::track_update(None, &mut candidate, manager, None, &rt.desc.api_version(), &ts);
+        if dry_run {
+            if let Some(r) = &reservation {
+                server.alloc.release(r);
+            }
+            return Ok(candidate);
+        }
+        let result = server.store.create(&rt.key(ns, &name), encode(&candidate)?).await;
+        match result {
+            Ok(kv) => {
+                set_resource_version(&mut candidate, kv.mod_revision);
+                return Ok(candidate);
+            }
+            Err(e) => {
+                if let Some(r) = &reservation {
+                    server.alloc.release(r);
+                }
+                if matches!(e, store::Error::AlreadyExists { .. })
+                    && generate.is_some()
+                    && attempt < 2
+                {
+                    continue;
+                }
+                return Err(store_error(rt, &name, e));
+            }
+        }
+    }
+    Err(ApiError::internal("could not generate a unique name"))
+}
+
+/// The outcome of computing an update from the current object.
+enum Change {
+    /// Write this object (compare-and-swap on the revision it was computed from).
+    Write(Value),
+    /// Remove the object (last finalizer gone from a terminating object).
+    Remove,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let body_type = negotiate::body_type(headers)?;
+    let new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
+    if meta_str(&new, "name").is_some_and(|n| n != name) {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta_str(&new, "name").unwrap_or_default()
+        )));
+    }
+    let manager = manager(query, headers)?;
+    let precondition = meta_str(&new, "resourceVersion").map(str::to_string);
+    let obj = guaranteed_update(
+        server,
+        rt,
+        ns,
+        name,
+        sub,
+        &manager,
+        query.dry_run()?,
+        precondition,
+        |_| Ok(new.clone()),
+    )
+    .await?;
+    Ok((obj, StatusCode::OK, warnings))
+}
+
+/// Read-modify-write with retries on revision conflicts (upstream's GuaranteedUpdate).
+/// `transform` computes the desired object from the current one.
+#[allow(clippy::too_many_arguments)]
+async fn guaranteed_update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    manager: &str,
+    dry_run: bool,
+    precondition: Option<String>,
+    transform: impl Fn(&Value) -> ApiResult<Value>,
+) -> ApiResult<Value> {
+    for _ in 0..MAX_RETRIES {
+        let (current, rev) = get_object(server, rt, ns, name).await?;
+        if let Some(want) = &precondition
+            && want != &rev.to_string()
+        {
+            return Err(ApiError::modified(&rt.qualified(), name).with_details(
+                rt.group(),
+                rt.plural(),
+                name,
+            ));
+        }
+        let desired = transform(&current)?;
+        let change = prepare_update(server, rt, name, sub, manager, desired, &current)?;
+        let key = rt.key(ns, name);
+        match change {
+            None => return Ok(current),
+            Some((Change::Remove, _)) => {
+                if dry_run {
+                    return Ok(current);
+                }
+                match server.store.delete(&key, Some(rev)).await {
+                    Ok(_) => {
+                        release_on_delete(server, rt, &current);
+                        return Ok(current);
+                    }
+                    Err(store::Error::Conflict { .. }) => continue,
+                    Err(e) => return Err(store_error(rt, name, e)),
+                }
+            }
+            Some((Change::Write(mut obj), reservation)) => {
+                if dry_run {
+                    if let Some(r) = &reservation {
+                        server.alloc.release(r);
+                    }
+                    return Ok(obj);
+                }
+                match server.store.update(&key, encode(&obj)?, rev).await {
+                    Ok(kv) => {
+                        if rt.kind() == "Service" && rt.group().is_empty() {
+                            server.alloc.release_service(&current, Some(&obj));
+                        }
+                        set_resource_version(&mut obj, kv.mod_revision);
+                        return Ok(obj);
+                    }
+                    Err(store::Error::Conflict { .. }) => {
+                        if let Some(r) = &reservation {
+                            server.alloc.release(r);
+                        }
+                        if precondition.is_some() {
+                            return Err(ApiError::modified(&rt.qualified(), name).with_details(
+                                rt.group(),
+                                rt.plural(),
+                                name,
+                            ));
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        if let Some(r) = &reservation {
+                            server.alloc.release(r);
+                        }
+                        return Err(store_error(rt, name, e));
+                    }
+                }
+            }
+        }
+    }
+    Err(ApiError::conflict(&rt.qualified(), name, "too many concurrent writes; please retry"))
+}
+
+/// Admission for an update: keep system-owned metadata, apply the strategy, default,
+/// validate, track managed fields. `None` when nothing would change.
+fn prepare_update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    name: &str,
+    sub: Option<&str>,
+    manager: &str,
+    mut new: Value,
+    old: &Value,
+) -> ApiResult<Option<(Change, Option<super::alloc::Reservation>)>> {
+    {
+        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let meta = meta_mut(&mut new);
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "namespace",
+            "name",
+        ] {
+            match old_meta.get(field) {
+                Some(v) => {
+                    meta.insert(field.into(), v.clone());
+                }
+                None => {
+                    meta.remove(field);
+                }
+            }
+        }
+        // Managed fields are the server's, unless the client explicitly rewrites them.
+        if !meta.contains_key("managedFields")
+            && let Some(mf) = old_meta.get("managedFields")
+        {
+            meta.insert("managedFields".into(), mf.clone());
+        }
+        meta.remove("resourceVersion");
+        match old_meta.get("generation") {
+            Some(g) => meta.insert("generation".into(), g.clone()),
+            None => meta.remove("generation"),
+        };
+        if sub == Some("status") {
+            // A status write changes status only (and a few metadata fields upstream allows).
+            for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
+                match old_meta.get(field) {
+                    Some(v) => meta.insert(field.into(), v.clone()),
+                    None => meta.remove(field),
+                };
+            }
+        }
+    }
+    let g = gvk(rt);
+    let prepared = admission::prepare_for_update(g, sub, &mut new, old);
+    if sub == Some("status") {
+        if let Some(spec) = old.get("spec") {
+            new["spec"] = spec.clone();
+        }
+    } else if rt.has_status {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+    admission::default_object(g, &mut new).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if rt.tracks_generation
+        && (prepared.spec_changed || new.get("spec") != old.get("spec"))
+        && sub != Some("status")
+    {
+        let generation =
+            old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+        meta_mut(&mut new).insert("generation".into(), json!(generation));
+    }
+    let reservation = if rt.kind() == "Service" && rt.group().is_empty() && sub.is_none() {
+        Some(server.alloc.allocate_update(&mut new, old)?)
+    } else {
+        None
+    };
+    let release = |r: &Option<super::alloc::Reservation>| {
+        if let Some(r) = r {
+            server.alloc.release(r);
+        }
+    };
+    let errs = admission::validate(g, Operation::Update, sub, &new, Some(old));
+    if !errs.is_empty() {
+        release(&reservation);
+        return Err(invalid(rt, name, errs));
+    }
+    // Terminating and no finalizers left: the object goes away.
+    let finalizers_empty =
+        new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty());
+    let grace_pending = rt.kind() == "Pod"
+        && rt.group().is_empty()
+        && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0)
+            > 0;
+    if meta_str(&new, "deletionTimestamp").is_some() && finalizers_empty && !grace_pending {
+        release(&reservation);
+        return Ok(Some((Change::Remove, None)));
+    }
+    let ts = now();
+    apply::track_update(Some(old), &mut new, manager, sub, &rt.desc.api_version(), &ts);
+    if same_object(&new, old) {
+        release(&reservation);
+        return Ok(None);
+    }
+    Ok(Some((Change::Write(new), reservation)))
+}
+
+/// Equal apart from resourceVersion and the timestamps of managed fields.
+fn same_object(a: &Value, b: &Value) -> bool {
+    fn strip(v: &Value) -> Value {
+        let mut v = v.clone();
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+            if let Some(Value::Array(mf)) = meta.get_mut("managedFields") {
+                for entry in mf {
+                    if let Some(e) = entry.as_object_mut() {
+                        e.remove("time");
+                    }
+                }
+            }
+        }
+        v
+    }
+    strip(a) == strip(b)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn patch(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    if body.len() > negotiate::MAX_BODY {
+        return Err(ApiError::too_large(negotiate::MAX_BODY));
+    }
+    let body_type = negotiate::body_type(headers)?;
+    let validation = query.field_validation()?;
+    let dry_run = query.dry_run()?;
+    let mut warnings = Vec::new();
+    let schemas = schema::builtin();
+    let root = schemas.for_kind(rt.group(), rt.desc.version, rt.kind());
+
+    if body_type == BodyType::ApplyPatch {
+        let manager = query.get("fieldManager").ok_or_else(|| {
+            ApiError::bad_request(
+                "PATCH, application/apply-patch+yaml requires fieldManager to be set",
+            )
+        })?;
+        let force = query.flag("force");
+        let mut applied = negotiate::decode_object(BodyType::ApplyPatch, body)?;
+        check_type_meta(rt, &mut applied)?;
+        validate_fields(rt, &applied, validation, &mut warnings)?;
+        if applied.pointer("/metadata/managedFields").is_some_and(|m| !m.is_null()) {
+            return Err(ApiError::bad_request("metadata.managedFields must be nil"));
+        }
+        let api_version = rt.desc.api_version();
+        let empty = Value::Object(Map::new());
+        let field = match root {
+            Some(r) => schemas.field(r),
+            None => schemas.field(&empty),
+        };
+        let ts = now();
+        let apply_to = |live: Option<&Value>| -> ApiResult<Value> {
+            let merged =
+                apply::server_side_apply(live, &applied, manager, force, &api_version, field, &ts)
+                    .map_err(|e| apply_error(rt, name, &api_version, e))?;
+            normalize(rt, merged)
+        };
+        // Apply creates the object when it does not exist.
+        if server.store.get(&rt.key(ns, name)).await?.is_none() {
+            let mut obj = apply_to(None)?;
+            if meta_str(&obj, "name").is_none() {
+                meta_mut(&mut obj).insert("name".into(), json!(name));
+            }
+            let managed = obj.pointer("/metadata/managedFields").cloned();
+            let mut created = create_object(server, rt, ns, obj, manager, dry_run).await?;
+            // Keep the Apply ownership computed above rather than the create's Update entry.
+            if let Some(mf) = managed {
+                let ts = now();
+                let mut with_apply = created.clone();
+                meta_mut(&mut with_apply).insert("managedFields".into(), mf);
+                if let Some(entries) =
+                    with_apply.pointer_mut("/metadata/managedFields").and_then(Value::as_array_mut)
+                {
+                    for e in entries.iter_mut() {
+                        e["time"] = json!(ts);
+                    }
+                }
+                if !dry_run {
+                    let rev: Revision = meta_str(&created, "resourceVersion")
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(0);
+                    if let Ok(kv) =
+                        server.store.update(&rt.key(ns, name), encode(&with_apply)?, rev).await
+                    {
+                        set_resource_version(&mut with_apply, kv.mod_revision);
+                        created = with_apply;
+                    }
+                }
+            }
+            return Ok((created, StatusCode::CREATED, warnings));
+        }
+        let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
+        let obj =
+            guaranteed_update(server, rt, ns, name, sub, manager, dry_run, precondition, |live| {
+                let mut merged = apply_to(Some(live))?;
+                // The apply computed managedFields; keep them through the update's tracking.
+                if merged.pointer("/metadata/managedFields").is_none() {
+                    meta_mut(&mut merged).remove("managedFields");
+                }
+                Ok(merged)
+            })
+            .await;
+        return obj.map(|o| (o, StatusCode::OK, warnings));
+    }
+
+    let patch_value = match body_type {
+        BodyType::JsonPatch | BodyType::MergePatch | BodyType::StrategicMergePatch => {
+            negotiate::decode_json(body)?
+        }
+        BodyType::Json => {
+            return Err(ApiError::unsupported_media_type(
+                "application/json (a patch type is required)",
+            ));
+        }
+        _ => return Err(ApiError::unsupported_media_type("not a patch content type")),
+    };
+    let manager = manager(query, headers)?;
+    let precondition = match body_type {
+        BodyType::JsonPatch => None,
+        _ => patch_value
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    };
+    let obj =
+        guaranteed_update(server, rt, ns, name, sub, &manager, dry_run, precondition, |current| {
+            let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
+            let mut w = Vec::new();
+            validate_fields(rt, &patched, validation, &mut w)?;
+            let mut obj = normalize(rt, patched)?;
+            check_type_meta(rt, &mut obj)?;
+            Ok(obj)
+        })
+        .await?;
+    Ok((obj, StatusCode::OK, warnings))
+}
+
+fn apply_patch_body(
+    rt: &ResourceType,
+    body_type: BodyType,
+    patch: &Value,
+    current: &Value,
+) -> ApiResult<Value> {
+    let mut doc = current.clone();
+    match body_type {
+        BodyType::JsonPatch => {
+            let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the server rejected our request due to an error in our request: {e}"
+                ))
+            })?;
+            json_patch::patch(&mut doc, &ops).map_err(|e| {
+                ApiError::invalid(
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                    vec![],
+                )
+            })?;
+            Ok(doc)
+        }
+        BodyType::MergePatch => {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request("a merge patch must be a JSON object"));
+            }
+            json_patch::merge(&mut doc, patch);
+            Ok(doc)
+        }
+        BodyType::StrategicMergePatch => {
+            let schemas = schema::builtin();
+            let empty = Value::Object(Map::new());
+            let field = match schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) {
+                Some(r) => schemas.field(r),
+                None => schemas.field(&empty),
+            };
+            strategic::apply_patch(current, patch, field).map_err(|e| {
+                ApiError::invalid(
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                    vec![],
+                )
+            })
+        }
+        _ => Err(ApiError::unsupported_media_type("not a patch content type")),
+    }
+}
+
+fn apply_error(rt: &ResourceType, name: &str, api_version: &str, e: apply::ApplyError) -> ApiError {
+    match e {
+        apply::ApplyError::Conflicts(conflicts) => {
+            let n = conflicts.len();
+            let lines: Vec<String> = conflicts
+                .iter()
+                .map(|c| {
+                    format!("conflict with \"{}\" using {api_version}: {}", c.manager, c.field_path)
+                })
+                .collect();
+            let message = if n == 1 {
+                format!("Apply failed with 1 conflict: {}", lines[0])
+            } else {
+                format!("Apply failed with {n} conflicts: {}", lines.join("\n"))
+            };
+            let mut err = ApiError::new(StatusCode::CONFLICT, "Conflict", message).with_details(
+                rt.group(),
+                rt.plural(),
+                name,
+            );
+            err.causes = conflicts
+                .iter()
+                .zip(&lines)
+                .map(|(c, line)| Cause {
+                    reason: "FieldManagerConflict".into(),
+                    message: line.clone(),
+                    field: c.field_path.clone(),
+                })
+                .collect();
+            err
+        }
+        other => ApiError::invalid(other.to_string(), vec![]),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// delete
+
+fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
+    if rt.kind() == "Service" && rt.group().is_empty() {
+        server.alloc.release_service(obj, None);
+    }
+}
+
+async fn delete(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    query: &Query,
+    body: &[u8],
+) -> ApiResult<(Value, StatusCode)> {
+    let options: Value = if body.is_empty() { json!({}) } else { negotiate::decode_json(body)? };
+    let dry_run = query.dry_run()?
+        || options
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
+    let grace_override = match query.int("gracePeriodSeconds")? {
+        Some(g) => Some(g),
+        None => options.get("gracePeriodSeconds").and_then(Value::as_i64),
+    };
+    let propagation = query
+        .get("propagationPolicy")
+        .map(str::to_string)
+        .or_else(|| options.get("propagationPolicy").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| match options.get("orphanDependents").and_then(Value::as_bool) {
+            Some(true) => Some("Orphan".into()),
+            _ => None,
+        });
+    if let Some(p) = &propagation
+        && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+    {
+        return Err(ApiError::invalid(
+            format!(
+                "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+            ),
+            vec![],
+        ));
+    }
+    let is_pod = rt.kind() == "Pod" && rt.group().is_empty();
+    let is_namespace = rt.kind() == "Namespace" && rt.group().is_empty();
+    let key = rt.key(ns, name);
+    for _ in 0..MAX_RETRIES {
+        let (current, rev) = get_object(server, rt, ns, name).await?;
+        if let Some(pre) = options.get("preconditions") {
+            let uid = meta_str(&current, "uid").unwrap_or_default();
+            if let Some(want) = pre.get("uid").and_then(Value::as_str)
+                && want != uid
+            {
+                return Err(ApiError::conflict(
+                    &rt.qualified(),
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
+                    ),
+                ));
+            }
+            if let Some(want) = pre.get("resourceVersion").and_then(Value::as_str)
+                && want != rev.to_string()
+            {
+                return Err(ApiError::conflict(
+                    &rt.qualified(),
+                    name,
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rev}"
+                    ),
+                ));
+            }
+        }
+        let mut finalizers: Vec<Value> = current
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let add_finalizer = match propagation.as_deref() {
+            Some("Orphan") => Some("orphan"),
+            Some("Foreground") => Some("foregroundDeletion"),
+            _ => None,
+        };
+        if let Some(f) = add_finalizer
+            && !finalizers.iter().any(|x| x == f)
+        {
+            finalizers.push(json!(f));
+        }
+        let grace = if is_pod {
+            let scheduled = meta_str(&current, "deletionTimestamp").is_some()
+                || current
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| !n.is_empty());
+            let finished = matches!(
+                current.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            );
+            if !scheduled || finished {
+                0
+            } else {
+                grace_override
+                    .or_else(|| {
+                        current
+                            .pointer("/spec/terminationGracePeriodSeconds")
+                            .and_then(Value::as_i64)
+                    })
+                    .unwrap_or(30)
+                    .max(0)
+            }
+        } else {
+            0
+        };
+        let namespace_finalizers = is_namespace
+            && current
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
+        if grace > 0 || !finalizers.is_empty() || namespace_finalizers {
+            // Graceful: mark the object; its finalizers / the agent finish the deletion.
+            let mut marked = current.clone();
+            let already = meta_str(&current, "deletionTimestamp").is_some();
+            {
+                let meta = meta_mut(&mut marked);
+                if !already
+                    || (is_pod
+                        && grace
+                            < meta
+                                .get("deletionGracePeriodSeconds")
+                                .and_then(Value::as_i64)
+                                .unwrap_or(i64::MAX))
+                {
+                    let when = chrono::Utc::now() + chrono::Duration::seconds(grace);
+                    meta.insert(
+                        "deletionTimestamp".into(),
+                        json!(when.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                    );
+                    meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                }
+                if !finalizers.is_empty() {
+                    meta.insert("finalizers".into(), Value::Array(finalizers));
+                }
+                meta.remove("resourceVersion");
+            }
+            if is_namespace {
+                marked["status"] = json!({"phase": "Terminating"});
+            }
+            if !is_pod && grace == 0 {
+                meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
+            }
+            if same_object(&marked, &current) || dry_run {
+                return Ok((current, StatusCode::OK));
+            }
+            match server.store.update(&key, encode(&marked)?, rev).await {
+                Ok(kv) => {
+                    set_resource_version(&mut marked, kv.mod_revision);
+                    let code = if is_pod { StatusCode::OK } else { StatusCode::OK };
+                    return Ok((marked, code));
+                }
+                Err(store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(store_error(rt, name, e)),
+            }
+        }
+        if dry_run {
+            return Ok((current, StatusCode::OK));
+        }
+        match server.store.delete(&key, Some(rev)).await {
+            Ok(_) => {
+                release_on_delete(server, rt, &current);
+                let uid = meta_str(&current, "uid").unwrap_or_default();
+                let out = if is_pod {
+                    current.clone()
+                } else {
+                    success_status(rt.group(), rt.plural(), name, uid)
+                };
+                return Ok((out, StatusCode::OK));
+            }
+            Err(store::Error::Conflict { .. }) => continue,
+            Err(e) => return Err(store_error(rt, name, e)),
+        }
+    }
+    Err(ApiError::conflict(&rt.qualified(), name, "too many concurrent writes; please retry"))
+}
+
+async fn delete_collection(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    body: &[u8],
+) -> ApiResult<Response> {
+    let filter = Filter::from_query(rt, ns, query)?;
+    let current = server.store.current_revision().await?;
+    server.cache.wait_for(current, CACHE_WAIT).await;
+    let items: Vec<Arc<CachedObject>> = server
+        .cache
+        .resource(rt)
+        .list(&filter.prefix(rt), None)
+        .into_iter()
+        .filter(|o| filter.matches(o))
+        .collect();
+    let mut deleted = Vec::new();
+    for obj in &items {
+        let obj_ns = (!obj.namespace.is_empty()).then_some(obj.namespace.as_str());
+        match delete(server, rt, obj_ns, &obj.name, query, body).await {
+            Ok((v, _)) => {
+                if v.get("kind").and_then(Value::as_str) == Some(rt.kind()) {
+                    deleted.push(v);
+                } else {
+                    deleted.push(obj.value());
+                }
+            }
+            Err(e) if e.reason == "NotFound" => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let list = json!({
+        "kind": rt.list_kind(),
+        "apiVersion": rt.desc.api_version(),
+        "metadata": {"resourceVersion": server.cache.revision().to_string()},
+        "items": deleted,
+    });
+    Ok(json_response(StatusCode::OK, &list))
+}
+
+// ---------------------------------------------------------------------------------------
+// subresources
+
+/// autoscaling/v1 Scale of a workload.
+fn to_scale(obj: &Value) -> Value {
+    let selector = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    let meta = obj.get("metadata").cloned().unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector,
+        },
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn scale(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    verb: Verb,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<Value> {
+    let body_type = negotiate::body_type(headers)?;
+    let manager = manager(query, headers)?;
+    let dry_run = query.dry_run()?;
+    let (scale_body, precondition) = match verb {
+        Verb::Update => {
+            let v = negotiate::decode_object(body_type, body)?;
+            let rv =
+                v.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
+            (Some(v), rv)
+        }
+        _ => (None, None),
+    };
+    let patch_value = match verb {
+        Verb::Patch => Some(negotiate::decode_json(body)?),
+        _ => None,
+    };
+    let obj = guaranteed_update(server, rt, ns, name, None, &manager, dry_run, precondition.filter(|s| !s.is_empty()), |current| {
+        let current_scale = to_scale(current);
+        let new_scale = match (&scale_body, &patch_value) {
+            (Some(b), _) => b.clone(),
+            (None, Some(p)) => {
+                let mut doc = current_scale.clone();
+                match body_type {
+                    BodyType::JsonPatch => {
+                        let ops: json_patch::Patch = serde_json::from_value(p.clone())
+                            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                        json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::invalid(e.to_string(), vec![]))?;
+                    }
+                    _ => json_patch::merge(&mut doc, p),
+                }
+                doc
+            }
+            (None, None) => current_scale,
+        };
+        let replicas = new_scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+        if replicas < 0 {
+            return Err(ApiError::invalid(
+                format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"),
+                vec![Cause { reason: "FieldValueInvalid".into(), message: "must be greater than or equal to 0".into(), field: "spec.replicas".into() }],
+            ));
+        }
+        let mut out = current.clone();
+        out["spec"]["replicas"] = json!(replicas);
+        Ok(out)
+    })
+    .await?;
+    Ok(to_scale(&obj))
+}
+
+/// pods/binding: assign a pod to a node once.
+async fn bind(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<Value> {
+    let binding = negotiate::decode_object(negotiate::body_type(headers)?, body)?;
+    let node =
+        binding.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    if node.is_empty() {
+        return Err(ApiError::invalid(
+            format!("Binding \"{name}\" is invalid: target.name: Required value"),
+            vec![Cause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value".into(),
+                field: "target.name".into(),
+            }],
+        ));
+    }
+    let manager = manager(query, headers)?;
+    let dry_run = query.dry_run()?;
+    let node_c = node.clone();
+    guaranteed_update(server, rt, ns, name, Some("binding"), &manager, dry_run, None, move |current| {
+        if meta_str(current, "deletionTimestamp").is_some() {
+            return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
+        }
+        if let Some(existing) = current.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+            return Err(ApiError::conflict("pods/binding", name, &format!("pod {name} is already assigned to node \"{existing}\"")));
+        }
+        let mut out = current.clone();
+        out["spec"]["nodeName"] = json!(node_c);
+        let conditions = out["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conditions: Vec<Value> = conditions.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+        conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()}));
+        out["status"]["conditions"] = Value::Array(conditions);
+        Ok(out)
+    })
+    .await?;
+    Ok(
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// metrics
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: String,
+    code: String,
+}
+
+/// Request counters and latency for /metrics (apiserver_request_* as upstream names them).
+pub struct Metrics {
+    requests: Family<RequestLabels, Counter>,
+    latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Family::default(),
+            latency: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0]),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe(&self, method: &Method, code: StatusCode, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb: method.as_str().to_string(),
+                code: code.as_u16().to_string(),
+            })
+            .inc();
+        self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn render(&self, server: &ApiServer) -> Response {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register(
+            "apiserver_request",
+            "Requests by HTTP verb and code",
+            self.requests.clone(),
+        );
+        registry.register(
+            "apiserver_request_duration_seconds",
+            "Request latency",
+            self.latency.clone(),
+        );
+        let objects: Family<Vec<(String, String)>, prometheus_client::metrics::gauge::Gauge> =
+            Family::default();
+        for rt in server.registry.all() {
+            objects
+                .get_or_create(&vec![("resource".to_string(), rt.qualified())])
+                .set(server.cache.resource(rt).len() as i64);
+        }
+        registry.register("apiserver_storage_objects", "Objects stored per resource", objects);
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            return ApiError::internal("encoding metrics").into_response_inner();
+        }
+        let mut r = Response::new(axum::body::Body::from(out));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        r
+    }
+}
+
+impl ApiError {
+    fn into_response_inner(self) -> Response {
+        axum::response::IntoResponse::into_response(self)
+    }
+}

@@ -1,0 +1,505 @@
+//! The served resources: one entry per kind with its URL names, store prefix, the typed
+//! round-trip that prunes unknown fields, and its selectable fields.
+
+use k8s_openapi::api::{apps, batch, coordination, core, discovery, rbac};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::machinery::{ResourceDesc, SubresourceDesc};
+
+/// A served kind and what the generic handlers need to know about it.
+pub struct ResourceType {
+    pub desc: ResourceDesc,
+    /// Decode into the typed struct and encode again: prunes unknown fields and rejects
+    /// wrongly typed values, as upstream's decoder does.
+    pub normalize: fn(Value) -> Result<Value, serde_json::Error>,
+    /// Selectable fields besides metadata.name / metadata.namespace.
+    pub fields: &'static [&'static str],
+    /// metadata.generation is kept and bumped on spec changes.
+    pub tracks_generation: bool,
+    /// The resource has a status subresource (writes to the main resource keep status).
+    pub has_status: bool,
+}
+
+impl ResourceType {
+    pub fn group(&self) -> &'static str {
+        self.desc.group
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.desc.kind
+    }
+
+    pub fn plural(&self) -> &'static str {
+        self.desc.plural
+    }
+
+    /// "deployments.apps", "pods": how upstream names the resource in messages.
+    pub fn qualified(&self) -> String {
+        if self.desc.group.is_empty() {
+            self.desc.plural.to_string()
+        } else {
+            format!("{}.{}", self.desc.plural, self.desc.group)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.desc.kind)
+    }
+
+    /// Store key prefix of every object of this resource.
+    pub fn prefix(&self) -> String {
+        let group = if self.desc.group.is_empty() { "core" } else { self.desc.group };
+        format!("/registry/{group}/{}/", self.desc.plural)
+    }
+
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        match namespace {
+            Some(ns) if self.desc.namespaced => format!("{}{ns}/{name}", self.prefix()),
+            _ => format!("{}{name}", self.prefix()),
+        }
+    }
+
+    pub fn namespace_prefix(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.desc.namespaced => format!("{}{ns}/", self.prefix()),
+            _ => self.prefix(),
+        }
+    }
+
+    pub fn has_subresource(&self, name: &str) -> bool {
+        self.desc.subresources.iter().any(|s| s.name == name)
+    }
+
+    pub fn supports_field(&self, field: &str) -> bool {
+        matches!(field, "metadata.name" | "metadata.namespace") || self.fields.contains(&field)
+    }
+
+    /// The selectable field values of an object.
+    pub fn field_values(&self, obj: &Value) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(2 + self.fields.len());
+        out.push(("metadata.name", str_at(obj, &["metadata", "name"])));
+        out.push(("metadata.namespace", str_at(obj, &["metadata", "namespace"])));
+        for &f in self.fields {
+            let path: Vec<&str> = f.split('.').collect();
+            let v = match value_at(obj, &path) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => String::new(),
+            };
+            out.push((f, v));
+        }
+        out
+    }
+}
+
+pub fn value_at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(obj, |v, p| v.get(*p))
+}
+
+pub fn str_at(obj: &Value, path: &[&str]) -> String {
+    value_at(obj, path).and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+fn normalize<K: Serialize + DeserializeOwned>(v: Value) -> Result<Value, serde_json::Error> {
+    let typed: K = serde_json::from_value(v)?;
+    serde_json::to_value(typed)
+}
+
+const RW: &[&str] =
+    &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const STATUS: SubresourceDesc = SubresourceDesc {
+    name: "status",
+    kind: "",
+    group: "",
+    version: "",
+    verbs: &["get", "patch", "update"],
+};
+const SCALE: SubresourceDesc = SubresourceDesc {
+    name: "scale",
+    kind: "Scale",
+    group: "autoscaling",
+    version: "v1",
+    verbs: &["get", "patch", "update"],
+};
+const BINDING: SubresourceDesc = SubresourceDesc {
+    name: "binding",
+    kind: "Binding",
+    group: "",
+    version: "v1",
+    verbs: &["create"],
+};
+
+#[allow(clippy::too_many_arguments)]
+const fn desc(
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+    categories: &'static [&'static str],
+    subresources: &'static [SubresourceDesc],
+) -> ResourceDesc {
+    ResourceDesc {
+        group,
+        version,
+        kind,
+        plural,
+        singular,
+        namespaced,
+        verbs: RW,
+        short_names,
+        categories,
+        subresources,
+    }
+}
+
+/// Every served resource.
+pub fn builtin() -> Vec<ResourceType> {
+    let all: &[&str] = &["all"];
+    vec![
+        ResourceType {
+            desc: ResourceDesc {
+                verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
+                ..desc(
+                    "",
+                    "v1",
+                    "Namespace",
+                    "namespaces",
+                    "namespace",
+                    false,
+                    &["ns"],
+                    &[],
+                    &[STATUS],
+                )
+            },
+            normalize: normalize::<core::v1::Namespace>,
+            fields: &["status.phase"],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Node", "nodes", "node", false, &["no"], &[], &[STATUS]),
+            normalize: normalize::<core::v1::Node>,
+            fields: &["spec.unschedulable"],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Pod", "pods", "pod", true, &["po"], all, &[STATUS, BINDING]),
+            normalize: normalize::<core::v1::Pod>,
+            fields: &[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            ],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Service", "services", "service", true, &["svc"], all, &[STATUS]),
+            normalize: normalize::<core::v1::Service>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Endpoints", "endpoints", "endpoints", true, &["ep"], &[], &[]),
+            normalize: normalize::<core::v1::Endpoints>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc("", "v1", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], &[]),
+            normalize: normalize::<core::v1::ConfigMap>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Secret", "secrets", "secret", true, &[], &[], &[]),
+            normalize: normalize::<core::v1::Secret>,
+            fields: &["type"],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "",
+                "v1",
+                "ServiceAccount",
+                "serviceaccounts",
+                "serviceaccount",
+                true,
+                &["sa"],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<core::v1::ServiceAccount>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc("", "v1", "Event", "events", "event", true, &["ev"], &[], &[]),
+            normalize: normalize::<core::v1::Event>,
+            fields: &[
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "apps",
+                "v1",
+                "Deployment",
+                "deployments",
+                "deployment",
+                true,
+                &["deploy"],
+                all,
+                &[STATUS, SCALE],
+            ),
+            normalize: normalize::<apps::v1::Deployment>,
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "apps",
+                "v1",
+                "ReplicaSet",
+                "replicasets",
+                "replicaset",
+                true,
+                &["rs"],
+                all,
+                &[STATUS, SCALE],
+            ),
+            normalize: normalize::<apps::v1::ReplicaSet>,
+            fields: &["status.replicas"],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "apps",
+                "v1",
+                "DaemonSet",
+                "daemonsets",
+                "daemonset",
+                true,
+                &["ds"],
+                all,
+                &[STATUS],
+            ),
+            normalize: normalize::<apps::v1::DaemonSet>,
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "apps",
+                "v1",
+                "StatefulSet",
+                "statefulsets",
+                "statefulset",
+                true,
+                &["sts"],
+                all,
+                &[STATUS, SCALE],
+            ),
+            normalize: normalize::<apps::v1::StatefulSet>,
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc("batch", "v1", "Job", "jobs", "job", true, &[], all, &[STATUS]),
+            normalize: normalize::<batch::v1::Job>,
+            fields: &["status.successful"],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "discovery.k8s.io",
+                "v1",
+                "EndpointSlice",
+                "endpointslices",
+                "endpointslice",
+                true,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<discovery::v1::EndpointSlice>,
+            fields: &["addressType"],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "coordination.k8s.io",
+                "v1",
+                "Lease",
+                "leases",
+                "lease",
+                true,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<coordination::v1::Lease>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "Role",
+                "roles",
+                "role",
+                true,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<rbac::v1::Role>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRole",
+                "clusterroles",
+                "clusterrole",
+                false,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<rbac::v1::ClusterRole>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "RoleBinding",
+                "rolebindings",
+                "rolebinding",
+                true,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<rbac::v1::RoleBinding>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRoleBinding",
+                "clusterrolebindings",
+                "clusterrolebinding",
+                false,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<rbac::v1::ClusterRoleBinding>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+    ]
+}
+
+/// Lookup of served resources by (group, version, plural).
+pub struct Registry {
+    types: Vec<ResourceType>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Registry { types: builtin() }
+    }
+
+    pub fn all(&self) -> &[ResourceType] {
+        &self.types
+    }
+
+    pub fn descs(&self) -> Vec<ResourceDesc> {
+        self.types.iter().map(|t| t.desc.clone()).collect()
+    }
+
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
+        self.types
+            .iter()
+            .find(|t| t.desc.group == group && t.desc.version == version && t.desc.plural == plural)
+    }
+
+    pub fn find_kind(&self, group: &str, kind: &str) -> Option<&ResourceType> {
+        self.types.iter().find(|t| t.desc.group == group && t.desc.kind == kind)
+    }
+
+    pub fn namespaces(&self) -> &ResourceType {
+        self.find("", "v1", "namespaces").expect("namespaces are always served")
+    }
+
+    /// (group, version) pairs in discovery order.
+    pub fn group_versions(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+        for t in &self.types {
+            if !out.contains(&(t.desc.group, t.desc.version)) {
+                out.push((t.desc.group, t.desc.version));
+            }
+        }
+        out
+    }
+
+    /// Which resource does a store key belong to?
+    pub fn for_key(&self, key: &str) -> Option<&ResourceType> {
+        self.types.iter().find(|t| key.starts_with(&t.prefix()))
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,240 @@
+//! API errors as upstream `Status` objects: every failure a client sees has a `reason` and a
+//! `code` (kube-rs matches on the reason, kubectl prints the message).
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde_json::{Value, json};
+
+/// A cause inside `Status.details.causes`.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    pub reason: String,
+    pub message: String,
+    pub field: String,
+}
+
+/// An error answered to the client as a `Status`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+    /// `details`: name, group, kind of the object concerned.
+    pub name: Option<String>,
+    pub group: Option<String>,
+    pub kind: Option<String>,
+    pub causes: Vec<Cause>,
+    pub retry_after_seconds: Option<u32>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            name: None,
+            group: None,
+            kind: None,
+            causes: Vec::new(),
+            retry_after_seconds: None,
+        }
+    }
+
+    pub fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
+        self.group = Some(group.to_string());
+        self.kind = Some(kind.to_string());
+        self.name = Some(name.to_string());
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+
+    /// `resource` is the qualified resource as upstream prints it ("deployments.apps").
+    pub fn not_found(resource: &str, name: &str) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource} \"{name}\" not found"))
+    }
+
+    pub fn path_not_found() -> Self {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    pub fn already_exists(resource: &str, name: &str) -> Self {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        )
+    }
+
+    pub fn conflict(resource: &str, name: &str, why: &str) -> Self {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {resource} \"{name}\": {why}"),
+        )
+    }
+
+    pub fn modified(resource: &str, name: &str) -> Self {
+        Self::conflict(
+            resource,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    pub fn invalid(message: impl Into<String>, causes: Vec<Cause>) -> Self {
+        let mut e = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+        e.causes = causes;
+        e
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, "Forbidden", message)
+    }
+
+    pub fn method_not_allowed(verb: &str) -> Self {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource ({verb})"),
+        )
+    }
+
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"
+            ),
+        )
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
+    }
+
+    pub fn gone(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::GONE, "Expired", message)
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("Internal error occurred: {message}"),
+        )
+    }
+
+    pub fn timeout(message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(StatusCode::GATEWAY_TIMEOUT, "Timeout", message);
+        e.retry_after_seconds = Some(1);
+        e
+    }
+
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message);
+        e.retry_after_seconds = Some(1);
+        e
+    }
+
+    /// The `Status` object.
+    pub fn to_status(&self) -> Value {
+        let mut details = serde_json::Map::new();
+        if let Some(name) = &self.name {
+            details.insert("name".into(), json!(name));
+        }
+        if let Some(group) = &self.group {
+            details.insert("group".into(), json!(group));
+        }
+        if let Some(kind) = &self.kind {
+            details.insert("kind".into(), json!(kind));
+        }
+        if !self.causes.is_empty() {
+            details.insert(
+                "causes".into(),
+                self.causes
+                    .iter()
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect(),
+            );
+        }
+        if let Some(s) = self.retry_after_seconds {
+            details.insert("retryAfterSeconds".into(), json!(s));
+        }
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        if !details.is_empty() {
+            status["details"] = Value::Object(details);
+        }
+        status
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.code.as_u16(), self.reason, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.to_status()).unwrap_or_default();
+        let mut resp = (self.code, body).into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(s) = self.retry_after_seconds {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl From<crate::store::Error> for ApiError {
+    fn from(e: crate::store::Error) -> Self {
+        use crate::store::Error as S;
+        match e {
+            S::Compacted { requested, compacted } => {
+                ApiError::gone(format!("too old resource version: {requested} ({compacted})"))
+            }
+            S::FutureRevision { requested, current } => ApiError::timeout(format!(
+                "Too large resource version: {requested}, current: {current}"
+            )),
+            S::Closed => ApiError::service_unavailable("storage is closed"),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+/// A successful delete answered with a Status (as upstream does for most kinds).
+pub fn success_status(group: &str, kind: &str, name: &str, uid: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": name, "group": group, "kind": kind, "uid": uid},
+    })
+}

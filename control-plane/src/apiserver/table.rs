@@ -1,0 +1,805 @@
+//! `meta.k8s.io` Table responses with the columns upstream's printers use for each kind
+//! (what `kubectl get` shows; priority > 0 columns appear with `-o wide`).
+
+use serde_json::{Value, json};
+
+use super::handlers::partial_metadata;
+use super::registry::{ResourceType, str_at, value_at};
+
+struct Col {
+    name: &'static str,
+    ty: &'static str,
+    format: &'static str,
+    priority: u8,
+    description: &'static str,
+}
+
+const fn col(name: &'static str, ty: &'static str, priority: u8, description: &'static str) -> Col {
+    let format = if matches!(name.as_bytes(), b"Name") { "name" } else { "" };
+    Col { name, ty, format, priority, description }
+}
+
+const NAME: Col = col("Name", "string", 0, "Name must be unique within a namespace.");
+const AGE: Col = col(
+    "Age",
+    "string",
+    0,
+    "CreationTimestamp is a timestamp representing the server time when this object was created.",
+);
+
+fn columns(kind: &str) -> Vec<Col> {
+    match kind {
+        "Pod" => vec![
+            NAME,
+            col(
+                "Ready",
+                "string",
+                0,
+                "The aggregate readiness state of this pod for accepting traffic.",
+            ),
+            col("Status", "string", 0, "The aggregate status of the containers in this pod."),
+            col(
+                "Restarts",
+                "string",
+                0,
+                "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
+            ),
+            AGE,
+            col(
+                "IP",
+                "string",
+                1,
+                "IP address allocated to the pod. Routable at least within the cluster.",
+            ),
+            col("Node", "string", 1, "Name of the Node this pod is scheduled on."),
+            col("Nominated Node", "string", 1, "Name of the node nominated for this pod."),
+            col(
+                "Readiness Gates",
+                "string",
+                1,
+                "If specified, all readiness gates will be evaluated for pod readiness.",
+            ),
+        ],
+        "Namespace" => vec![NAME, col("Status", "string", 0, "The status of the namespace"), AGE],
+        "Node" => vec![
+            NAME,
+            col("Status", "string", 0, "The status of the node"),
+            col("Roles", "string", 0, "The roles of the node"),
+            AGE,
+            col("Version", "string", 0, "Kubelet Version reported by the node."),
+            col("Internal-IP", "string", 1, "List of internal IPs."),
+            col("External-IP", "string", 1, "List of external IPs."),
+            col("OS-Image", "string", 1, "OS Image reported by the node."),
+            col("Kernel-Version", "string", 1, "Kernel Version reported by the node."),
+            col(
+                "Container-Runtime",
+                "string",
+                1,
+                "Container Runtime Version reported by the node.",
+            ),
+        ],
+        "Service" => vec![
+            NAME,
+            col("Type", "string", 0, "The type of service."),
+            col("Cluster-IP", "string", 0, "The cluster IP of the service."),
+            col("External-IP", "string", 0, "The external IPs of the service."),
+            col("Port(s)", "string", 0, "The ports of the service."),
+            AGE,
+            col("Selector", "string", 1, "The selector of the service."),
+        ],
+        "Endpoints" => vec![NAME, col("Endpoints", "string", 0, "Endpoints of the service."), AGE],
+        "ConfigMap" => vec![NAME, col("Data", "string", 0, "Number of data entries."), AGE],
+        "Secret" => vec![
+            NAME,
+            col("Type", "string", 0, "The type of the secret."),
+            col("Data", "string", 0, "The number of data entries."),
+            AGE,
+        ],
+        "ServiceAccount" => vec![NAME, col("Secrets", "string", 0, "Number of secrets."), AGE],
+        "Event" => vec![
+            col("Last Seen", "string", 0, "The last time this event was observed."),
+            col("Type", "string", 0, "The type of this event."),
+            col("Reason", "string", 0, "The reason for this event."),
+            col("Object", "string", 0, "The object this event is about."),
+            col("Subobject", "string", 1, "The subobject this event is about."),
+            col("Source", "string", 1, "The component reporting this event."),
+            col(
+                "Message",
+                "string",
+                0,
+                "A human-readable description of the status of this operation.",
+            ),
+            col("First Seen", "string", 1, "The first time this event was observed."),
+            col("Count", "string", 1, "The number of times this event has occurred."),
+            col("Name", "string", 1, "The name of the event."),
+        ],
+        "Deployment" => vec![
+            NAME,
+            col("Ready", "string", 0, "Number of the pod with ready state"),
+            col(
+                "Up-to-date",
+                "string",
+                0,
+                "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+            ),
+            col(
+                "Available",
+                "string",
+                0,
+                "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+            ),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col("Selector", "string", 1, "Label selector for pods."),
+        ],
+        "ReplicaSet" => vec![
+            NAME,
+            col("Desired", "integer", 0, "Replicas is the number of desired replicas."),
+            col(
+                "Current",
+                "integer",
+                0,
+                "Replicas is the most recently observed number of replicas.",
+            ),
+            col("Ready", "integer", 0, "The number of ready replicas for this replica set."),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col(
+                "Selector",
+                "string",
+                1,
+                "Selector is a label query over pods that should match the replica count.",
+            ),
+        ],
+        "DaemonSet" => vec![
+            NAME,
+            col(
+                "Desired",
+                "integer",
+                0,
+                "The total number of nodes that should be running the daemon pod.",
+            ),
+            col(
+                "Current",
+                "integer",
+                0,
+                "The number of nodes that are running at least 1 daemon pod.",
+            ),
+            col(
+                "Ready",
+                "integer",
+                0,
+                "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and ready.",
+            ),
+            col(
+                "Up-to-date",
+                "integer",
+                0,
+                "The total number of nodes that are running updated daemon pod",
+            ),
+            col(
+                "Available",
+                "integer",
+                0,
+                "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and available.",
+            ),
+            col(
+                "Node Selector",
+                "string",
+                0,
+                "NodeSelector is a selector which must be true for the pod to fit on a node.",
+            ),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col(
+                "Selector",
+                "string",
+                1,
+                "A label query over pods that are managed by the daemon set.",
+            ),
+        ],
+        "StatefulSet" => vec![
+            NAME,
+            col("Ready", "string", 0, "Number of the pod with ready state"),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+        ],
+        "Job" => vec![
+            NAME,
+            col("Status", "string", 0, "Status of the job."),
+            col("Completions", "string", 0, "The completion status of the job."),
+            col("Duration", "string", 0, "Time required to complete the job."),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col(
+                "Selector",
+                "string",
+                1,
+                "A label query over pods that should match the pod count.",
+            ),
+        ],
+        "EndpointSlice" => vec![
+            NAME,
+            col("AddressType", "string", 0, "The IP protocol for this slice."),
+            col("Ports", "string", 0, "The ports of this slice."),
+            col("Endpoints", "string", 0, "The endpoints of this slice."),
+            AGE,
+        ],
+        "Lease" => vec![NAME, col("Holder", "string", 0, "The holder of the lease."), AGE],
+        "Role" | "ClusterRole" => {
+            vec![NAME, col("Created At", "date", 0, "Time at which this role was created.")]
+        }
+        "RoleBinding" | "ClusterRoleBinding" => vec![
+            NAME,
+            col("Role", "string", 0, "The role referenced by this binding."),
+            AGE,
+            col("Users", "string", 1, "Users in the binding."),
+            col("Groups", "string", 1, "Groups in the binding."),
+            col("ServiceAccounts", "string", 1, "ServiceAccounts in the binding."),
+        ],
+        _ => vec![NAME, AGE],
+    }
+}
+
+/// A Table of `objects`. `include_columns` is false for watch events after the first.
+pub fn table(
+    rt: &ResourceType,
+    objects: &[Value],
+    version: &str,
+    rv: Option<&str>,
+    include_columns: bool,
+) -> Value {
+    let cols = columns(rt.kind());
+    let defs: Vec<Value> = if include_columns {
+        cols.iter()
+            .map(|c| {
+                json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority})
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let now = chrono::Utc::now();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| json!({"cells": cells(rt.kind(), o, now), "object": partial_metadata(o, version)}))
+        .collect();
+    let mut t = json!({
+        "kind": "Table",
+        "apiVersion": format!("meta.k8s.io/{version}"),
+        "metadata": {},
+        "columnDefinitions": defs,
+        "rows": rows,
+    });
+    if let Some(rv) = rv {
+        t["metadata"]["resourceVersion"] = json!(rv);
+    }
+    t
+}
+
+/// upstream's duration.HumanDuration
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    if secs < 0 {
+        return "0s".into();
+    }
+    if secs < 120 {
+        return format!("{secs}s");
+    }
+    let minutes = secs / 60;
+    if minutes < 10 {
+        let s = secs % 60;
+        return if s == 0 { format!("{minutes}m") } else { format!("{minutes}m{s}s") };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = secs / 3600;
+    if hours < 8 {
+        let m = minutes % 60;
+        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    if hours < 24 * 8 {
+        let h = hours % 24;
+        return if h == 0 { format!("{}d", hours / 24) } else { format!("{}d{h}h", hours / 24) };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{}d", hours / 24);
+    }
+    if hours < 24 * 365 * 8 {
+        let d = (hours / 24) % 365;
+        return if d == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{d}d", hours / 24 / 365)
+        };
+    }
+    format!("{}y", hours / 24 / 365)
+}
+
+fn since(ts: &str, now: chrono::DateTime<chrono::Utc>) -> String {
+    match chrono::DateTime::parse_from_rfc3339(ts) {
+        Ok(t) => human_duration((now - t.with_timezone(&chrono::Utc)).num_seconds()),
+        Err(_) => "<unknown>".into(),
+    }
+}
+
+fn arr<'a>(o: &'a Value, path: &[&str]) -> &'a [Value] {
+    value_at(o, path).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn int(o: &Value, path: &[&str]) -> i64 {
+    value_at(o, path).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn or_none(s: String) -> String {
+    if s.is_empty() { "<none>".into() } else { s }
+}
+
+fn selector_string(sel: Option<&Value>) -> String {
+    let Some(sel) = sel else { return "<none>".into() };
+    let mut parts: Vec<String> = sel
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect())
+        .unwrap_or_default();
+    for e in sel.get("matchExpressions").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+    {
+        let key = e["key"].as_str().unwrap_or_default();
+        let vals: Vec<&str> = e["values"]
+            .as_array()
+            .map(|v| v.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        match e["operator"].as_str().unwrap_or_default() {
+            "In" => parts.push(format!("{key} in ({})", vals.join(","))),
+            "NotIn" => parts.push(format!("{key} notin ({})", vals.join(","))),
+            "Exists" => parts.push(key.to_string()),
+            "DoesNotExist" => parts.push(format!("!{key}")),
+            _ => {}
+        }
+    }
+    or_none(parts.join(","))
+}
+
+fn map_string(m: Option<&Value>) -> String {
+    or_none(
+        m.and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default(),
+    )
+}
+
+fn containers_images(o: &Value) -> (String, String) {
+    let cs = arr(o, &["spec", "template", "spec", "containers"]);
+    let names: Vec<&str> = cs.iter().filter_map(|c| c["name"].as_str()).collect();
+    let images: Vec<&str> = cs.iter().filter_map(|c| c["image"].as_str()).collect();
+    (names.join(","), images.join(","))
+}
+
+fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value> {
+    let name = str_at(o, &["metadata", "name"]);
+    let age = since(&str_at(o, &["metadata", "creationTimestamp"]), now);
+    match kind {
+        "Pod" => pod_cells(o, name, age, now),
+        "Namespace" => {
+            let phase = str_at(o, &["status", "phase"]);
+            vec![
+                json!(name),
+                json!(if phase.is_empty() { "Active".into() } else { phase }),
+                json!(age),
+            ]
+        }
+        "Node" => node_cells(o, name, age),
+        "Service" => service_cells(o, name, age),
+        "Endpoints" => {
+            let mut eps = Vec::new();
+            for subset in arr(o, &["subsets"]) {
+                let ports = arr(subset, &["ports"]);
+                for a in arr(subset, &["addresses"]) {
+                    let ip = a["ip"].as_str().unwrap_or_default();
+                    if ports.is_empty() {
+                        eps.push(ip.to_string());
+                    }
+                    for p in ports {
+                        eps.push(format!("{ip}:{}", p["port"]));
+                    }
+                }
+            }
+            let shown = if eps.len() > 3 {
+                format!("{} + {} more...", eps[..3].join(","), eps.len() - 3)
+            } else {
+                or_none(eps.join(","))
+            };
+            vec![json!(name), json!(shown), json!(age)]
+        }
+        "ConfigMap" => {
+            let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len())
+                + o.get("binaryData").and_then(Value::as_object).map_or(0, |m| m.len());
+            vec![json!(name), json!(n), json!(age)]
+        }
+        "Secret" => {
+            let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len());
+            vec![json!(name), json!(str_at(o, &["type"])), json!(n), json!(age)]
+        }
+        "ServiceAccount" => vec![json!(name), json!(arr(o, &["secrets"]).len()), json!(age)],
+        "Event" => event_cells(o, name, now),
+        "Deployment" => {
+            let (c, i) = containers_images(o);
+            vec![
+                json!(name),
+                json!(format!(
+                    "{}/{}",
+                    int(o, &["status", "readyReplicas"]),
+                    int(o, &["spec", "replicas"])
+                )),
+                json!(int(o, &["status", "updatedReplicas"])),
+                json!(int(o, &["status", "availableReplicas"])),
+                json!(age),
+                json!(c),
+                json!(i),
+                json!(selector_string(value_at(o, &["spec", "selector"]))),
+            ]
+        }
+        "ReplicaSet" => {
+            let (c, i) = containers_images(o);
+            vec![
+                json!(name),
+                json!(int(o, &["spec", "replicas"])),
+                json!(int(o, &["status", "replicas"])),
+                json!(int(o, &["status", "readyReplicas"])),
+                json!(age),
+                json!(c),
+                json!(i),
+                json!(selector_string(value_at(o, &["spec", "selector"]))),
+            ]
+        }
+        "DaemonSet" => {
+            let (c, i) = containers_images(o);
+            vec![
+                json!(name),
+                json!(int(o, &["status", "desiredNumberScheduled"])),
+                json!(int(o, &["status", "currentNumberScheduled"])),
+                json!(int(o, &["status", "numberReady"])),
+                json!(int(o, &["status", "updatedNumberScheduled"])),
+                json!(int(o, &["status", "numberAvailable"])),
+                json!(map_string(value_at(o, &["spec", "template", "spec", "nodeSelector"]))),
+                json!(age),
+                json!(c),
+                json!(i),
+                json!(selector_string(value_at(o, &["spec", "selector"]))),
+            ]
+        }
+        "StatefulSet" => {
+            let (c, i) = containers_images(o);
+            vec![
+                json!(name),
+                json!(format!(
+                    "{}/{}",
+                    int(o, &["status", "readyReplicas"]),
+                    int(o, &["spec", "replicas"])
+                )),
+                json!(age),
+                json!(c),
+                json!(i),
+            ]
+        }
+        "Job" => job_cells(o, name, age, now),
+        "EndpointSlice" => {
+            let ports: Vec<String> =
+                arr(o, &["ports"]).iter().map(|p| p["port"].to_string()).collect();
+            let addrs: Vec<String> = arr(o, &["endpoints"])
+                .iter()
+                .flat_map(|e| {
+                    arr(e, &["addresses"]).iter().filter_map(|a| a.as_str().map(str::to_string))
+                })
+                .collect();
+            let shown = if addrs.len() > 3 {
+                format!("{} + {} more...", addrs[..3].join(","), addrs.len() - 3)
+            } else if addrs.is_empty() {
+                "<unset>".into()
+            } else {
+                addrs.join(",")
+            };
+            vec![
+                json!(name),
+                json!(str_at(o, &["addressType"])),
+                json!(if ports.is_empty() { "<unset>".into() } else { ports.join(",") }),
+                json!(shown),
+                json!(age),
+            ]
+        }
+        "Lease" => vec![json!(name), json!(str_at(o, &["spec", "holderIdentity"])), json!(age)],
+        "Role" | "ClusterRole" => {
+            vec![json!(name), json!(str_at(o, &["metadata", "creationTimestamp"]))]
+        }
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let subjects = arr(o, &["subjects"]);
+            let of = |k: &str| -> String {
+                subjects
+                    .iter()
+                    .filter(|s| s["kind"] == k)
+                    .map(|s| match (k, s["namespace"].as_str()) {
+                        ("ServiceAccount", Some(ns)) => {
+                            format!("{ns}/{}", s["name"].as_str().unwrap_or_default())
+                        }
+                        _ => s["name"].as_str().unwrap_or_default().to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                json!(name),
+                json!(format!(
+                    "{}/{}",
+                    str_at(o, &["roleRef", "kind"]),
+                    str_at(o, &["roleRef", "name"])
+                )),
+                json!(age),
+                json!(of("User")),
+                json!(of("Group")),
+                json!(of("ServiceAccount")),
+            ]
+        }
+        _ => vec![json!(name), json!(age)],
+    }
+}
+
+fn pod_cells(
+    o: &Value,
+    name: String,
+    age: String,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<Value> {
+    let containers = arr(o, &["spec", "containers"]);
+    let statuses = arr(o, &["status", "containerStatuses"]);
+    let ready = statuses.iter().filter(|s| s["ready"].as_bool() == Some(true)).count();
+    let restarts: i64 = statuses.iter().map(|s| s["restartCount"].as_i64().unwrap_or(0)).sum();
+    let mut reason = str_at(o, &["status", "reason"]);
+    if reason.is_empty() {
+        reason = str_at(o, &["status", "phase"]);
+    }
+    for s in statuses {
+        if let Some(r) =
+            s.pointer("/state/waiting/reason").and_then(Value::as_str).filter(|r| !r.is_empty())
+        {
+            reason = r.to_string();
+        } else if let Some(r) =
+            s.pointer("/state/terminated/reason").and_then(Value::as_str).filter(|r| !r.is_empty())
+        {
+            reason = r.to_string();
+        }
+    }
+    if o.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) {
+        reason = "Terminating".into();
+    }
+    let last_restart = statuses
+        .iter()
+        .filter_map(|s| s.pointer("/lastState/terminated/finishedAt").and_then(Value::as_str))
+        .max()
+        .map(|t| format!(" ({} ago)", since(t, now)))
+        .unwrap_or_default();
+    let ips = str_at(o, &["status", "podIP"]);
+    let gates = arr(o, &["spec", "readinessGates"]);
+    vec![
+        json!(name),
+        json!(format!("{ready}/{}", containers.len())),
+        json!(reason),
+        json!(format!("{restarts}{}", if restarts > 0 { last_restart } else { String::new() })),
+        json!(age),
+        json!(or_none(ips)),
+        json!(or_none(str_at(o, &["spec", "nodeName"]))),
+        json!(or_none(str_at(o, &["status", "nominatedNodeName"]))),
+        json!(if gates.is_empty() { "<none>".to_string() } else { format!("0/{}", gates.len()) }),
+    ]
+}
+
+fn node_cells(o: &Value, name: String, age: String) -> Vec<Value> {
+    let ready = arr(o, &["status", "conditions"]).iter().find(|c| c["type"] == "Ready");
+    let mut status = match ready.and_then(|c| c["status"].as_str()) {
+        Some("True") => "Ready".to_string(),
+        _ => "NotReady".to_string(),
+    };
+    if value_at(o, &["spec", "unschedulable"]).and_then(Value::as_bool) == Some(true) {
+        status.push_str(",SchedulingDisabled");
+    }
+    let roles: Vec<String> = o
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/").map(str::to_string))
+                .filter(|r| !r.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let addr = |t: &str| {
+        or_none(
+            arr(o, &["status", "addresses"])
+                .iter()
+                .filter(|a| a["type"] == t)
+                .filter_map(|a| a["address"].as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+    };
+    vec![
+        json!(name),
+        json!(status),
+        json!(or_none(roles.join(","))),
+        json!(age),
+        json!(str_at(o, &["status", "nodeInfo", "kubeletVersion"])),
+        json!(addr("InternalIP")),
+        json!(addr("ExternalIP")),
+        json!(str_at(o, &["status", "nodeInfo", "osImage"])),
+        json!(str_at(o, &["status", "nodeInfo", "kernelVersion"])),
+        json!(str_at(o, &["status", "nodeInfo", "containerRuntimeVersion"])),
+    ]
+}
+
+fn service_cells(o: &Value, name: String, age: String) -> Vec<Value> {
+    let ty = str_at(o, &["spec", "type"]);
+    let cluster_ip = or_none(str_at(o, &["spec", "clusterIP"]));
+    let mut external: Vec<String> = arr(o, &["spec", "externalIPs"])
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let lb: Vec<String> = arr(o, &["status", "loadBalancer", "ingress"])
+        .iter()
+        .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()).map(str::to_string))
+        .collect();
+    let ext = match ty.as_str() {
+        "ExternalName" => str_at(o, &["spec", "externalName"]),
+        "LoadBalancer" => {
+            external.extend(lb);
+            if external.is_empty() { "<pending>".into() } else { external.join(",") }
+        }
+        _ => or_none(external.join(",")),
+    };
+    let ports: Vec<String> = arr(o, &["spec", "ports"])
+        .iter()
+        .map(|p| {
+            let proto = p["protocol"].as_str().unwrap_or("TCP");
+            match p["nodePort"].as_i64() {
+                Some(np) if np > 0 => format!("{}:{np}/{proto}", p["port"]),
+                _ => format!("{}/{proto}", p["port"]),
+            }
+        })
+        .collect();
+    vec![
+        json!(name),
+        json!(ty),
+        json!(cluster_ip),
+        json!(ext),
+        json!(or_none(ports.join(","))),
+        json!(age),
+        json!(map_string(value_at(o, &["spec", "selector"]))),
+    ]
+}
+
+fn event_cells(o: &Value, name: String, now: chrono::DateTime<chrono::Utc>) -> Vec<Value> {
+    let last = [
+        str_at(o, &["lastTimestamp"]),
+        str_at(o, &["eventTime"]),
+        str_at(o, &["metadata", "creationTimestamp"]),
+    ]
+    .into_iter()
+    .find(|s| !s.is_empty())
+    .unwrap_or_default();
+    let first = [str_at(o, &["firstTimestamp"]), str_at(o, &["eventTime"]), last.clone()]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .unwrap_or_default();
+    let obj = format!(
+        "{}/{}",
+        str_at(o, &["involvedObject", "kind"]).to_lowercase(),
+        str_at(o, &["involvedObject", "name"])
+    );
+    let source = {
+        let c = str_at(o, &["source", "component"]);
+        let c = if c.is_empty() { str_at(o, &["reportingComponent"]) } else { c };
+        let h = str_at(o, &["source", "host"]);
+        if h.is_empty() { c } else { format!("{c}, {h}") }
+    };
+    let count = value_at(o, &["count"]).and_then(Value::as_i64).unwrap_or(1);
+    vec![
+        json!(since(&last, now)),
+        json!(str_at(o, &["type"])),
+        json!(str_at(o, &["reason"])),
+        json!(obj),
+        json!(str_at(o, &["involvedObject", "fieldPath"])),
+        json!(source),
+        json!(str_at(o, &["message"]).trim().to_string()),
+        json!(since(&first, now)),
+        json!(count),
+        json!(name),
+    ]
+}
+
+fn job_cells(
+    o: &Value,
+    name: String,
+    age: String,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<Value> {
+    let (c, i) = containers_images(o);
+    let completions = value_at(o, &["spec", "completions"]).and_then(Value::as_i64);
+    let succeeded = int(o, &["status", "succeeded"]);
+    let completions_str = match completions {
+        Some(n) => format!("{succeeded}/{n}"),
+        None => {
+            let p = value_at(o, &["spec", "parallelism"]).and_then(Value::as_i64).unwrap_or(1);
+            if p > 1 { format!("{succeeded}/1 of {p}") } else { format!("{succeeded}/1") }
+        }
+    };
+    let conditions = arr(o, &["status", "conditions"]);
+    let has = |t: &str| conditions.iter().any(|c| c["type"] == t && c["status"] == "True");
+    let status = if has("Complete") {
+        "Complete"
+    } else if has("Failed") {
+        "Failed"
+    } else if has("FailureTarget") {
+        "FailureTarget"
+    } else if has("SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else if has("Suspended") {
+        "Suspended"
+    } else {
+        "Running"
+    };
+    let start = str_at(o, &["status", "startTime"]);
+    let done = str_at(o, &["status", "completionTime"]);
+    let duration = match (
+        chrono::DateTime::parse_from_rfc3339(&start),
+        chrono::DateTime::parse_from_rfc3339(&done),
+    ) {
+        (Ok(s), Ok(d)) => human_duration((d - s).num_seconds()),
+        (Ok(s), Err(_)) => human_duration((now - s.with_timezone(&chrono::Utc)).num_seconds()),
+        _ => String::new(),
+    };
+    vec![
+        json!(name),
+        json!(status),
+        json!(completions_str),
+        json!(duration),
+        json!(age),
+        json!(c),
+        json!(i),
+        json!(selector_string(value_at(o, &["spec", "selector"]))),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations_match_upstream() {
+        for (s, want) in [
+            (5, "5s"),
+            (119, "119s"),
+            (125, "2m5s"),
+            (600, "10m"),
+            (3 * 3600 + 60, "3h1m"),
+            (30 * 3600, "30h"),
+            (3 * 86400, "3d"),
+            (400 * 86400, "400d"),
+        ] {
+            assert_eq!(human_duration(s), want);
+        }
+    }
+}

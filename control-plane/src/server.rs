@@ -1,0 +1,144 @@
+//! Running skiff-server: open the store, start the apiserver, serve HTTPS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::apiserver::{self, ApiConfig, ApiServer};
+use crate::pki::{self, Pki};
+use crate::store::DynStore;
+
+/// Which store backs the apiserver.
+#[derive(Debug, Clone)]
+pub enum StoreConfig {
+    /// The embedded store under `<data-dir>/store` (the default).
+    Embedded,
+    /// etcd v3 endpoints with a key prefix (for HA: several servers share one etcd).
+    Etcd { endpoints: Vec<String>, prefix: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where the store, the PKI and admin.kubeconfig live (default /var/lib/skiff/server).
+    pub data_dir: PathBuf,
+    /// HTTPS listen address (default 0.0.0.0:6443, upstream's secure port).
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub api: ApiConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("/var/lib/skiff/server"),
+            listen: "0.0.0.0:6443".parse().expect("valid default address"),
+            store: StoreConfig::Embedded,
+            api: ApiConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening the store")]
+    Store(#[source] crate::store::Error),
+    #[error("setting up the PKI")]
+    Pki(#[from] pki::Error),
+    #[error("starting the apiserver")]
+    Api(#[from] apiserver::Error),
+    #[error("listening on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A started server: its address and the apiserver state (for in-process clients).
+pub struct Running {
+    pub addr: SocketAddr,
+    pub api: Arc<ApiServer>,
+    pub kubeconfig: PathBuf,
+}
+
+pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
+    match &config.store {
+        StoreConfig::Embedded => {
+            let dir = config.data_dir.join("store");
+            let store =
+                crate::store::embedded::EmbeddedStore::open(&dir).await.map_err(Error::Store)?;
+            Ok(Arc::new(store))
+        }
+        StoreConfig::Etcd { endpoints, prefix } => {
+            let store = crate::store::etcd::EtcdStore::connect(endpoints, prefix)
+                .await
+                .map_err(Error::Store)?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// Start everything and serve until the process ends.
+pub async fn start(config: ServerConfig) -> Result<Running, Error> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let store = open_store(&config).await?;
+    let api = ApiServer::start(store, config.api.clone()).await?;
+    api.spawn_compactor(Duration::from_secs(300));
+
+    let host = if config.listen.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        config.listen.ip().to_string()
+    };
+    let pki = Pki::load_or_create(&config.data_dir, &[host.clone()])?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let addr =
+        listener.local_addr().map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let kubeconfig = config.data_dir.join("admin.kubeconfig");
+    pki.write_admin_kubeconfig(&kubeconfig, &format!("https://{host}:{}", addr.port()))?;
+    let acceptor = TlsAcceptor::from(Arc::new(pki.server_config()?));
+    let router = api.router();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let service = TowerToHyperService::new(router.clone());
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(tcp).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                };
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                builder.http2().max_concurrent_streams(1000);
+                if let Err(e) =
+                    builder.serve_connection_with_upgrades(TokioIo::new(tls), service).await
+                {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                }
+            });
+        }
+    });
+    tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "skiff-server is serving");
+    Ok(Running { addr, api, kubeconfig })
+}
