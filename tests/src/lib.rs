@@ -1,1 +1,153 @@
-//! Shared rig for the end-to-end tests (servers, kubectl, lab namespaces).
+//! Shared rig for the end-to-end tests: an in-process skiff-server on a free loopback port
+//! with its own data dir, and the real kubectl binaries with a fresh discovery cache.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use skiff_control_plane::server::{self, ServerConfig};
+
+/// A skiff-server running on a background thread until dropped.
+pub struct TestServer {
+    pub addr: std::net::SocketAddr,
+    pub kubeconfig: PathBuf,
+    pub dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            ..Default::default()
+        };
+        Self::start_with(dir, config)
+    }
+
+    pub fn start_with(dir: tempfile::TempDir, config: ServerConfig) -> TestServer {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            rt.block_on(async move {
+                match server::start(config).await {
+                    Ok(running) => {
+                        let _ = ready_tx.send(Ok((running.addr, running.kubeconfig.clone())));
+                        let _ = stop_rx.await;
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("{e:?}")));
+                    }
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        });
+        let (addr, kubeconfig) = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("skiff-server did not start within 30 s")
+            .unwrap_or_else(|e| panic!("skiff-server failed to start: {e}"));
+        TestServer { addr, kubeconfig, dir, stop: Some(stop_tx), thread: Some(thread) }
+    }
+
+    pub fn kubectl(&self, minor: u32) -> Kubectl {
+        Kubectl::new(minor, &self.kubeconfig)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One real kubectl binary (`/usr/lib/google-cloud-sdk/bin/kubectl.1.<minor>`).
+pub struct Kubectl {
+    pub bin: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub cache: tempfile::TempDir,
+}
+
+impl Kubectl {
+    pub fn new(minor: u32, kubeconfig: &Path) -> Kubectl {
+        let bin = PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.1.{minor}"));
+        assert!(
+            bin.exists(),
+            "{} is missing: the real kubectl binaries are required",
+            bin.display()
+        );
+        Kubectl {
+            bin,
+            kubeconfig: kubeconfig.to_path_buf(),
+            cache: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--kubeconfig").arg(&self.kubeconfig).arg("--cache-dir").arg(self.cache.path());
+        c.args(args);
+        c.env("HOME", self.cache.path());
+        c
+    }
+
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = self.command(args);
+        c.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child =
+            c.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", self.bin.display()));
+        if let Some(input) = stdin {
+            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("writing stdin");
+        }
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// Run and require success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.ok_stdin(args, None)
+    }
+
+    pub fn ok_stdin(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{} {args:?} failed ({}):\nstdout: {stdout}\nstderr: {}",
+            self.bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Run and require failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args, None);
+        assert!(
+            !out.status.success(),
+            "{args:?} unexpectedly succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+/// The workspace root (for tests that run project files such as the Python suite).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}

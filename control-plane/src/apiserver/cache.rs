@@ -15,8 +15,6 @@ use tokio::sync::{broadcast, watch};
 use super::registry::{Registry, ResourceType};
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
-/// Events kept per resource for watches that resume from a past resourceVersion.
-const HISTORY_PER_RESOURCE: usize = 10_000;
 /// Live events buffered per watcher before it is cut off as too slow.
 const BROADCAST_CAPACITY: usize = 8_192;
 
@@ -70,6 +68,8 @@ pub struct CacheEvent {
 pub struct ResourceCache {
     state: RwLock<ResourceState>,
     tx: broadcast::Sender<Arc<CacheEvent>>,
+    /// Events kept for watches that resume from a past resourceVersion.
+    history_limit: usize,
 }
 
 struct ResourceState {
@@ -92,9 +92,10 @@ pub enum WatchStartError {
 }
 
 impl ResourceCache {
-    fn new(floor: Revision) -> Self {
+    fn new(floor: Revision, history_limit: usize) -> Self {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         ResourceCache {
+            history_limit,
             state: RwLock::new(ResourceState {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
@@ -179,7 +180,7 @@ impl ResourceCache {
             }
         }
         state.history.push_back(event.clone());
-        while state.history.len() > HISTORY_PER_RESOURCE {
+        while state.history.len() > self.history_limit {
             if let Some(old) = state.history.pop_front() {
                 state.history_floor = old.rv;
             }
@@ -208,9 +209,14 @@ pub struct WatchCache {
 
 impl WatchCache {
     /// Load everything from the store and start following it.
-    pub async fn start(store: DynStore, registry: Arc<Registry>) -> store::Result<Arc<WatchCache>> {
+    pub async fn start(
+        store: DynStore,
+        registry: Arc<Registry>,
+        history_limit: usize,
+    ) -> store::Result<Arc<WatchCache>> {
         let (rev_tx, _) = watch::channel(0);
-        let caches = registry.all().iter().map(|_| Arc::new(ResourceCache::new(0))).collect();
+        let caches =
+            registry.all().iter().map(|_| Arc::new(ResourceCache::new(0, history_limit))).collect();
         let prefixes = registry.all().iter().map(ResourceType::prefix).collect();
         let cache =
             Arc::new(WatchCache { registry, prefixes, caches, rev: AtomicI64::new(0), rev_tx });

@@ -47,6 +47,9 @@ pub struct ApiConfig {
     pub bookmark_interval: Duration,
     /// Watch timeout when the client gives none (upstream: min-request-timeout 1800 s, jittered).
     pub default_watch_timeout: Duration,
+    /// Events kept per resource for watches resuming from an older resourceVersion; older
+    /// ones get 410 Expired (upstream's watch cache keeps 100 to 100k, adaptively).
+    pub watch_history: usize,
 }
 
 impl Default for ApiConfig {
@@ -56,6 +59,7 @@ impl Default for ApiConfig {
             node_ports: (30000, 32767),
             bookmark_interval: Duration::from_secs(5),
             default_watch_timeout: Duration::from_secs(1800),
+            watch_history: 10_000,
         }
     }
 }
@@ -89,8 +93,9 @@ impl ApiServer {
     /// Load the cache, repair the allocators and create the system namespaces.
     pub async fn start(store: DynStore, config: ApiConfig) -> Result<Arc<ApiServer>, Error> {
         let registry = Arc::new(Registry::new());
-        let cache =
-            WatchCache::start(store.clone(), registry.clone()).await.map_err(Error::Cache)?;
+        let cache = WatchCache::start(store.clone(), registry.clone(), config.watch_history)
+            .await
+            .map_err(Error::Cache)?;
         let openapi = OpenApiDocs::build(&registry.descs()).map_err(Error::OpenApi)?;
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
         let server = Arc::new(ApiServer {

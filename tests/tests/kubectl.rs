@@ -1,0 +1,194 @@
+//! Real kubectl (1.27 and 1.33 binaries, fresh discovery cache) against skiff-server.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use skiff_tests::{Kubectl, TestServer};
+
+const APP: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: httpd
+        image: skiff.local/busybox:1
+        command: ["httpd", "-f", "-p", "8080"]
+        ports:
+        - containerPort: 8080
+        env:
+        - {name: MODE, value: one}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+"#;
+
+fn json(k: &Kubectl, args: &[&str]) -> serde_json::Value {
+    let mut full = args.to_vec();
+    full.extend(["-o", "json"]);
+    serde_json::from_str(&k.ok(&full)).expect("kubectl -o json output")
+}
+
+fn walkthrough(minor: u32) {
+    let server = TestServer::start();
+    let k = server.kubectl(minor);
+
+    // Discovery and OpenAPI-backed commands.
+    let resources = k.ok(&["api-resources"]);
+    for r in ["deployments", "pods", "services", "endpointslices", "leases", "clusterroles"] {
+        assert!(resources.contains(r), "api-resources lacks {r}:\n{resources}");
+    }
+    let explain = k.ok(&["explain", "deployment.spec.strategy"]);
+    assert!(explain.contains("rollingUpdate") || explain.contains("RollingUpdate"), "{explain}");
+
+    // apply twice: create, then a strategic merge patch.
+    let out = k.ok_stdin(&["apply", "-f", "-"], Some(APP));
+    assert!(
+        out.contains("deployment.apps/web created") && out.contains("service/web created"),
+        "{out}"
+    );
+    let out = k.ok_stdin(&["apply", "-f", "-"], Some(APP));
+    assert!(out.contains("deployment.apps/web unchanged"), "{out}");
+    let changed = APP.replace("value: one", "value: two").replace("replicas: 2", "replicas: 3");
+    let out = k.ok_stdin(&["apply", "-f", "-"], Some(&changed));
+    assert!(out.contains("deployment.apps/web configured"), "{out}");
+    let d = json(&k, &["get", "deployment", "web"]);
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"], "two");
+    assert_eq!(d["metadata"]["generation"], 2, "spec changed once after creation");
+    assert!(
+        d["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string()
+    );
+
+    let svc = json(&k, &["get", "service", "web"]);
+    let ip = svc["spec"]["clusterIP"].as_str().expect("clusterIP allocated");
+    assert!(ip.starts_with("10."), "clusterIP {ip} from the service range");
+    let node_port = svc["spec"]["ports"][0]["nodePort"].as_u64().expect("nodePort allocated");
+    assert!((30000..=32767).contains(&node_port));
+
+    // Server-side apply.
+    let ssa = APP.replace("name: web", "name: ssa").replace("app: web", "app: ssa");
+    let out = k.ok_stdin(&["apply", "--server-side", "-f", "-"], Some(&ssa));
+    assert!(out.contains("serverside-applied"), "{out}");
+    let out = k.ok_stdin(&["apply", "--server-side", "-f", "-"], Some(&ssa));
+    assert!(out.contains("serverside-applied"), "{out}");
+    let d = json(&k, &["get", "deployment", "ssa"]);
+    let managers: Vec<&str> = d["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields")
+        .iter()
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"kubectl"), "managers: {managers:?}");
+
+    // Imperative commands.
+    let out =
+        k.ok(&["create", "deployment", "cd", "--image=skiff.local/busybox:1", "--replicas=2"]);
+    assert!(out.contains("deployment.apps/cd created"), "{out}");
+    let out = k.ok(&["create", "configmap", "settings", "--from-literal=a=b"]);
+    assert!(out.contains("configmap/settings created"), "{out}");
+
+    // Reads.
+    let table = k.ok(&["get", "deployments"]);
+    assert!(table.lines().next().unwrap_or("").starts_with("NAME"), "{table}");
+    assert!(table.contains("web") && table.contains("cd") && table.contains("ssa"), "{table}");
+    let wide = k.ok(&["get", "deployments", "-o", "wide"]);
+    assert!(
+        wide.contains("CONTAINERS")
+            && wide.contains("skiff.local/busybox:1")
+            && wide.contains("app=web"),
+        "{wide}"
+    );
+    let all = k.ok(&["get", "services", "-A"]);
+    assert!(
+        all.contains("NAMESPACE") && all.contains("kubernetes") && all.contains("web"),
+        "{all}"
+    );
+    let labels = k.ok(&["get", "deploy", "web", "--show-labels"]);
+    assert!(labels.contains("app=web"), "{labels}");
+    let describe = k.ok(&["describe", "deployment", "web"]);
+    assert!(
+        describe.contains("Name:") && describe.contains("web") && describe.contains("Replicas:"),
+        "{describe}"
+    );
+    let describe = k.ok(&["describe", "service", "web"]);
+    assert!(describe.contains(ip), "{describe}");
+
+    // get -w sees a scale as a new row.
+    let mut watch = k
+        .command(&["get", "deployment", "web", "-w", "--request-timeout=20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl get -w");
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = k.ok(&["scale", "deployment", "web", "--replicas=5"]);
+    assert!(out.contains("scaled"), "{out}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = watch.kill();
+    let out = watch.wait_with_output().expect("watch output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().filter(|l| l.starts_with("web")).count() >= 2,
+        "watch saw the scale:\n{text}"
+    );
+    assert!(text.contains("0/5"), "watch shows the new replica count:\n{text}");
+    assert_eq!(json(&k, &["get", "deployment", "web"])["spec"]["replicas"], 5);
+
+    // Errors are Status objects kubectl prints.
+    let err = k.fails(&["get", "deployment", "nope"]);
+    assert!(err.contains("deployments.apps \"nope\" not found"), "{err}");
+    let err = k.fails(&["create", "deployment", "web", "--image=x"]);
+    assert!(err.contains("already exists"), "{err}");
+
+    // Delete.
+    let out = k.ok(&["delete", "deployment", "web", "cd"]);
+    assert!(out.contains("deployment.apps \"web\" deleted"), "{out}");
+    let out = k.ok(&["delete", "service", "web"]);
+    assert!(out.contains("service \"web\" deleted"), "{out}");
+    let left = k.ok(&["get", "deployments", "-o", "name"]);
+    assert_eq!(left.trim(), "deployment.apps/ssa");
+}
+
+#[test]
+fn kubectl_1_27() {
+    walkthrough(27);
+}
+
+#[test]
+fn kubectl_1_33() {
+    walkthrough(33);
+}
+
+#[test]
+fn namespaces_and_validation() {
+    let server = TestServer::start();
+    let k = server.kubectl(33);
+    let ns = k.ok(&["get", "namespaces", "-o", "name"]);
+    for want in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(ns.contains(&format!("namespace/{want}")), "{ns}");
+    }
+    let err = k.fails(&["create", "configmap", "x", "-n", "missing", "--from-literal=a=b"]);
+    assert!(err.contains("namespaces \"missing\" not found"), "{err}");
+    k.ok(&["create", "namespace", "shop"]);
+    k.ok(&["create", "configmap", "x", "-n", "shop", "--from-literal=a=b"]);
+    let cms = k.ok(&["get", "cm", "-n", "shop"]);
+    assert!(cms.contains('x'), "{cms}");
+}
