@@ -1,9 +1,41 @@
 //! `cargo xtask bench <name>`: benchmarks print a table and write JSON under target/bench/.
+//! Each runs its comparison baseline in the same run on the same machine.
 
 use std::path::Path;
+use std::process::Command;
 
 use anyhow::{Result, bail};
 
-pub fn run(_root: &Path, name: &str) -> Result<()> {
-    bail!("unknown benchmark {name:?}")
+use crate::run;
+
+pub fn run_bench(root: &Path, name: &str) -> Result<()> {
+    match name {
+        "apiserver" => apiserver(root),
+        other => bail!("unknown benchmark {other:?} (known: apiserver)"),
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Release builds of skiff-server and the bench driver, then the driver against the server.
+fn apiserver(root: &Path) -> Result<()> {
+    run(cargo().current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "skiff-control-plane",
+        "-p",
+        "skiff-tests",
+        "--bin",
+        "skiff-server",
+        "--bin",
+        "skiff-bench",
+    ]))?;
+    let target = root.join("target/release");
+    run(Command::new(target.join("skiff-bench"))
+        .arg("apiserver")
+        .arg(target.join("skiff-server"))
+        .arg(root.join("target/bench")))
 }

@@ -50,7 +50,7 @@ fn main() -> Result<()> {
         Cmd::Up { data_dir, listen } => up(&root, &data_dir, &listen),
         Cmd::Down { data_dir } => down(&data_dir),
         Cmd::Test => test(&root),
-        Cmd::Bench { name } => bench::run(&root, &name),
+        Cmd::Bench { name } => bench::run_bench(&root, &name),
     }
 }
 

@@ -138,9 +138,12 @@ impl Query {
         self.raw.get(key).map(String::as_str).filter(|s| !s.is_empty())
     }
 
+    /// A boolean parameter, parsed like Go's strconv.ParseBool ("1", "t", "True", ...).
     pub fn flag(&self, key: &str) -> bool {
-        matches!(self.raw.get(key).map(String::as_str), Some("true" | "1" | ""))
-            && self.raw.contains_key(key)
+        matches!(
+            self.raw.get(key).map(String::as_str),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True" | "")
+        )
     }
 
     pub fn int(&self, key: &str) -> ApiResult<Option<i64>> {

@@ -1,0 +1,345 @@
+//! Benchmarks driven by `cargo xtask bench <name>`. `skiff-bench apiserver <server-binary>`
+//! starts a release skiff-server as its own process and measures, in one run:
+//! creates/s with 1 and 64 concurrent clients (and the raw embedded store as the floor),
+//! LIST of 10k and 100k pods, watch delivery latency with 1,000 watchers, and server RSS
+//! at 10k pods. It prints a table and writes JSON to target/bench/apiserver.json.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use futures::{AsyncBufReadExt, StreamExt};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use skiff_control_plane::store::StoreExt;
+
+struct ServerProcess {
+    child: Child,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ServerProcess {
+    fn rss_mb(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(16443)
+}
+
+async fn start_server(bin: &Path) -> Result<ServerProcess> {
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let child = Command::new(bin)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !kubeconfig.exists() {
+        if Instant::now() > deadline {
+            bail!("skiff-server did not write its kubeconfig");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(ServerProcess { child, kubeconfig, _dir: dir })
+}
+
+async fn client(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.read_timeout = Some(Duration::from_secs(300));
+    Ok(Client::try_from(config)?)
+}
+
+fn pod(ns: &str, name: &str, extra_annotation: Option<String>) -> Vec<u8> {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "bench"}},
+        "spec": {"containers": [{"name": "c", "image": "skiff.local/busybox:1"}]},
+    });
+    if let Some(a) = extra_annotation {
+        p["metadata"]["annotations"] = json!({"bench/sent-ns": a});
+    }
+    serde_json::to_vec(&p).unwrap_or_default()
+}
+
+async fn create_ns(client: &Client, ns: &str) -> Result<()> {
+    let body = serde_json::to_vec(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )?;
+    let req = http::Request::post("/api/v1/namespaces")
+        .header("content-type", "application/json")
+        .body(body)?;
+    client.request_text(req).await?;
+    Ok(())
+}
+
+/// Create `total` pods in `ns` with `concurrency` workers; returns creates/s.
+async fn creates(client: &Client, ns: &str, total: usize, concurrency: usize) -> Result<f64> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let next = next.clone();
+        let ns = ns.to_string();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods"))
+                    .header("content-type", "application/json")
+                    .body(pod(&ns, &format!("p-{i}"), None))?;
+                client.request_text(req).await.with_context(|| format!("creating pod {i}"))?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Time one full LIST of all pods (bytes read to the end), best of 3.
+async fn list_ms(client: &Client, query: &str) -> Result<(f64, usize)> {
+    let mut best = f64::MAX;
+    let mut size = 0;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let req = http::Request::get(format!("/api/v1/pods{query}")).body(Vec::new())?;
+        let body = client.request_text(req).await?;
+        best = best.min(started.elapsed().as_secs_f64() * 1000.0);
+        size = body.len();
+    }
+    Ok((best, size))
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// 1,000 watchers on one namespace; `events` pods created at a steady pace; the latency from
+/// the create call to each watcher reading the event line.
+async fn watch_latency(
+    client: &Client,
+    watchers: usize,
+    events: usize,
+) -> Result<(f64, f64, usize)> {
+    let ns = "watch-bench";
+    create_ns(client, ns).await?;
+    let rv: String = {
+        let req = http::Request::get(format!("/api/v1/namespaces/{ns}/pods")).body(Vec::new())?;
+        let list: Value = serde_json::from_str(&client.request_text(req).await?)?;
+        list["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string()
+    };
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(watchers * events)));
+    let ready = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..watchers {
+        let client = client.clone();
+        let latencies = latencies.clone();
+        let ready = ready.clone();
+        let rv = rv.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = http::Request::get(format!(
+                "/api/v1/namespaces/{ns}/pods?watch=true&resourceVersion={rv}&timeoutSeconds=120"
+            ))
+            .body(Vec::new())?;
+            let stream = client.request_stream(req).await?;
+            ready.fetch_add(1, Ordering::Relaxed);
+            let mut lines = stream.lines();
+            let mut seen = 0;
+            let mut mine = Vec::with_capacity(events);
+            while let Some(line) = lines.next().await {
+                let line = line?;
+                let received = now_ns();
+                // Find the sender's timestamp without parsing the whole event.
+                if let Some(pos) = line.find("bench/sent-ns\":\"") {
+                    let rest = &line[pos + 16..];
+                    if let Some(end) = rest.find('"')
+                        && let Ok(sent) = rest[..end].parse::<u128>()
+                    {
+                        mine.push((received.saturating_sub(sent)) as f64 / 1e6);
+                    }
+                }
+                seen += 1;
+                if seen >= events {
+                    break;
+                }
+            }
+            latencies.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.extend(mine);
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    while ready.load(Ordering::Relaxed) < watchers {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..events {
+        let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods"))
+            .header("content-type", "application/json")
+            .body(pod(ns, &format!("w-{i}"), Some(now_ns().to_string())))?;
+        client.request_text(req).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t).await???;
+    }
+    let mut all = latencies.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    all.sort_by(|a, b| a.total_cmp(b));
+    Ok((percentile(&all, 0.5), percentile(&all, 0.99), all.len()))
+}
+
+/// The floor: single-key creates straight into the embedded store, same concurrency.
+async fn store_creates(concurrency: usize, total: usize) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let store =
+        Arc::new(skiff_control_plane::store::embedded::EmbeddedStore::open(dir.path()).await?);
+    let value = Bytes::from(pod("default", "x", None));
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let store = store.clone();
+        let next = next.clone();
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                store.create(&format!("/registry/core/pods/default/p-{i}"), value.clone()).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
+    let mut rows: Vec<(String, f64, String, String)> = Vec::new();
+    let mut record = |name: &str, value: f64, unit: &str, note: String| {
+        println!("{name:<44} {value:>12.1} {unit:<8} {note}");
+        rows.push((name.to_string(), value, unit.to_string(), note));
+    };
+    println!("{:<44} {:>12} {:<8} note", "measure", "value", "unit");
+
+    let floor1 = store_creates(1, 2_000).await?;
+    let floor64 = store_creates(64, 20_000).await?;
+    record("store creates/s, 1 writer (floor)", floor1, "ops/s", String::new());
+    record("store creates/s, 64 writers (floor)", floor64, "ops/s", String::new());
+
+    let server = start_server(server_bin).await?;
+    let client = client(&server.kubeconfig).await?;
+    create_ns(&client, "bench1").await?;
+    create_ns(&client, "bench64").await?;
+    let c1 = creates(&client, "bench1", 2_000, 1).await?;
+    record(
+        "apiserver creates/s, 1 client",
+        c1,
+        "ops/s",
+        format!("{:.2}x of store floor", c1 / floor1),
+    );
+    let c64 = creates(&client, "bench64", 8_000, 64).await?;
+    record(
+        "apiserver creates/s, 64 clients",
+        c64,
+        "ops/s",
+        format!("{:.2}x of store floor; target >= 20000 ({:.2}x)", c64 / floor64, c64 / 20_000.0),
+    );
+    let rss10k = server.rss_mb();
+    record(
+        "server RSS at 10k pods",
+        rss10k,
+        "MB",
+        format!("target < 100 ({:.2}x)", rss10k / 100.0),
+    );
+    let (l10k, size) = list_ms(&client, "").await?;
+    record("LIST 10k pods (consistent)", l10k, "ms", format!("{} MB", size / 1_000_000));
+    let (l10k0, _) = list_ms(&client, "?resourceVersion=0").await?;
+    record("LIST 10k pods (resourceVersion=0)", l10k0, "ms", String::new());
+    let (p50, p99, n) = watch_latency(&client, 1_000, 100).await?;
+    record("watch delivery p50, 1000 watchers", p50, "ms", format!("{n} deliveries"));
+    record(
+        "watch delivery p99, 1000 watchers",
+        p99,
+        "ms",
+        format!("target < 50 ({:.2}x)", p99 / 50.0),
+    );
+    create_ns(&client, "bench100k").await?;
+    let c = creates(&client, "bench100k", 90_000, 64).await?;
+    record("apiserver creates/s, 64 clients (to 100k)", c, "ops/s", String::new());
+    let (l100k, size) = list_ms(&client, "").await?;
+    record("LIST 100k pods (consistent)", l100k, "ms", format!("{} MB", size / 1_000_000));
+    record("server RSS at 100k pods", server.rss_mb(), "MB", String::new());
+
+    std::fs::create_dir_all(out_dir)?;
+    let json: Vec<Value> = rows
+        .iter()
+        .map(|(n, v, u, note)| json!({"measure": n, "value": v, "unit": u, "note": note}))
+        .collect();
+    let path = out_dir.join("apiserver.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&json)?)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("apiserver") => {
+            let bin = PathBuf::from(
+                args.get(2).context("usage: skiff-bench apiserver <skiff-server> <out-dir>")?,
+            );
+            let out = PathBuf::from(args.get(3).map(String::as_str).unwrap_or("target/bench"));
+            apiserver(&bin, &out).await
+        }
+        other => bail!("unknown benchmark {other:?} (known: apiserver)"),
+    }
+}
