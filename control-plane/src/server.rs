@@ -91,7 +91,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         .map_err(|source| Error::Listen { addr: config.listen, source })?;
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, config.api.clone()).await?;
-    api.spawn_compactor(Duration::from_secs(300));
+    api.spawn_compactor(config.api.compaction_interval);
 
     let host = if config.listen.ip().is_unspecified() {
         "127.0.0.1".to_string()

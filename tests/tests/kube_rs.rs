@@ -109,6 +109,7 @@ async fn too_old_resource_version_is_410_then_relist_recovers() {
         ..Default::default()
     };
     config.api.watch_history = 5;
+    config.api.compaction_interval = Duration::from_millis(300);
     let server = TestServer::start_with(dir, config);
     let client = client(&server).await;
     let api: Api<ConfigMap> = Api::namespaced(client, "default");
@@ -117,7 +118,9 @@ async fn too_old_resource_version_is_410_then_relist_recovers() {
     for i in 1..20 {
         api.create(&PostParams::default(), &cm(&format!("old-{i}"))).await.expect("create");
     }
-    // A watch from a revision the cache no longer holds: 200, then ERROR 410 Expired.
+    // Let two compactions pass: the store forgets the history before the last creates.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // A watch from a revision neither the cache nor the store holds: 200, then ERROR 410.
     let mut stream =
         api.watch(&WatchParams::default(), &old_rv).await.expect("watch starts").boxed();
     match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {

@@ -50,6 +50,9 @@ pub struct ApiConfig {
     /// Events kept per resource for watches resuming from an older resourceVersion; older
     /// ones get 410 Expired (upstream's watch cache keeps 100 to 100k, adaptively).
     pub watch_history: usize,
+    /// How often store history is compacted to the revision seen one period earlier
+    /// (upstream's --etcd-compaction-interval, 5 minutes).
+    pub compaction_interval: Duration,
 }
 
 impl Default for ApiConfig {
@@ -60,6 +63,7 @@ impl Default for ApiConfig {
             bookmark_interval: Duration::from_secs(5),
             default_watch_timeout: Duration::from_secs(1800),
             watch_history: 10_000,
+            compaction_interval: Duration::from_secs(300),
         }
     }
 }

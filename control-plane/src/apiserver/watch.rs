@@ -73,34 +73,38 @@ pub async fn serve(
         output,
         table_rt: rt.plural(),
     };
+    let ctx = WatchTask {
+        server: server.clone(),
+        rt_index: server.registry.all().iter().position(|t| std::ptr::eq(t, rt)).unwrap_or(0),
+        filter,
+        prefix: prefix.clone(),
+        encoder,
+        bookmarks,
+        initial_end: send_initial,
+        timeout,
+        bookmark_interval: server.config.bookmark_interval,
+    };
     match server.cache.resource(rt).subscribe(from, &prefix) {
         Ok(sub) => {
-            let ctx = WatchTask {
-                server: server.clone(),
-                rt_index: server
-                    .registry
-                    .all()
-                    .iter()
-                    .position(|t| std::ptr::eq(t, rt))
-                    .unwrap_or(0),
-                filter,
-                prefix,
-                encoder,
-                bookmarks,
-                initial_end: send_initial,
-                timeout,
-                bookmark_interval: server.config.bookmark_interval,
-            };
             tokio::spawn(ctx.run(sub.backlog, sub.rx, tx));
         }
         Err(WatchStartError::TooOld { requested, oldest }) => {
-            // Upstream answers 200 and then an ERROR event with a 410 Status.
-            let status =
-                ApiError::gone(format!("too old resource version: {requested} ({oldest})"))
-                    .to_status();
-            let line = line("ERROR", &serde_json::to_vec(&status).unwrap_or_default());
-            let _ = tx.try_send(line);
-            drop(tx);
+            // Older than the cache's window (e.g. a watcher resuming across a restart):
+            // serve it from the store's history while that still has the revision.
+            match server.store.watch(&prefix, requested).await {
+                Ok(events) => {
+                    tokio::spawn(ctx.run_from_store(events, tx));
+                }
+                Err(_) => {
+                    // Upstream answers 200 and then an ERROR event with a 410 Status.
+                    let status =
+                        ApiError::gone(format!("too old resource version: {requested} ({oldest})"))
+                            .to_status();
+                    let line = line("ERROR", &serde_json::to_vec(&status).unwrap_or_default());
+                    let _ = tx.try_send(line);
+                    drop(tx);
+                }
+            }
         }
     }
     let stream = futures::stream::unfold(rx, |mut rx| async move {
@@ -259,6 +263,39 @@ impl WatchTask {
         }
     }
 
+    /// Serve a watch from the store's own history and live stream (for revisions older
+    /// than the watch cache holds).
+    async fn run_from_store(
+        self,
+        mut events: futures::stream::BoxStream<'static, crate::store::Result<crate::store::Event>>,
+        tx: mpsc::Sender<Bytes>,
+    ) {
+        use futures::StreamExt;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut first = true;
+        let mut last_rv: Revision = 0;
+        let mut ticker = tokio::time::interval(self.bookmark_interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+                _ = ticker.tick(), if self.bookmarks && last_rv > 0 => {
+                    if tx.send(self.bookmark(last_rv, false)).await.is_err() { return; }
+                }
+                item = events.next() => match item {
+                    Some(Ok(ev)) => {
+                        last_rv = ev.revision;
+                        let Some(cache_event) = store_event(self.rt(), ev) else { continue };
+                        if let Some(b) = self.encode(&cache_event, &mut first)
+                            && tx.send(b).await.is_err() { return; }
+                    }
+                    Some(Err(_)) | None => { self.expire(&tx).await; return; }
+                }
+            }
+        }
+    }
+
     /// A watcher too slow for the fan-out is told to start over, as upstream's cacher does.
     async fn expire(&self, tx: &mpsc::Sender<Bytes>) {
         let status: Value =
@@ -266,4 +303,24 @@ impl WatchTask {
                 .to_status();
         let _ = tx.send(line("ERROR", &serde_json::to_vec(&status).unwrap_or_default())).await;
     }
+}
+
+/// A store event as the cache would have recorded it.
+fn store_event(rt: &ResourceType, ev: crate::store::Event) -> Option<CacheEvent> {
+    use super::cache::cached_object;
+    use crate::store::EventKind;
+    let (kind, obj, prev) = match ev.kind {
+        EventKind::Put => {
+            let prev =
+                ev.prev.as_ref().and_then(|p| cached_object(rt, p, p.mod_revision)).map(Arc::new);
+            let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
+            (kind, cached_object(rt, &ev.kv, ev.kv.mod_revision)?, prev)
+        }
+        EventKind::Delete => {
+            let obj = cached_object(rt, &ev.kv, ev.revision)?;
+            let prev = cached_object(rt, &ev.kv, ev.kv.mod_revision).map(Arc::new);
+            (EventType::Deleted, obj, prev)
+        }
+    };
+    Some(CacheEvent { rv: ev.revision, kind, obj: Arc::new(obj), prev })
 }

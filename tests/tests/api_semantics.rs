@@ -1,0 +1,457 @@
+//! API semantics over real HTTPS with kube-rs' raw requests: concurrency, selectors,
+//! paging, watch ordering/bookmarks/initial events, deletion, dry run, bad input.
+
+use std::time::Duration;
+
+use futures::{AsyncBufReadExt, StreamExt};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use skiff_tests::TestServer;
+
+async fn client(server: &TestServer) -> Client {
+    let kc = Kubeconfig::read_from(&server.kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+/// Send a request; returns (status, body as JSON).
+async fn call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let bytes = body.map(|b| serde_json::to_vec(&b).expect("json")).unwrap_or_default();
+    call_raw(client, method, path, ct, bytes).await
+}
+
+async fn call_raw(
+    client: &Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(kube::client::Body::from(body))
+        .expect("request");
+    let resp = client.send(req).await.expect("send");
+    let status = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+const JSON: &str = "application/json";
+
+fn cm(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": {"k": "v"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_concurrency_and_metadata() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    let (code, created) =
+        call(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON, Some(cm("a", json!({}))))
+            .await;
+    assert_eq!(code, 201);
+    let meta = &created["metadata"];
+    assert!(meta["uid"].as_str().is_some_and(|u| u.len() == 36));
+    assert!(meta["creationTimestamp"].is_string());
+    assert!(meta["managedFields"].is_array());
+    let rv = meta["resourceVersion"].as_str().expect("rv").to_string();
+
+    // Update with the current RV works; with a stale one is 409 Conflict.
+    let mut next = created.clone();
+    next["data"]["k"] = json!("v2");
+    let (code, updated) =
+        call(&c, "PUT", "/api/v1/namespaces/default/configmaps/a", JSON, Some(next.clone())).await;
+    assert_eq!(code, 200, "{updated}");
+    assert_ne!(updated["metadata"]["resourceVersion"].as_str(), Some(rv.as_str()));
+    let (code, status) =
+        call(&c, "PUT", "/api/v1/namespaces/default/configmaps/a", JSON, Some(next)).await;
+    assert_eq!(code, 409);
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Conflict");
+    assert_eq!(status["code"], 409);
+
+    // generation moves with spec changes only.
+    let dep = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+                 "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}
+    });
+    let (code, d) =
+        call(&c, "POST", "/apis/apps/v1/namespaces/default/deployments", JSON, Some(dep)).await;
+    assert_eq!(code, 201, "{d}");
+    assert_eq!(d["metadata"]["generation"], 1);
+    let (_, d) = call(
+        &c,
+        "PATCH",
+        "/apis/apps/v1/namespaces/default/deployments/d",
+        "application/merge-patch+json",
+        Some(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await;
+    assert_eq!(d["metadata"]["generation"], 1, "label change keeps generation");
+    let (_, d) = call(
+        &c,
+        "PATCH",
+        "/apis/apps/v1/namespaces/default/deployments/d",
+        "application/json-patch+json",
+        Some(json!([{"op": "replace", "path": "/spec/replicas", "value": 3}])),
+    )
+    .await;
+    assert_eq!(d["metadata"]["generation"], 2, "spec change bumps generation");
+    // A status write does not bump it and does not touch spec.
+    let mut st = d.clone();
+    st["status"] = json!({"replicas": 3, "observedGeneration": 2});
+    st["spec"]["replicas"] = json!(9);
+    let (code, s) =
+        call(&c, "PUT", "/apis/apps/v1/namespaces/default/deployments/d/status", JSON, Some(st))
+            .await;
+    assert_eq!(code, 200, "{s}");
+    assert_eq!(s["status"]["replicas"], 3);
+    assert_eq!(s["spec"]["replicas"], 3);
+    assert_eq!(s["metadata"]["generation"], 2);
+    // And a main-resource write cannot change status.
+    let mut m = s.clone();
+    m["status"]["replicas"] = json!(0);
+    let (_, m) =
+        call(&c, "PUT", "/apis/apps/v1/namespaces/default/deployments/d", JSON, Some(m)).await;
+    assert_eq!(m["status"]["replicas"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selectors_and_paging() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    for i in 0..7 {
+        let tier = if i % 2 == 0 { "front" } else { "back" };
+        call(
+            &c,
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            JSON,
+            Some(cm(&format!("c{i}"), json!({"tier": tier}))),
+        )
+        .await;
+    }
+    let (_, l) = call(
+        &c,
+        "GET",
+        "/api/v1/namespaces/default/configmaps?labelSelector=tier%3Dfront",
+        JSON,
+        None,
+    )
+    .await;
+    assert_eq!(l["items"].as_array().map(Vec::len), Some(4));
+    let (_, l) = call(
+        &c,
+        "GET",
+        "/api/v1/namespaces/default/configmaps?labelSelector=tier+notin+(front)",
+        JSON,
+        None,
+    )
+    .await;
+    assert_eq!(l["items"].as_array().map(Vec::len), Some(3));
+    let (_, l) =
+        call(&c, "GET", "/api/v1/configmaps?fieldSelector=metadata.name%3Dc3", JSON, None).await;
+    assert_eq!(l["items"][0]["metadata"]["name"], "c3");
+    let (code, e) =
+        call(&c, "GET", "/api/v1/configmaps?fieldSelector=spec.nope%3D1", JSON, None).await;
+    assert_eq!((code, e["reason"].as_str()), (400, Some("BadRequest")));
+
+    // limit/continue walk every item exactly once.
+    let mut names = Vec::new();
+    let mut path = "/api/v1/namespaces/default/configmaps?limit=3".to_string();
+    let mut pages = 0;
+    loop {
+        let (code, page) = call(&c, "GET", &path, JSON, None).await;
+        assert_eq!(code, 200, "{page}");
+        pages += 1;
+        for item in page["items"].as_array().expect("items") {
+            names.push(item["metadata"]["name"].as_str().expect("name").to_string());
+        }
+        match page["metadata"]["continue"].as_str() {
+            Some(token) => {
+                path = format!("/api/v1/namespaces/default/configmaps?limit=3&continue={token}")
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(names, (0..7).map(|i| format!("c{i}")).collect::<Vec<_>>());
+}
+
+async fn read_events(c: &Client, path: &str, n: usize) -> Vec<Value> {
+    let req = http::Request::get(path).body(Vec::new()).expect("request");
+    let stream = c.request_stream(req).await.expect("watch");
+    let mut lines = stream.lines();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next())
+            .await
+            .unwrap_or_else(|_| panic!("timed out after {} events: {out:?}", out.len()))
+            .expect("stream ended")
+            .expect("line");
+        out.push(serde_json::from_str(&line).expect("one JSON event per line"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_revision_is_complete_and_ordered() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    let (_, first) =
+        call(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON, Some(cm("w0", json!({}))))
+            .await;
+    let rv0 = first["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    for i in 1..5 {
+        call(
+            &c,
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            JSON,
+            Some(cm(&format!("w{i}"), json!({}))),
+        )
+        .await;
+    }
+    call(&c, "DELETE", "/api/v1/namespaces/default/configmaps/w1", JSON, None).await;
+    // From rv0: exactly the four later creates and the delete, in order, no duplicates.
+    let events = read_events(
+        &c,
+        &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}"),
+        5,
+    )
+    .await;
+    let got: Vec<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or("").to_string(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("ADDED".into(), "w1".into()),
+            ("ADDED".into(), "w2".into()),
+            ("ADDED".into(), "w3".into()),
+            ("ADDED".into(), "w4".into()),
+            ("DELETED".into(), "w1".into())
+        ]
+    );
+    let rvs: Vec<i64> = events
+        .iter()
+        .map(|e| {
+            e["object"]["metadata"]["resourceVersion"].as_str().unwrap_or("0").parse().unwrap_or(0)
+        })
+        .collect();
+    assert!(rvs.windows(2).all(|w| w[0] < w[1]), "strictly increasing: {rvs:?}");
+
+    // Without a resourceVersion: synthetic ADDED for what exists.
+    let events = read_events(&c, "/api/v1/namespaces/default/configmaps?watch=true", 4).await;
+    assert!(events.iter().all(|e| e["type"] == "ADDED"));
+
+    // sendInitialEvents: the initial state, then a bookmark marking its end.
+    let events = read_events(
+        &c,
+        "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+        5,
+    )
+    .await;
+    assert_eq!(events[4]["type"], "BOOKMARK");
+    assert_eq!(events[4]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_keep_idle_watches_alive() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    let (_, l) = call(&c, "GET", "/api/v1/namespaces/default/configmaps", JSON, None).await;
+    let rv = l["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    let events = read_events(
+        &c,
+        &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"),
+        1,
+    )
+    .await;
+    assert_eq!(events[0]["type"], "BOOKMARK");
+    assert_eq!(events[0]["object"]["kind"], "ConfigMap");
+    assert!(events[0]["object"]["metadata"]["resourceVersion"].as_str().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_dry_run_and_bad_input() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    // dryRun creates nothing.
+    let (code, _) = call(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps?dryRun=All",
+        JSON,
+        Some(cm("dry", json!({}))),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, _) = call(&c, "GET", "/api/v1/namespaces/default/configmaps/dry", JSON, None).await;
+    assert_eq!(code, 404);
+
+    // Finalizers hold an object in Terminating until they are removed.
+    let mut f = cm("fin", json!({}));
+    f["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    call(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON, Some(f)).await;
+    let (code, o) =
+        call(&c, "DELETE", "/api/v1/namespaces/default/configmaps/fin", JSON, None).await;
+    assert_eq!(code, 200);
+    assert!(o["metadata"]["deletionTimestamp"].is_string(), "{o}");
+    let (code, _) = call(&c, "GET", "/api/v1/namespaces/default/configmaps/fin", JSON, None).await;
+    assert_eq!(code, 200, "still there while the finalizer holds");
+    let (code, _) = call(
+        &c,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/fin",
+        "application/merge-patch+json",
+        Some(json!({"metadata": {"finalizers": null}})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _) = call(&c, "GET", "/api/v1/namespaces/default/configmaps/fin", JSON, None).await;
+    assert_eq!(code, 404, "gone once the last finalizer is removed");
+
+    // Pods on a node are deleted gracefully; unscheduled ones at once.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                     "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}});
+    call(&c, "POST", "/api/v1/namespaces/default/pods", JSON, Some(pod)).await;
+    let (code, o) = call(&c, "DELETE", "/api/v1/namespaces/default/pods/p", JSON, None).await;
+    assert_eq!(code, 200);
+    assert_eq!(o["metadata"]["deletionGracePeriodSeconds"], 30, "{o}");
+    let (code, _) = call(
+        &c,
+        "DELETE",
+        "/api/v1/namespaces/default/pods/p",
+        JSON,
+        Some(json!({"gracePeriodSeconds": 0})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _) = call(&c, "GET", "/api/v1/namespaces/default/pods/p", JSON, None).await;
+    assert_eq!(code, 404);
+
+    // Malformed bodies are 400 Status; unknown content types 415; nothing stored.
+    let (code, s) = call_raw(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        JSON,
+        b"{\"metadata\":".to_vec(),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, s) = call_raw(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/x-nope",
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (415, Some("UnsupportedMediaType")));
+    let (code, s) = call_raw(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/vnd.kubernetes.protobuf",
+        b"k8s\x00garbage".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400, "{s}");
+    let big = vec![b' '; 4 * 1024 * 1024];
+    let (code, _) = call_raw(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON, big).await;
+    assert_eq!(code, 413);
+    let (code, s) = call(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON,
+        Some(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"k": 5}}))).await;
+    assert_eq!(code, 400, "wrongly typed value: {s}");
+    let (_, l) = call(&c, "GET", "/api/v1/namespaces/default/configmaps", JSON, None).await;
+    assert_eq!(
+        l["items"].as_array().map(Vec::len),
+        Some(0),
+        "nothing stored from rejected requests: {l}"
+    );
+
+    // Strict field validation rejects unknown fields; Warn accepts with a warning.
+    let mut unknown = cm("u", json!({}));
+    unknown["bogus"] = json!(1);
+    let (code, _) = call(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps?fieldValidation=Strict",
+        JSON,
+        Some(unknown.clone()),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, o) = call(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps?fieldValidation=Warn",
+        JSON,
+        Some(unknown),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert!(o.get("bogus").is_none(), "unknown fields are dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_lifecycle_and_binding() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    let (code, s) =
+        call(&c, "POST", "/api/v1/namespaces/nope/configmaps", JSON, Some(cm("a", json!({}))))
+            .await;
+    assert_eq!((code, s["reason"].as_str()), (404, Some("NotFound")));
+    call(
+        &c,
+        "POST",
+        "/api/v1/namespaces",
+        JSON,
+        Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gone"}})),
+    )
+    .await;
+    let (code, ns) = call(&c, "DELETE", "/api/v1/namespaces/gone", JSON, None).await;
+    assert_eq!(code, 200);
+    assert_eq!(ns["status"]["phase"], "Terminating", "{ns}");
+    let (code, s) =
+        call(&c, "POST", "/api/v1/namespaces/gone/configmaps", JSON, Some(cm("a", json!({}))))
+            .await;
+    assert_eq!((code, s["reason"].as_str()), (403, Some("Forbidden")), "{s}");
+
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    call(&c, "POST", "/api/v1/namespaces/default/pods", JSON, Some(pod)).await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"}, "target": {"kind": "Node", "name": "n1"}});
+    let (code, _) =
+        call(&c, "POST", "/api/v1/namespaces/default/pods/b/binding", JSON, Some(binding.clone()))
+            .await;
+    assert_eq!(code, 201);
+    let (_, p) = call(&c, "GET", "/api/v1/namespaces/default/pods/b", JSON, None).await;
+    assert_eq!(p["spec"]["nodeName"], "n1");
+    let (code, _) =
+        call(&c, "POST", "/api/v1/namespaces/default/pods/b/binding", JSON, Some(binding)).await;
+    assert_eq!(code, 409, "a pod is bound once");
+    let (_, pods) =
+        call(&c, "GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1", JSON, None).await;
+    assert_eq!(pods["items"].as_array().map(Vec::len), Some(1));
+}
