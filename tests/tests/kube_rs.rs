@@ -141,3 +141,26 @@ async fn too_old_resource_version_is_410_then_relist_recovers() {
         other => panic!("expected ADDED after re-list, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_client_over_the_tower_service() {
+    let store = std::sync::Arc::new(skiff_control_plane::store::memory::MemoryStore::new());
+    let api = skiff_control_plane::apiserver::ApiServer::start(store, Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("in-memory")).await.expect("create");
+    let got = cms.get("in-memory").await.expect("get");
+    assert_eq!(got.data.and_then(|d| d.get("k").cloned()).as_deref(), Some("in-memory"));
+    let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let names: Vec<String> = ns
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(names.contains(&"kube-system".to_string()), "{names:?}");
+}

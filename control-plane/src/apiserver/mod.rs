@@ -180,6 +180,12 @@ impl ApiServer {
         Router::new().fallback(dispatch).with_state(self.clone())
     }
 
+    /// A kube-rs client that calls this apiserver in memory through its tower service
+    /// (no TCP, no TLS): how the in-process scheduler and controllers talk to the API.
+    pub fn client(self: &Arc<Self>) -> kube::Client {
+        kube::Client::new(self.router(), "default")
+    }
+
     /// Periodic compaction of store history (upstream: every 5 minutes).
     pub fn spawn_compactor(self: &Arc<Self>, every: Duration) {
         let server = Arc::downgrade(self);
