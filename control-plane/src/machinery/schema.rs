@@ -58,16 +58,15 @@ impl Schemas {
     /// The component schema of a kind, found through `x-kubernetes-group-version-kind`.
     pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&Value> {
         self.components.values().find(|schema| {
-            schema
-                .get("x-kubernetes-group-version-kind")
-                .and_then(Value::as_array)
-                .is_some_and(|gvks| {
+            schema.get("x-kubernetes-group-version-kind").and_then(Value::as_array).is_some_and(
+                |gvks| {
                     gvks.iter().any(|gvk| {
                         gvk["group"].as_str() == Some(group)
                             && gvk["version"].as_str() == Some(version)
                             && gvk["kind"].as_str() == Some(kind)
                     })
-                })
+                },
+            )
         })
     }
 
@@ -79,7 +78,9 @@ impl Schemas {
         for _ in 0..16 {
             let target = if let Some(r) = current.get("$ref").and_then(Value::as_str) {
                 r
-            } else if let Some([one]) = current.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+            } else if let Some([one]) =
+                current.get("allOf").and_then(Value::as_array).map(Vec::as_slice)
+            {
                 match one.get("$ref").and_then(Value::as_str) {
                     Some(r) => r,
                     None => return current,
@@ -208,7 +209,12 @@ pub fn unknown_field_message(path: &str) -> String {
     format!("unknown field \"{}\"", path.strip_prefix('.').unwrap_or(path))
 }
 
-fn collect_unknown(schema: FieldSchema<'_>, value: &Value, path: &mut String, out: &mut Vec<String>) {
+fn collect_unknown(
+    schema: FieldSchema<'_>,
+    value: &Value,
+    path: &mut String,
+    out: &mut Vec<String>,
+) {
     if schema.preserves_unknown() {
         return;
     }
@@ -302,7 +308,13 @@ mod tests {
 
     #[test]
     fn list_and_patch_metadata() {
-        let spec = deployment().property("spec").unwrap().property("template").unwrap().property("spec").unwrap();
+        let spec = deployment()
+            .property("spec")
+            .unwrap()
+            .property("template")
+            .unwrap()
+            .property("spec")
+            .unwrap();
         let containers = spec.property("containers").unwrap();
         assert_eq!(containers.list_type(), "map");
         assert_eq!(containers.list_map_keys(), vec!["name"]);
@@ -318,7 +330,10 @@ mod tests {
         assert_eq!(meta.property("finalizers").unwrap().list_type(), "set");
         assert_eq!(meta.property("ownerReferences").unwrap().patch_merge_key(), Some("uid"));
         assert_eq!(meta.property("labels").unwrap().map_type(), "granular");
-        assert_eq!(deployment().property("spec").unwrap().property("selector").unwrap().map_type(), "atomic");
+        assert_eq!(
+            deployment().property("spec").unwrap().property("selector").unwrap().map_type(),
+            "atomic"
+        );
         assert_eq!(spec.property("nodeSelector").unwrap().map_type(), "atomic");
         assert!(meta.property("labels").unwrap().is_map());
     }
@@ -327,7 +342,8 @@ mod tests {
     fn every_patch_meta_entry_names_a_real_list_field() {
         let s = Schemas::builtin();
         for m in patch_meta::FIELD_META {
-            let comp = s.component(m.component).unwrap_or_else(|| panic!("no component {}", m.component));
+            let comp =
+                s.component(m.component).unwrap_or_else(|| panic!("no component {}", m.component));
             let prop = &comp["properties"][m.field];
             assert!(prop.is_object(), "{}.{} missing", m.component, m.field);
             if m.list_type.is_some() {
@@ -336,7 +352,12 @@ mod tests {
             if let Some(keys) = m.list_map_keys {
                 let item = s.field(&prop["items"]);
                 for k in keys {
-                    assert!(item.property(k).is_some(), "{}.{} key {k} is not an item field", m.component, m.field);
+                    assert!(
+                        item.property(k).is_some(),
+                        "{}.{} key {k} is not an item field",
+                        m.component,
+                        m.field
+                    );
                 }
             }
         }
@@ -359,7 +380,10 @@ mod tests {
             }
         });
         let found = s.unknown_fields(deployment(), &obj);
-        assert_eq!(found, vec![".metadata.bogus", ".spec.replicass", ".spec.template.spec.containers[0].imagee"]);
+        assert_eq!(
+            found,
+            vec![".metadata.bogus", ".spec.replicass", ".spec.template.spec.containers[0].imagee"]
+        );
         assert_eq!(unknown_field_message(&found[1]), "unknown field \"spec.replicass\"");
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}, "binaryData": {"b": "AA=="}});
         let schema = s.field(s.for_kind("", "v1", "ConfigMap").unwrap());

@@ -27,7 +27,13 @@ struct Kind {
 
 fn kind<T: JsonSchema + Resource>(generator: &mut SchemaGenerator, list: bool) -> Kind {
     generator.subschema_for::<T>();
-    Kind { component: T::schema_name().into_owned(), group: T::GROUP, version: T::VERSION, kind: T::KIND, list }
+    Kind {
+        component: T::schema_name().into_owned(),
+        group: T::GROUP,
+        version: T::VERSION,
+        kind: T::KIND,
+        list,
+    }
 }
 
 /// Group-versions whose DeleteOptions/WatchEvent GVKs are listed, as upstream lists one per
@@ -83,7 +89,8 @@ pub(super) fn build() -> BTreeMap<String, Value> {
     g.subschema_for::<meta::Patch>();
     g.subschema_for::<meta::ListMeta>();
 
-    let mut components: BTreeMap<String, Value> = generator.take_definitions(false).into_iter().collect();
+    let mut components: BTreeMap<String, Value> =
+        generator.take_definitions(false).into_iter().collect();
 
     for k in &kinds {
         if k.list {
@@ -106,9 +113,10 @@ pub(super) fn build() -> BTreeMap<String, Value> {
             set_gvk(schema, &[("", "v1", kind)]);
         }
     }
-    for (name, kind) in
-        [("io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions", "DeleteOptions"), ("io.k8s.apimachinery.pkg.apis.meta.v1.WatchEvent", "WatchEvent")]
-    {
+    for (name, kind) in [
+        ("io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions", "DeleteOptions"),
+        ("io.k8s.apimachinery.pkg.apis.meta.v1.WatchEvent", "WatchEvent"),
+    ] {
         if let Some(schema) = components.get_mut(name) {
             let gvks: Vec<_> = SERVED_GROUP_VERSIONS.iter().map(|(g, v)| (*g, *v, kind)).collect();
             set_gvk(schema, &gvks);
@@ -121,7 +129,11 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         .iter()
         .map(|n| {
             let s = &components[n];
-            (n.clone(), s.get("properties").is_some() && s.get("type").and_then(Value::as_str) == Some("object"))
+            (
+                n.clone(),
+                s.get("properties").is_some()
+                    && s.get("type").and_then(Value::as_str) == Some("object"),
+            )
         })
         .collect();
     for schema in components.values_mut() {
@@ -133,7 +145,8 @@ pub(super) fn build() -> BTreeMap<String, Value> {
 }
 
 fn set_gvk(schema: &mut Value, gvks: &[(&str, &str, &str)]) {
-    let list: Vec<Value> = gvks.iter().map(|(g, v, k)| json!({"group": g, "kind": k, "version": v})).collect();
+    let list: Vec<Value> =
+        gvks.iter().map(|(g, v, k)| json!({"group": g, "kind": k, "version": v})).collect();
     if let Some(obj) = schema.as_object_mut() {
         obj.insert("x-kubernetes-group-version-kind".into(), Value::Array(list));
     }
@@ -170,12 +183,16 @@ fn list_schema(k: &Kind) -> Value {
 /// IntOrString and Quantity as upstream's v3 spells them (k8s-openapi marks them only with
 /// `x-kubernetes-int-or-string`).
 fn special_types(components: &mut BTreeMap<String, Value>) {
-    if let Some(Value::Object(o)) = components.get_mut("io.k8s.apimachinery.pkg.util.intstr.IntOrString") {
+    if let Some(Value::Object(o)) =
+        components.get_mut("io.k8s.apimachinery.pkg.util.intstr.IntOrString")
+    {
         o.remove("x-kubernetes-int-or-string");
         o.insert("format".into(), json!("int-or-string"));
         o.insert("oneOf".into(), json!([{"type": "integer"}, {"type": "string"}]));
     }
-    if let Some(Value::Object(o)) = components.get_mut("io.k8s.apimachinery.pkg.api.resource.Quantity") {
+    if let Some(Value::Object(o)) =
+        components.get_mut("io.k8s.apimachinery.pkg.api.resource.Quantity")
+    {
         o.remove("x-kubernetes-int-or-string");
         o.insert("oneOf".into(), json!([{"type": "string"}, {"type": "number"}]));
     }
@@ -199,8 +216,11 @@ fn add_defaults(schema: &mut Value, value_structs: &BTreeMap<String, bool>) {
     let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else { return };
     for (name, prop) in props.iter_mut() {
         let is_required = required.iter().any(|r| r == name);
-        let is_struct_ref = ref_target(prop).is_some_and(|t| value_structs.get(t).copied().unwrap_or(false));
-        let default = if is_struct_ref && (is_required || matches!(name.as_str(), "metadata" | "spec" | "status" | "template")) {
+        let is_struct_ref =
+            ref_target(prop).is_some_and(|t| value_structs.get(t).copied().unwrap_or(false));
+        let default = if is_struct_ref
+            && (is_required || matches!(name.as_str(), "metadata" | "spec" | "status" | "template"))
+        {
             Some(json!({}))
         } else if is_required {
             match prop.get("type").and_then(Value::as_str) {
@@ -219,7 +239,9 @@ fn add_defaults(schema: &mut Value, value_structs: &BTreeMap<String, bool>) {
             item_default(items, value_structs);
         }
         if let Some(values) = prop.get_mut("additionalProperties") {
-            if values.get("type").and_then(Value::as_str) == Some("string") && values.get("format").is_none() {
+            if values.get("type").and_then(Value::as_str) == Some("string")
+                && values.get("format").is_none()
+            {
                 if let Some(o) = values.as_object_mut() {
                     o.entry("default").or_insert(json!(""));
                 }
@@ -229,13 +251,16 @@ fn add_defaults(schema: &mut Value, value_structs: &BTreeMap<String, bool>) {
 }
 
 fn item_default(items: &mut Value, value_structs: &BTreeMap<String, bool>) {
-    let default = if ref_target(items).is_some_and(|t| value_structs.get(t).copied().unwrap_or(false)) {
-        Some(json!({}))
-    } else if items.get("type").and_then(Value::as_str) == Some("string") && items.get("format").is_none() {
-        Some(json!(""))
-    } else {
-        None
-    };
+    let default =
+        if ref_target(items).is_some_and(|t| value_structs.get(t).copied().unwrap_or(false)) {
+            Some(json!({}))
+        } else if items.get("type").and_then(Value::as_str) == Some("string")
+            && items.get("format").is_none()
+        {
+            Some(json!(""))
+        } else {
+            None
+        };
     if let (Some(d), Some(o)) = (default, items.as_object_mut()) {
         o.entry("default").or_insert(d);
     }

@@ -40,7 +40,11 @@ const fn map_list(
 }
 
 /// A list merged by strategic merge patch but atomic for server-side apply.
-const fn merge_atomic(component: &'static str, field: &'static str, merge_key: &'static str) -> FieldMeta {
+const fn merge_atomic(
+    component: &'static str,
+    field: &'static str,
+    merge_key: &'static str,
+) -> FieldMeta {
     FieldMeta {
         component,
         field,
@@ -66,13 +70,33 @@ const fn set(component: &'static str, field: &'static str, merge: bool) -> Field
 }
 
 /// A struct field with a patch strategy only (`retainKeys` on DeploymentSpec.strategy).
-const fn strategy(component: &'static str, field: &'static str, strategy: &'static str) -> FieldMeta {
-    FieldMeta { component, field, list_type: None, list_map_keys: None, merge_key: None, strategy: Some(strategy), map_type: None }
+const fn strategy(
+    component: &'static str,
+    field: &'static str,
+    strategy: &'static str,
+) -> FieldMeta {
+    FieldMeta {
+        component,
+        field,
+        list_type: None,
+        list_map_keys: None,
+        merge_key: None,
+        strategy: Some(strategy),
+        map_type: None,
+    }
 }
 
 /// A string map replaced as a whole (`+mapType=atomic`).
 const fn atomic_map(component: &'static str, field: &'static str) -> FieldMeta {
-    FieldMeta { component, field, list_type: None, list_map_keys: None, merge_key: None, strategy: None, map_type: Some("atomic") }
+    FieldMeta {
+        component,
+        field,
+        list_type: None,
+        list_map_keys: None,
+        merge_key: None,
+        strategy: None,
+        map_type: Some("atomic"),
+    }
 }
 
 macro_rules! c {
@@ -98,7 +122,13 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
     map_list(POD_SPEC, "volumes", &["name"], "name", "merge,retainKeys"),
     map_list(POD_SPEC, "imagePullSecrets", &["name"], "name", "merge"),
     map_list(POD_SPEC, "hostAliases", &["ip"], "ip", "merge"),
-    map_list(POD_SPEC, "topologySpreadConstraints", &["topologyKey", "whenUnsatisfiable"], "topologyKey", "merge"),
+    map_list(
+        POD_SPEC,
+        "topologySpreadConstraints",
+        &["topologyKey", "whenUnsatisfiable"],
+        "topologyKey",
+        "merge",
+    ),
     map_list(POD_SPEC, "resourceClaims", &["name"], "name", "merge,retainKeys"),
     map_list(POD_SPEC, "schedulingGates", &["name"], "name", "merge"),
     atomic_map(POD_SPEC, "nodeSelector"),
@@ -111,13 +141,31 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
     map_list(EPHEMERAL, "env", &["name"], "name", "merge"),
     map_list(EPHEMERAL, "volumeMounts", &["mountPath"], "mountPath", "merge"),
     map_list(EPHEMERAL, "volumeDevices", &["devicePath"], "devicePath", "merge"),
-    map_list(c!("core.v1", "ContainerStatus"), "volumeMounts", &["mountPath"], "mountPath", "merge"),
-    map_list(c!("core.v1", "ContainerStatus"), "allocatedResourcesStatus", &["name"], "name", "merge"),
+    map_list(
+        c!("core.v1", "ContainerStatus"),
+        "volumeMounts",
+        &["mountPath"],
+        "mountPath",
+        "merge",
+    ),
+    map_list(
+        c!("core.v1", "ContainerStatus"),
+        "allocatedResourcesStatus",
+        &["name"],
+        "name",
+        "merge",
+    ),
     // PodStatus
     map_list(c!("core.v1", "PodStatus"), "conditions", &["type"], "type", "merge"),
     map_list(c!("core.v1", "PodStatus"), "podIPs", &["ip"], "ip", "merge"),
     map_list(c!("core.v1", "PodStatus"), "hostIPs", &["ip"], "ip", "merge"),
-    map_list(c!("core.v1", "PodStatus"), "resourceClaimStatuses", &["name"], "name", "merge,retainKeys"),
+    map_list(
+        c!("core.v1", "PodStatus"),
+        "resourceClaimStatuses",
+        &["name"],
+        "name",
+        "merge,retainKeys",
+    ),
     // Node
     set(c!("core.v1", "NodeSpec"), "podCIDRs", true),
     map_list(c!("core.v1", "NodeStatus"), "conditions", &["type"], "type", "merge"),
