@@ -284,16 +284,16 @@ impl<'s> Decoder<'s> {
                 let mut out = Value::Object(Map::new());
                 let mut it = fields(buf, short);
                 while let Some((tag, wire)) = it.next_field()? {
-                    if let (1, Wire::Len(bytes)) = (tag, wire) {
-                        if !bytes.is_empty() {
-                            out = serde_json::from_slice(bytes).map_err(|source| {
-                                Error::EmbeddedJson {
-                                    message: component.to_string(),
-                                    field: "raw".into(),
-                                    source,
-                                }
-                            })?;
-                        }
+                    if let (1, Wire::Len(bytes)) = (tag, wire)
+                        && !bytes.is_empty()
+                    {
+                        out = serde_json::from_slice(bytes).map_err(|source| {
+                            Error::EmbeddedJson {
+                                message: component.to_string(),
+                                field: "raw".into(),
+                                source,
+                            }
+                        })?;
                     }
                 }
                 return Ok(out);

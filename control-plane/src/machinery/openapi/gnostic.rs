@@ -149,6 +149,7 @@ pub struct ParametersItem {
 }
 
 pub mod parameters_item {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "1")]
@@ -173,6 +174,7 @@ pub struct Parameter {
 }
 
 pub mod parameter {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "1")]
@@ -205,6 +207,7 @@ pub struct NonBodyParameter {
 }
 
 pub mod non_body_parameter {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "3")]
@@ -269,6 +272,7 @@ pub struct ResponseValue {
 }
 
 pub mod response_value {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "1")]
@@ -291,6 +295,7 @@ pub struct SchemaItem {
 }
 
 pub mod schema_item {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "1")]
@@ -347,6 +352,7 @@ pub struct AdditionalPropertiesItem {
 }
 
 pub mod additional_properties_item {
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Oneof {
         #[prost(message, tag = "1")]

@@ -238,14 +238,12 @@ fn add_defaults(schema: &mut Value, value_structs: &BTreeMap<String, bool>) {
         if let Some(items) = prop.get_mut("items") {
             item_default(items, value_structs);
         }
-        if let Some(values) = prop.get_mut("additionalProperties") {
-            if values.get("type").and_then(Value::as_str) == Some("string")
-                && values.get("format").is_none()
-            {
-                if let Some(o) = values.as_object_mut() {
-                    o.entry("default").or_insert(json!(""));
-                }
-            }
+        if let Some(values) = prop.get_mut("additionalProperties")
+            && values.get("type").and_then(Value::as_str) == Some("string")
+            && values.get("format").is_none()
+            && let Some(o) = values.as_object_mut()
+        {
+            o.entry("default").or_insert(json!(""));
         }
     }
 }
@@ -270,10 +268,11 @@ fn item_default(items: &mut Value, value_structs: &BTreeMap<String, bool>) {
 /// ignores siblings of `$ref`); recurse into properties, items and map values.
 fn wrap_refs(node: &mut Value, top: bool) {
     let Some(obj) = node.as_object_mut() else { return };
-    if !top && obj.len() > 1 {
-        if let Some(r) = obj.remove("$ref") {
-            obj.insert("allOf".into(), json!([{"$ref": r}]));
-        }
+    if !top
+        && obj.len() > 1
+        && let Some(r) = obj.remove("$ref")
+    {
+        obj.insert("allOf".into(), json!([{"$ref": r}]));
     }
     if let Some(Value::Object(props)) = obj.get_mut("properties") {
         for p in props.values_mut() {
