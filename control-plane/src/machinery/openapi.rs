@@ -20,9 +20,16 @@ use serde_json::{Map, Value, json};
 use super::schema::{REF_PREFIX, Schemas};
 use super::{ResourceDesc, SubresourceDesc};
 
-/// Media type of the gnostic protobuf OpenAPI v2 document.
+/// Content-Type of the gnostic protobuf OpenAPI v2 response. Clients ask with either media
+/// type of [`V2_PROTOBUF_ACCEPT`] (kubectl 1.27 sends the `@` form), but Go's
+/// `mime.ParseMediaType` rejects the `@` in a response, so upstream answers with this one.
 pub const V2_PROTOBUF_CONTENT_TYPE: &str =
-    "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+/// `Accept` media types that select the protobuf v2 document.
+pub const V2_PROTOBUF_ACCEPT: &[&str] = &[
+    "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+];
 /// Version reported in `info.version`.
 const INFO_VERSION: &str = "v1.33.0";
 
