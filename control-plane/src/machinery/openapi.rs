@@ -346,12 +346,7 @@ fn api_resources_op(group: &str, version: &str) -> Operation {
 }
 
 fn component_name(schemas: &Schemas, group: &str, version: &str, kind: &str) -> Option<String> {
-    schemas.components().iter().find_map(|(name, schema)| {
-        let gvks = schema.get("x-kubernetes-group-version-kind")?.as_array()?;
-        gvks.iter()
-            .any(|g| g["group"] == group && g["version"] == version && g["kind"] == kind)
-            .then(|| name.clone())
-    })
+    schemas.component_name_for_kind(group, version, kind).map(str::to_string)
 }
 
 /// Every operation of one resource and its subresources.

@@ -70,6 +70,17 @@ impl Schemas {
         })
     }
 
+    /// The component name ("io.k8s.api.apps.v1.Deployment") of a kind, found through
+    /// `x-kubernetes-group-version-kind`.
+    pub fn component_name_for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&str> {
+        self.components.iter().find_map(|(name, schema)| {
+            let gvks = schema.get("x-kubernetes-group-version-kind")?.as_array()?;
+            gvks.iter()
+                .any(|g| g["group"] == group && g["version"] == version && g["kind"] == kind)
+                .then_some(name.as_str())
+        })
+    }
+
     /// Follow `$ref` and single-element `allOf: [{$ref}]` to the referenced component.
     /// Extensions on the referring schema (list type, merge key) must be read from the
     /// referring schema itself before resolving: see [`FieldSchema`].
