@@ -19,9 +19,13 @@
 //!
 //! The apimachinery value types are converted as their JSON forms: Time → RFC 3339 seconds,
 //! MicroTime → RFC 3339 with microseconds, Quantity → its string, IntOrString → int or
-//! string, RawExtension and FieldsV1 → the embedded JSON. Empty strings and zero times are
-//! omitted (Go writes value-typed fields even when empty; their JSON is `omitempty`), empty
-//! embedded messages stay `{}` as Go's JSON encoding of the same object would show them.
+//! string, RawExtension and FieldsV1 → the embedded JSON.
+//!
+//! Go writes value-typed (non-pointer) fields to the wire even when they hold their zero
+//! value, while its JSON encoding omits them (`omitempty`); the JSON produced here follows
+//! the JSON encoding: empty strings and zero times are omitted, and so are `0`/`false` of the
+//! value-typed scalars listed in [`VALUE_SCALARS`] (pointer fields such as `replicas` keep an
+//! explicit `0`). Empty embedded messages stay `{}`, as in Go's JSON.
 
 #[rustfmt::skip]
 mod fields;
@@ -41,6 +45,71 @@ use super::schema::{FieldSchema, REF_PREFIX, Schemas};
 pub const MAGIC: &[u8; 4] = b"k8s\0";
 /// The media type of Kubernetes protobuf bodies.
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// Value-typed (non-pointer, `omitempty`) integer and boolean fields of the served kinds:
+/// Go marshals their zero value to protobuf, but a zero here means "unset", so it is
+/// dropped. Fields not listed are pointers in Go (an explicit `0`/`false` is kept), or are
+/// required. (component, property)
+pub const VALUE_SCALARS: &[(&str, &str)] = &[
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "generation"),
+    ("io.k8s.api.apps.v1.DeploymentSpec", "minReadySeconds"),
+    ("io.k8s.api.apps.v1.DeploymentSpec", "paused"),
+    ("io.k8s.api.apps.v1.ReplicaSetSpec", "minReadySeconds"),
+    ("io.k8s.api.apps.v1.DaemonSetSpec", "minReadySeconds"),
+    ("io.k8s.api.apps.v1.StatefulSetSpec", "minReadySeconds"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "observedGeneration"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "replicas"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "updatedReplicas"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "readyReplicas"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "availableReplicas"),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "unavailableReplicas"),
+    ("io.k8s.api.apps.v1.ReplicaSetStatus", "fullyLabeledReplicas"),
+    ("io.k8s.api.apps.v1.ReplicaSetStatus", "readyReplicas"),
+    ("io.k8s.api.apps.v1.ReplicaSetStatus", "availableReplicas"),
+    ("io.k8s.api.apps.v1.ReplicaSetStatus", "observedGeneration"),
+    ("io.k8s.api.apps.v1.DaemonSetStatus", "numberAvailable"),
+    ("io.k8s.api.apps.v1.DaemonSetStatus", "numberUnavailable"),
+    ("io.k8s.api.apps.v1.DaemonSetStatus", "observedGeneration"),
+    ("io.k8s.api.apps.v1.DaemonSetStatus", "updatedNumberScheduled"),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "observedGeneration"),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "readyReplicas"),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "currentReplicas"),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "updatedReplicas"),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "availableReplicas"),
+    ("io.k8s.api.batch.v1.JobStatus", "active"),
+    ("io.k8s.api.batch.v1.JobStatus", "succeeded"),
+    ("io.k8s.api.batch.v1.JobStatus", "failed"),
+    ("io.k8s.api.core.v1.PodSpec", "hostNetwork"),
+    ("io.k8s.api.core.v1.PodSpec", "hostPID"),
+    ("io.k8s.api.core.v1.PodSpec", "hostIPC"),
+    ("io.k8s.api.core.v1.Container", "stdin"),
+    ("io.k8s.api.core.v1.Container", "stdinOnce"),
+    ("io.k8s.api.core.v1.Container", "tty"),
+    ("io.k8s.api.core.v1.EphemeralContainer", "stdin"),
+    ("io.k8s.api.core.v1.EphemeralContainer", "stdinOnce"),
+    ("io.k8s.api.core.v1.EphemeralContainer", "tty"),
+    ("io.k8s.api.core.v1.ContainerPort", "hostPort"),
+    ("io.k8s.api.core.v1.VolumeMount", "readOnly"),
+    ("io.k8s.api.core.v1.Probe", "initialDelaySeconds"),
+    ("io.k8s.api.core.v1.Probe", "timeoutSeconds"),
+    ("io.k8s.api.core.v1.Probe", "periodSeconds"),
+    ("io.k8s.api.core.v1.Probe", "successThreshold"),
+    ("io.k8s.api.core.v1.Probe", "failureThreshold"),
+    ("io.k8s.api.core.v1.ServiceSpec", "healthCheckNodePort"),
+    ("io.k8s.api.core.v1.ServiceSpec", "publishNotReadyAddresses"),
+    ("io.k8s.api.core.v1.ServicePort", "nodePort"),
+    ("io.k8s.api.core.v1.NodeSpec", "unschedulable"),
+    ("io.k8s.api.core.v1.Event", "count"),
+    ("io.k8s.api.core.v1.EventSeries", "count"),
+    ("io.k8s.api.core.v1.PersistentVolumeClaimVolumeSource", "readOnly"),
+    ("io.k8s.api.core.v1.NFSVolumeSource", "readOnly"),
+    ("io.k8s.api.autoscaling.v1.ScaleSpec", "replicas"),
+];
+
+fn is_value_scalar(component: &str, field: &str) -> bool {
+    static SET: OnceLock<std::collections::HashSet<(&'static str, &'static str)>> = OnceLock::new();
+    SET.get_or_init(|| VALUE_SCALARS.iter().copied().collect()).contains(&(component, field))
+}
 
 /// Nesting limit for embedded messages (the deepest served kind nests ~12 levels).
 const MAX_DEPTH: usize = 64;
@@ -384,7 +453,13 @@ impl<'s> Decoder<'s> {
                     map.insert(key, value);
                 }
             } else if let Some(v) = self.value(prop, wire, component, name, depth, false)? {
-                out.insert(name.to_string(), v);
+                let zero = matches!(&v, Value::Bool(false))
+                    || v.as_i64() == Some(0) && !matches!(v, Value::String(_));
+                if zero && is_value_scalar(component, name) {
+                    out.remove(*name);
+                } else {
+                    out.insert(name.to_string(), v);
+                }
             } else {
                 out.remove(*name);
             }
@@ -726,7 +801,7 @@ mod tests {
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "svc", "labels": {"app": "svc"}},
                 "spec": {
-                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 0}],
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
                     "selector": {"app": "web"},
                     "type": "ClusterIP",
                     "externalIPs": ["192.0.2.1"]
@@ -856,5 +931,95 @@ mod tests {
         let mut body = MAGIC.to_vec();
         body.extend(unknown.encode_to_vec());
         assert!(matches!(decode_request(&body), Err(Error::Truncated { .. })));
+    }
+
+    #[test]
+    fn value_scalars_name_integer_or_boolean_fields() {
+        let schemas = Schemas::builtin();
+        for (component, field) in VALUE_SCALARS {
+            let schema = schemas.component(component).unwrap_or_else(|| panic!("no {component}"));
+            let ty = schema["properties"][field]["type"].as_str();
+            assert!(
+                matches!(ty, Some("integer") | Some("boolean")),
+                "{component}.{field} is {ty:?}"
+            );
+        }
+    }
+
+    fn fixture(name: &str) -> Value {
+        let path = format!("{}/src/machinery/protobuf/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
+        let body = std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        decode_request(&body).unwrap_or_else(|e| panic!("decode {name}: {e}"))
+    }
+
+    /// Bodies captured from kubectl 1.33 `create ...` (protobuf by default since 1.32).
+    #[test]
+    fn real_kubectl_bodies() {
+        let d = fixture("kubectl-1.33-create-deployments.pb");
+        assert_eq!(
+            d,
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "cd", "labels": {"app": "cd"}},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"app": "cd"}},
+                    "strategy": {},
+                    "template": {
+                        "metadata": {"labels": {"app": "cd"}},
+                        "spec": {"containers": [{
+                            "name": "busybox", "image": "busybox", "command": ["sleep", "3600"],
+                            "ports": [{"containerPort": 8080}], "resources": {}
+                        }]}
+                    }
+                },
+                "status": {}
+            })
+        );
+        let _: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(d).unwrap();
+
+        let cm = fixture("kubectl-1.33-create-configmaps.pb");
+        assert_eq!(cm["data"], json!({"a": "b", "empty": ""}));
+        let _: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
+        let secret = fixture("kubectl-1.33-create-secrets.pb");
+        assert_eq!(secret["data"], json!({"password": "aHVudGVyMg=="}));
+        let _: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret).unwrap();
+        let ns = fixture("kubectl-1.33-create-namespaces.pb");
+        assert_eq!(
+            ns,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}, "spec": {}, "status": {}})
+        );
+        let svc = fixture("kubectl-1.33-create-services.pb");
+        assert_eq!(
+            svc["spec"],
+            json!({"ports": [{"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+                   "selector": {"app": "svc"}, "type": "ClusterIP"})
+        );
+        let _: k8s_openapi::api::core::v1::Service = serde_json::from_value(svc).unwrap();
+        let sa = fixture("kubectl-1.33-create-serviceaccounts.pb");
+        assert_eq!(
+            sa,
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "sa"}})
+        );
+        let job = fixture("kubectl-1.33-create-jobs.pb");
+        assert_eq!(job["spec"]["template"]["spec"]["restartPolicy"], "Never");
+        assert_eq!(job["status"], json!({}));
+        let _: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job).unwrap();
+        let role = fixture("kubectl-1.33-create-roles.pb");
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}])
+        );
+        let _: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(role).unwrap();
+        let rb = fixture("kubectl-1.33-create-rolebindings.pb");
+        assert_eq!(
+            rb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"})
+        );
+        assert_eq!(
+            rb["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "sa", "namespace": "default"}])
+        );
+        let _: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(rb).unwrap();
     }
 }

@@ -155,6 +155,15 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
         "name",
         "merge",
     ),
+    FieldMeta {
+        component: c!("core.v1", "ResourceStatus"),
+        field: "resources",
+        list_type: Some("map"),
+        list_map_keys: Some(&["resourceID"]),
+        merge_key: None,
+        strategy: None,
+        map_type: None,
+    },
     // PodStatus
     map_list(c!("core.v1", "PodStatus"), "conditions", &["type"], "type", "merge"),
     map_list(c!("core.v1", "PodStatus"), "podIPs", &["ip"], "ip", "merge"),
@@ -185,6 +194,8 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
     // batch/v1
     merge_atomic(c!("batch.v1", "JobStatus"), "conditions", "type"),
     set(c!("batch.v1", "PodFailurePolicyOnExitCodesRequirement"), "values", false),
+    set(c!("batch.v1", "UncountedTerminatedPods"), "succeeded", false),
+    set(c!("batch.v1", "UncountedTerminatedPods"), "failed", false),
     // discovery.k8s.io/v1
     set(c!("discovery.v1", "Endpoint"), "addresses", false),
     // autoscaling/v1 Scale: none. coordination.k8s.io/v1 Lease: none. rbac: all atomic.
