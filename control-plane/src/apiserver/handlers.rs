@@ -405,7 +405,7 @@ fn validate_fields(
     if validation == FieldValidation::Ignore {
         return Ok(());
     }
-    let schemas = schema::builtin();
+    let schemas = schema::Schemas::builtin();
     let Some(root) = schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) else {
         return Ok(());
     };
@@ -916,7 +916,7 @@ async fn patch(
     let validation = query.field_validation()?;
     let dry_run = query.dry_run()?;
     let mut warnings = Vec::new();
-    let schemas = schema::builtin();
+    let schemas = schema::Schemas::builtin();
     let root = schemas.for_kind(rt.group(), rt.desc.version, rt.kind());
 
     if body_type == BodyType::ApplyPatch {
@@ -1055,7 +1055,7 @@ fn apply_patch_body(
             Ok(doc)
         }
         BodyType::StrategicMergePatch => {
-            let schemas = schema::builtin();
+            let schemas = schema::Schemas::builtin();
             let empty = Value::Object(Map::new());
             let field = match schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) {
                 Some(r) => schemas.field(r),

@@ -230,17 +230,17 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
             return Ok(bytes_response(
                 StatusCode::OK,
                 "application/json",
-                server.openapi.root.clone(),
+                server.openapi.v3_root().clone(),
             ));
         }
         "/openapi/v2" | "/swagger.json" => return Ok(openapi_v2(server, &parts.headers)),
         _ => {}
     }
     if let Some(gv) = path.strip_prefix("/openapi/v3/") {
-        return match server.openapi.group_versions.get(gv) {
-            Some((hash, doc)) => {
-                let mut resp = bytes_response(StatusCode::OK, "application/json", doc.clone());
-                if let Ok(etag) = HeaderValue::from_str(&format!("\"{hash}\"")) {
+        return match server.openapi.v3_group_version(gv) {
+            Some(doc) => {
+                let mut resp = bytes_response(StatusCode::OK, "application/json", doc.body.clone());
+                if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", doc.hash)) {
                     resp.headers_mut().insert(header::ETAG, etag);
                 }
                 if query.get("hash").is_some() {
@@ -276,22 +276,24 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
     }
 }
 
+/// `/openapi/v2`: the gnostic protobuf kubectl 1.27/1.28 ask for, else JSON.
 fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
-    let wants_proto = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("protobuf"));
-    if wants_proto && !server.openapi.v2_protobuf.is_empty() {
-        bytes_response(
-            StatusCode::OK,
-            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
-            server.openapi.v2_protobuf.clone(),
-        )
-    } else if server.openapi.v2_json.is_empty() {
-        ApiError::path_not_found().into_response()
+    use crate::machinery::openapi::{V2_PROTOBUF_ACCEPT, V2_PROTOBUF_CONTENT_TYPE};
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let wants_proto = accept
+        .split(',')
+        .map(|m| m.split(';').next().unwrap_or("").trim())
+        .any(|m| V2_PROTOBUF_ACCEPT.contains(&m));
+    let mut resp = if wants_proto {
+        bytes_response(StatusCode::OK, V2_PROTOBUF_CONTENT_TYPE, server.openapi.v2_protobuf().clone())
     } else {
-        bytes_response(StatusCode::OK, "application/json", server.openapi.v2_json.clone())
+        bytes_response(StatusCode::OK, "application/json", server.openapi.v2_json().clone())
+    };
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", server.openapi.v2_hash())) {
+        resp.headers_mut().insert(header::ETAG, etag);
     }
+    resp.headers_mut().insert("Vary", HeaderValue::from_static("Accept"));
+    resp
 }
 
 fn version() -> Value {

@@ -87,7 +87,7 @@ pub fn decode_object(kind: BodyType, body: &[u8]) -> ApiResult<Value> {
     let value = match kind {
         BodyType::Json => decode_json(body)?,
         BodyType::Yaml | BodyType::ApplyPatch => decode_yaml(body)?,
-        BodyType::Protobuf => protobuf::decode(body)
+        BodyType::Protobuf => protobuf::decode_request(body)
             .map_err(|e| ApiError::bad_request(format!("unable to decode protobuf body: {e}")))?,
         _ => {
             return Err(ApiError::unsupported_media_type(

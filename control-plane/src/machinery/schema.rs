@@ -7,11 +7,16 @@
 //!
 //! Patch, apply, field validation and the OpenAPI documents all read this one source.
 
+mod builtin;
+mod patch_meta;
+
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const REF_PREFIX: &str = "#/components/schemas/";
+/// Prefix of OpenAPI v3 component references.
+pub const REF_PREFIX: &str = "#/components/schemas/";
 
 /// Component schemas by name ("io.k8s.api.apps.v1.Deployment").
 #[derive(Debug, Clone, Default)]
@@ -22,6 +27,24 @@ pub struct Schemas {
 impl Schemas {
     pub fn from_components(components: BTreeMap<String, Value>) -> Self {
         Schemas { components }
+    }
+
+    /// The schemas of every served built-in kind (and the meta/v1 types around them),
+    /// generated once from k8s-openapi's types plus upstream's list/patch metadata.
+    pub fn builtin() -> &'static Schemas {
+        static BUILTIN: OnceLock<Schemas> = OnceLock::new();
+        BUILTIN.get_or_init(|| Schemas::from_components(builtin::build()))
+    }
+
+    /// Paths of the fields of `value` that `schema` does not declare, as upstream's strict
+    /// field validation reports them: `.spec.replicass`, `.spec.template.spec.containers[0].imagee`.
+    /// Maps (`additionalProperties`) and preserve-unknown-fields nodes accept any key.
+    /// Format a path for a message with [`unknown_field_message`].
+    pub fn unknown_fields(&self, schema: FieldSchema<'_>, value: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut path = String::new();
+        collect_unknown(schema, value, &mut path, &mut out);
+        out
     }
 
     pub fn components(&self) -> &BTreeMap<String, Value> {
@@ -44,6 +67,17 @@ impl Schemas {
                     })
                 },
             )
+        })
+    }
+
+    /// The component name ("io.k8s.api.apps.v1.Deployment") of a kind, found through
+    /// `x-kubernetes-group-version-kind`.
+    pub fn component_name_for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&str> {
+        self.components.iter().find_map(|(name, schema)| {
+            let gvks = schema.get("x-kubernetes-group-version-kind")?.as_array()?;
+            gvks.iter()
+                .any(|g| g["group"] == group && g["version"] == version && g["kind"] == kind)
+                .then_some(name.as_str())
         })
     }
 
@@ -181,15 +215,189 @@ impl<'a> FieldSchema<'a> {
     }
 }
 
-/// The built-in schemas (stub until the schema builder lands).
-pub fn builtin() -> &'static Schemas {
-    static EMPTY: std::sync::OnceLock<Schemas> = std::sync::OnceLock::new();
-    EMPTY.get_or_init(Schemas::default)
+/// Upstream's wording for one unknown field: `unknown field "spec.replicass"`.
+pub fn unknown_field_message(path: &str) -> String {
+    format!("unknown field \"{}\"", path.strip_prefix('.').unwrap_or(path))
 }
 
-impl Schemas {
-    /// Paths of fields in `value` the schema does not know (stub until the builder lands).
-    pub fn unknown_fields(&self, _schema: FieldSchema, _value: &Value) -> Vec<String> {
-        Vec::new()
+fn collect_unknown(
+    schema: FieldSchema<'_>,
+    value: &Value,
+    path: &mut String,
+    out: &mut Vec<String>,
+) {
+    if schema.preserves_unknown() {
+        return;
+    }
+    match value {
+        Value::Object(fields) => {
+            if let Some(props) = schema.resolved().get("properties").and_then(Value::as_object) {
+                for (name, field) in fields {
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(name);
+                    match props.get(name) {
+                        Some(sub) => collect_unknown(schema.schemas().field(sub), field, path, out),
+                        None => out.push(path.clone()),
+                    }
+                    path.truncate(len);
+                }
+            } else if let Some(values) = schema.map_values() {
+                for (name, field) in fields {
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(name);
+                    collect_unknown(values, field, path, out);
+                    path.truncate(len);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.items() {
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    collect_unknown(item_schema, item, path, out);
+                    path.truncate(len);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment() -> FieldSchema<'static> {
+        let schemas = Schemas::builtin();
+        schemas.field(schemas.for_kind("apps", "v1", "Deployment").expect("Deployment schema"))
+    }
+
+    #[test]
+    fn kinds_carry_gvk_and_lists_exist() {
+        let s = Schemas::builtin();
+        for (g, v, k) in [
+            ("", "v1", "Pod"),
+            ("", "v1", "PodList"),
+            ("", "v1", "Binding"),
+            ("apps", "v1", "Deployment"),
+            ("apps", "v1", "StatefulSetList"),
+            ("autoscaling", "v1", "Scale"),
+            ("batch", "v1", "Job"),
+            ("discovery.k8s.io", "v1", "EndpointSlice"),
+            ("coordination.k8s.io", "v1", "Lease"),
+            ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+            ("", "v1", "Status"),
+            ("apps", "v1", "DeleteOptions"),
+        ] {
+            assert!(s.for_kind(g, v, k).is_some(), "no schema for {g}/{v} {k}");
+        }
+    }
+
+    #[test]
+    fn upstream_shape_of_references_and_defaults() {
+        let s = Schemas::builtin();
+        let d = s.component("io.k8s.api.apps.v1.Deployment").unwrap();
+        assert_eq!(
+            d["properties"]["metadata"]["allOf"],
+            json!([{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}])
+        );
+        assert_eq!(d["properties"]["metadata"]["default"], json!({}));
+        let c = s.component("io.k8s.api.core.v1.Container").unwrap();
+        assert_eq!(c["properties"]["name"]["default"], json!(""));
+        let spec = s.component("io.k8s.api.core.v1.PodSpec").unwrap();
+        assert_eq!(spec["properties"]["containers"]["items"]["default"], json!({}));
+        let ios = s.component("io.k8s.apimachinery.pkg.util.intstr.IntOrString").unwrap();
+        assert_eq!(ios["format"], "int-or-string");
+        let time = s.component("io.k8s.apimachinery.pkg.apis.meta.v1.Time").unwrap();
+        assert_eq!(time["format"], "date-time");
+    }
+
+    #[test]
+    fn list_and_patch_metadata() {
+        let spec = deployment()
+            .property("spec")
+            .unwrap()
+            .property("template")
+            .unwrap()
+            .property("spec")
+            .unwrap();
+        let containers = spec.property("containers").unwrap();
+        assert_eq!(containers.list_type(), "map");
+        assert_eq!(containers.list_map_keys(), vec!["name"]);
+        assert_eq!(containers.patch_merge_key(), Some("name"));
+        assert_eq!(containers.patch_strategies(), vec!["merge"]);
+        let ports = containers.items().unwrap().property("ports").unwrap();
+        assert_eq!(ports.list_map_keys(), vec!["containerPort", "protocol"]);
+        assert_eq!(ports.patch_merge_key(), Some("containerPort"));
+        let volumes = spec.property("volumes").unwrap();
+        assert_eq!(volumes.patch_strategies(), vec!["merge", "retainKeys"]);
+        assert_eq!(spec.property("tolerations").unwrap().list_type(), "atomic");
+        let meta = deployment().property("metadata").unwrap();
+        assert_eq!(meta.property("finalizers").unwrap().list_type(), "set");
+        assert_eq!(meta.property("ownerReferences").unwrap().patch_merge_key(), Some("uid"));
+        assert_eq!(meta.property("labels").unwrap().map_type(), "granular");
+        assert_eq!(
+            deployment().property("spec").unwrap().property("selector").unwrap().map_type(),
+            "atomic"
+        );
+        assert_eq!(spec.property("nodeSelector").unwrap().map_type(), "atomic");
+        assert!(meta.property("labels").unwrap().is_map());
+    }
+
+    #[test]
+    fn every_patch_meta_entry_names_a_real_list_field() {
+        let s = Schemas::builtin();
+        for m in patch_meta::FIELD_META {
+            let comp =
+                s.component(m.component).unwrap_or_else(|| panic!("no component {}", m.component));
+            let prop = &comp["properties"][m.field];
+            assert!(prop.is_object(), "{}.{} missing", m.component, m.field);
+            if m.list_type.is_some() {
+                assert_eq!(prop["type"], "array", "{}.{} is not a list", m.component, m.field);
+            }
+            if let Some(keys) = m.list_map_keys {
+                let item = s.field(&prop["items"]);
+                for k in keys {
+                    assert!(
+                        item.property(k).is_some(),
+                        "{}.{} key {k} is not an item field",
+                        m.component,
+                        m.field
+                    );
+                }
+            }
+        }
+        for name in patch_meta::STRUCT_ATOMIC {
+            assert!(s.component(name).is_some(), "no component {name}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_reports_paths() {
+        let s = Schemas::builtin();
+        let obj = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "x", "labels": {"anything": "goes"}, "bogus": 1},
+            "spec": {
+                "replicass": 2,
+                "selector": {"matchLabels": {"a": "b"}},
+                "template": {"spec": {"containers": [{"name": "c", "image": "i", "imagee": "j",
+                    "resources": {"limits": {"cpu": "1"}}}]}}
+            }
+        });
+        let found = s.unknown_fields(deployment(), &obj);
+        assert_eq!(
+            found,
+            vec![".metadata.bogus", ".spec.replicass", ".spec.template.spec.containers[0].imagee"]
+        );
+        assert_eq!(unknown_field_message(&found[1]), "unknown field \"spec.replicass\"");
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}, "binaryData": {"b": "AA=="}});
+        let schema = s.field(s.for_kind("", "v1", "ConfigMap").unwrap());
+        assert!(s.unknown_fields(schema, &cm).is_empty());
     }
 }
