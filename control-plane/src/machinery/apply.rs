@@ -57,7 +57,13 @@ pub struct ManagedFieldsEntry {
 impl ManagedFieldsEntry {
     /// Upstream `BuildManagerIdentifier`: manager, operation, subresource, and the API
     /// version for updates only.
-    fn is(&self, manager: &str, operation: Operation, api_version: &str, subresource: Option<&str>) -> bool {
+    fn is(
+        &self,
+        manager: &str,
+        operation: Operation,
+        api_version: &str,
+        subresource: Option<&str>,
+    ) -> bool {
         self.manager == manager
             && self.operation == operation
             && self.subresource.as_deref() == subresource
@@ -87,7 +93,11 @@ impl ManagedFieldsEntry {
         Some(ManagedFieldsEntry {
             manager: m.get("manager").and_then(Value::as_str).unwrap_or_default().to_string(),
             operation,
-            api_version: m.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string(),
+            api_version: m
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
             time: m.get("time").and_then(Value::as_str).map(str::to_string),
             subresource: m
                 .get("subresource")
@@ -189,9 +199,8 @@ pub fn track_update(
     schema: FieldSchema,
     now: &str,
 ) {
-    let live_entries = || {
-        old.and_then(managed_fields_of).and_then(decode_managed_fields).unwrap_or_default()
-    };
+    let live_entries =
+        || old.and_then(managed_fields_of).and_then(decode_managed_fields).unwrap_or_default();
     let mut entries = match (subresource, managed_fields_of(new)) {
         (None, Some(requested)) if is_reset(requested) => Vec::new(),
         (None, Some(requested)) => match decode_managed_fields(requested) {
@@ -208,7 +217,10 @@ pub fn track_update(
         e.fields.difference(&cmp.removed);
     }
     if !taken.is_empty() {
-        match entries.iter_mut().find(|e| e.is(manager, Operation::Update, api_version, subresource)) {
+        match entries
+            .iter_mut()
+            .find(|e| e.is(manager, Operation::Update, api_version, subresource))
+        {
             Some(e) => {
                 e.fields.union(&taken);
                 e.time = Some(now.to_string());
@@ -323,7 +335,9 @@ pub enum ApplyError {
     Conflicts(Vec<Conflict>),
     #[error("metadata.managedFields must be nil")]
     ManagedFieldsInConfig,
-    #[error("Incorrect version specified in apply patch. Specified patch version: {specified}, expected: {expected}")]
+    #[error(
+        "Incorrect version specified in apply patch. Specified patch version: {specified}, expected: {expected}"
+    )]
     VersionMismatch { specified: String, expected: String },
     #[error("apply configuration must be an object")]
     NotAnObject,
@@ -381,7 +395,7 @@ pub fn server_side_apply(
             let remaining = match live.map(|l| allowed_by_last_applied(l, api_version, schema)) {
                 Some(Some(allowed)) => conflicts
                     .into_iter()
-                    .filter(|c| !allowed.iter().any(|p| *p == c.field_path))
+                    .filter(|c| !allowed.contains(&c.field_path))
                     .collect(),
                 _ => conflicts,
             };
@@ -410,7 +424,8 @@ fn apply_once(
     now: &str,
 ) -> Result<Value, ApplyError> {
     let filter = Filter::root(None);
-    let mut entries = live.and_then(managed_fields_of).and_then(decode_managed_fields).unwrap_or_default();
+    let mut entries =
+        live.and_then(managed_fields_of).and_then(decode_managed_fields).unwrap_or_default();
     if let Some(live) = live
         && entries.is_empty()
     {
@@ -486,7 +501,9 @@ fn apply_once(
     }
     if !force && !conflicts.is_empty() {
         conflicts.sort_by(|a, b| {
-            a.describe_manager().cmp(&b.describe_manager()).then_with(|| a.field_path.cmp(&b.field_path))
+            a.describe_manager()
+                .cmp(&b.describe_manager())
+                .then_with(|| a.field_path.cmp(&b.field_path))
         });
         return Err(ApplyError::Conflicts(conflicts));
     }
@@ -497,7 +514,11 @@ fn apply_once(
 
 /// The fields (as printed paths) whose values in the client-side apply annotation still
 /// match the live object (upstream `allowedConflictsFromLastApplied`).
-fn allowed_by_last_applied(live: &Value, api_version: &str, schema: FieldSchema) -> Option<Vec<String>> {
+fn allowed_by_last_applied(
+    live: &Value,
+    api_version: &str,
+    schema: FieldSchema,
+) -> Option<Vec<String>> {
     let text = live.get("metadata")?.get("annotations")?.get(LAST_APPLIED_ANNOTATION)?.as_str()?;
     let last: Value = serde_json::from_str(text).ok()?;
     if last.get("apiVersion").and_then(Value::as_str) != Some(api_version) {
@@ -539,4 +560,660 @@ fn sync_last_applied(merged: &mut Value, applied: &Value) {
         }
     }
     annotations.insert(LAST_APPLIED_ANNOTATION.to_string(), Value::String(config.to_string()));
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::test_schemas::{kind, schemas};
+    use super::*;
+    use crate::machinery::schema::Schemas;
+
+    const T1: &str = "2026-01-01T00:00:01Z";
+    const T2: &str = "2026-01-01T00:00:02Z";
+    const T3: &str = "2026-01-01T00:00:03Z";
+
+    fn deploy(s: &Schemas) -> FieldSchema<'_> {
+        kind(s, "apps", "Deployment")
+    }
+
+    fn config(replicas: i64, containers: Value) -> Value {
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": containers},
+                },
+            },
+        })
+    }
+
+    fn nginx(image: &str) -> Value {
+        json!({"name": "nginx", "image": image, "ports": [{"containerPort": 80}]})
+    }
+
+    fn entries(obj: &Value) -> Vec<ManagedFieldsEntry> {
+        decode_managed_fields(&obj["metadata"]["managedFields"]).expect("valid managed fields")
+    }
+
+    fn entry<'a>(
+        es: &'a [ManagedFieldsEntry],
+        manager: &str,
+        op: Operation,
+    ) -> &'a ManagedFieldsEntry {
+        es.iter()
+            .find(|e| e.manager == manager && e.operation == op)
+            .unwrap_or_else(|| panic!("no {op:?} entry for {manager} in {es:?}"))
+    }
+
+    /// What the apiserver does for `kubectl create` / the first client-side apply: the
+    /// defaulted object is created and tracked.
+    fn created_by_client_side_apply(s: &Schemas) -> Value {
+        let mut obj = config(2, json!([nginx("nginx:1.24")]));
+        obj["metadata"]["annotations"] =
+            json!({LAST_APPLIED_ANNOTATION: config(2, json!([nginx("nginx:1.24")])).to_string()});
+        obj["metadata"]["uid"] = json!("u1");
+        obj["metadata"]["resourceVersion"] = json!("1");
+        obj["spec"]["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}});
+        obj["spec"]["template"]["spec"]["containers"][0]["ports"][0]["protocol"] = json!("TCP");
+        obj["status"] = json!({});
+        track_update(None, &mut obj, "kubectl-client-side-apply", None, "apps/v1", deploy(s), T1);
+        obj
+    }
+
+    #[test]
+    fn create_owns_every_field_like_upstream() {
+        let s = schemas();
+        let obj = created_by_client_side_apply(&s);
+        let mf = &obj["metadata"]["managedFields"];
+        assert_eq!(mf.as_array().map(Vec::len), Some(1));
+        assert_eq!(mf[0]["manager"], "kubectl-client-side-apply");
+        assert_eq!(mf[0]["operation"], "Update");
+        assert_eq!(mf[0]["apiVersion"], "apps/v1");
+        assert_eq!(mf[0]["time"], T1);
+        assert_eq!(mf[0]["fieldsType"], "FieldsV1");
+        assert_eq!(
+            mf[0]["fieldsV1"],
+            json!({
+                "f:metadata": {
+                    "f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}},
+                    "f:labels": {".": {}, "f:app": {}},
+                },
+                "f:spec": {
+                    "f:replicas": {},
+                    "f:selector": {},
+                    "f:strategy": {
+                        "f:rollingUpdate": {".": {}, "f:maxSurge": {}, "f:maxUnavailable": {}},
+                        "f:type": {},
+                    },
+                    "f:template": {
+                        "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+                        "f:spec": {"f:containers": {
+                            "k:{\"name\":\"nginx\"}": {
+                                ".": {},
+                                "f:image": {},
+                                "f:name": {},
+                                "f:ports": {
+                                    ".": {},
+                                    "k:{\"containerPort\":80,\"protocol\":\"TCP\"}": {
+                                        ".": {}, "f:containerPort": {}, "f:protocol": {},
+                                    },
+                                },
+                            },
+                        }},
+                    },
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn updates_move_ownership_and_drop_empty_entries() {
+        let s = schemas();
+        let live = created_by_client_side_apply(&s);
+
+        // kubectl scale: a merge patch on deployments/scale, recorded on the parent.
+        let mut scaled = live.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        track_update(Some(&live), &mut scaled, "kubectl", Some("scale"), "apps/v1", deploy(&s), T2);
+        let es = entries(&scaled);
+        let scale = entry(&es, "kubectl", Operation::Update);
+        assert_eq!(scale.subresource.as_deref(), Some("scale"));
+        assert_eq!(scale.fields.clone().into_fields_v1(), json!({"f:spec": {"f:replicas": {}}}));
+        let csa = entry(&es, "kubectl-client-side-apply", Operation::Update);
+        assert!(!csa.fields.has(&["f:spec", "f:replicas"]));
+        assert!(csa.fields.has(&[
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            "k:{\"name\":\"nginx\"}",
+            "f:image"
+        ]));
+        assert_eq!(csa.time.as_deref(), Some(T1), "an entry that took nothing keeps its time");
+
+        // A no-op write changes nothing.
+        let mut same = scaled.clone();
+        track_update(Some(&scaled), &mut same, "other", None, "apps/v1", deploy(&s), T3);
+        assert_eq!(same, scaled);
+
+        // Removing a label removes it from its owner; status writes do not own spec.
+        let mut relabeled = scaled.clone();
+        relabeled["metadata"]["labels"] = json!({});
+        relabeled["status"] = json!({"replicas": 5});
+        track_update(
+            Some(&scaled),
+            &mut relabeled,
+            "kube-controller-manager",
+            Some("status"),
+            "apps/v1",
+            deploy(&s),
+            T3,
+        );
+        let es = entries(&relabeled);
+        let csa = entry(&es, "kubectl-client-side-apply", Operation::Update);
+        assert!(!csa.fields.has(&["f:metadata", "f:labels", "f:app"]));
+        assert!(csa.fields.has(&["f:metadata", "f:labels"]), "the emptied map stays owned");
+        let kcm = entry(&es, "kube-controller-manager", Operation::Update);
+        assert_eq!(kcm.fields.clone().into_fields_v1(), json!({"f:status": {"f:replicas": {}}}));
+
+        // A scale entry whose only field is taken by another writer disappears.
+        let mut rescaled = relabeled.clone();
+        rescaled["spec"]["replicas"] = json!(1);
+        track_update(Some(&relabeled), &mut rescaled, "hpa", None, "apps/v1", deploy(&s), T3);
+        let es = entries(&rescaled);
+        assert!(!es.iter().any(|e| e.subresource.as_deref() == Some("scale")), "{es:?}");
+        assert_eq!(
+            entry(&es, "hpa", Operation::Update).fields.clone().into_fields_v1(),
+            json!({"f:spec": {"f:replicas": {}}})
+        );
+    }
+
+    #[test]
+    fn request_managed_fields_reset_or_replace() {
+        let s = schemas();
+        let live = created_by_client_side_apply(&s);
+        let mut reset = live.clone();
+        reset["metadata"]["managedFields"] = json!([{}]);
+        track_update(Some(&live), &mut reset, "kubectl", None, "apps/v1", deploy(&s), T2);
+        assert!(reset["metadata"].get("managedFields").is_none(), "{reset}");
+
+        let mut replaced = live.clone();
+        replaced["metadata"]["managedFields"] = json!([{
+            "manager": "someone", "operation": "Update", "apiVersion": "apps/v1",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}}},
+        }]);
+        track_update(Some(&live), &mut replaced, "kubectl", None, "apps/v1", deploy(&s), T2);
+        let es = entries(&replaced);
+        assert_eq!(es.len(), 1);
+        assert_eq!(es[0].manager, "someone");
+
+        // Garbage in the request keeps the live entries.
+        let mut garbage = live.clone();
+        garbage["metadata"]["managedFields"] = json!([{"manager": 1}]);
+        track_update(Some(&live), &mut garbage, "kubectl", None, "apps/v1", deploy(&s), T2);
+        assert_eq!(garbage["metadata"]["managedFields"], live["metadata"]["managedFields"]);
+    }
+
+    #[test]
+    fn server_side_apply_create_and_reapply_is_idempotent() {
+        let s = schemas();
+        let cfg = config(2, json!([nginx("nginx:1.24")]));
+        let created = server_side_apply(None, &cfg, "kubectl", false, "apps/v1", deploy(&s), T1)
+            .expect("create");
+        assert_eq!(created["spec"]["replicas"], 2);
+        let es = entries(&created);
+        assert_eq!(es.len(), 1);
+        assert_eq!(es[0].operation, Operation::Apply);
+        assert_eq!(
+            es[0].fields.clone().into_fields_v1(),
+            json!({
+                "f:metadata": {"f:labels": {"f:app": {}}},
+                "f:spec": {
+                    "f:replicas": {},
+                    "f:selector": {},
+                    "f:template": {
+                        "f:metadata": {"f:labels": {"f:app": {}}},
+                        "f:spec": {"f:containers": {"k:{\"name\":\"nginx\"}": {
+                            ".": {},
+                            "f:image": {},
+                            "f:name": {},
+                            "f:ports": {"k:{\"containerPort\":80,\"protocol\":\"TCP\"}": {".": {}, "f:containerPort": {}}},
+                        }}},
+                    },
+                },
+            })
+        );
+        let again =
+            server_side_apply(Some(&created), &cfg, "kubectl", false, "apps/v1", deploy(&s), T2)
+                .expect("reapply");
+        let mut a = again.clone();
+        let mut c = created.clone();
+        a["metadata"].as_object_mut().unwrap().remove("managedFields");
+        c["metadata"].as_object_mut().unwrap().remove("managedFields");
+        assert_eq!(a, c, "re-applying the same configuration changes nothing");
+        assert_eq!(entries(&again)[0].fields, es[0].fields);
+    }
+
+    #[test]
+    fn scale_then_apply_conflicts_and_force_takes_ownership() {
+        let s = schemas();
+        let cfg = config(2, json!([nginx("nginx:1.24")]));
+        let created = server_side_apply(None, &cfg, "kubectl", false, "apps/v1", deploy(&s), T1)
+            .expect("create");
+        let mut scaled = created.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        track_update(
+            Some(&created),
+            &mut scaled,
+            "kubectl",
+            Some("scale"),
+            "apps/v1",
+            deploy(&s),
+            T2,
+        );
+
+        // Same replicas as the scale: no conflict, shared ownership.
+        let shared = server_side_apply(
+            Some(&scaled),
+            &config(5, json!([nginx("nginx:1.24")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .expect("no conflict when the value does not change");
+        assert!(entries(&shared).iter().any(|e| e.subresource.as_deref() == Some("scale")));
+
+        let err = server_side_apply(
+            Some(&scaled),
+            &config(3, json!([nginx("nginx:1.24")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .unwrap_err();
+        let ApplyError::Conflicts(conflicts) = &err else {
+            panic!("expected conflicts, got {err}")
+        };
+        assert_eq!(conflicts.len(), 1);
+        assert_eq!(conflicts[0].field_path, ".spec.replicas");
+        assert_eq!(
+            conflicts[0].cause_message(),
+            r#"conflict with "kubectl" with subresource "scale" using apps/v1"#
+        );
+        assert_eq!(
+            err.to_string(),
+            r#"Apply failed with 1 conflict: conflict with "kubectl" with subresource "scale" using apps/v1: .spec.replicas"#
+        );
+        assert_eq!(err.status_code(), 409);
+
+        let forced = server_side_apply(
+            Some(&scaled),
+            &config(3, json!([nginx("nginx:1.24")])),
+            "kubectl",
+            true,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .expect("force");
+        assert_eq!(forced["spec"]["replicas"], 3);
+        let es = entries(&forced);
+        assert_eq!(es.len(), 1, "the scale entry lost its only field: {es:?}");
+        assert!(entry(&es, "kubectl", Operation::Apply).fields.has(&["f:spec", "f:replicas"]));
+    }
+
+    #[test]
+    fn conflicts_with_client_side_apply_name_the_field() {
+        let s = schemas();
+        let live = created_by_client_side_apply(&s);
+        let err = server_side_apply(
+            Some(&live),
+            &config(2, json!([nginx("nginx:1.25")])),
+            "my-tool",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T2,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using apps/v1: .spec.template.spec.containers[name="nginx"].image"#
+        );
+
+        // Two conflicts are grouped by manager.
+        let err = server_side_apply(
+            Some(&live),
+            &config(4, json!([nginx("nginx:1.25")])),
+            "my-tool",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T2,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Apply failed with 2 conflicts: conflicts with \"kubectl-client-side-apply\" using apps/v1:\n- .spec.replicas\n- .spec.template.spec.containers[name=\"nginx\"].image"
+        );
+    }
+
+    #[test]
+    fn kubectl_server_side_apply_upgrades_client_side_apply() {
+        let s = schemas();
+        let live = created_by_client_side_apply(&s);
+        // Fields still as last applied: kubectl may take them over without --force.
+        let out = server_side_apply(
+            Some(&live),
+            &config(4, json!([nginx("nginx:1.25")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T2,
+        )
+        .expect("upgrade from client-side apply");
+        assert_eq!(out["spec"]["replicas"], 4);
+        let last: Value = serde_json::from_str(
+            out["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]
+                .as_str()
+                .expect("annotation kept"),
+        )
+        .expect("annotation is JSON");
+        assert_eq!(last["spec"]["replicas"], 4, "annotation follows the applied configuration");
+    }
+
+    #[test]
+    fn dropping_a_container_from_the_config_removes_it() {
+        let s = schemas();
+        let two = json!([nginx("nginx:1.24"), {"name": "sidecar", "image": "busybox"}]);
+        let created =
+            server_side_apply(None, &config(2, two), "kubectl", false, "apps/v1", deploy(&s), T1)
+                .expect("create");
+        assert_eq!(
+            created["spec"]["template"]["spec"]["containers"].as_array().map(Vec::len),
+            Some(2)
+        );
+        let one = server_side_apply(
+            Some(&created),
+            &config(2, json!([nginx("nginx:1.24")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T2,
+        )
+        .expect("reapply");
+        let names: Vec<&str> = one["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["nginx"]);
+        assert!(!entries(&one)[0].fields.has(&[
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            "k:{\"name\":\"sidecar\"}"
+        ]));
+
+        // Dropping a label removes it, dropping replicas removes the field.
+        let mut cfg = config(2, json!([nginx("nginx:1.24")]));
+        cfg["metadata"].as_object_mut().unwrap().remove("labels");
+        cfg["spec"].as_object_mut().unwrap().remove("replicas");
+        let pruned =
+            server_side_apply(Some(&one), &cfg, "kubectl", false, "apps/v1", deploy(&s), T3)
+                .expect("reapply");
+        assert!(pruned["metadata"].get("labels").is_none(), "{pruned}");
+        assert!(pruned["spec"].get("replicas").is_none());
+    }
+
+    #[test]
+    fn fields_owned_by_others_survive_pruning() {
+        let s = schemas();
+        let created = server_side_apply(
+            None,
+            &config(2, json!([nginx("nginx:1.24")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .expect("create");
+        // Another writer sets replicas to the same value? No: it changes image via update.
+        let mut updated = created.clone();
+        updated["spec"]["replicas"] = json!(7);
+        track_update(Some(&created), &mut updated, "hpa", None, "apps/v1", deploy(&s), T2);
+        let mut cfg = config(2, json!([nginx("nginx:1.24")]));
+        cfg["spec"].as_object_mut().unwrap().remove("replicas");
+        let out =
+            server_side_apply(Some(&updated), &cfg, "kubectl", false, "apps/v1", deploy(&s), T3)
+                .expect("apply");
+        assert_eq!(out["spec"]["replicas"], 7, "owned by hpa, not pruned");
+    }
+
+    #[test]
+    fn two_appliers_own_different_containers() {
+        let s = schemas();
+        let a = server_side_apply(
+            None,
+            &config(1, json!([{"name": "a", "image": "a:1"}])),
+            "team-a",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .expect("a creates");
+        let b_cfg = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"template": {"spec": {"containers": [{"name": "b", "image": "b:1"}]}}},
+        });
+        let ab = server_side_apply(Some(&a), &b_cfg, "team-b", false, "apps/v1", deploy(&s), T2)
+            .expect("b adds");
+        let names = |v: &Value| -> Vec<String> {
+            v["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names(&ab), ["a", "b"]);
+        let again = server_side_apply(
+            Some(&ab),
+            &config(1, json!([{"name": "a", "image": "a:2"}])),
+            "team-a",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .expect("a updates its container");
+        assert_eq!(names(&again), ["a", "b"]);
+        assert_eq!(again["spec"]["template"]["spec"]["containers"][0]["image"], "a:2");
+
+        let err = server_side_apply(
+            Some(&again),
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                "spec": {"template": {"spec": {"containers": [{"name": "a", "image": "stolen"}]}}}}),
+            "team-b",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(
+                r#"conflict with "team-a": .spec.template.spec.containers[name="a"].image"#
+            ),
+            "{err}"
+        );
+
+        let b_gone = server_side_apply(
+            Some(&again),
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}}),
+            "team-b",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T3,
+        )
+        .expect("b drops its container");
+        assert_eq!(names(&b_gone), ["a"]);
+        assert!(
+            !entries(&b_gone).iter().any(|e| e.manager == "team-b"),
+            "empty entries are dropped"
+        );
+    }
+
+    #[test]
+    fn apply_to_an_unmanaged_object_conflicts_with_before_first_apply() {
+        let s = schemas();
+        let mut live = config(2, json!([nginx("nginx:1.24")]));
+        live["metadata"]["uid"] = json!("u");
+        let err = server_side_apply(
+            Some(&live),
+            &config(3, json!([nginx("nginx:1.24")])),
+            "tool",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"Apply failed with 1 conflict: conflict with "before-first-apply" using apps/v1: .spec.replicas"#
+        );
+    }
+
+    #[test]
+    fn invalid_configurations_are_rejected() {
+        let s = schemas();
+        let mut cfg = config(1, json!([nginx("x")]));
+        cfg["metadata"]["managedFields"] = json!([]);
+        let err = server_side_apply(None, &cfg, "m", false, "apps/v1", deploy(&s), T1).unwrap_err();
+        assert!(matches!(err, ApplyError::ManagedFieldsInConfig));
+        assert_eq!(err.status_code(), 400);
+
+        let err =
+            server_side_apply(None, &config(1, json!([])), "m", false, "apps/v2", deploy(&s), T1)
+                .unwrap_err();
+        assert!(matches!(err, ApplyError::VersionMismatch { .. }), "{err}");
+
+        // Key fields with a schema default (like upstream's `name: default ""`) take it.
+        let ok = server_side_apply(
+            None,
+            &config(1, json!([{"image": "x"}])),
+            "m",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .expect("defaulted key");
+        assert!(entries(&ok)[0].fields.has(&[
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            "k:{\"name\":\"\"}"
+        ]));
+
+        let mut cfg = config(1, json!([nginx("x")]));
+        cfg["metadata"]["finalizers"] = json!([{"not": "scalar"}]);
+        let err = server_side_apply(None, &cfg, "m", false, "apps/v1", deploy(&s), T1).unwrap_err();
+        assert!(matches!(err, ApplyError::InvalidConfig(_)), "{err}");
+        assert!(err.to_string().contains(".metadata.finalizers: element 0"), "{err}");
+        assert_eq!(err.status_code(), 422);
+
+        let err = server_side_apply(
+            None,
+            &config(1, json!([nginx("x"), nginx("y")])),
+            "m",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("duplicate entries"), "{err}");
+    }
+
+    #[test]
+    fn set_lists_and_service_ports() {
+        let s = schemas();
+        let svc = kind(&s, "", "Service");
+        let cfg = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "finalizers": ["x"]},
+            "spec": {"ports": [{"port": 80, "targetPort": 8080}], "selector": {"app": "web"}}});
+        let created =
+            server_side_apply(None, &cfg, "kubectl", false, "v1", svc, T1).expect("create");
+        assert_eq!(
+            entries(&created)[0].fields.clone().into_fields_v1(),
+            json!({
+                "f:metadata": {"f:finalizers": {"v:\"x\"": {}}},
+                "f:spec": {
+                    "f:ports": {"k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:port": {}, "f:targetPort": {}}},
+                    "f:selector": {},
+                },
+            })
+        );
+        let b = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "finalizers": ["y"]}});
+        let both = server_side_apply(Some(&created), &b, "other", false, "v1", svc, T2)
+            .expect("second applier");
+        assert_eq!(both["metadata"]["finalizers"], json!(["x", "y"]));
+    }
+
+    #[test]
+    fn update_managers_are_capped() {
+        let s = schemas();
+        let mut obj = config(1, json!([]));
+        track_update(
+            None,
+            &mut obj,
+            "creator",
+            None,
+            "apps/v1",
+            deploy(&s),
+            "2026-01-01T00:00:00Z",
+        );
+        for i in 0..12 {
+            let old = obj.clone();
+            obj["metadata"]["labels"][format!("l{i}")] = json!("v");
+            let t = format!("2026-01-01T00:01:{i:02}Z");
+            track_update(
+                Some(&old),
+                &mut obj,
+                &format!("writer-{i:02}"),
+                None,
+                "apps/v1",
+                deploy(&s),
+                &t,
+            );
+        }
+        let es = entries(&obj);
+        assert_eq!(
+            es.iter().filter(|e| e.operation == Operation::Update).count(),
+            MAX_UPDATE_MANAGERS
+        );
+        let ancient = entry(&es, ANCIENT_CHANGES_MANAGER, Operation::Update);
+        assert!(ancient.fields.has(&["f:spec", "f:replicas"]), "{ancient:?}");
+        assert!(es.iter().any(|e| e.manager == "writer-11"));
+    }
 }

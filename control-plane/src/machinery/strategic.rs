@@ -141,7 +141,11 @@ fn bad_arg(expected: &'static str, actual: &Value) -> Error {
     Error::BadArgType { expected, actual: type_name(actual) }
 }
 
-fn merge_map(original: Map<String, Value>, mut patch: Map<String, Value>, schema: Schema) -> Result<Map<String, Value>> {
+fn merge_map(
+    original: Map<String, Value>,
+    mut patch: Map<String, Value>,
+    schema: Schema,
+) -> Result<Map<String, Value>> {
     if let Some(directive) = patch.get(DIRECTIVE_MARKER) {
         return handle_directive_in_map(directive.clone(), patch);
     }
@@ -214,7 +218,10 @@ fn insert_patch_value(original: &mut Map<String, Value>, key: String, mut value:
     }
 }
 
-fn handle_directive_in_map(directive: Value, mut patch: Map<String, Value>) -> Result<Map<String, Value>> {
+fn handle_directive_in_map(
+    directive: Value,
+    mut patch: Map<String, Value>,
+) -> Result<Map<String, Value>> {
     match directive.as_str() {
         Some("replace") => {
             patch.remove(DIRECTIVE_MARKER);
@@ -240,7 +247,10 @@ fn directive_string(v: &Value) -> String {
     }
 }
 
-fn apply_retain_keys(original: &mut Map<String, Value>, patch: &mut Map<String, Value>) -> Result<()> {
+fn apply_retain_keys(
+    original: &mut Map<String, Value>,
+    patch: &mut Map<String, Value>,
+) -> Result<()> {
     let Some(retain) = patch.remove(RETAIN_KEYS_DIRECTIVE) else {
         return Ok(());
     };
@@ -299,22 +309,15 @@ fn merge_set_element_order_lists(
         let kind = element_kind(&[&server_order, patch_list.as_deref().unwrap_or(&[])])?;
         let merged = match (original_list, patch_list) {
             (Some(o), None) => o,
-            (o, Some(p)) => {
-                merge_slice_handler(o.unwrap_or_default(), p, &meta, &field, false)?
-            }
+            (o, Some(p)) => merge_slice_handler(o.unwrap_or_default(), p, &meta, &field, false)?,
             (None, None) => continue,
         };
         let key_of = ItemKey::new(kind, meta.merge_key);
         let order_keys = key_of.keys(&order)?;
         let (patch_items, server_only) = partition(merged, &order_keys, &key_of)?;
         let server_keys = key_of.keys(&server_order)?;
-        let normalized = normalize_element_order(
-            patch_items,
-            server_only,
-            &order_keys,
-            &server_keys,
-            &key_of,
-        )?;
+        let normalized =
+            normalize_element_order(patch_items, server_only, &order_keys, &server_keys, &key_of)?;
         original.insert(field, Value::Array(normalized));
     }
     Ok(())
@@ -413,8 +416,7 @@ fn element_kind(lists: &[&[Value]]) -> Result<Option<Kind>> {
             match kind {
                 None => kind = Some(k),
                 Some(prev) if prev != k => {
-                    let all: Vec<Value> =
-                        lists.iter().map(|l| Value::Array(l.to_vec())).collect();
+                    let all: Vec<Value> = lists.iter().map(|l| Value::Array(l.to_vec())).collect();
                     return Err(Error::MixedListElements(Value::Array(all).to_string()));
                 }
                 Some(_) => {}
@@ -452,7 +454,11 @@ fn position(order: &[Value], key: &Value) -> Option<usize> {
 }
 
 /// Split `merged` into the items named in `by` (patch items) and the others (server only).
-fn partition(merged: Vec<Value>, by: &[Value], key_of: &ItemKey) -> Result<(Vec<Value>, Vec<Value>)> {
+fn partition(
+    merged: Vec<Value>,
+    by: &[Value],
+    key_of: &ItemKey,
+) -> Result<(Vec<Value>, Vec<Value>)> {
     let mut in_patch = Vec::with_capacity(merged.len());
     let mut server_only = Vec::with_capacity(merged.len());
     for v in merged {
@@ -498,7 +504,11 @@ fn normalize_element_order(
     Ok(out)
 }
 
-fn normalize_slice_order(items: Vec<Value>, order: &[Value], key_of: &ItemKey) -> Result<Vec<Value>> {
+fn normalize_slice_order(
+    items: Vec<Value>,
+    order: &[Value],
+    key_of: &ItemKey,
+) -> Result<Vec<Value>> {
     let mut keyed = Vec::with_capacity(items.len());
     let mut to_delete = Vec::new();
     for v in items {
@@ -655,13 +665,13 @@ fn remove_directives(v: Value) -> Option<Value> {
                 !k.starts_with(SET_ELEMENT_ORDER_PREFIX)
                     && !k.starts_with(DELETE_FROM_PRIMITIVE_LIST_PREFIX)
             });
-            let m = m
-                .into_iter()
-                .filter_map(|(k, v)| remove_directives(v).map(|v| (k, v)))
-                .collect();
+            let m =
+                m.into_iter().filter_map(|(k, v)| remove_directives(v).map(|v| (k, v))).collect();
             Some(Value::Object(m))
         }
-        Value::Array(l) => Some(Value::Array(l.into_iter().filter_map(remove_directives).collect())),
+        Value::Array(l) => {
+            Some(Value::Array(l.into_iter().filter_map(remove_directives).collect()))
+        }
         other => Some(other),
     }
 }
@@ -736,7 +746,11 @@ mod tests {
         let c = containers(&out);
         assert_eq!(c.len(), 2);
         assert_eq!(c[0]["image"], "nginx:1.25");
-        assert_eq!(c[0]["ports"], json!([{"containerPort": 80, "protocol": "TCP"}]), "unpatched fields stay");
+        assert_eq!(
+            c[0]["ports"],
+            json!([{"containerPort": 80, "protocol": "TCP"}]),
+            "unpatched fields stay"
+        );
         assert_eq!(c[0]["terminationMessagePath"], "/dev/termination-log");
         assert_eq!(c[1]["name"], "sidecar");
         assert_eq!(
@@ -757,7 +771,8 @@ mod tests {
             }}}}),
         )
         .expect("patch applies");
-        let names: Vec<&str> = containers(&out).iter().map(|c| c["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            containers(&out).iter().map(|c| c["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["init", "nginx"]);
         assert_eq!(containers(&out)[0], json!({"name": "init", "image": "alpine"}));
     }
@@ -770,7 +785,8 @@ mod tests {
             json!({"spec": {"template": {"spec": {"containers": [{"name": "third", "image": "x"}]}}}}),
         )
         .expect("patch applies");
-        let names: Vec<&str> = containers(&out).iter().map(|c| c["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            containers(&out).iter().map(|c| c["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["third", "nginx", "sidecar"]);
     }
 
@@ -847,7 +863,8 @@ mod tests {
         .expect("patch applies");
         assert_eq!(out["metadata"]["finalizers"], json!(["c", "b"]));
 
-        let out = patch(&deployment(), json!({"metadata": {"finalizers": ["b", "z"]}})).expect("union");
+        let out =
+            patch(&deployment(), json!({"metadata": {"finalizers": ["b", "z"]}})).expect("union");
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b", "z"]));
     }
 
@@ -878,7 +895,8 @@ mod tests {
         .expect("map replace");
         assert_eq!(out["spec"]["strategy"], json!({"type": "Recreate"}));
 
-        let out = patch(&deployment(), json!({"spec": {"strategy": {"$patch": "delete"}}})).expect("map delete");
+        let out = patch(&deployment(), json!({"spec": {"strategy": {"$patch": "delete"}}}))
+            .expect("map delete");
         assert_eq!(out["spec"]["strategy"], json!({}));
     }
 
@@ -886,7 +904,8 @@ mod tests {
     fn unknown_fields_merge_like_json_merge_patch() {
         let mut d = deployment();
         d["spec"]["extra"] = json!({"a": 1, "b": {"c": 2}, "list": [1, 2]});
-        let out = patch(&d, json!({"spec": {"extra": {"b": {"d": 3}, "a": null, "list": [3]}}})).expect("patch applies");
+        let out = patch(&d, json!({"spec": {"extra": {"b": {"d": 3}, "a": null, "list": [3]}}}))
+            .expect("patch applies");
         assert_eq!(out["spec"]["extra"], json!({"b": {"c": 2, "d": 3}, "list": [3]}));
     }
 
@@ -933,13 +952,16 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Error::PatchContentNotMatchRetainKeys), "{e}");
 
-        let e = patch(&d, json!({"spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}})).unwrap_err();
+        let e =
+            patch(&d, json!({"spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}}))
+                .unwrap_err();
         assert!(matches!(e, Error::NoMergeKey { .. }), "{e}");
 
         let e = patch(&d, json!({"metadata": {"finalizers": [["x"]]}})).unwrap_err();
         assert!(matches!(e, Error::NoListOfLists), "{e}");
 
-        let e = patch(&d, json!({"metadata": {"$deleteFromPrimitiveListfinalizers": ["a"]}})).unwrap_err();
+        let e = patch(&d, json!({"metadata": {"$deleteFromPrimitiveListfinalizers": ["a"]}}))
+            .unwrap_err();
         assert!(matches!(e, Error::BadPatchFormatForPrimitiveList), "{e}");
 
         let e = patch(

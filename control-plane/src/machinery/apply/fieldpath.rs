@@ -106,7 +106,11 @@ impl FieldSet {
 
     /// Every member path, depth first in key order.
     pub fn member_paths(&self) -> Vec<Vec<String>> {
-        fn walk(children: &Map<String, Value>, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        fn walk(
+            children: &Map<String, Value>,
+            prefix: &mut Vec<String>,
+            out: &mut Vec<Vec<String>>,
+        ) {
             for (k, v) in children {
                 if k == MEMBER {
                     continue;
@@ -192,7 +196,10 @@ fn intersection_children(a: &Map<String, Value>, b: &Map<String, Value>) -> Map<
             continue;
         }
         let (Some(an), Some(bn)) = (node_map(av), b.get(k).and_then(node_map)) else { continue };
-        let node = Node { member: is_member(an) && is_member(bn), children: intersection_children(an, bn) };
+        let node = Node {
+            member: is_member(an) && is_member(bn),
+            children: intersection_children(an, bn),
+        };
         if let Some(v) = node.into_value() {
             out.insert(k.clone(), v);
         }
@@ -256,7 +263,9 @@ mod tests {
     #[test]
     fn union_difference_intersection_keep_membership() {
         let mut a = set(json!({"f:spec": {"f:replicas": {}, "f:paused": {}}}));
-        let b = set(json!({"f:spec": {"f:replicas": {}, "f:minReadySeconds": {}}, "f:metadata": {"f:labels": {".": {}, "f:app": {}}}}));
+        let b = set(
+            json!({"f:spec": {"f:replicas": {}, "f:minReadySeconds": {}}, "f:metadata": {"f:labels": {".": {}, "f:app": {}}}}),
+        );
         a.union(&b);
         assert_eq!(
             a.clone().into_fields_v1(),
@@ -264,8 +273,13 @@ mod tests {
         );
         assert!(a.has(&["f:metadata", "f:labels"]));
         assert!(!a.has(&["f:spec"]));
-        let i = a.intersection(&set(json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:labels": {}}})));
-        assert_eq!(i.into_fields_v1(), json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:labels": {}}}));
+        let i = a.intersection(&set(
+            json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:labels": {}}}),
+        ));
+        assert_eq!(
+            i.into_fields_v1(),
+            json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:labels": {}}})
+        );
         a.difference(&set(json!({"f:spec": {"f:replicas": {}, "f:paused": {}, "f:minReadySeconds": {}}, "f:metadata": {"f:labels": {"f:app": {}}}})));
         assert_eq!(a.into_fields_v1(), json!({"f:metadata": {"f:labels": {}}}));
     }
@@ -279,14 +293,25 @@ mod tests {
 
     #[test]
     fn paths_render_like_upstream() {
-        let p: Vec<String> = ["f:spec", "f:template", "f:spec", "f:containers", r#"k:{"name":"nginx"}"#, "f:ports", r#"k:{"containerPort":80,"protocol":"TCP"}"#]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let p: Vec<String> = [
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            r#"k:{"name":"nginx"}"#,
+            "f:ports",
+            r#"k:{"containerPort":80,"protocol":"TCP"}"#,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert_eq!(
             path_string(&p),
             r#".spec.template.spec.containers[name="nginx"].ports[containerPort=80,protocol="TCP"]"#
         );
-        assert_eq!(path_string(&["f:metadata".into(), "f:finalizers".into(), r#"v:"a""#.into()]), r#".metadata.finalizers[="a"]"#);
+        assert_eq!(
+            path_string(&["f:metadata".into(), "f:finalizers".into(), r#"v:"a""#.into()]),
+            r#".metadata.finalizers[="a"]"#
+        );
     }
 }

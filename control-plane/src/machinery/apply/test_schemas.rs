@@ -161,7 +161,10 @@ pub fn schemas() -> Schemas {
             },
         }),
     );
-    add("io.k8s.apimachinery.pkg.apis.meta.v1.Time", json!({ "type": "string", "format": "date-time" }));
+    add(
+        "io.k8s.apimachinery.pkg.apis.meta.v1.Time",
+        json!({ "type": "string", "format": "date-time" }),
+    );
     add(
         "io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry",
         json!({

@@ -58,7 +58,11 @@ fn shape<'a>(schema: Schema<'a>, v: &Value) -> Shape<'a> {
                 Some(_) => Shape::Leaf,
                 None => {
                     if s.patch_strategies().contains(&"merge") {
-                        if s.patch_merge_key().is_some() { Shape::ListMap(s) } else { Shape::ListSet }
+                        if s.patch_merge_key().is_some() {
+                            Shape::ListMap(s)
+                        } else {
+                            Shape::ListSet
+                        }
                     } else {
                         Shape::Leaf
                     }
@@ -102,10 +106,9 @@ fn item_path_element(list: Shape, item: &Value) -> Result<String, String> {
             for name in list_map_keys(&s) {
                 let value = match fields.get(name) {
                     Some(v) if !v.is_null() => v.clone(),
-                    _ => match item_schema
-                        .and_then(|i| i.property(name))
-                        .and_then(|p| p.raw().get("default").or_else(|| p.resolved().get("default")))
-                    {
+                    _ => match item_schema.and_then(|i| i.property(name)).and_then(|p| {
+                        p.raw().get("default").or_else(|| p.resolved().get("default"))
+                    }) {
                         Some(d) => d.clone(),
                         None => {
                             return Err(format!(
@@ -160,7 +163,9 @@ impl Filter {
         match self {
             Filter::None => false,
             Filter::Root { status } => {
-                key == "apiVersion" || key == "kind" || if status { key == "spec" } else { key == "status" }
+                key == "apiVersion"
+                    || key == "kind"
+                    || if status { key == "spec" } else { key == "status" }
             }
             Filter::Metadata => IGNORED_METADATA.contains(&key),
         }
@@ -190,7 +195,13 @@ pub(crate) fn to_field_set(v: &Value, schema: Schema, filter: Filter) -> Result<
     Ok(FieldSet(root.children))
 }
 
-fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node, at: &str) -> Result<(), String> {
+fn fields_of(
+    v: &Value,
+    schema: Schema,
+    filter: Filter,
+    node: &mut Node,
+    at: &str,
+) -> Result<(), String> {
     let sh = shape(schema, v);
     match (sh, v) {
         (Shape::Struct(_) | Shape::Map(_), Value::Object(m)) => {
@@ -207,15 +218,18 @@ fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node, at: &st
                 let child_at = format!("{at}.{k}");
                 fields_of(cv, cs, filter.child(k), &mut child, &child_at)?;
                 let leaf = matches!(shape(cs, cv), Shape::Leaf);
-                child.member |=
-                    leaf || !declared || cv.is_null() || (cv.is_object() && is_empty_container(Some(cv)));
+                child.member |= leaf
+                    || !declared
+                    || cv.is_null()
+                    || (cv.is_object() && is_empty_container(Some(cv)));
                 node.insert_child(format!("f:{k}"), child);
             }
         }
         (Shape::ListMap(s), Value::Array(items)) => {
             let item_schema = s.items();
             for (i, item) in items.iter().enumerate() {
-                let pe = item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe =
+                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
                 let mut child = Node { member: true, ..Node::default() };
                 fields_of(item, item_schema, Filter::None, &mut child, &format!("{at}[{i}]"))?;
                 child.member = true;
@@ -224,7 +238,8 @@ fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node, at: &st
         }
         (Shape::ListSet, Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                let pe = item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe =
+                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
                 node.insert_child(pe, Node { member: true, ..Node::default() });
             }
         }
@@ -255,7 +270,12 @@ struct Diff {
 /// upstream (which compares against the zero object of the kind) fields that the zero
 /// object always carries (non-pointer structs, marked by a schema `default`, and required
 /// fields) are not themselves members of the added set, only what is under them.
-pub(crate) fn compare(old: Option<&Value>, new: &Value, schema: Schema, filter: Filter) -> Comparison {
+pub(crate) fn compare(
+    old: Option<&Value>,
+    new: &Value,
+    schema: Schema,
+    filter: Filter,
+) -> Comparison {
     let mut diff = Diff::default();
     let create = old.is_none();
     let old = old.unwrap_or(&Value::Null);
@@ -277,7 +297,14 @@ fn diff_leaf(l: Option<&Value>, r: Option<&Value>, d: &mut Diff) {
 }
 
 /// Compare one node; `zero` says the node is part of the kind's zero object on create.
-fn diff_node(l: Option<&Value>, r: Option<&Value>, schema: Schema, filter: Filter, zero: bool, d: &mut Diff) {
+fn diff_node(
+    l: Option<&Value>,
+    r: Option<&Value>,
+    schema: Schema,
+    filter: Filter,
+    zero: bool,
+    d: &mut Diff,
+) {
     let l = l.filter(|v| !(zero && v.is_null()));
     let probe = r.or(l).unwrap_or(&Value::Null);
     let sh = shape(schema, probe);
@@ -308,7 +335,14 @@ fn diff_node(l: Option<&Value>, r: Option<&Value>, schema: Schema, filter: Filte
     }
 }
 
-fn diff_children(l: Option<&Value>, r: Option<&Value>, schema: Schema, filter: Filter, create: bool, d: &mut Diff) {
+fn diff_children(
+    l: Option<&Value>,
+    r: Option<&Value>,
+    schema: Schema,
+    filter: Filter,
+    create: bool,
+    d: &mut Diff,
+) {
     let probe = r.or(l).unwrap_or(&Value::Null);
     let sh = shape(schema, probe);
     match sh {
@@ -419,7 +453,12 @@ fn index_items<'v>(list: Shape, v: Option<&'v Value>) -> Vec<(String, &'v Value)
 /// Merge `config` into `live`: the configuration's leaves win, maps and structs merge by
 /// key, list-maps by key fields, sets by value, atomic values are replaced. Nulls in the
 /// configuration remove the value.
-pub(crate) fn merge(live: Option<&Value>, config: &Value, schema: Schema, at: &str) -> Result<Option<Value>, String> {
+pub(crate) fn merge(
+    live: Option<&Value>,
+    config: &Value,
+    schema: Schema,
+    at: &str,
+) -> Result<Option<Value>, String> {
     if config.is_null() {
         return Ok(None);
     }
@@ -465,7 +504,8 @@ pub(crate) fn merge(live: Option<&Value>, config: &Value, schema: Schema, at: &s
             };
             let mut rhs: Vec<(String, &Value)> = Vec::with_capacity(citems.len());
             for (i, item) in citems.iter().enumerate() {
-                let pe = item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe =
+                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
                 if rhs.iter().any(|(p, _)| *p == pe) {
                     return Err(format!("{at}: duplicate entries for key {pe}"));
                 }
