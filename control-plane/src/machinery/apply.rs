@@ -393,10 +393,9 @@ pub fn server_side_apply(
     let result = match result {
         Err(ApplyError::Conflicts(conflicts)) if manager == KUBECTL_SSA_MANAGER && !force => {
             let remaining = match live.map(|l| allowed_by_last_applied(l, api_version, schema)) {
-                Some(Some(allowed)) => conflicts
-                    .into_iter()
-                    .filter(|c| !allowed.contains(&c.field_path))
-                    .collect(),
+                Some(Some(allowed)) => {
+                    conflicts.into_iter().filter(|c| !allowed.contains(&c.field_path)).collect()
+                }
                 _ => conflicts,
             };
             if remaining.is_empty() {
