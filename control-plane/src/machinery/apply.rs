@@ -441,11 +441,11 @@ fn apply_once(
         }
     }
 
-    let mut merged = typed::merge(live, applied, Some(schema), "")
-        .map_err(ApplyError::InvalidConfig)?
+    let mut merged = typed::merge(live, applied, Some(schema))
+        .map_err(|e| ApplyError::InvalidConfig(e.to_string()))?
         .unwrap_or_else(|| Value::Object(Map::new()));
-    let applied_set =
-        typed::to_field_set(applied, Some(schema), filter).map_err(ApplyError::InvalidConfig)?;
+    let applied_set = typed::to_field_set(applied, Some(schema), filter)
+        .map_err(|e| ApplyError::InvalidConfig(e.to_string()))?;
 
     let me = ManagedFieldsEntry {
         manager: manager.to_string(),

@@ -15,6 +15,41 @@ use crate::machinery::schema::FieldSchema;
 
 pub(crate) type Schema<'a> = Option<FieldSchema<'a>>;
 
+/// Where and why a value does not fit its schema; the path is built while unwinding so
+/// that successful walks never format it.
+#[derive(Debug)]
+pub(crate) struct WalkError {
+    path: String,
+    message: String,
+}
+
+impl WalkError {
+    fn new(message: String) -> Self {
+        WalkError { path: String::new(), message }
+    }
+
+    fn under_field(mut self, name: &str) -> Self {
+        self.path.insert_str(0, name);
+        self.path.insert(0, '.');
+        self
+    }
+
+    fn under_item(mut self, index: usize) -> Self {
+        self.path.insert_str(0, &format!("[{index}]"));
+        self
+    }
+}
+
+impl std::fmt::Display for WalkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
 /// What a value is, as far as field ownership goes.
 #[derive(Clone, Copy)]
 enum Shape<'a> {
@@ -189,19 +224,17 @@ fn child_schema<'a>(s: &FieldSchema<'a>, key: &str) -> (Schema<'a>, bool) {
 // ---------------------------------------------------------------------------------------
 // Field set of a value (upstream `ToFieldSet`), used for applied configurations.
 
-pub(crate) fn to_field_set(v: &Value, schema: Schema, filter: Filter) -> Result<FieldSet, String> {
-    let mut root = Node::default();
-    fields_of(v, schema, filter, &mut root, "")?;
-    Ok(FieldSet(root.children))
-}
-
-fn fields_of(
+pub(crate) fn to_field_set(
     v: &Value,
     schema: Schema,
     filter: Filter,
-    node: &mut Node,
-    at: &str,
-) -> Result<(), String> {
+) -> Result<FieldSet, WalkError> {
+    let mut root = Node::default();
+    fields_of(v, schema, filter, &mut root)?;
+    Ok(FieldSet(root.children))
+}
+
+fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node) -> Result<(), WalkError> {
     let sh = shape(schema, v);
     match (sh, v) {
         (Shape::Struct(_) | Shape::Map(_), Value::Object(m)) => {
@@ -215,31 +248,31 @@ fn fields_of(
                     _ => (None, false),
                 };
                 let mut child = Node::default();
-                let child_at = format!("{at}.{k}");
-                fields_of(cv, cs, filter.child(k), &mut child, &child_at)?;
+                fields_of(cv, cs, filter.child(k), &mut child).map_err(|e| e.under_field(k))?;
                 let leaf = matches!(shape(cs, cv), Shape::Leaf);
                 child.member |= leaf
                     || !declared
                     || cv.is_null()
                     || (cv.is_object() && is_empty_container(Some(cv)));
-                node.insert_child(format!("f:{k}"), child);
+                node.insert_child(field_key(k), child);
             }
         }
         (Shape::ListMap(s), Value::Array(items)) => {
             let item_schema = s.items();
             for (i, item) in items.iter().enumerate() {
-                let pe =
-                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe = item_path_element(sh, item)
+                    .map_err(|e| WalkError::new(format!("element {i}: {e}")))?;
                 let mut child = Node { member: true, ..Node::default() };
-                fields_of(item, item_schema, Filter::None, &mut child, &format!("{at}[{i}]"))?;
+                fields_of(item, item_schema, Filter::None, &mut child)
+                    .map_err(|e| e.under_item(i))?;
                 child.member = true;
                 node.insert_child(pe, child);
             }
         }
         (Shape::ListSet, Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                let pe =
-                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe = item_path_element(sh, item)
+                    .map_err(|e| WalkError::new(format!("element {i}: {e}")))?;
                 node.insert_child(pe, Node { member: true, ..Node::default() });
             }
         }
@@ -276,10 +309,12 @@ pub(crate) fn compare(
     schema: Schema,
     filter: Filter,
 ) -> Comparison {
+    let Some(old) = old else {
+        let added = added_node(new, schema, filter, true);
+        return Comparison { added: FieldSet(added.children), ..Comparison::default() };
+    };
     let mut diff = Diff::default();
-    let create = old.is_none();
-    let old = old.unwrap_or(&Value::Null);
-    diff_children(Some(old), Some(new), schema, filter, create, &mut diff);
+    diff_children(Some(old), Some(new), schema, filter, false, &mut diff);
     Comparison {
         added: FieldSet(diff.added.children),
         modified: FieldSet(diff.modified.children),
@@ -306,6 +341,10 @@ fn diff_node(
     d: &mut Diff,
 ) {
     let l = l.filter(|v| !(zero && v.is_null()));
+    if let (None, Some(r)) = (l, r) {
+        d.added = added_node(r, schema, filter, zero);
+        return;
+    }
     let probe = r.or(l).unwrap_or(&Value::Null);
     let sh = shape(schema, probe);
     let same_kind = match (l, r) {
@@ -365,7 +404,7 @@ fn diff_children(
                 };
                 let mut cd = Diff::default();
                 diff_node(lc, rc, cs, filter.child(k), zero, &mut cd);
-                insert_diff(d, format!("f:{k}"), cd);
+                insert_diff(d, field_key(k), cd);
             };
             for (k, lc) in lm {
                 visit(k, Some(lc), rm.get(k));
@@ -427,9 +466,75 @@ fn in_zero_object(parent: &FieldSchema, key: &str, child: &FieldSchema) -> bool 
 }
 
 fn insert_diff(d: &mut Diff, key: String, cd: Diff) {
-    d.added.insert_child(key.clone(), cd.added);
-    d.modified.insert_child(key.clone(), cd.modified);
-    d.removed.insert_child(key, cd.removed);
+    let nodes = [cd.added.into_value(), cd.modified.into_value(), cd.removed.into_value()];
+    let mut left = nodes.iter().filter(|n| n.is_some()).count();
+    let mut key = Some(key);
+    let sets = [&mut d.added, &mut d.modified, &mut d.removed];
+    for (set, node) in sets.into_iter().zip(nodes) {
+        let Some(node) = node else { continue };
+        left -= 1;
+        let k = if left == 0 { key.take() } else { key.clone() };
+        set.children.insert(k.unwrap_or_default(), node);
+    }
+}
+
+fn field_key(name: &str) -> String {
+    let mut k = String::with_capacity(name.len() + 2);
+    k.push_str("f:");
+    k.push_str(name);
+    k
+}
+
+/// The fields of a subtree that is new (absent before): everything in it is added, and
+/// containers are members unless they belong to the zero object on create.
+fn added_node(v: &Value, schema: Schema, filter: Filter, zero: bool) -> Node {
+    let sh = shape(schema, v);
+    if matches!(sh, Shape::Leaf) {
+        return Node { member: true, children: Map::new() };
+    }
+    if is_empty_container(Some(v)) {
+        return Node { member: !zero, children: Map::new() };
+    }
+    let mut node = Node { member: !zero, children: Map::new() };
+    match (sh, v) {
+        (Shape::Struct(_) | Shape::Map(_), Value::Object(m)) => {
+            for (k, cv) in m {
+                if filter.skips(k) {
+                    continue;
+                }
+                let (cs, czero) = match sh {
+                    Shape::Struct(s) => {
+                        let (cs, _) = child_schema(&s, k);
+                        (cs, zero && cs.is_some_and(|c| in_zero_object(&s, k, &c)))
+                    }
+                    Shape::Map(vs) => (vs, false),
+                    _ => (None, false),
+                };
+                let child = added_node(cv, cs, filter.child(k), czero);
+                node.insert_child(field_key(k), child);
+            }
+        }
+        (Shape::ListMap(s), Value::Array(items)) => {
+            let item_schema = s.items();
+            for item in items {
+                let Ok(pe) = item_path_element(sh, item) else { continue };
+                if node.children.contains_key(&pe) {
+                    continue;
+                }
+                let child = added_node(item, item_schema, Filter::None, false);
+                node.insert_child(pe, child);
+            }
+        }
+        (Shape::ListSet, Value::Array(items)) => {
+            for item in items {
+                if let Ok(pe) = item_path_element(sh, item) {
+                    node.insert_child(pe, Node { member: true, children: Map::new() });
+                }
+            }
+        }
+        _ => node.member = true,
+    }
+    node
 }
 
 /// List items by path element, first occurrence winning; items without a valid path
@@ -457,8 +562,7 @@ pub(crate) fn merge(
     live: Option<&Value>,
     config: &Value,
     schema: Schema,
-    at: &str,
-) -> Result<Option<Value>, String> {
+) -> Result<Option<Value>, WalkError> {
     if config.is_null() {
         return Ok(None);
     }
@@ -472,7 +576,7 @@ pub(crate) fn merge(
                     Shape::Map(vs) => vs,
                     _ => None,
                 };
-                match merge(lm.get(k), cv, cs, &format!("{at}.{k}"))? {
+                match merge(lm.get(k), cv, cs).map_err(|e| e.under_field(k))? {
                     Some(v) => {
                         out.insert(k.clone(), v);
                     }
@@ -491,7 +595,7 @@ pub(crate) fn merge(
                     Shape::Map(vs) => vs,
                     _ => None,
                 };
-                if let Some(v) = merge(None, cv, cs, &format!("{at}.{k}"))? {
+                if let Some(v) = merge(None, cv, cs).map_err(|e| e.under_field(k))? {
                     out.insert(k.clone(), v);
                 }
             }
@@ -504,10 +608,10 @@ pub(crate) fn merge(
             };
             let mut rhs: Vec<(String, &Value)> = Vec::with_capacity(citems.len());
             for (i, item) in citems.iter().enumerate() {
-                let pe =
-                    item_path_element(sh, item).map_err(|e| format!("{at}: element {i}: {e}"))?;
+                let pe = item_path_element(sh, item)
+                    .map_err(|e| WalkError::new(format!("element {i}: {e}")))?;
                 if rhs.iter().any(|(p, _)| *p == pe) {
-                    return Err(format!("{at}: duplicate entries for key {pe}"));
+                    return Err(WalkError::new(format!("duplicate entries for key {pe}")));
                 }
                 rhs.push((pe, item));
             }
@@ -518,9 +622,10 @@ pub(crate) fn merge(
             let merged = merge_list_order(&lhs, &rhs);
             let mut out = Vec::with_capacity(merged.len());
             for (pe, l, r) in merged {
-                let item_at = format!("{at}[{pe}]");
                 let v = match r {
-                    Some(r) => merge(l, r, items_schema, &item_at)?,
+                    Some(r) => merge(l, r, items_schema).map_err(|e| {
+                        e.under_item(rhs.iter().position(|(p, _)| *p == pe).unwrap_or_default())
+                    })?,
                     None => l.cloned(),
                 };
                 out.extend(v);
@@ -655,5 +760,119 @@ fn remove_children(v: &mut Value, set: &Map<String, Value>, schema: Schema) {
             });
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::machinery::apply::test_schemas::{kind, schemas};
+    use crate::machinery::schema::Schemas;
+
+    fn keyed_list_schemas() -> Schemas {
+        let mut c = BTreeMap::new();
+        c.insert(
+            "T".to_string(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "items": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {"id": {"type": "string"}, "v": {"type": "integer"}}},
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["id"],
+                    },
+                },
+                "x-kubernetes-group-version-kind": [{"group": "g", "version": "v1", "kind": "T"}],
+            }),
+        );
+        Schemas::from_components(c)
+    }
+
+    #[test]
+    fn list_map_items_need_their_keys() {
+        let s = keyed_list_schemas();
+        let t = kind(&s, "g", "T");
+        let err = to_field_set(&json!({"items": [{"id": "a"}, {"v": 1}]}), Some(t), Filter::None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            ".items: element 1: associative list with keys has an element that omits key field \"id\" (and doesn't have default value)"
+        );
+        let err = merge(None, &json!({"items": [{"id": "a"}, {"id": "a"}]}), Some(t)).unwrap_err();
+        assert_eq!(err.to_string(), ".items: duplicate entries for key k:{\"id\":\"a\"}");
+    }
+
+    #[test]
+    fn merge_orders_lists_like_upstream() {
+        let s = keyed_list_schemas();
+        let t = kind(&s, "g", "T");
+        let ids = |v: &Value| -> Vec<String> {
+            v["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let live = json!({"items": [{"id": "a", "v": 1}, {"id": "b"}, {"id": "c"}]});
+        let out =
+            merge(Some(&live), &json!({"items": [{"id": "c"}, {"id": "a", "v": 2}]}), Some(t))
+                .unwrap()
+                .unwrap();
+        assert_eq!(ids(&out), ["b", "c", "a"]);
+        assert_eq!(out["items"][2]["v"], 2);
+        let out = merge(Some(&live), &json!({"items": [{"id": "x"}, {"id": "b"}]}), Some(t))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ids(&out), ["a", "x", "b", "c"]);
+    }
+
+    #[test]
+    fn compare_marks_new_containers_and_scalars() {
+        let s = schemas();
+        let d = kind(&s, "apps", "Deployment");
+        let old = json!({"spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}});
+        let new = json!({"spec": {"replicas": 2, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}},
+            "template": {"spec": {"containers": [{"name": "b", "image": "y"}]}}}});
+        let c = compare(Some(&old), &new, Some(d), Filter::root(None));
+        assert_eq!(
+            c.modified.into_fields_v1(),
+            json!({"f:spec": {"f:replicas": {}, "f:strategy": {"f:type": {}}}})
+        );
+        assert_eq!(
+            c.added.into_fields_v1(),
+            json!({"f:spec": {
+                "f:strategy": {"f:rollingUpdate": {".": {}, "f:maxSurge": {}}},
+                "f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"b\"}": {".": {}, "f:image": {}, "f:name": {}}}}},
+            }})
+        );
+        assert_eq!(
+            c.removed.into_fields_v1(),
+            json!({"f:spec": {"f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"a\"}": {".": {}, "f:image": {}, "f:name": {}}}}}}})
+        );
+    }
+
+    #[test]
+    fn remove_items_drops_members_with_their_subtrees() {
+        let s = schemas();
+        let d = kind(&s, "apps", "Deployment");
+        let mut v = json!({"metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x", "y"]},
+            "spec": {"template": {"spec": {"containers": [{"name": "a"}, {"name": "b", "image": "i"}]}}}});
+        let set = FieldSet::from_fields_v1(json!({
+            "f:metadata": {"f:labels": {"f:a": {}}, "f:finalizers": {"v:\"y\"": {}}},
+            "f:spec": {"f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"a\"}": {".": {}}, "k:{\"name\":\"b\"}": {"f:image": {}}}}}},
+        }))
+        .unwrap();
+        remove_items(&mut v, &set, Some(d));
+        assert_eq!(
+            v,
+            json!({"metadata": {"labels": {"b": "2"}, "finalizers": ["x"]},
+                "spec": {"template": {"spec": {"containers": [{"name": "b"}]}}}})
+        );
     }
 }
