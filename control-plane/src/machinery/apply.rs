@@ -188,8 +188,9 @@ fn is_reset(v: &Value) -> bool {
 ///
 /// Managed fields sent in the request are honoured like upstream (main resource only):
 /// `[]` or `[{}]` clears them, a valid non-empty list replaces the live ones, anything
-/// else keeps the live ones. For the scale subresource pass the parent's `api_version`.
-#[allow(clippy::too_many_arguments)]
+/// else keeps the live ones. An existing object without managed fields (or one whose
+/// request cleared them) is not tracked, as upstream: tracking starts at creation or at
+/// the first server-side apply. For the scale subresource pass the parent's `api_version`.
 pub fn track_update(
     old: Option<&Value>,
     new: &mut Value,
@@ -209,6 +210,12 @@ pub fn track_update(
         },
         _ => live_entries(),
     };
+    if old.is_some() && entries.is_empty() {
+        // Upstream (`probabilisticSkipNonAppliedManager`) tracks objects from their
+        // creation only: an untracked (or reset) object stays untracked until an apply.
+        write_managed_fields(new, entries);
+        return;
+    }
     let cmp = typed::compare(old, new, Some(schema), Filter::root(subresource));
     let mut taken = cmp.modified;
     taken.union(&cmp.added);
@@ -752,6 +759,12 @@ mod tests {
         let es = entries(&replaced);
         assert_eq!(es.len(), 1);
         assert_eq!(es[0].manager, "someone");
+
+        // An object without managed fields stays untracked on update.
+        let mut untracked = reset.clone();
+        untracked["spec"]["replicas"] = json!(9);
+        track_update(Some(&reset), &mut untracked, "kubectl", None, "apps/v1", deploy(&s), T3);
+        assert!(untracked["metadata"].get("managedFields").is_none(), "{untracked}");
 
         // Garbage in the request keeps the live entries.
         let mut garbage = live.clone();
