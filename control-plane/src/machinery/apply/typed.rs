@@ -129,6 +129,19 @@ fn list_map_keys<'a>(s: &FieldSchema<'a>) -> Vec<&'a str> {
     keys
 }
 
+/// The default of a list-map key field: the schema's `default`, else upstream's `TCP` for
+/// the `protocol` keys of ports (which upstream's OpenAPI declares as the default).
+fn key_default(item_schema: Schema, name: &str) -> Option<Value> {
+    let declared = item_schema
+        .and_then(|i| i.property(name))
+        .and_then(|p| p.raw().get("default").or_else(|| p.resolved().get("default")));
+    match declared {
+        Some(d) => Some(d.clone()),
+        None if name == "protocol" => Some(Value::String("TCP".into())),
+        None => None,
+    }
+}
+
 /// The path element of a list item (`k:{...}` or `v:...`), or why there is none.
 fn item_path_element(list: Shape, item: &Value) -> Result<String, String> {
     match list {
@@ -141,10 +154,8 @@ fn item_path_element(list: Shape, item: &Value) -> Result<String, String> {
             for name in list_map_keys(&s) {
                 let value = match fields.get(name) {
                     Some(v) if !v.is_null() => v.clone(),
-                    _ => match item_schema.and_then(|i| i.property(name)).and_then(|p| {
-                        p.raw().get("default").or_else(|| p.resolved().get("default"))
-                    }) {
-                        Some(d) => d.clone(),
+                    _ => match key_default(item_schema, name) {
+                        Some(d) => d,
                         None => {
                             return Err(format!(
                                 "associative list with keys has an element that omits key field {name:?} (and doesn't have default value)"
