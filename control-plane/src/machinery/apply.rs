@@ -375,7 +375,6 @@ impl ApplyError {
 /// (then ownership moves). Like upstream, `kubectl`'s applies may take over fields whose
 /// live values still match the client-side apply annotation, and keep that annotation in
 /// step with the applied configuration.
-#[allow(clippy::too_many_arguments)]
 pub fn server_side_apply(
     live: Option<&Value>,
     applied: &Value,
