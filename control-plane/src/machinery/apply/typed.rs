@@ -108,6 +108,10 @@ fn shape<'a>(schema: Schema<'a>, v: &Value) -> Shape<'a> {
     }
 }
 
+fn is_scalar(v: &Value) -> bool {
+    !matches!(v, Value::Object(_) | Value::Array(_))
+}
+
 fn is_empty_container(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) => true,
@@ -253,6 +257,10 @@ fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node) -> Resu
                 if filter.skips(k) {
                     continue;
                 }
+                if is_scalar(cv) {
+                    node.children.insert(field_key(k), Value::Object(Map::new()));
+                    continue;
+                }
                 let (cs, declared) = match sh {
                     Shape::Struct(s) => child_schema(&s, k),
                     Shape::Map(vs) => (vs, false),
@@ -261,10 +269,8 @@ fn fields_of(v: &Value, schema: Schema, filter: Filter, node: &mut Node) -> Resu
                 let mut child = Node::default();
                 fields_of(cv, cs, filter.child(k), &mut child).map_err(|e| e.under_field(k))?;
                 let leaf = matches!(shape(cs, cv), Shape::Leaf);
-                child.member |= leaf
-                    || !declared
-                    || cv.is_null()
-                    || (cv.is_object() && is_empty_container(Some(cv)));
+                child.member |=
+                    leaf || !declared || (cv.is_object() && is_empty_container(Some(cv)));
                 node.insert_child(field_key(k), child);
             }
         }
@@ -356,6 +362,9 @@ fn diff_node(
         d.added = added_node(r, schema, filter, zero);
         return;
     }
+    if l == r {
+        return;
+    }
     let probe = r.or(l).unwrap_or(&Value::Null);
     let sh = shape(schema, probe);
     let same_kind = match (l, r) {
@@ -401,7 +410,13 @@ fn diff_children(
             let lm = l.and_then(Value::as_object).unwrap_or(&empty);
             let rm = r.and_then(Value::as_object).unwrap_or(&empty);
             let mut visit = |k: &String, lc: Option<&Value>, rc: Option<&Value>| {
-                if filter.skips(k) {
+                if filter.skips(k) || lc == rc {
+                    return;
+                }
+                if lc.is_none_or(is_scalar) && rc.is_none_or(is_scalar) {
+                    let mut cd = Diff::default();
+                    diff_leaf(lc, rc, &mut cd);
+                    insert_diff(d, field_key(k), cd);
                     return;
                 }
                 let (cs, zero) = match sh {
@@ -511,6 +526,11 @@ fn added_node(v: &Value, schema: Schema, filter: Filter, zero: bool) -> Node {
         (Shape::Struct(_) | Shape::Map(_), Value::Object(m)) => {
             for (k, cv) in m {
                 if filter.skips(k) {
+                    continue;
+                }
+                if is_scalar(cv) {
+                    // Leaves need no schema: skip resolving it.
+                    node.children.insert(field_key(k), Value::Object(Map::new()));
                     continue;
                 }
                 let (cs, czero) = match sh {
