@@ -984,6 +984,41 @@ mod tests {
     }
 
     #[test]
+    fn owner_references_merge_by_uid() {
+        let mut d = deployment();
+        d["metadata"]["ownerReferences"] = json!([
+            {"apiVersion": "v1", "kind": "X", "name": "a", "uid": "u1"},
+            {"apiVersion": "v1", "kind": "X", "name": "b", "uid": "u2"},
+        ]);
+        let out = patch(
+            &d,
+            json!({"metadata": {"ownerReferences": [
+                {"uid": "u2", "controller": true},
+                {"$patch": "delete", "uid": "u1"},
+                {"apiVersion": "v1", "kind": "Y", "name": "c", "uid": "u3"},
+            ]}}),
+        )
+        .expect("patch applies");
+        assert_eq!(
+            out["metadata"]["ownerReferences"],
+            json!([
+                {"apiVersion": "v1", "kind": "X", "name": "b", "uid": "u2", "controller": true},
+                {"apiVersion": "v1", "kind": "Y", "name": "c", "uid": "u3"},
+            ])
+        );
+    }
+
+    #[test]
+    fn top_level_replace_directive_replaces_object() {
+        let out = patch(
+            &deployment(),
+            json!({"$patch": "replace", "kind": "Deployment", "spec": {"replicas": 1}}),
+        )
+        .expect("patch applies");
+        assert_eq!(out, json!({"kind": "Deployment", "spec": {"replicas": 1}}));
+    }
+
+    #[test]
     fn top_level_delete_directive_empties_object() {
         let out = patch(&deployment(), json!({"$patch": "delete"})).expect("patch applies");
         assert_eq!(out, json!({}));
