@@ -365,6 +365,22 @@ impl ApplyError {
     }
 }
 
+/// What one server-side apply request asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyOptions<'a> {
+    /// The `fieldManager` query parameter (required for apply).
+    pub manager: &'a str,
+    /// The `force` query parameter.
+    pub force: bool,
+    /// The group-version of the resource; the configuration must name it.
+    pub api_version: &'a str,
+    /// `Some("status")` for an apply to the status subresource (the entry records it and
+    /// only status fields are tracked); `None` for the main resource.
+    pub subresource: Option<&'a str>,
+    /// RFC 3339 time stamped on the manager's entry.
+    pub now: &'a str,
+}
+
 /// Server-side apply of `applied` (the request body, as JSON) by `manager` to `live`
 /// (`None`: the object is created). Returns the new object with its managed fields.
 ///
@@ -375,6 +391,9 @@ impl ApplyError {
 /// (then ownership moves). Like upstream, `kubectl`'s applies may take over fields whose
 /// live values still match the client-side apply annotation, and keep that annotation in
 /// step with the applied configuration.
+///
+/// Status in a main-resource apply (and spec in a status apply) is merged here like any
+/// field; resetting it is the resource strategy's job, as upstream.
 pub fn server_side_apply(
     live: Option<&Value>,
     applied: &Value,
@@ -384,10 +403,22 @@ pub fn server_side_apply(
     schema: FieldSchema,
     now: &str,
 ) -> Result<Value, ApplyError> {
+    let options = ApplyOptions { manager, force, api_version, subresource: None, now };
+    server_side_apply_with(live, applied, &options, schema)
+}
+
+/// [`server_side_apply`] with every option, including the subresource.
+pub fn server_side_apply_with(
+    live: Option<&Value>,
+    applied: &Value,
+    options: &ApplyOptions,
+    schema: FieldSchema,
+) -> Result<Value, ApplyError> {
     let Value::Object(config) = applied else { return Err(ApplyError::NotAnObject) };
     if managed_fields_of(applied).is_some() {
         return Err(ApplyError::ManagedFieldsInConfig);
     }
+    let api_version = options.api_version;
     let specified = config.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
     if specified != api_version {
         return Err(ApplyError::VersionMismatch {
@@ -395,9 +426,10 @@ pub fn server_side_apply(
             expected: api_version.to_string(),
         });
     }
-    let result = apply_once(live, applied, manager, force, api_version, schema, now);
+    let kubectl = options.manager == KUBECTL_SSA_MANAGER && options.subresource.is_none();
+    let result = apply_once(live, applied, options, schema);
     let result = match result {
-        Err(ApplyError::Conflicts(conflicts)) if manager == KUBECTL_SSA_MANAGER && !force => {
+        Err(ApplyError::Conflicts(conflicts)) if kubectl && !options.force => {
             let remaining = match live.map(|l| allowed_by_last_applied(l, api_version, schema)) {
                 Some(Some(allowed)) => {
                     conflicts.into_iter().filter(|c| !allowed.contains(&c.field_path)).collect()
@@ -405,7 +437,7 @@ pub fn server_side_apply(
                 _ => conflicts,
             };
             if remaining.is_empty() {
-                apply_once(live, applied, manager, true, api_version, schema, now)
+                apply_once(live, applied, &ApplyOptions { force: true, ..*options }, schema)
             } else {
                 Err(ApplyError::Conflicts(remaining))
             }
@@ -413,7 +445,7 @@ pub fn server_side_apply(
         other => other,
     };
     let mut merged = result?;
-    if manager == KUBECTL_SSA_MANAGER {
+    if kubectl {
         sync_last_applied(&mut merged, applied);
     }
     Ok(merged)
@@ -422,13 +454,11 @@ pub fn server_side_apply(
 fn apply_once(
     live: Option<&Value>,
     applied: &Value,
-    manager: &str,
-    force: bool,
-    api_version: &str,
+    options: &ApplyOptions,
     schema: FieldSchema,
-    now: &str,
 ) -> Result<Value, ApplyError> {
-    let filter = Filter::root(None);
+    let ApplyOptions { manager, force, api_version, subresource, now } = *options;
+    let filter = Filter::root(subresource);
     let mut entries =
         live.and_then(managed_fields_of).and_then(decode_managed_fields).unwrap_or_default();
     if let Some(live) = live
@@ -458,7 +488,7 @@ fn apply_once(
         operation: Operation::Apply,
         api_version: api_version.to_string(),
         time: Some(now.to_string()),
-        subresource: None,
+        subresource: subresource.map(str::to_string),
         fields: applied_set,
     };
     let (last, last_time) = match entries.iter().position(|e| e.same_identity(&me)) {
@@ -489,7 +519,7 @@ fn apply_once(
     changed.union(&cmp.added);
     let mut conflicts = Vec::new();
     for e in entries.iter_mut() {
-        if e.manager == manager && e.operation == Operation::Apply && e.subresource.is_none() {
+        if e.is(manager, Operation::Apply, api_version, subresource) {
             continue;
         }
         let clash = e.fields.intersection(&changed);
@@ -519,9 +549,8 @@ fn apply_once(
     // object), so that re-applying the same configuration writes nothing new.
     if let Some(time) = last_time
         && live == Some(&merged)
-        && let Some(e) = entries.iter_mut().find(|e| {
-            e.manager == manager && e.operation == Operation::Apply && e.subresource.is_none()
-        })
+        && let Some(e) =
+            entries.iter_mut().find(|e| e.is(manager, Operation::Apply, api_version, subresource))
     {
         e.time = Some(time);
     }
@@ -1200,6 +1229,49 @@ mod tests {
         let both = server_side_apply(Some(&created), &b, "other", false, "v1", svc, T2)
             .expect("second applier");
         assert_eq!(both["metadata"]["finalizers"], json!(["x", "y"]));
+    }
+
+    #[test]
+    fn status_subresource_apply_tracks_status_only() {
+        let s = schemas();
+        let live = server_side_apply(
+            None,
+            &config(2, json!([nginx("x")])),
+            "kubectl",
+            false,
+            "apps/v1",
+            deploy(&s),
+            T1,
+        )
+        .expect("create");
+        let status = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"replicas": 9}, "status": {"replicas": 2, "readyReplicas": 1}});
+        let options = ApplyOptions {
+            manager: "deployment-controller",
+            force: false,
+            api_version: "apps/v1",
+            subresource: Some("status"),
+            now: T2,
+        };
+        let out = server_side_apply_with(Some(&live), &status, &options, deploy(&s))
+            .expect("status apply");
+        assert_eq!(out["status"], json!({"replicas": 2, "readyReplicas": 1}));
+        let es = entries(&out);
+        let ctrl = entry(&es, "deployment-controller", Operation::Apply);
+        assert_eq!(ctrl.subresource.as_deref(), Some("status"));
+        assert_eq!(
+            ctrl.fields.clone().into_fields_v1(),
+            json!({"f:status": {"f:readyReplicas": {}, "f:replicas": {}}})
+        );
+        // The main-resource applier still owns replicas: spec is not tracked for status.
+        assert!(entry(&es, "kubectl", Operation::Apply).fields.has(&["f:spec", "f:replicas"]));
+
+        // Re-applying without readyReplicas prunes it.
+        let mut less = status.clone();
+        less["status"] = json!({"replicas": 2});
+        let out =
+            server_side_apply_with(Some(&out), &less, &options, deploy(&s)).expect("status apply");
+        assert_eq!(out["status"], json!({"replicas": 2}));
     }
 
     #[test]
