@@ -424,6 +424,16 @@ fn validate_fields(
     Ok(())
 }
 
+/// The schema of a kind's objects (an empty schema for kinds without one).
+fn kind_schema(rt: &ResourceType) -> schema::FieldSchema<'static> {
+    static EMPTY: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
+    let schemas = schema::Schemas::builtin();
+    match schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) {
+        Some(root) => schemas.field(root),
+        None => schemas.field(&EMPTY),
+    }
+}
+
 fn normalize(rt: &ResourceType, obj: Value) -> ApiResult<Value> {
     (rt.normalize)(obj).map_err(|e| {
         ApiError::bad_request(format!(
@@ -524,11 +534,12 @@ pub async fn create(
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
     let manager = manager(query, headers)?;
-    let obj = create_object(server, rt, ns, obj, &manager, query.dry_run()?).await?;
+    let obj = create_object(server, rt, ns, obj, &manager, query.dry_run()?, true).await?;
     Ok((obj, StatusCode::CREATED, warnings))
 }
 
-/// The create path after decoding, shared by POST and apply-creates.
+/// The create path after decoding, shared by POST and apply-creates (which computed their
+/// managed fields already: `track` false).
 async fn create_object(
     server: &ApiServer,
     rt: &ResourceType,
@@ -536,6 +547,7 @@ async fn create_object(
     mut obj: Value,
     manager: &str,
     dry_run: bool,
+    track: bool,
 ) -> ApiResult<Value> {
     // Namespace of the object must agree with the URL.
     match (ns, meta_str(&obj, "namespace").map(str::to_string)) {
@@ -568,7 +580,9 @@ async fn create_object(
         meta.insert("creationTimestamp".into(), json!(ts));
         meta.remove("deletionTimestamp");
         meta.remove("deletionGracePeriodSeconds");
-        meta.remove("managedFields");
+        if track {
+            meta.remove("managedFields");
+        }
         if rt.tracks_generation {
             meta.insert("generation".into(), json!(1));
         } else {
@@ -608,7 +622,9 @@ async fn create_object(
         } else {
             None
         };
-        apply::track_update(None, &mut candidate, manager, None, &rt.desc.api_version(), &ts);
+        if track {
+            apply::track_update(None, &mut candidate, manager, None, &rt.desc.api_version(), kind_schema(rt), &ts);
+        }
         if dry_run {
             if let Some(r) = &reservation {
                 server.alloc.release(r);
@@ -675,6 +691,7 @@ async fn update(
         name,
         sub,
         &manager,
+        true,
         query.dry_run()?,
         precondition,
         |_| Ok(new.clone()),
@@ -693,6 +710,7 @@ async fn guaranteed_update(
     name: &str,
     sub: Option<&str>,
     manager: &str,
+    track: bool,
     dry_run: bool,
     precondition: Option<String>,
     transform: impl Fn(&Value) -> ApiResult<Value>,
@@ -709,7 +727,7 @@ async fn guaranteed_update(
             ));
         }
         let desired = transform(&current)?;
-        let change = prepare_update(server, rt, name, sub, manager, desired, &current)?;
+        let change = prepare_update(server, rt, name, sub, manager, track, desired, &current)?;
         let key = rt.key(ns, name);
         match change {
             None => return Ok(current),
@@ -775,6 +793,7 @@ fn prepare_update(
     name: &str,
     sub: Option<&str>,
     manager: &str,
+    track: bool,
     mut new: Value,
     old: &Value,
 ) -> ApiResult<Option<(Change, Option<super::alloc::Reservation>)>> {
@@ -871,7 +890,9 @@ fn prepare_update(
         return Ok(Some((Change::Remove, None)));
     }
     let ts = now();
-    apply::track_update(Some(old), &mut new, manager, sub, &rt.desc.api_version(), &ts);
+    if track {
+        apply::track_update(Some(old), &mut new, manager, sub, &rt.desc.api_version(), kind_schema(rt), &ts);
+    }
     if same_object(&new, old) {
         release(&reservation);
         return Ok(None);
@@ -916,8 +937,6 @@ async fn patch(
     let validation = query.field_validation()?;
     let dry_run = query.dry_run()?;
     let mut warnings = Vec::new();
-    let schemas = schema::Schemas::builtin();
-    let root = schemas.for_kind(rt.group(), rt.desc.version, rt.kind());
 
     if body_type == BodyType::ApplyPatch {
         let manager = query.get("fieldManager").ok_or_else(|| {
@@ -933,55 +952,32 @@ async fn patch(
             return Err(ApiError::bad_request("metadata.managedFields must be nil"));
         }
         let api_version = rt.desc.api_version();
-        let empty = Value::Object(Map::new());
-        let field = match root {
-            Some(r) => schemas.field(r),
-            None => schemas.field(&empty),
-        };
         let ts = now();
         let apply_to = |live: Option<&Value>| -> ApiResult<Value> {
-            let merged =
-                apply::server_side_apply(live, &applied, manager, force, &api_version, field, &ts)
-                    .map_err(|e| apply_error(rt, name, &api_version, e))?;
+            let merged = apply::server_side_apply(
+                live,
+                &applied,
+                manager,
+                force,
+                &api_version,
+                kind_schema(rt),
+                &ts,
+            )
+            .map_err(|e| apply_error(rt, name, e))?;
             normalize(rt, merged)
         };
-        // Apply creates the object when it does not exist.
+        // Apply creates the object when it does not exist (its Apply entry is computed).
         if server.store.get(&rt.key(ns, name)).await?.is_none() {
             let mut obj = apply_to(None)?;
             if meta_str(&obj, "name").is_none() {
                 meta_mut(&mut obj).insert("name".into(), json!(name));
             }
-            let managed = obj.pointer("/metadata/managedFields").cloned();
-            let mut created = create_object(server, rt, ns, obj, manager, dry_run).await?;
-            // Keep the Apply ownership computed above rather than the create's Update entry.
-            if let Some(mf) = managed {
-                let ts = now();
-                let mut with_apply = created.clone();
-                meta_mut(&mut with_apply).insert("managedFields".into(), mf);
-                if let Some(entries) =
-                    with_apply.pointer_mut("/metadata/managedFields").and_then(Value::as_array_mut)
-                {
-                    for e in entries.iter_mut() {
-                        e["time"] = json!(ts);
-                    }
-                }
-                if !dry_run {
-                    let rev: Revision = meta_str(&created, "resourceVersion")
-                        .and_then(|r| r.parse().ok())
-                        .unwrap_or(0);
-                    if let Ok(kv) =
-                        server.store.update(&rt.key(ns, name), encode(&with_apply)?, rev).await
-                    {
-                        set_resource_version(&mut with_apply, kv.mod_revision);
-                        created = with_apply;
-                    }
-                }
-            }
+            let created = create_object(server, rt, ns, obj, manager, dry_run, false).await?;
             return Ok((created, StatusCode::CREATED, warnings));
         }
         let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
         let obj =
-            guaranteed_update(server, rt, ns, name, sub, manager, dry_run, precondition, |live| {
+            guaranteed_update(server, rt, ns, name, sub, manager, false, dry_run, precondition, |live| {
                 let mut merged = apply_to(Some(live))?;
                 // The apply computed managedFields; keep them through the update's tracking.
                 if merged.pointer("/metadata/managedFields").is_none() {
@@ -1013,7 +1009,7 @@ async fn patch(
             .map(str::to_string),
     };
     let obj =
-        guaranteed_update(server, rt, ns, name, sub, &manager, dry_run, precondition, |current| {
+        guaranteed_update(server, rt, ns, name, sub, &manager, true, dry_run, precondition, |current| {
             let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
             let mut w = Vec::new();
             validate_fields(rt, &patched, validation, &mut w)?;
@@ -1055,56 +1051,34 @@ fn apply_patch_body(
             Ok(doc)
         }
         BodyType::StrategicMergePatch => {
-            let schemas = schema::Schemas::builtin();
-            let empty = Value::Object(Map::new());
-            let field = match schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) {
-                Some(r) => schemas.field(r),
-                None => schemas.field(&empty),
-            };
-            strategic::apply_patch(current, patch, field).map_err(|e| {
-                ApiError::invalid(
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                    vec![],
-                )
+            strategic::apply_patch(current, patch, kind_schema(rt)).map_err(|e| {
+                let message = format!("the server rejected our request due to an error in our request: {e}");
+                if e.is_bad_request() { ApiError::bad_request(message) } else { ApiError::invalid(message, vec![]) }
             })
         }
         _ => Err(ApiError::unsupported_media_type("not a patch content type")),
     }
 }
 
-fn apply_error(rt: &ResourceType, name: &str, api_version: &str, e: apply::ApplyError) -> ApiError {
-    match e {
-        apply::ApplyError::Conflicts(conflicts) => {
-            let n = conflicts.len();
-            let lines: Vec<String> = conflicts
-                .iter()
-                .map(|c| {
-                    format!("conflict with \"{}\" using {api_version}: {}", c.manager, c.field_path)
-                })
-                .collect();
-            let message = if n == 1 {
-                format!("Apply failed with 1 conflict: {}", lines[0])
-            } else {
-                format!("Apply failed with {n} conflicts: {}", lines.join("\n"))
-            };
-            let mut err = ApiError::new(StatusCode::CONFLICT, "Conflict", message).with_details(
-                rt.group(),
-                rt.plural(),
-                name,
-            );
-            err.causes = conflicts
-                .iter()
-                .zip(&lines)
-                .map(|(c, line)| Cause {
-                    reason: "FieldManagerConflict".into(),
-                    message: line.clone(),
-                    field: c.field_path.clone(),
-                })
-                .collect();
-            err
-        }
-        other => ApiError::invalid(other.to_string(), vec![]),
+fn apply_error(rt: &ResourceType, name: &str, e: apply::ApplyError) -> ApiError {
+    let code = StatusCode::from_u16(e.status_code()).unwrap_or(StatusCode::CONFLICT);
+    let mut err = match code {
+        StatusCode::CONFLICT => ApiError::new(code, "Conflict", e.to_string()),
+        StatusCode::BAD_REQUEST => ApiError::bad_request(e.to_string()),
+        _ => ApiError::invalid(e.to_string(), vec![]),
     }
+    .with_details(rt.group(), rt.plural(), name);
+    if let apply::ApplyError::Conflicts(conflicts) = &e {
+        err.causes = conflicts
+            .iter()
+            .map(|c| Cause {
+                reason: "FieldManagerConflict".into(),
+                message: c.cause_message(),
+                field: c.field_path.clone(),
+            })
+            .collect();
+    }
+    err
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1395,7 +1369,7 @@ async fn scale(
         Verb::Patch => Some(negotiate::decode_json(body)?),
         _ => None,
     };
-    let obj = guaranteed_update(server, rt, ns, name, None, &manager, dry_run, precondition.filter(|s| !s.is_empty()), |current| {
+    let obj = guaranteed_update(server, rt, ns, name, None, &manager, true, dry_run, precondition.filter(|s| !s.is_empty()), |current| {
         let current_scale = to_scale(current);
         let new_scale = match (&scale_body, &patch_value) {
             (Some(b), _) => b.clone(),
@@ -1454,7 +1428,7 @@ async fn bind(
     let manager = manager(query, headers)?;
     let dry_run = query.dry_run()?;
     let node_c = node.clone();
-    guaranteed_update(server, rt, ns, name, Some("binding"), &manager, dry_run, None, move |current| {
+    guaranteed_update(server, rt, ns, name, Some("binding"), &manager, true, dry_run, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {
             return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
         }
