@@ -89,7 +89,7 @@ fn walkthrough(minor: u32) {
     assert!(out.contains("serverside-applied"), "{out}");
     let out = k.ok_stdin(&["apply", "--server-side", "-f", "-"], Some(&ssa));
     assert!(out.contains("serverside-applied"), "{out}");
-    let d = json(&k, &["get", "deployment", "ssa"]);
+    let d = json(&k, &["get", "deployment", "ssa", "--show-managed-fields"]);
     let managers: Vec<&str> = d["metadata"]["managedFields"]
         .as_array()
         .expect("managedFields")

@@ -126,7 +126,7 @@ impl Allocators {
             }
         }
         if matches!(svc_type.as_str(), "NodePort" | "LoadBalancer")
-            && let Err(e) = self.allocate_node_ports(svc, &mut res)
+            && let Err(e) = self.allocate_node_ports(svc, &mut res, &[])
         {
             self.release(&res);
             return Err(e);
@@ -183,7 +183,7 @@ impl Allocators {
                 }
             }
             drop(taken);
-            if let Err(e) = self.allocate_node_ports(svc, &mut res) {
+            if let Err(e) = self.allocate_node_ports(svc, &mut res, &old_ports) {
                 self.release(&res);
                 return Err(e);
             }
@@ -232,7 +232,14 @@ impl Allocators {
         )))
     }
 
-    fn allocate_node_ports(&self, svc: &mut Value, res: &mut Reservation) -> ApiResult<()> {
+    /// Allocate ports for the Service's ports without one; check explicit ones. `owned` are
+    /// ports the Service already holds (an update keeping them).
+    fn allocate_node_ports(
+        &self,
+        svc: &mut Value,
+        res: &mut Reservation,
+        owned: &[u16],
+    ) -> ApiResult<()> {
         let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) else {
             return Ok(());
         };
@@ -255,7 +262,7 @@ impl Allocators {
                 }
                 port => {
                     let port = port as u16;
-                    if res.ports.contains(&port) {
+                    if res.ports.contains(&port) || owned.contains(&port) {
                         continue;
                     }
                     if port < self.node_ports.0 || port > self.node_ports.1 {
@@ -395,6 +402,10 @@ mod tests {
         let mut same_port =
             json!({"spec": {"type": "NodePort", "ports": [{"port": 81, "nodePort": np}]}});
         assert_eq!(fresh.allocate(&mut same_port).unwrap_err().code, 422);
+        // An update that keeps the Service's ports and IP is no conflict.
+        let mut again = s1.clone();
+        fresh.allocate_update(&mut again, &s1).unwrap();
+        assert_eq!(again["spec"]["ports"][0]["nodePort"], s1["spec"]["ports"][0]["nodePort"]);
         fresh.release_service(&s1, None);
         assert!(!fresh.ip_in_use(ip));
     }

@@ -623,7 +623,15 @@ async fn create_object(
             None
         };
         if track {
-            apply::track_update(None, &mut candidate, manager, None, &rt.desc.api_version(), kind_schema(rt), &ts);
+            apply::track_update(
+                None,
+                &mut candidate,
+                manager,
+                None,
+                &rt.desc.api_version(),
+                kind_schema(rt),
+                &ts,
+            );
         }
         if dry_run {
             if let Some(r) = &reservation {
@@ -891,7 +899,15 @@ fn prepare_update(
     }
     let ts = now();
     if track {
-        apply::track_update(Some(old), &mut new, manager, sub, &rt.desc.api_version(), kind_schema(rt), &ts);
+        apply::track_update(
+            Some(old),
+            &mut new,
+            manager,
+            sub,
+            &rt.desc.api_version(),
+            kind_schema(rt),
+            &ts,
+        );
     }
     if same_object(&new, old) {
         release(&reservation);
@@ -976,16 +992,26 @@ async fn patch(
             return Ok((created, StatusCode::CREATED, warnings));
         }
         let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
-        let obj =
-            guaranteed_update(server, rt, ns, name, sub, manager, false, dry_run, precondition, |live| {
+        let obj = guaranteed_update(
+            server,
+            rt,
+            ns,
+            name,
+            sub,
+            manager,
+            false,
+            dry_run,
+            precondition,
+            |live| {
                 let mut merged = apply_to(Some(live))?;
                 // The apply computed managedFields; keep them through the update's tracking.
                 if merged.pointer("/metadata/managedFields").is_none() {
                     meta_mut(&mut merged).remove("managedFields");
                 }
                 Ok(merged)
-            })
-            .await;
+            },
+        )
+        .await;
         return obj.map(|o| (o, StatusCode::OK, warnings));
     }
 
@@ -1008,16 +1034,26 @@ async fn patch(
             .and_then(Value::as_str)
             .map(str::to_string),
     };
-    let obj =
-        guaranteed_update(server, rt, ns, name, sub, &manager, true, dry_run, precondition, |current| {
+    let obj = guaranteed_update(
+        server,
+        rt,
+        ns,
+        name,
+        sub,
+        &manager,
+        true,
+        dry_run,
+        precondition,
+        |current| {
             let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
             let mut w = Vec::new();
             validate_fields(rt, &patched, validation, &mut w)?;
             let mut obj = normalize(rt, patched)?;
             check_type_meta(rt, &mut obj)?;
             Ok(obj)
-        })
-        .await?;
+        },
+    )
+    .await?;
     Ok((obj, StatusCode::OK, warnings))
 }
 
@@ -1050,12 +1086,16 @@ fn apply_patch_body(
             json_patch::merge(&mut doc, patch);
             Ok(doc)
         }
-        BodyType::StrategicMergePatch => {
-            strategic::apply_patch(current, patch, kind_schema(rt)).map_err(|e| {
-                let message = format!("the server rejected our request due to an error in our request: {e}");
-                if e.is_bad_request() { ApiError::bad_request(message) } else { ApiError::invalid(message, vec![]) }
-            })
-        }
+        BodyType::StrategicMergePatch => strategic::apply_patch(current, patch, kind_schema(rt))
+            .map_err(|e| {
+                let message =
+                    format!("the server rejected our request due to an error in our request: {e}");
+                if e.is_bad_request() {
+                    ApiError::bad_request(message)
+                } else {
+                    ApiError::invalid(message, vec![])
+                }
+            }),
         _ => Err(ApiError::unsupported_media_type("not a patch content type")),
     }
 }

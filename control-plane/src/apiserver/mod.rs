@@ -285,7 +285,11 @@ fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
         .map(|m| m.split(';').next().unwrap_or("").trim())
         .any(|m| V2_PROTOBUF_ACCEPT.contains(&m));
     let mut resp = if wants_proto {
-        bytes_response(StatusCode::OK, V2_PROTOBUF_CONTENT_TYPE, server.openapi.v2_protobuf().clone())
+        bytes_response(
+            StatusCode::OK,
+            V2_PROTOBUF_CONTENT_TYPE,
+            server.openapi.v2_protobuf().clone(),
+        )
     } else {
         bytes_response(StatusCode::OK, "application/json", server.openapi.v2_json().clone())
     };
