@@ -145,8 +145,9 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             let spec = n.spec.clone().unwrap_or_default();
             let sp = Path::root("spec");
             nonnegative(&mut errs, spec.replicas.map(i64::from), &sp.child("replicas"));
-            validate_selector(Some(&spec.selector), "deployment", &sp.child("selector"), &mut errs);
-            errs.extend(template_for_replica_set(&spec.template, &spec.selector, &sp.child("template"), "ReplicaSet"));
+            let sel = selector_if_present(new, &spec.selector);
+            validate_selector(sel, "deployment", &sp.child("selector"), &mut errs);
+            errs.extend(template_for_replica_set(&spec.template, sel, &sp.child("template"), "ReplicaSet"));
             validate_deployment_strategy(spec.strategy.as_ref(), &sp.child("strategy"), &mut errs);
             let mrs = spec.min_ready_seconds.unwrap_or(0);
             nonnegative(&mut errs, Some(i64::from(mrs)), &sp.child("minReadySeconds"));
@@ -177,9 +178,11 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             let sp = Path::root("spec");
             nonnegative(&mut errs, spec.replicas.map(i64::from), &sp.child("replicas"));
             nonnegative(&mut errs, spec.min_ready_seconds.map(i64::from), &sp.child("minReadySeconds"));
-            validate_selector(Some(&spec.selector), "deployment", &sp.child("selector"), &mut errs);
-            if let Some(t) = &spec.template {
-                errs.extend(template_for_replica_set(t, &spec.selector, &sp.child("template"), "ReplicaSet"));
+            let sel = selector_if_present(new, &spec.selector);
+            validate_selector(sel, "deployment", &sp.child("selector"), &mut errs);
+            match &spec.template {
+                Some(t) => errs.extend(template_for_replica_set(t, sel, &sp.child("template"), "ReplicaSet")),
+                None => errs.push(FieldError::required(&sp.child("template"), "")),
             }
             if let Some(o) = o {
                 let old_sel = o.spec.as_ref().map(|s| &s.selector);
@@ -198,7 +201,8 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             errs.extend(meta::validate_label_selector(&spec.selector, &sp.child("selector")));
             let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
             let empty_labels = Default::default();
-            if !meta::selector_matches(&spec.selector, tlabels.unwrap_or(&empty_labels)) {
+            let sel = selector_if_present(new, &spec.selector);
+            if !sel.is_some_and(|s| meta::selector_matches(s, tlabels.unwrap_or(&empty_labels))) {
                 errs.push(FieldError::invalid(
                     &sp.child("template").child("metadata").child("labels"),
                     go_string_map(tlabels),
@@ -238,7 +242,7 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
                 return errs;
             }
             let spec = n.spec.clone().unwrap_or_default();
-            validate_sts_spec(&spec, &mut errs);
+            validate_sts_spec(&spec, selector_if_present(new, &spec.selector), &mut errs);
             if let Some(old_spec) = o.and_then(|o| o.spec.as_ref()) {
                 let mut clone = spec.clone();
                 clone.replicas = old_spec.replicas;
@@ -281,6 +285,14 @@ fn run<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// The typed selector when the JSON carries one (k8s-openapi defaults a missing one).
+fn selector_if_present<'a>(obj: &Value, sel: &'a LabelSelector) -> Option<&'a LabelSelector> {
+    obj.get("spec")
+        .and_then(|s| s.get("selector"))
+        .is_some_and(|s| !s.is_null())
+        .then_some(sel)
+}
+
 /// Selector required, valid and non-empty (`empty selector is invalid for <what>`).
 fn validate_selector(sel: Option<&LabelSelector>, what: &str, path: &Path, errs: &mut ErrorList) {
     match sel {
@@ -313,14 +325,18 @@ fn selector_immutable(new: &LabelSelector, old: Option<&LabelSelector>, errs: &m
 /// `ValidatePodTemplateSpecForReplicaSet`.
 fn template_for_replica_set(
     t: &PodTemplateSpec,
-    sel: &LabelSelector,
+    sel: Option<&LabelSelector>,
     path: &Path,
     what: &str,
 ) -> ErrorList {
     let mut errs = ErrorList::new();
     let labels = t.metadata.as_ref().and_then(|m| m.labels.as_ref());
     let empty = Default::default();
-    if !meta::selector_is_empty(sel) && !meta::selector_matches(sel, labels.unwrap_or(&empty)) {
+    // A missing selector selects nothing (upstream `labels.Nothing()`), an empty one all.
+    let matches = sel.is_some_and(|s| {
+        meta::selector_is_empty(s) || meta::selector_matches(s, labels.unwrap_or(&empty))
+    });
+    if !matches {
         errs.push(FieldError::invalid(
             &path.child("metadata").child("labels"),
             go_string_map(labels),
@@ -477,7 +493,11 @@ fn validate_ds_strategy(s: Option<&DaemonSetUpdateStrategy>, path: &Path, errs: 
     }
 }
 
-fn validate_sts_spec(spec: &k8s_openapi::api::apps::v1::StatefulSetSpec, errs: &mut ErrorList) {
+fn validate_sts_spec(
+    spec: &k8s_openapi::api::apps::v1::StatefulSetSpec,
+    sel: Option<&LabelSelector>,
+    errs: &mut ErrorList,
+) {
     let sp = Path::root("spec");
     match spec.pod_management_policy.as_deref().unwrap_or_default() {
         "" => errs.push(FieldError::required(&sp.child("podManagementPolicy"), "")),
@@ -530,14 +550,15 @@ fn validate_sts_spec(spec: &k8s_openapi::api::apps::v1::StatefulSetSpec, errs: &
     if let Some(o) = &spec.ordinals {
         nonnegative(errs, o.start.map(i64::from), &sp.child("ordinals").child("start"));
     }
-    validate_selector(Some(&spec.selector), "statefulset", &sp.child("selector"), errs);
+    validate_selector(sel, "statefulset", &sp.child("selector"), errs);
     let tp = sp.child("template");
     let t = &spec.template;
     let labels = t.metadata.as_ref().and_then(|m| m.labels.as_ref());
     let empty = Default::default();
-    if !meta::selector_is_empty(&spec.selector)
-        && !meta::selector_matches(&spec.selector, labels.unwrap_or(&empty))
-    {
+    let matches = sel.is_some_and(|s| {
+        meta::selector_is_empty(s) || meta::selector_matches(s, labels.unwrap_or(&empty))
+    });
+    if !matches {
         errs.push(FieldError::invalid(
             &tp.child("metadata").child("labels"),
             go_string_map(labels),

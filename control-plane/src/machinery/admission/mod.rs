@@ -342,3 +342,6 @@ pub(crate) fn validate_meta(
     }
     errs
 }
+
+#[cfg(test)]
+mod tests;

@@ -73,6 +73,8 @@ fn default_container(c: &mut Obj, is_pod: bool, host_network: bool) {
         c.insert("imagePullPolicy".into(), policy.into());
     }
     default(c, "terminationMessagePath", "/dev/termination-log");
+    // `resources` is a struct, not a pointer, upstream: it always serializes.
+    default_ptr(c, "resources", json!({}));
     default(c, "terminationMessagePolicy", "File");
     for p in each(c, "ports") {
         default(p, "protocol", "TCP");
