@@ -75,8 +75,7 @@ pub fn default_workload(kind: &str, o: &mut Obj) {
             default_ptr(spec, "revisionHistoryLimit", 10);
             for pvc in value::each(spec, "volumeClaimTemplates") {
                 pvc.entry("apiVersion").or_insert_with(|| "v1".into());
-                pvc.entry("kind")
-                    .or_insert_with(|| "PersistentVolumeClaim".into());
+                pvc.entry("kind").or_insert_with(|| "PersistentVolumeClaim".into());
                 if let Some(s) = ensure(pvc, "spec") {
                     default(s, "volumeMode", "Filesystem");
                 }
@@ -147,11 +146,20 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             nonnegative(&mut errs, spec.replicas.map(i64::from), &sp.child("replicas"));
             let sel = selector_if_present(new, &spec.selector);
             validate_selector(sel, "deployment", &sp.child("selector"), &mut errs);
-            errs.extend(template_for_replica_set(&spec.template, sel, &sp.child("template"), "ReplicaSet"));
+            errs.extend(template_for_replica_set(
+                &spec.template,
+                sel,
+                &sp.child("template"),
+                "ReplicaSet",
+            ));
             validate_deployment_strategy(spec.strategy.as_ref(), &sp.child("strategy"), &mut errs);
             let mrs = spec.min_ready_seconds.unwrap_or(0);
             nonnegative(&mut errs, Some(i64::from(mrs)), &sp.child("minReadySeconds"));
-            nonnegative(&mut errs, spec.revision_history_limit.map(i64::from), &sp.child("revisionHistoryLimit"));
+            nonnegative(
+                &mut errs,
+                spec.revision_history_limit.map(i64::from),
+                &sp.child("revisionHistoryLimit"),
+            );
             if let Some(pds) = spec.progress_deadline_seconds {
                 nonnegative(&mut errs, Some(i64::from(pds)), &sp.child("progressDeadlineSeconds"));
                 if pds <= mrs {
@@ -177,11 +185,20 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             let spec = n.spec.clone().unwrap_or_default();
             let sp = Path::root("spec");
             nonnegative(&mut errs, spec.replicas.map(i64::from), &sp.child("replicas"));
-            nonnegative(&mut errs, spec.min_ready_seconds.map(i64::from), &sp.child("minReadySeconds"));
+            nonnegative(
+                &mut errs,
+                spec.min_ready_seconds.map(i64::from),
+                &sp.child("minReadySeconds"),
+            );
             let sel = selector_if_present(new, &spec.selector);
             validate_selector(sel, "deployment", &sp.child("selector"), &mut errs);
             match &spec.template {
-                Some(t) => errs.extend(template_for_replica_set(t, sel, &sp.child("template"), "ReplicaSet")),
+                Some(t) => errs.extend(template_for_replica_set(
+                    t,
+                    sel,
+                    &sp.child("template"),
+                    "ReplicaSet",
+                )),
                 None => errs.push(FieldError::required(&sp.child("template"), "")),
             }
             if let Some(o) = o {
@@ -226,9 +243,21 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
                     "activeDeadlineSeconds in DaemonSet is not Supported",
                 ));
             }
-            nonnegative(&mut errs, spec.min_ready_seconds.map(i64::from), &sp.child("minReadySeconds"));
-            validate_ds_strategy(spec.update_strategy.as_ref(), &sp.child("updateStrategy"), &mut errs);
-            nonnegative(&mut errs, spec.revision_history_limit.map(i64::from), &sp.child("revisionHistoryLimit"));
+            nonnegative(
+                &mut errs,
+                spec.min_ready_seconds.map(i64::from),
+                &sp.child("minReadySeconds"),
+            );
+            validate_ds_strategy(
+                spec.update_strategy.as_ref(),
+                &sp.child("updateStrategy"),
+                &mut errs,
+            );
+            nonnegative(
+                &mut errs,
+                spec.revision_history_limit.map(i64::from),
+                &sp.child("revisionHistoryLimit"),
+            );
             if let Some(o) = o {
                 let old_sel = o.spec.as_ref().map(|s| &s.selector);
                 selector_immutable(&spec.selector, old_sel, &mut errs);
@@ -287,10 +316,7 @@ fn run<T: serde::de::DeserializeOwned>(
 
 /// The typed selector when the JSON carries one (k8s-openapi defaults a missing one).
 fn selector_if_present<'a>(obj: &Value, sel: &'a LabelSelector) -> Option<&'a LabelSelector> {
-    obj.get("spec")
-        .and_then(|s| s.get("selector"))
-        .is_some_and(|s| !s.is_null())
-        .then_some(sel)
+    obj.get("spec").and_then(|s| s.get("selector")).is_some_and(|s| !s.is_null()).then_some(sel)
 }
 
 /// Selector required, valid and non-empty (`empty selector is invalid for <what>`).
@@ -355,11 +381,7 @@ fn template_for_replica_set(
 }
 
 fn template_restart_always(t: &PodTemplateSpec, path: &Path, errs: &mut ErrorList) {
-    let rp = t
-        .spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or_default();
+    let rp = t.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or_default();
     if rp != "Always" {
         errs.push(FieldError::not_supported(
             &path.child("spec").child("restartPolicy"),
@@ -372,10 +394,7 @@ fn template_restart_always(t: &PodTemplateSpec, path: &Path, errs: &mut ErrorLis
 fn int_or_percent_value(v: &IntOrString) -> i64 {
     match v {
         IntOrString::Int(i) => i64::from(*i),
-        IntOrString::String(s) => s
-            .strip_suffix('%')
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0),
+        IntOrString::String(s) => s.strip_suffix('%').and_then(|n| n.parse().ok()).unwrap_or(0),
     }
 }
 
@@ -606,11 +625,7 @@ pub fn validate_scale(new: &Value) -> ErrorList {
     if let Some(r) = scale.spec.and_then(|s| s.replicas)
         && r < 0
     {
-        errs.push(FieldError::invalid(
-            &Path::root("spec").child("replicas"),
-            r,
-            NEGATIVE,
-        ));
+        errs.push(FieldError::invalid(&Path::root("spec").child("replicas"), r, NEGATIVE));
     }
     errs
 }

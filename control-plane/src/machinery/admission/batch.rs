@@ -26,19 +26,12 @@ pub fn default_job(o: &mut Obj) {
         spec.insert("parallelism".into(), json!(1));
     }
     default_ptr(spec, "parallelism", 1);
-    let backoff = if value::is_set(spec, "backoffLimitPerIndex") {
-        i64::from(i32::MAX)
-    } else {
-        6
-    };
+    let backoff = if value::is_set(spec, "backoffLimitPerIndex") { i64::from(i32::MAX) } else { 6 };
     default_ptr(spec, "backoffLimit", backoff);
     default_ptr(spec, "completionMode", "NonIndexed");
     default_ptr(spec, "suspend", false);
-    let replacement = if value::is_set(spec, "podFailurePolicy") {
-        "Failed"
-    } else {
-        "TerminatingOrFailed"
-    };
+    let replacement =
+        if value::is_set(spec, "podFailurePolicy") { "Failed" } else { "TerminatingOrFailed" };
     default_ptr(spec, "podReplacementPolicy", replacement);
     if let Some(t) = value::child(spec, "template")
         && let Some(ps) = ensure(t, "spec")
@@ -60,10 +53,7 @@ fn copy_template_labels(o: &mut Obj) {
     if let Some(tl) = tlabels
         && let Some(m) = ensure(o, "metadata")
     {
-        let empty = m
-            .get("labels")
-            .and_then(Value::as_object)
-            .is_none_or(|l| l.is_empty());
+        let empty = m.get("labels").and_then(Value::as_object).is_none_or(|l| l.is_empty());
         if empty {
             m.insert("labels".into(), tl);
         }
@@ -74,16 +64,10 @@ fn copy_template_labels(o: &mut Obj) {
 /// `manualSelector`), status emptied. Needs `metadata.uid` and `metadata.name`.
 pub fn prepare_job_create(o: &mut Obj) {
     let meta = o.get("metadata");
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let uid = meta
-        .and_then(|m| m.get("uid"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let name =
+        meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
+    let uid =
+        meta.and_then(|m| m.get("uid")).and_then(Value::as_str).unwrap_or_default().to_string();
     o.insert("status".into(), json!({}));
     let Some(spec) = ensure(o, "spec") else {
         return;
@@ -103,8 +87,7 @@ pub fn prepare_job_create(o: &mut Obj) {
         }
     }
     if let Some(ml) = ensure(spec, "selector").and_then(|s| ensure(s, "matchLabels")) {
-        ml.entry(CONTROLLER_UID_LABEL)
-            .or_insert_with(|| uid.clone().into());
+        ml.entry(CONTROLLER_UID_LABEL).or_insert_with(|| uid.clone().into());
     }
     copy_template_labels(o);
 }
@@ -197,12 +180,8 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
     }
     let tp = sp.child("template");
     errs.extend(pod::validate_pod_template(Some(&spec.template), &tp));
-    let rp = spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or_default();
+    let rp =
+        spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or_default();
     if rp != "OnFailure" && rp != "Never" {
         errs.push(FieldError::not_supported(
             &tp.child("spec").child("restartPolicy"),
@@ -238,11 +217,7 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
             ));
         }
         if spec.template != old_spec.template {
-            errs.push(FieldError::invalid(
-                &tp,
-                json_value(&spec.template),
-                FIELD_IMMUTABLE,
-            ));
+            errs.push(FieldError::invalid(&tp, json_value(&spec.template), FIELD_IMMUTABLE));
         }
         if spec.completions != old_spec.completions {
             errs.push(FieldError::invalid(
@@ -251,9 +226,7 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
                 FIELD_IMMUTABLE,
             ));
         }
-        for (n, o, name) in [
-            (&spec.completion_mode, &old_spec.completion_mode, "completionMode"),
-        ] {
+        for (n, o, name) in [(&spec.completion_mode, &old_spec.completion_mode, "completionMode")] {
             if n != o {
                 errs.push(FieldError::invalid(&sp.child(name), json_value(n), FIELD_IMMUTABLE));
             }
@@ -276,10 +249,7 @@ fn validate_generated_selector(job: &Job, errs: &mut ErrorList) {
     if uid.is_empty() {
         errs.push(FieldError::required(&Path::root("metadata").child("uid"), ""));
     }
-    let lp = Path::root("spec")
-        .child("template")
-        .child("metadata")
-        .child("labels");
+    let lp = Path::root("spec").child("template").child("metadata").child("labels");
     let labels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
     for key in [LEGACY_CONTROLLER_UID_LABEL, CONTROLLER_UID_LABEL] {
         match labels.and_then(|l| l.get(key)) {
@@ -287,15 +257,14 @@ fn validate_generated_selector(job: &Job, errs: &mut ErrorList) {
                 &lp.key(key),
                 format!("`{key}` must be specified when `manualSelector` is not true"),
             )),
-            Some(v) if v != uid => errs.push(FieldError::invalid(
-                &lp.key(key),
-                v,
-                format!("must be '{uid}'"),
-            )),
+            Some(v) if v != uid => {
+                errs.push(FieldError::invalid(&lp.key(key), v, format!("must be '{uid}'")))
+            }
             Some(_) => {}
         }
     }
-    let expected = std::collections::BTreeMap::from([(CONTROLLER_UID_LABEL.to_string(), uid.to_string())]);
+    let expected =
+        std::collections::BTreeMap::from([(CONTROLLER_UID_LABEL.to_string(), uid.to_string())]);
     let ok = sel.match_labels.as_ref() == Some(&expected)
         && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty());
     if !ok {

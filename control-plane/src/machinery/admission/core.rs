@@ -44,9 +44,7 @@ pub fn default_namespace(o: &mut Obj) {
 pub fn prepare_namespace_create(o: &mut Obj) {
     o.insert("status".into(), json!({"phase": "Active"}));
     if let Some(spec) = ensure(o, "spec") {
-        let list = spec
-            .entry("finalizers")
-            .or_insert_with(|| Value::Array(Vec::new()));
+        let list = spec.entry("finalizers").or_insert_with(|| Value::Array(Vec::new()));
         if list.is_null() {
             *list = Value::Array(Vec::new());
         }
@@ -140,14 +138,19 @@ fn decode<T: serde::de::DeserializeOwned>(
 
 pub fn validate(kind: &str, new: &Value, old: Option<&Value>) -> ErrorList {
     let r = match kind {
-        "Namespace" => decode::<Namespace>(new, old).map(|(n, o)| validate_namespace(&n, o.as_ref())),
+        "Namespace" => {
+            decode::<Namespace>(new, old).map(|(n, o)| validate_namespace(&n, o.as_ref()))
+        }
         "Node" => decode::<Node>(new, old).map(|(n, o)| validate_node(&n, o.as_ref())),
-        "ConfigMap" => decode::<ConfigMap>(new, old).map(|(n, o)| validate_config_map(&n, o.as_ref())),
+        "ConfigMap" => {
+            decode::<ConfigMap>(new, old).map(|(n, o)| validate_config_map(&n, o.as_ref()))
+        }
         "Secret" => decode::<Secret>(new, old).map(|(n, o)| validate_secret(&n, o.as_ref())),
-        "ServiceAccount" => decode::<ServiceAccount>(new, old).map(|(n, o)| {
-            validate_meta(gvk(kind), &n.metadata, o.as_ref().map(|o| &o.metadata))
-        }),
-        "Endpoints" => decode::<Endpoints>(new, old).map(|(n, o)| validate_endpoints(&n, o.as_ref())),
+        "ServiceAccount" => decode::<ServiceAccount>(new, old)
+            .map(|(n, o)| validate_meta(gvk(kind), &n.metadata, o.as_ref().map(|o| &o.metadata))),
+        "Endpoints" => {
+            decode::<Endpoints>(new, old).map(|(n, o)| validate_endpoints(&n, o.as_ref()))
+        }
         "Event" => decode::<Event>(new, old).map(|(n, o)| validate_event(&n, o.as_ref())),
         _ => Ok(ErrorList::new()),
     };
@@ -172,11 +175,7 @@ fn validate_namespace(ns: &Namespace, old: Option<&Namespace>) -> ErrorList {
         }
     }
     if old.is_some() {
-        let phase = ns
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .unwrap_or_default();
+        let phase = ns.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
         let deleting = ns.metadata.deletion_timestamp.is_some();
         let pp = Path::root("status").child("Phase");
         if !deleting && phase != "Active" && !phase.is_empty() {
@@ -269,7 +268,8 @@ fn validate_config_map(cm: &ConfigMap, old: Option<&ConfigMap>) -> ErrorList {
         if cm.immutable != Some(true) {
             errs.push(FieldError::forbidden(&Path::root("immutable"), IMMUTABLE_SET));
         }
-        if cm.data.as_ref().filter(|d| !d.is_empty()) != old.data.as_ref().filter(|d| !d.is_empty()) {
+        if cm.data.as_ref().filter(|d| !d.is_empty()) != old.data.as_ref().filter(|d| !d.is_empty())
+        {
             errs.push(FieldError::forbidden(&Path::root("data"), IMMUTABLE_SET));
         }
         if cm.binary_data.as_ref().filter(|d| !d.is_empty())
@@ -286,11 +286,7 @@ fn validate_config_map(cm: &ConfigMap, old: Option<&ConfigMap>) -> ErrorList {
             errs.push(FieldError::invalid(&dp.key(k), k, m));
         }
         if cm.binary_data.as_ref().is_some_and(|b| b.contains_key(k)) {
-            errs.push(FieldError::invalid(
-                &dp.key(k),
-                k,
-                "duplicate of key present in binaryData",
-            ));
+            errs.push(FieldError::invalid(&dp.key(k), k, "duplicate of key present in binaryData"));
         }
         total += v.len();
     }
@@ -321,7 +317,9 @@ fn validate_secret(s: &Secret, old: Option<&Secret>) -> ErrorList {
             if s.immutable != Some(true) {
                 errs.push(FieldError::forbidden(&Path::root("immutable"), IMMUTABLE_SET));
             }
-            if s.data.as_ref().filter(|d| !d.is_empty()) != old.data.as_ref().filter(|d| !d.is_empty()) {
+            if s.data.as_ref().filter(|d| !d.is_empty())
+                != old.data.as_ref().filter(|d| !d.is_empty())
+            {
                 errs.push(FieldError::forbidden(&Path::root("data"), IMMUTABLE_SET));
             }
         }
@@ -360,11 +358,8 @@ fn validate_secret(s: &Secret, old: Option<&Secret>) -> ErrorList {
             }
         }
         t @ ("kubernetes.io/dockercfg" | "kubernetes.io/dockerconfigjson") => {
-            let key = if t == "kubernetes.io/dockercfg" {
-                ".dockercfg"
-            } else {
-                ".dockerconfigjson"
-            };
+            let key =
+                if t == "kubernetes.io/dockercfg" { ".dockercfg" } else { ".dockerconfigjson" };
             match data.get(key) {
                 None => errs.push(FieldError::required(&dp.key(key), "")),
                 Some(b) => {
@@ -378,16 +373,12 @@ fn validate_secret(s: &Secret, old: Option<&Secret>) -> ErrorList {
                 }
             }
         }
-        "kubernetes.io/basic-auth" => {
-            if !has("username") && !has("password") {
-                errs.push(FieldError::required(&dp.key("username"), ""));
-                errs.push(FieldError::required(&dp.key("password"), ""));
-            }
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            errs.push(FieldError::required(&dp.key("username"), ""));
+            errs.push(FieldError::required(&dp.key("password"), ""));
         }
-        "kubernetes.io/ssh-auth" => {
-            if data.get("ssh-privatekey").is_none_or(|v| v.0.is_empty()) {
-                errs.push(FieldError::required(&dp.key("ssh-privatekey"), ""));
-            }
+        "kubernetes.io/ssh-auth" if data.get("ssh-privatekey").is_none_or(|v| v.0.is_empty()) => {
+            errs.push(FieldError::required(&dp.key("ssh-privatekey"), ""));
         }
         "kubernetes.io/tls" => {
             if !has("tls.crt") {
@@ -410,10 +401,7 @@ fn validate_endpoints(ep: &Endpoints, old: Option<&Endpoints>) -> ErrorList {
         let addrs = ss.addresses.as_deref().unwrap_or_default();
         let not_ready = ss.not_ready_addresses.as_deref().unwrap_or_default();
         if addrs.is_empty() && not_ready.is_empty() {
-            errs.push(FieldError::required(
-                &p,
-                "must specify `addresses` or `notReadyAddresses`",
-            ));
+            errs.push(FieldError::required(&p, "must specify `addresses` or `notReadyAddresses`"));
         }
         for (name, list) in [("addresses", addrs), ("notReadyAddresses", not_ready)] {
             for (j, a) in list.iter().enumerate() {

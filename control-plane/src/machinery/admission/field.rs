@@ -50,10 +50,7 @@ impl FieldErrorKind {
 
     /// Whether upstream prints the bad value for this kind.
     fn prints_value(self) -> bool {
-        !matches!(
-            self,
-            Self::Required | Self::Forbidden | Self::TooLong | Self::Internal
-        )
+        !matches!(self, Self::Required | Self::Forbidden | Self::TooLong | Self::Internal)
     }
 }
 
@@ -100,12 +97,7 @@ impl FieldError {
     }
 
     pub fn invalid(field: &Path, value: impl BadValue, detail: impl Into<String>) -> Self {
-        Self::new(
-            FieldErrorKind::Invalid,
-            field,
-            Some(value.render()),
-            detail,
-        )
+        Self::new(FieldErrorKind::Invalid, field, Some(value.render()), detail)
     }
 
     pub fn duplicate(field: &Path, value: impl BadValue) -> Self {
@@ -125,12 +117,7 @@ impl FieldError {
             let quoted: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
             format!("supported values: {}", quoted.join(", "))
         };
-        Self::new(
-            FieldErrorKind::NotSupported,
-            field,
-            Some(value.render()),
-            detail,
-        )
+        Self::new(FieldErrorKind::NotSupported, field, Some(value.render()), detail)
     }
 
     /// `Too long: may not be more than N bytes`.
@@ -161,12 +148,7 @@ impl FieldError {
         value: Option<String>,
         detail: impl Into<String>,
     ) -> Self {
-        Self {
-            kind,
-            field: field.0.clone(),
-            value,
-            detail: detail.into(),
-        }
+        Self { kind, field: field.0.clone(), value, detail: detail.into() }
     }
 }
 
@@ -306,11 +288,7 @@ pub fn aggregate(errs: &[FieldError]) -> String {
             seen.push(msg);
         }
     }
-    if seen.len() == 1 {
-        seen.pop().unwrap_or_default()
-    } else {
-        format!("[{}]", seen.join(", "))
-    }
+    if seen.len() == 1 { seen.pop().unwrap_or_default() } else { format!("[{}]", seen.join(", ")) }
 }
 
 /// Go's `%#v` of a `map[string]string`: `map[string]string{"a":"b", "c":"d"}`.
@@ -318,10 +296,8 @@ pub fn go_string_map(m: Option<&std::collections::BTreeMap<String, String>>) -> 
     let Some(m) = m else {
         return Raw("map[string]string(nil)".into());
     };
-    let items: Vec<String> = m
-        .iter()
-        .map(|(k, v)| format!("{}:{}", go_quote(k), go_quote(v)))
-        .collect();
+    let items: Vec<String> =
+        m.iter().map(|(k, v)| format!("{}:{}", go_quote(k), go_quote(v))).collect();
     Raw(format!("map[string]string{{{}}}", items.join(", ")))
 }
 

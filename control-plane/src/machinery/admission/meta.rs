@@ -71,18 +71,13 @@ pub fn validate_object_meta(
     let mut errs = ErrorList::new();
     if let Some(gen_name) = meta.generate_name.as_deref().filter(|g| !g.is_empty()) {
         for msg in rule.check(gen_name, true) {
-            errs.push(FieldError::invalid(
-                &path.child("generateName"),
-                gen_name,
-                msg,
-            ));
+            errs.push(FieldError::invalid(&path.child("generateName"), gen_name, msg));
         }
     }
     match meta.name.as_deref().filter(|n| !n.is_empty()) {
-        None => errs.push(FieldError::required(
-            &path.child("name"),
-            "name or generateName is required",
-        )),
+        None => {
+            errs.push(FieldError::required(&path.child("name"), "name or generateName is required"))
+        }
         Some(name) => {
             for msg in rule.check(name, false) {
                 errs.push(FieldError::invalid(&path.child("name"), name, msg));
@@ -99,19 +94,12 @@ pub fn validate_object_meta(
             }
         }
     } else if !ns.is_empty() {
-        errs.push(FieldError::forbidden(
-            &path.child("namespace"),
-            "not allowed on this type",
-        ));
+        errs.push(FieldError::forbidden(&path.child("namespace"), "not allowed on this type"));
     }
     if let Some(g) = meta.generation
         && g < 0
     {
-        errs.push(FieldError::invalid(
-            &path.child("generation"),
-            g,
-            NEGATIVE,
-        ));
+        errs.push(FieldError::invalid(&path.child("generation"), g, NEGATIVE));
     }
     if let Some(labels) = &meta.labels {
         errs.extend(validate_labels(labels, &path.child("labels")));
@@ -133,12 +121,7 @@ pub fn validate_object_meta(
 pub fn validate_object_meta_update(new: &ObjectMeta, old: &ObjectMeta, path: &Path) -> ErrorList {
     let mut errs = ErrorList::new();
     immutable_str(&mut errs, &new.name, &old.name, &path.child("name"));
-    immutable_str(
-        &mut errs,
-        &new.namespace,
-        &old.namespace,
-        &path.child("namespace"),
-    );
+    immutable_str(&mut errs, &new.namespace, &old.namespace, &path.child("namespace"));
     if new.uid.as_deref().is_some_and(|u| !u.is_empty())
         && old.uid.as_deref().is_some_and(|u| !u.is_empty())
     {
@@ -208,25 +191,13 @@ pub fn validate_owner_references(refs: &[OwnerReference], path: &Path) -> ErrorL
             ));
         }
         if r.kind.is_empty() {
-            errs.push(FieldError::invalid(
-                &path.child("kind"),
-                &r.kind,
-                "kind must not be empty",
-            ));
+            errs.push(FieldError::invalid(&path.child("kind"), &r.kind, "kind must not be empty"));
         }
         if r.name.is_empty() {
-            errs.push(FieldError::invalid(
-                &path.child("name"),
-                &r.name,
-                "name must not be empty",
-            ));
+            errs.push(FieldError::invalid(&path.child("name"), &r.name, "name must not be empty"));
         }
         if r.uid.is_empty() {
-            errs.push(FieldError::invalid(
-                &path.child("uid"),
-                &r.uid,
-                "uid must not be empty",
-            ));
+            errs.push(FieldError::invalid(&path.child("uid"), &r.uid, "uid must not be empty"));
         }
         if r.controller == Some(true) {
             let cur = format!("{}/{}", r.kind, r.name);
@@ -308,11 +279,7 @@ pub fn validate_label_selector(sel: &LabelSelector, path: &Path) -> ErrorList {
 
 /// Whether a label selector selects the given labels (empty selector selects everything).
 pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let ml_ok = sel
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
+    let ml_ok = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
     ml_ok
         && sel.match_expressions.iter().flatten().all(|req| {
             let values = req.values.as_deref().unwrap_or_default();

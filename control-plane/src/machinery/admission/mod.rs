@@ -34,11 +34,7 @@ pub struct Gvk<'a> {
 
 impl<'a> Gvk<'a> {
     pub const fn new(group: &'a str, version: &'a str, kind: &'a str) -> Self {
-        Self {
-            group,
-            version,
-            kind,
-        }
+        Self { group, version, kind }
     }
 }
 
@@ -79,12 +75,7 @@ pub(crate) struct KindInfo {
 pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
     use NameRule::*;
     let k = |namespaced, name_rule, has_status, tracks_generation| {
-        Some(KindInfo {
-            namespaced,
-            name_rule,
-            has_status,
-            tracks_generation,
-        })
+        Some(KindInfo { namespaced, name_rule, has_status, tracks_generation })
     };
     match (gvk.group, gvk.kind) {
         ("", "Namespace") => k(false, Label, true, false),
@@ -117,9 +108,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
 /// left alone.
 pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
     let Some(o) = obj.as_object_mut() else {
-        return Err(Error::NotAnObject {
-            kind: gvk.kind.to_string(),
-        });
+        return Err(Error::NotAnObject { kind: gvk.kind.to_string() });
     };
     match (gvk.group, gvk.kind) {
         ("", "Pod") => pod::default_pod(o),
@@ -219,15 +208,10 @@ pub fn prepare_for_update(
             != o.get("metadata").and_then(|m| m.get("annotations"));
     }
     if !info.tracks_generation {
-        return Prepared {
-            spec_changed: false,
-        };
+        return Prepared { spec_changed: false };
     }
-    let old_gen = o
-        .get("metadata")
-        .and_then(|m| m.get("generation"))
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
+    let old_gen =
+        o.get("metadata").and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
     if let Some(m) = value::ensure(n, "metadata") {
         let g = if spec_changed { old_gen + 1 } else { old_gen };
         m.insert("generation".into(), Value::from(g));
@@ -275,11 +259,7 @@ pub fn validate(
 /// The message of upstream's 422 `Invalid` status:
 /// `Deployment.apps "web" is invalid: [spec.replicas: Invalid value: -1: ..., ...]`.
 pub fn invalid_message(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> String {
-    let qualified = if group.is_empty() {
-        kind.to_string()
-    } else {
-        format!("{kind}.{group}")
-    };
+    let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
     let name = field::go_quote(name);
     if errs.is_empty() {
         format!("{qualified} {name} is invalid")

@@ -12,16 +12,19 @@ pub const QUALIFIED_NAME_MAX: usize = 63;
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
 const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
-const DNS1123_SUBDOMAIN_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_FMT: &str =
+    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
 const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character";
 const DNS1035_LABEL_FMT: &str = "[a-z]([-a-z0-9]*[a-z0-9])?";
 const QUALIFIED_NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const QUALIFIED_NAME_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const LABEL_VALUE_FMT: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
-const CONFIG_KEY_MSG: &str = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'";
+const CONFIG_KEY_MSG: &str =
+    "a valid config key must consist of alphanumeric characters, '-', '_' or '.'";
 const CONFIG_KEY_FMT: &str = "[-._a-zA-Z0-9]+";
-const PERCENT_MSG: &str = "a valid percent string must be a numeric string followed by an ending '%'";
+const PERCENT_MSG: &str =
+    "a valid percent string must be a numeric string followed by an ending '%'";
 const PERCENT_FMT: &str = "[0-9]+%";
 
 /// Upstream `RegexError`: the message, examples (joined with upstream's odd `,  or `) and
@@ -79,11 +82,7 @@ pub fn is_dns1123_label(s: &str) -> Vec<String> {
         if matches_dns1123_subdomain(s) {
             errs.push("must not contain dots".to_string());
         } else {
-            errs.push(regex_error(
-                DNS1123_LABEL_MSG,
-                DNS1123_LABEL_FMT,
-                &["my-name", "123-abc"],
-            ));
+            errs.push(regex_error(DNS1123_LABEL_MSG, DNS1123_LABEL_FMT, &["my-name", "123-abc"]));
         }
     }
     errs
@@ -95,11 +94,7 @@ pub fn is_dns1123_subdomain(s: &str) -> Vec<String> {
         errs.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
     }
     if !matches_dns1123_subdomain(s) {
-        errs.push(regex_error(
-            DNS1123_SUBDOMAIN_MSG,
-            DNS1123_SUBDOMAIN_FMT,
-            &["example.com"],
-        ));
+        errs.push(regex_error(DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, &["example.com"]));
     }
     errs
 }
@@ -115,11 +110,7 @@ pub fn is_dns1035_label(s: &str) -> Vec<String> {
         && is_lower_alnum(b[b.len() - 1])
         && b.iter().all(|&c| is_lower_alnum(c) || c == b'-');
     if !ok {
-        errs.push(regex_error(
-            DNS1035_LABEL_MSG,
-            DNS1035_LABEL_FMT,
-            &["my-name", "abc-123"],
-        ));
+        errs.push(regex_error(DNS1035_LABEL_MSG, DNS1035_LABEL_FMT, &["my-name", "abc-123"]));
     }
     errs
 }
@@ -130,9 +121,7 @@ fn matches_qualified_name_part(s: &str) -> bool {
     !b.is_empty()
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 pub fn is_qualified_name(s: &str) -> Vec<String> {
@@ -172,11 +161,7 @@ pub fn is_qualified_name(s: &str) -> Vec<String> {
     if !matches_qualified_name_part(name) {
         errs.push(format!(
             "name part {}",
-            regex_error(
-                QUALIFIED_NAME_MSG,
-                QUALIFIED_NAME_FMT,
-                &["MyName", "my.name", "123-abc"]
-            )
+            regex_error(QUALIFIED_NAME_MSG, QUALIFIED_NAME_FMT, &["MyName", "my.name", "123-abc"])
         ));
     }
     errs
@@ -188,11 +173,7 @@ pub fn is_valid_label_value(s: &str) -> Vec<String> {
         errs.push(max_len_error(LABEL_VALUE_MAX));
     }
     if !s.is_empty() && !matches_qualified_name_part(s) {
-        errs.push(regex_error(
-            LABEL_VALUE_MSG,
-            LABEL_VALUE_FMT,
-            &["MyValue", "my_value", "12345"],
-        ));
+        errs.push(regex_error(LABEL_VALUE_MSG, LABEL_VALUE_FMT, &["MyValue", "my_value", "12345"]));
     }
     errs
 }
@@ -222,11 +203,7 @@ pub fn is_valid_port_name(s: &str) -> Vec<String> {
 }
 
 pub fn is_valid_port_num(p: i64) -> Vec<String> {
-    if (1..=65535).contains(&p) {
-        Vec::new()
-    } else {
-        vec![inclusive_range_error(1, 65535)]
-    }
+    if (1..=65535).contains(&p) { Vec::new() } else { vec![inclusive_range_error(1, 65535)] }
 }
 
 /// Environment variable names (RelaxedEnvironmentVariableValidation, on by default in 1.33).
@@ -262,9 +239,7 @@ pub fn is_config_map_key(s: &str) -> Vec<String> {
         errs.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
     }
     if s.is_empty()
-        || !s
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        || !s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
     {
         errs.push(regex_error(
             CONFIG_KEY_MSG,
@@ -277,14 +252,9 @@ pub fn is_config_map_key(s: &str) -> Vec<String> {
 }
 
 pub fn is_valid_percent(s: &str) -> Vec<String> {
-    let ok = s
-        .strip_suffix('%')
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
-    if ok {
-        Vec::new()
-    } else {
-        vec![regex_error(PERCENT_MSG, PERCENT_FMT, &["1%", "93%"])]
-    }
+    let ok =
+        s.strip_suffix('%').is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
+    if ok { Vec::new() } else { vec![regex_error(PERCENT_MSG, PERCENT_FMT, &["1%", "93%"])] }
 }
 
 /// Path segment names (RBAC objects): not `.`/`..`, no `/` or `%`.
@@ -363,7 +333,9 @@ mod tests {
         assert_eq!(is_qualified_name("a/b/c").len(), 1);
         assert_eq!(
             is_qualified_name("-a"),
-            vec!["name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"]
+            vec![
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+            ]
         );
         assert!(is_valid_label_value("").is_empty());
         assert_eq!(is_valid_label_value("a b").len(), 1);
@@ -384,6 +356,9 @@ mod tests {
         assert_eq!(parse_cidr("10.0.0.0/8").map(|c| c.1), Some(8));
         assert!(parse_cidr("10.0.0.0/33").is_none());
         assert!(parse_cidr("fd00::/64").is_some());
-        assert_eq!(is_valid_path_segment_name("a/b%"), vec!["may not contain '/'", "may not contain '%'"]);
+        assert_eq!(
+            is_valid_path_segment_name("a/b%"),
+            vec!["may not contain '/'", "may not contain '%'"]
+        );
     }
 }

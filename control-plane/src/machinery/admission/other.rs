@@ -238,11 +238,7 @@ fn validate_lease(gvk: Gvk, l: &Lease, old: Option<&Lease>) -> ErrorList {
         if let Some(t) = spec.lease_transitions
             && t < 0
         {
-            errs.push(FieldError::invalid(
-                &sp.child("leaseTransitions"),
-                t,
-                meta::NEGATIVE,
-            ));
+            errs.push(FieldError::invalid(&sp.child("leaseTransitions"), t, meta::NEGATIVE));
         }
     }
     errs
@@ -306,11 +302,7 @@ fn validate_binding(
             &[RBAC_GROUP],
         ));
     }
-    let kinds: &[&str] = if namespaced {
-        &["Role", "ClusterRole"]
-    } else {
-        &["ClusterRole"]
-    };
+    let kinds: &[&str] = if namespaced { &["Role", "ClusterRole"] } else { &["ClusterRole"] };
     if !kinds.contains(&role_ref.kind.as_str()) {
         errs.push(FieldError::not_supported(&rp.child("kind"), &role_ref.kind, kinds));
     }
@@ -343,7 +335,11 @@ fn validate_binding(
             }
             "User" | "Group" => {
                 if group != RBAC_GROUP {
-                    errs.push(FieldError::not_supported(&p.child("apiGroup"), group, &[RBAC_GROUP]));
+                    errs.push(FieldError::not_supported(
+                        &p.child("apiGroup"),
+                        group,
+                        &[RBAC_GROUP],
+                    ));
                 }
             }
             other => errs.push(FieldError::not_supported(

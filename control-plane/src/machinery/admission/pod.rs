@@ -44,10 +44,7 @@ pub fn default_pod_spec(spec: &mut Obj, is_pod: bool) {
     if is_pod {
         default_ptr(spec, "enableServiceLinks", true);
         // The pod strategy turns a negative grace period into 1.
-        if spec
-            .get("terminationGracePeriodSeconds")
-            .and_then(Value::as_i64)
-            .is_some_and(|g| g < 0)
+        if spec.get("terminationGracePeriodSeconds").and_then(Value::as_i64).is_some_and(|g| g < 0)
         {
             spec.insert("terminationGracePeriodSeconds".into(), json!(1));
         }
@@ -65,11 +62,8 @@ pub fn default_pod_spec(spec: &mut Obj, is_pod: bool) {
 
 fn default_container(c: &mut Obj, is_pod: bool, host_network: bool) {
     if value::str_of(c, "imagePullPolicy").is_empty() {
-        let policy = if image_tag_is_latest(value::str_of(c, "image")) {
-            "Always"
-        } else {
-            "IfNotPresent"
-        };
+        let policy =
+            if image_tag_is_latest(value::str_of(c, "image")) { "Always" } else { "IfNotPresent" };
         c.insert("imagePullPolicy".into(), policy.into());
     }
     default(c, "terminationMessagePath", "/dev/termination-log");
@@ -78,10 +72,11 @@ fn default_container(c: &mut Obj, is_pod: bool, host_network: bool) {
     default(c, "terminationMessagePolicy", "File");
     for p in each(c, "ports") {
         default(p, "protocol", "TCP");
-        if host_network && p.get("hostPort").and_then(Value::as_i64).unwrap_or(0) == 0 {
-            if let Some(cp) = p.get("containerPort").cloned() {
-                p.insert("hostPort".into(), cp);
-            }
+        if host_network
+            && p.get("hostPort").and_then(Value::as_i64).unwrap_or(0) == 0
+            && let Some(cp) = p.get("containerPort").cloned()
+        {
+            p.insert("hostPort".into(), cp);
         }
     }
     for e in each(c, "env") {
@@ -178,10 +173,7 @@ pub fn prepare_pod_create(o: &mut Obj) {
         add_default_tolerations(spec);
     }
     let qos = o.get("spec").and_then(Value::as_object).map(qos_class);
-    o.insert(
-        "status".into(),
-        json!({"phase": "Pending", "qosClass": qos.unwrap_or("BestEffort")}),
-    );
+    o.insert("status".into(), json!({"phase": "Pending", "qosClass": qos.unwrap_or("BestEffort")}));
 }
 
 fn add_default_tolerations(spec: &mut Obj) {
@@ -195,9 +187,7 @@ fn add_default_tolerations(spec: &mut Obj) {
             unreachable |= no_exec && (key.is_empty() || key == "node.kubernetes.io/unreachable");
         }
     }
-    let list = spec
-        .entry("tolerations")
-        .or_insert_with(|| Value::Array(Vec::new()));
+    let list = spec.entry("tolerations").or_insert_with(|| Value::Array(Vec::new()));
     if list.is_null() {
         *list = Value::Array(Vec::new());
     }
@@ -256,11 +246,7 @@ pub fn qos_class(spec: &Obj) -> &'static str {
     if guaranteed {
         guaranteed = requests.iter().all(|(k, r)| limits.get(k) == Some(r));
     }
-    if guaranteed && requests.len() == limits.len() {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
+    if guaranteed && requests.len() == limits.len() { "Guaranteed" } else { "Burstable" }
 }
 
 fn qos_name(name: &str) -> &'static str {
@@ -367,13 +353,27 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
         validate_container_common(c, &volumes, &p, &mut errs);
         match c.restart_policy.as_deref() {
             Some("Always") => {
-                validate_probe(c.liveness_probe.as_ref(), &p.child("livenessProbe"), true, &mut errs);
-                validate_probe(c.readiness_probe.as_ref(), &p.child("readinessProbe"), false, &mut errs);
+                validate_probe(
+                    c.liveness_probe.as_ref(),
+                    &p.child("livenessProbe"),
+                    true,
+                    &mut errs,
+                );
+                validate_probe(
+                    c.readiness_probe.as_ref(),
+                    &p.child("readinessProbe"),
+                    false,
+                    &mut errs,
+                );
                 validate_probe(c.startup_probe.as_ref(), &p.child("startupProbe"), true, &mut errs);
             }
             other => {
                 if let Some(rp) = other {
-                    errs.push(FieldError::not_supported(&p.child("restartPolicy"), rp, &["Always"]));
+                    errs.push(FieldError::not_supported(
+                        &p.child("restartPolicy"),
+                        rp,
+                        &["Always"],
+                    ));
                 }
                 for (set, name) in [
                     (c.lifecycle.is_some(), "lifecycle"),
@@ -467,11 +467,7 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
     {
         // Pods have negative values turned into 1 by defaulting; templates keep upstream's
         // leniency (it warns), so only pods reach here with a negative value if undefaulted.
-        errs.push(FieldError::invalid(
-            &path.child("terminationGracePeriodSeconds"),
-            g,
-            NEGATIVE,
-        ));
+        errs.push(FieldError::invalid(&path.child("terminationGracePeriodSeconds"), g, NEGATIVE));
     }
     errs
 }
@@ -502,11 +498,7 @@ fn validate_dns_config(spec: &PodSpec, policy: &str, path: &Path, errs: &mut Err
     }
     for (i, s) in servers.iter().enumerate() {
         if names::parse_ip(s).is_none() {
-            errs.push(FieldError::invalid(
-                &path.child("nameservers").index(i),
-                s,
-                names::IP_ERROR,
-            ));
+            errs.push(FieldError::invalid(&path.child("nameservers").index(i), s, names::IP_ERROR));
         }
     }
 }
@@ -555,10 +547,8 @@ fn validate_volumes<'a>(vols: &'a [Volume], path: &Path, errs: &mut ErrorList) -
     for (i, v) in vols.iter().enumerate() {
         let p = path.index(i);
         let mut el = ErrorList::new();
-        let set: Vec<&str> = volume_sources(v)
-            .into_iter()
-            .filter_map(|(n, s)| s.then_some(n))
-            .collect();
+        let set: Vec<&str> =
+            volume_sources(v).into_iter().filter_map(|(n, s)| s.then_some(n)).collect();
         match set.as_slice() {
             [] => el.push(FieldError::required(&p, "must specify a volume type")),
             [_] => {}
@@ -595,20 +585,13 @@ fn validate_volumes<'a>(vols: &'a [Volume], path: &Path, errs: &mut ErrorList) -
                 "Socket",
             ];
             if !TYPES.contains(&t) && t != "Socket" {
-                el.push(FieldError::not_supported(
-                    &p.child("hostPath").child("type"),
-                    t,
-                    &TYPES,
-                ));
+                el.push(FieldError::not_supported(&p.child("hostPath").child("type"), t, &TYPES));
             }
         }
         if let Some(c) = &v.persistent_volume_claim
             && c.claim_name.is_empty()
         {
-            el.push(FieldError::required(
-                &p.child("persistentVolumeClaim").child("claimName"),
-                "",
-            ));
+            el.push(FieldError::required(&p.child("persistentVolumeClaim").child("claimName"), ""));
         }
         if let Some(e) = &v.empty_dir
             && let Some(limit) = &e.size_limit
@@ -655,7 +638,12 @@ fn check_mode(mode: Option<i32>, path: &Path, errs: &mut ErrorList) {
 }
 
 /// `validateContainerCommon`.
-fn validate_container_common(c: &Container, volumes: &HashSet<&str>, p: &Path, errs: &mut ErrorList) {
+fn validate_container_common(
+    c: &Container,
+    volumes: &HashSet<&str>,
+    p: &Path,
+    errs: &mut ErrorList,
+) {
     let np = p.child("name");
     if c.name.is_empty() {
         errs.push(FieldError::required(&np, ""));
@@ -821,7 +809,12 @@ fn validate_env(env: &[EnvVar], path: &Path, errs: &mut ErrorList) {
     }
 }
 
-fn validate_volume_mounts(mounts: &[VolumeMount], volumes: &HashSet<&str>, path: &Path, errs: &mut ErrorList) {
+fn validate_volume_mounts(
+    mounts: &[VolumeMount],
+    volumes: &HashSet<&str>,
+    path: &Path,
+    errs: &mut ErrorList,
+) {
     let mut points = HashSet::new();
     for (i, m) in mounts.iter().enumerate() {
         let p = path.index(i);
@@ -1249,10 +1242,8 @@ pub fn validate_pod_status(new: &Value, old: Option<&Value>) -> ErrorList {
             &["Failed", "Pending", "Running", "Succeeded", "Unknown"],
         ));
     }
-    if let Some(old_phase) = old_pod
-        .as_ref()
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.phase.as_deref())
+    if let Some(old_phase) =
+        old_pod.as_ref().and_then(|p| p.status.as_ref()).and_then(|s| s.phase.as_deref())
         && matches!(old_phase, "Succeeded" | "Failed")
         && phase != old_phase
     {
@@ -1268,11 +1259,7 @@ pub fn validate_pod_status(new: &Value, old: Option<&Value>) -> ErrorList {
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default();
     if !old_node.is_empty() {
-        let new_node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .unwrap_or_default();
+        let new_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
         if new_node != old_node {
             errs.push(FieldError::forbidden(
                 &Path::root("spec").child("nodeName"),

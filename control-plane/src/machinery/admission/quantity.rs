@@ -19,9 +19,7 @@ impl Quantity {
             b'-' => (true, &s[1..]),
             _ => (false, s),
         };
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (num, suffix) = rest.split_at(num_end);
         if num.is_empty() || num == "." || num.matches('.').count() > 1 {
             return None;
@@ -59,10 +57,7 @@ impl Quantity {
         let mut mantissa: i128 = 0;
         let mut saturated = false;
         for c in int_part.bytes().chain(frac_part.bytes()) {
-            match mantissa
-                .checked_mul(10)
-                .and_then(|m| m.checked_add(i128::from(c - b'0')))
-            {
+            match mantissa.checked_mul(10).and_then(|m| m.checked_add(i128::from(c - b'0'))) {
                 Some(m) => mantissa = m,
                 None => {
                     saturated = true;
@@ -125,7 +120,7 @@ mod tests {
         assert_eq!(q("1"), Some(1_000_000_000));
         assert_eq!(q("100m"), Some(100_000_000));
         assert_eq!(q("0.1"), Some(100_000_000));
-        assert_eq!(q("1Ki"), Some(1024_000_000_000));
+        assert_eq!(q("1Ki"), Some(1_024_000_000_000));
         assert_eq!(q("1e3"), Some(1_000_000_000_000));
         assert_eq!(q("-2"), Some(-2_000_000_000));
         assert_eq!(q("1.5Gi"), Some(1_610_612_736_000_000_000));

@@ -59,13 +59,10 @@ pub fn default_service(o: &mut Obj) {
         }
     }
     let ty = value::str_of(spec, "type").to_string();
-    let has_external_ips = spec
-        .get("externalIPs")
-        .and_then(Value::as_array)
-        .is_some_and(|a| !a.is_empty());
-    let externally_accessible = ty == "LoadBalancer"
-        || ty == "NodePort"
-        || (ty == "ClusterIP" && has_external_ips);
+    let has_external_ips =
+        spec.get("externalIPs").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    let externally_accessible =
+        ty == "LoadBalancer" || ty == "NodePort" || (ty == "ClusterIP" && has_external_ips);
     if externally_accessible {
         default(spec, "externalTrafficPolicy", "Cluster");
     }
@@ -107,10 +104,9 @@ fn needs_cluster_ip(spec: &Obj) -> bool {
 fn needs_node_port(spec: &Obj) -> bool {
     match value::str_of(spec, "type") {
         "NodePort" => true,
-        "LoadBalancer" => spec
-            .get("allocateLoadBalancerNodePorts")
-            .and_then(Value::as_bool)
-            .unwrap_or(true),
+        "LoadBalancer" => {
+            spec.get("allocateLoadBalancerNodePorts").and_then(Value::as_bool).unwrap_or(true)
+        }
         _ => false,
     }
 }
@@ -139,10 +135,7 @@ pub fn prepare_service_update(n: &mut Obj, o: &Obj) {
         let port_key = |p: &Value| {
             (
                 p.get("port").and_then(Value::as_i64).unwrap_or(0),
-                p.get("protocol")
-                    .and_then(Value::as_str)
-                    .unwrap_or("TCP")
-                    .to_string(),
+                p.get("protocol").and_then(Value::as_str).unwrap_or("TCP").to_string(),
             )
         };
         let old_ports: Vec<((i64, String), i64)> = os
@@ -286,7 +279,13 @@ fn validate_spec(spec: &ServiceSpec, errs: &mut ErrorList) {
     }
     let mut port_names = HashSet::new();
     for (i, p) in ports.iter().enumerate() {
-        validate_service_port(p, ports.len() > 1, &mut port_names, &sp.child("ports").index(i), errs);
+        validate_service_port(
+            p,
+            ports.len() > 1,
+            &mut port_names,
+            &sp.child("ports").index(i),
+            errs,
+        );
     }
     if let Some(sel) = &spec.selector {
         errs.extend(meta::validate_labels(sel, &sp.child("selector")));
@@ -337,11 +336,7 @@ fn validate_spec(spec: &ServiceSpec, errs: &mut ErrorList) {
     validate_cluster_ips(spec, errs);
     for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
         if names::parse_ip(ip).is_none() {
-            errs.push(FieldError::invalid(
-                &sp.child("externalIPs").index(i),
-                ip,
-                names::IP_ERROR,
-            ));
+            errs.push(FieldError::invalid(&sp.child("externalIPs").index(i), ip, names::IP_ERROR));
         }
     }
     match ty {
@@ -494,11 +489,7 @@ fn validate_cluster_ips(spec: &ServiceSpec, errs: &mut ErrorList) {
             continue;
         }
         if names::parse_ip(c).is_none() {
-            errs.push(FieldError::invalid(
-                &sp.child("clusterIPs").index(i),
-                c,
-                names::IP_ERROR,
-            ));
+            errs.push(FieldError::invalid(&sp.child("clusterIPs").index(i), c, names::IP_ERROR));
         }
     }
     if ips.len() > 2 {

@@ -51,37 +51,128 @@ fn deployment_defaults() {
 #[test]
 fn deployment_rejections() {
     let base = workload("Deployment");
-    let cases: &[(&str, &dyn Fn(&mut Value), &str, &str)] = &[
-        ("negative replicas", &|d| { d["spec"]["replicas"] = json!(-1); },
-            "spec.replicas: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("selector mismatch", &|d| { d["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"}); },
-            "spec.template.metadata.labels: Invalid value: map[string]string{\"app\":\"other\"}: `selector` does not match template `labels`", "FieldValueInvalid"),
-        ("missing selector", &|d| { d["spec"].as_object_mut().unwrap().remove("selector"); },
-            "spec.selector: Required value", "FieldValueRequired"),
-        ("restart policy", &|d| { d["spec"]["template"]["spec"]["restartPolicy"] = json!("Never"); },
-            "spec.template.spec.restartPolicy: Unsupported value: \"Never\": supported values: \"Always\"", "FieldValueNotSupported"),
-        ("both zero", &|d| { d["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}); },
-            "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 0: may not be 0 when `maxSurge` is 0", "FieldValueInvalid"),
-        ("bad percent", &|d| { d["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": "abc"}}); },
-            "spec.strategy.rollingUpdate.maxSurge: Invalid value: \"abc\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')", "FieldValueInvalid"),
-        ("over 100%", &|d| { d["spec"]["strategy"] = json!({"rollingUpdate": {"maxUnavailable": "150%"}}); },
-            "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: \"150%\": must not be greater than 100%", "FieldValueInvalid"),
-        ("recreate with rolling", &|d| { d["spec"]["strategy"] = json!({"type": "Recreate", "rollingUpdate": {}}); },
-            "spec.strategy.rollingUpdate: Forbidden: may not be specified when strategy `type` is 'Recreate'", "FieldValueForbidden"),
-        ("strategy type", &|d| { d["spec"]["strategy"] = json!({"type": "Blue"}); },
-            "spec.strategy: Unsupported value: \"Blue\": supported values: \"Recreate\", \"RollingUpdate\"", "FieldValueNotSupported"),
-        ("history", &|d| { d["spec"]["revisionHistoryLimit"] = json!(-2); },
-            "spec.revisionHistoryLimit: Invalid value: -2: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("deadline", &|d| { d["spec"]["minReadySeconds"] = json!(700); },
-            "spec.progressDeadlineSeconds: Invalid value: 600: must be greater than minReadySeconds", "FieldValueInvalid"),
-        ("template container", &|d| { d["spec"]["template"]["spec"]["containers"][0]["image"] = json!(""); },
-            "spec.template.spec.containers[0].image: Required value", "FieldValueRequired"),
-        ("template label", &|d| { d["spec"]["template"]["metadata"]["labels"]["x"] = json!("a b"); },
-            "spec.template.labels: Invalid value: \"a b\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')", "FieldValueInvalid"),
-        ("empty selector", &|d| { d["spec"]["selector"] = json!({}); },
-            "spec.selector: Invalid value: {}: empty selector is invalid for deployment", "FieldValueInvalid"),
-        ("namespace missing", &|d| { d["metadata"].as_object_mut().unwrap().remove("namespace"); },
-            "metadata.namespace: Required value", "FieldValueRequired"),
+    let cases: &[Case] = &[
+        (
+            "negative replicas",
+            &|d| {
+                d["spec"]["replicas"] = json!(-1);
+            },
+            "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "selector mismatch",
+            &|d| {
+                d["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+            },
+            "spec.template.metadata.labels: Invalid value: map[string]string{\"app\":\"other\"}: `selector` does not match template `labels`",
+            "FieldValueInvalid",
+        ),
+        (
+            "missing selector",
+            &|d| {
+                d["spec"].as_object_mut().unwrap().remove("selector");
+            },
+            "spec.selector: Required value",
+            "FieldValueRequired",
+        ),
+        (
+            "restart policy",
+            &|d| {
+                d["spec"]["template"]["spec"]["restartPolicy"] = json!("Never");
+            },
+            "spec.template.spec.restartPolicy: Unsupported value: \"Never\": supported values: \"Always\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "both zero",
+            &|d| {
+                d["spec"]["strategy"] =
+                    json!({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}});
+            },
+            "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 0: may not be 0 when `maxSurge` is 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "bad percent",
+            &|d| {
+                d["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": "abc"}});
+            },
+            "spec.strategy.rollingUpdate.maxSurge: Invalid value: \"abc\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+            "FieldValueInvalid",
+        ),
+        (
+            "over 100%",
+            &|d| {
+                d["spec"]["strategy"] = json!({"rollingUpdate": {"maxUnavailable": "150%"}});
+            },
+            "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: \"150%\": must not be greater than 100%",
+            "FieldValueInvalid",
+        ),
+        (
+            "recreate with rolling",
+            &|d| {
+                d["spec"]["strategy"] = json!({"type": "Recreate", "rollingUpdate": {}});
+            },
+            "spec.strategy.rollingUpdate: Forbidden: may not be specified when strategy `type` is 'Recreate'",
+            "FieldValueForbidden",
+        ),
+        (
+            "strategy type",
+            &|d| {
+                d["spec"]["strategy"] = json!({"type": "Blue"});
+            },
+            "spec.strategy: Unsupported value: \"Blue\": supported values: \"Recreate\", \"RollingUpdate\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "history",
+            &|d| {
+                d["spec"]["revisionHistoryLimit"] = json!(-2);
+            },
+            "spec.revisionHistoryLimit: Invalid value: -2: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "deadline",
+            &|d| {
+                d["spec"]["minReadySeconds"] = json!(700);
+            },
+            "spec.progressDeadlineSeconds: Invalid value: 600: must be greater than minReadySeconds",
+            "FieldValueInvalid",
+        ),
+        (
+            "template container",
+            &|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("");
+            },
+            "spec.template.spec.containers[0].image: Required value",
+            "FieldValueRequired",
+        ),
+        (
+            "template label",
+            &|d| {
+                d["spec"]["template"]["metadata"]["labels"]["x"] = json!("a b");
+            },
+            "spec.template.labels: Invalid value: \"a b\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+            "FieldValueInvalid",
+        ),
+        (
+            "empty selector",
+            &|d| {
+                d["spec"]["selector"] = json!({});
+            },
+            "spec.selector: Invalid value: {}: empty selector is invalid for deployment",
+            "FieldValueInvalid",
+        ),
+        (
+            "namespace missing",
+            &|d| {
+                d["metadata"].as_object_mut().unwrap().remove("namespace");
+            },
+            "metadata.namespace: Required value",
+            "FieldValueRequired",
+        ),
     ];
     rejects(DEPLOY, &base, cases);
     let mut d = base.clone();
@@ -139,7 +230,11 @@ fn deployment_updates() {
     let mut bad = old.clone();
     bad["status"] = json!({"replicas": -1});
     let (_, errs, _) = update(DEPLOY, Some("status"), &old, bad);
-    assert_has(&errs, "status.replicas: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid");
+    assert_has(
+        &errs,
+        "status.replicas: Invalid value: -1: must be greater than or equal to 0",
+        "FieldValueInvalid",
+    );
 }
 
 #[test]
@@ -149,7 +244,11 @@ fn replica_set_defaults_and_rules() {
     let mut bad = workload("ReplicaSet");
     bad["spec"]["template"]["spec"]["activeDeadlineSeconds"] = json!(5);
     let (_, errs) = create(RS, bad);
-    assert_has(&errs, "spec.template.spec.activeDeadlineSeconds: Forbidden: activeDeadlineSeconds in ReplicaSet is not Supported", "FieldValueForbidden");
+    assert_has(
+        &errs,
+        "spec.template.spec.activeDeadlineSeconds: Forbidden: activeDeadlineSeconds in ReplicaSet is not Supported",
+        "FieldValueForbidden",
+    );
 }
 
 #[test]
@@ -169,15 +268,39 @@ fn daemon_set_defaults_and_rules() {
     assert_eq!(obj["metadata"]["annotations"]["deprecated.daemonset.template.generation"], "2");
     assert_eq!(obj["metadata"]["generation"], 2);
     let base = workload("DaemonSet");
-    let cases: &[(&str, &dyn Fn(&mut Value), &str, &str)] = &[
-        ("both zero", &|d| { d["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 0}}); },
-            "spec.updateStrategy.rollingUpdate.maxUnavailable: Required value: cannot be 0 when maxSurge is 0", "FieldValueRequired"),
-        ("both set", &|d| { d["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 1}}); },
-            "spec.updateStrategy.rollingUpdate.maxSurge: Invalid value: 1: may not be set when maxUnavailable is non-zero", "FieldValueInvalid"),
-        ("mismatch", &|d| { d["spec"]["selector"] = json!({"matchLabels": {"app": "x"}}); },
-            "spec.template.metadata.labels: Invalid value: map[string]string{\"app\":\"web\"}: `selector` does not match template `labels`", "FieldValueInvalid"),
-        ("strategy type", &|d| { d["spec"]["updateStrategy"] = json!({"type": "Fast"}); },
-            "spec.updateStrategy: Unsupported value: \"Fast\": supported values: \"RollingUpdate\", \"OnDelete\"", "FieldValueNotSupported"),
+    let cases: &[Case] = &[
+        (
+            "both zero",
+            &|d| {
+                d["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 0}});
+            },
+            "spec.updateStrategy.rollingUpdate.maxUnavailable: Required value: cannot be 0 when maxSurge is 0",
+            "FieldValueRequired",
+        ),
+        (
+            "both set",
+            &|d| {
+                d["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 1}});
+            },
+            "spec.updateStrategy.rollingUpdate.maxSurge: Invalid value: 1: may not be set when maxUnavailable is non-zero",
+            "FieldValueInvalid",
+        ),
+        (
+            "mismatch",
+            &|d| {
+                d["spec"]["selector"] = json!({"matchLabels": {"app": "x"}});
+            },
+            "spec.template.metadata.labels: Invalid value: map[string]string{\"app\":\"web\"}: `selector` does not match template `labels`",
+            "FieldValueInvalid",
+        ),
+        (
+            "strategy type",
+            &|d| {
+                d["spec"]["updateStrategy"] = json!({"type": "Fast"});
+            },
+            "spec.updateStrategy: Unsupported value: \"Fast\": supported values: \"RollingUpdate\", \"OnDelete\"",
+            "FieldValueNotSupported",
+        ),
     ];
     rejects(DS, &base, cases);
 }
@@ -186,12 +309,17 @@ fn daemon_set_defaults_and_rules() {
 fn stateful_set_defaults_and_rules() {
     let mut s = workload("StatefulSet");
     s["spec"]["serviceName"] = json!("web");
-    s["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]);
-    s["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/d"}]);
+    s["spec"]["volumeClaimTemplates"] =
+        json!([{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]);
+    s["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "data", "mountPath": "/d"}]);
     let sts = admitted(STS, s);
     let spec = &sts["spec"];
     assert_eq!(spec["podManagementPolicy"], "OrderedReady");
-    assert_eq!(spec["updateStrategy"], json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+    assert_eq!(
+        spec["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
     assert_eq!(
         spec["persistentVolumeClaimRetentionPolicy"],
         json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
@@ -208,15 +336,38 @@ fn stateful_set_defaults_and_rules() {
     let mut new = sts.clone();
     new["spec"]["serviceName"] = json!("other");
     let (_, errs, _) = update(STS, None, &sts, new);
-    assert_has(&errs, "spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden", "FieldValueForbidden");
+    assert_has(
+        &errs,
+        "spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden",
+        "FieldValueForbidden",
+    );
     let base = workload("StatefulSet");
-    let cases: &[(&str, &dyn Fn(&mut Value), &str, &str)] = &[
-        ("policy", &|s| { s["spec"]["podManagementPolicy"] = json!("Random"); },
-            "spec.podManagementPolicy: Invalid value: \"Random\": must be 'OrderedReady' or 'Parallel'", "FieldValueInvalid"),
-        ("partition", &|s| { s["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"partition": -1}}); },
-            "spec.updateStrategy.rollingUpdate.partition: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("empty selector", &|s| { s["spec"]["selector"] = json!({}); },
-            "spec.selector: Invalid value: {}: empty selector is invalid for statefulset", "FieldValueInvalid"),
+    let cases: &[Case] = &[
+        (
+            "policy",
+            &|s| {
+                s["spec"]["podManagementPolicy"] = json!("Random");
+            },
+            "spec.podManagementPolicy: Invalid value: \"Random\": must be 'OrderedReady' or 'Parallel'",
+            "FieldValueInvalid",
+        ),
+        (
+            "partition",
+            &|s| {
+                s["spec"]["updateStrategy"] =
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"partition": -1}});
+            },
+            "spec.updateStrategy.rollingUpdate.partition: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "empty selector",
+            &|s| {
+                s["spec"]["selector"] = json!({});
+            },
+            "spec.selector: Invalid value: {}: empty selector is invalid for statefulset",
+            "FieldValueInvalid",
+        ),
     ];
     rejects(STS, &base, cases);
 }
@@ -226,7 +377,10 @@ fn scale_subresource() {
     let scale = json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
         "metadata": {"name": "web", "namespace": "default"}, "spec": {"replicas": -1}});
     let errs = validate(SCALE, Operation::Update, None, &scale, None);
-    assert_eq!(strings(&errs), vec!["spec.replicas: Invalid value: -1: must be greater than or equal to 0"]);
+    assert_eq!(
+        strings(&errs),
+        vec!["spec.replicas: Invalid value: -1: must be greater than or equal to 0"]
+    );
     let errs = validate(DEPLOY, Operation::Update, Some("scale"), &scale, None);
     assert_eq!(errs.len(), 1);
     let mut ok = scale.clone();

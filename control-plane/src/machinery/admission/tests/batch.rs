@@ -26,7 +26,10 @@ fn job_defaults_and_generated_selector() {
     assert_eq!(spec["suspend"], false);
     assert_eq!(spec["podReplacementPolicy"], "TerminatingOrFailed");
     assert!(spec.get("manualSelector").is_none());
-    assert_eq!(spec["selector"], json!({"matchLabels": {"batch.kubernetes.io/controller-uid": "0b1c"}}));
+    assert_eq!(
+        spec["selector"],
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": "0b1c"}})
+    );
     let labels = json!({
         "batch.kubernetes.io/controller-uid": "0b1c", "batch.kubernetes.io/job-name": "pi",
         "controller-uid": "0b1c", "job-name": "pi"
@@ -44,23 +47,72 @@ fn job_defaults_and_generated_selector() {
 #[test]
 fn job_rejections() {
     let base = job();
-    let cases: &[(&str, &dyn Fn(&mut Value), &str, &str)] = &[
-        ("restart always", &|j| { j["spec"]["template"]["spec"].as_object_mut().unwrap().remove("restartPolicy"); },
-            "spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\"", "FieldValueNotSupported"),
-        ("parallelism", &|j| { j["spec"]["parallelism"] = json!(-1); },
-            "spec.parallelism: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("completions", &|j| { j["spec"]["completions"] = json!(-1); },
-            "spec.completions: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("backoff", &|j| { j["spec"]["backoffLimit"] = json!(-1); },
-            "spec.backoffLimit: Invalid value: -1: must be greater than or equal to 0", "FieldValueInvalid"),
-        ("completion mode", &|j| { j["spec"]["completionMode"] = json!("Sometimes"); },
-            "spec.completionMode: Unsupported value: \"Sometimes\": supported values: \"NonIndexed\", \"Indexed\"", "FieldValueNotSupported"),
-        ("selector without manual", &|j| { j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}}); },
-            "spec.selector: Invalid value: {\"matchLabels\":{\"a\":\"b\",\"batch.kubernetes.io/controller-uid\":\"0b1c\"}}: `selector` not auto-generated", "FieldValueInvalid"),
-        ("manual mismatch", &|j| { j["spec"]["manualSelector"] = json!(true); j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}}); },
-            "spec.template.metadata.labels: Invalid value: map[string]string(nil): `selector` does not match template `labels`", "FieldValueInvalid"),
-        ("manual without selector", &|j| { j["spec"]["manualSelector"] = json!(true); },
-            "spec.selector: Required value", "FieldValueRequired"),
+    let cases: &[Case] = &[
+        (
+            "restart always",
+            &|j| {
+                j["spec"]["template"]["spec"].as_object_mut().unwrap().remove("restartPolicy");
+            },
+            "spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "parallelism",
+            &|j| {
+                j["spec"]["parallelism"] = json!(-1);
+            },
+            "spec.parallelism: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "completions",
+            &|j| {
+                j["spec"]["completions"] = json!(-1);
+            },
+            "spec.completions: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "backoff",
+            &|j| {
+                j["spec"]["backoffLimit"] = json!(-1);
+            },
+            "spec.backoffLimit: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "completion mode",
+            &|j| {
+                j["spec"]["completionMode"] = json!("Sometimes");
+            },
+            "spec.completionMode: Unsupported value: \"Sometimes\": supported values: \"NonIndexed\", \"Indexed\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "selector without manual",
+            &|j| {
+                j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}});
+            },
+            "spec.selector: Invalid value: {\"matchLabels\":{\"a\":\"b\",\"batch.kubernetes.io/controller-uid\":\"0b1c\"}}: `selector` not auto-generated",
+            "FieldValueInvalid",
+        ),
+        (
+            "manual mismatch",
+            &|j| {
+                j["spec"]["manualSelector"] = json!(true);
+                j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}});
+            },
+            "spec.template.metadata.labels: Invalid value: map[string]string(nil): `selector` does not match template `labels`",
+            "FieldValueInvalid",
+        ),
+        (
+            "manual without selector",
+            &|j| {
+                j["spec"]["manualSelector"] = json!(true);
+            },
+            "spec.selector: Required value",
+            "FieldValueRequired",
+        ),
     ];
     rejects(JOB, &base, cases);
 }

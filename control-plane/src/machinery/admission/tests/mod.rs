@@ -22,7 +22,12 @@ pub fn create(gvk: Gvk, mut obj: Value) -> (Value, Vec<FieldError>) {
 }
 
 /// Defaulting, update preparation and validation of `new` over the stored `old`.
-pub fn update(gvk: Gvk, sub: Option<&str>, old: &Value, mut new: Value) -> (Value, Vec<FieldError>, Prepared) {
+pub fn update(
+    gvk: Gvk,
+    sub: Option<&str>,
+    old: &Value,
+    mut new: Value,
+) -> (Value, Vec<FieldError>, Prepared) {
     default_object(gvk, &mut new).expect("object");
     let prepared = prepare_for_update(gvk, sub, &mut new, old);
     let errs = validate(gvk, Operation::Update, sub, &new, Some(old));
@@ -45,16 +50,16 @@ pub fn strings(errs: &[FieldError]) -> Vec<String> {
 pub fn assert_has(errs: &[FieldError], rendered: &str, reason: &str) {
     match errs.iter().find(|e| e.to_string() == rendered) {
         Some(e) => assert_eq!(e.reason(), reason, "reason of {rendered}"),
-        None => panic!(
-            "missing error\n  {rendered}\nhave:\n  {}",
-            strings(errs).join("\n  ")
-        ),
+        None => panic!("missing error\n  {rendered}\nhave:\n  {}", strings(errs).join("\n  ")),
     }
 }
 
+/// One row of a rejection table: name, mutation of a valid object, rendered error, reason.
+pub type Case<'a> = (&'a str, &'a dyn Fn(&mut Value), &'a str, &'a str);
+
 /// Runs a table of (mutation of a valid object, expected error, reason) rows.
 #[track_caller]
-pub fn rejects(gvk: Gvk, base: &Value, cases: &[(&str, &dyn Fn(&mut Value), &str, &str)]) {
+pub fn rejects(gvk: Gvk, base: &Value, cases: &[Case]) {
     for (name, mutate, rendered, reason) in cases {
         let mut obj = base.clone();
         mutate(&mut obj);

@@ -100,9 +100,13 @@ fn qos_class_and_requests_from_limits() {
     );
     let b = with_res(json!({"requests": {"cpu": "100m"}}));
     assert_eq!(b["status"]["qosClass"], "Burstable");
-    let b2 = with_res(json!({"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"cpu": "0.2", "memory": "1Gi"}}));
+    let b2 = with_res(
+        json!({"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"cpu": "0.2", "memory": "1Gi"}}),
+    );
     assert_eq!(b2["status"]["qosClass"], "Burstable");
-    let g2 = with_res(json!({"requests": {"cpu": "0.5", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1024Mi"}}));
+    let g2 = with_res(
+        json!({"requests": {"cpu": "0.5", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1024Mi"}}),
+    );
     assert_eq!(g2["status"]["qosClass"], "Guaranteed", "equal quantities in different forms");
 }
 
@@ -119,82 +123,285 @@ fn existing_tolerations_and_priority_class_are_respected() {
 #[test]
 fn pod_rejections() {
     let base = pod();
-    let cases: &[(&str, &dyn Fn(&mut Value), &str, &str)] = &[
-        ("no name", &|p| { p["metadata"]["name"] = json!(""); },
-            "metadata.name: Required value: name or generateName is required", "FieldValueRequired"),
-        ("bad name", &|p| { p["metadata"]["name"] = json!("Web_1"); },
+    let cases: &[Case] = &[
+        (
+            "no name",
+            &|p| {
+                p["metadata"]["name"] = json!("");
+            },
+            "metadata.name: Required value: name or generateName is required",
+            "FieldValueRequired",
+        ),
+        (
+            "bad name",
+            &|p| {
+                p["metadata"]["name"] = json!("Web_1");
+            },
             "metadata.name: Invalid value: \"Web_1\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            "FieldValueInvalid"),
-        ("bad generateName", &|p| { p["metadata"]["name"] = json!(""); p["metadata"]["generateName"] = json!("Web-"); },
+            "FieldValueInvalid",
+        ),
+        (
+            "bad generateName",
+            &|p| {
+                p["metadata"]["name"] = json!("");
+                p["metadata"]["generateName"] = json!("Web-");
+            },
             "metadata.generateName: Invalid value: \"Web-\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            "FieldValueInvalid"),
-        ("bad label value", &|p| { p["metadata"]["labels"] = json!({"app": "a b"}); },
+            "FieldValueInvalid",
+        ),
+        (
+            "bad label value",
+            &|p| {
+                p["metadata"]["labels"] = json!({"app": "a b"});
+            },
             "metadata.labels: Invalid value: \"a b\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
-            "FieldValueInvalid"),
-        ("bad label key", &|p| { p["metadata"]["labels"] = json!({"-app": "x"}); },
+            "FieldValueInvalid",
+        ),
+        (
+            "bad label key",
+            &|p| {
+                p["metadata"]["labels"] = json!({"-app": "x"});
+            },
             "metadata.labels: Invalid value: \"-app\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
-            "FieldValueInvalid"),
-        ("two controllers", &|p| { p["metadata"]["ownerReferences"] = json!([
+            "FieldValueInvalid",
+        ),
+        (
+            "two controllers",
+            &|p| {
+                p["metadata"]["ownerReferences"] = json!([
                 {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a", "uid": "1", "controller": true},
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b", "uid": "2", "controller": true}]); },
-            "", ""),
-        ("owner without uid", &|p| { p["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Node", "name": "a", "uid": ""}]); },
-            "metadata.ownerReferences.uid: Invalid value: \"\": uid must not be empty", "FieldValueInvalid"),
-        ("no containers", &|p| { p["spec"]["containers"] = json!([]); },
-            "spec.containers: Required value", "FieldValueRequired"),
-        ("no image", &|p| { p["spec"]["containers"][0]["image"] = json!(""); },
-            "spec.containers[0].image: Required value", "FieldValueRequired"),
-        ("duplicate container", &|p| { p["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "app", "image": "x"})); },
-            "spec.containers[1].name: Duplicate value: \"app\"", "FieldValueDuplicate"),
-        ("container name", &|p| { p["spec"]["containers"][0]["name"] = json!("App"); },
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "b", "uid": "2", "controller": true}]);
+            },
+            "",
+            "",
+        ),
+        (
+            "owner without uid",
+            &|p| {
+                p["metadata"]["ownerReferences"] =
+                    json!([{"apiVersion": "v1", "kind": "Node", "name": "a", "uid": ""}]);
+            },
+            "metadata.ownerReferences.uid: Invalid value: \"\": uid must not be empty",
+            "FieldValueInvalid",
+        ),
+        (
+            "no containers",
+            &|p| {
+                p["spec"]["containers"] = json!([]);
+            },
+            "spec.containers: Required value",
+            "FieldValueRequired",
+        ),
+        (
+            "no image",
+            &|p| {
+                p["spec"]["containers"][0]["image"] = json!("");
+            },
+            "spec.containers[0].image: Required value",
+            "FieldValueRequired",
+        ),
+        (
+            "duplicate container",
+            &|p| {
+                p["spec"]["containers"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "app", "image": "x"}));
+            },
+            "spec.containers[1].name: Duplicate value: \"app\"",
+            "FieldValueDuplicate",
+        ),
+        (
+            "container name",
+            &|p| {
+                p["spec"]["containers"][0]["name"] = json!("App");
+            },
             "spec.containers[0].name: Invalid value: \"App\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-            "FieldValueInvalid"),
-        ("port range", &|p| { p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 70000}]); },
-            "spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 and 65535, inclusive", "FieldValueInvalid"),
-        ("port protocol", &|p| { p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "protocol": "XYZ"}]); },
-            "spec.containers[0].ports[0].protocol: Unsupported value: \"XYZ\": supported values: \"SCTP\", \"TCP\", \"UDP\"", "FieldValueNotSupported"),
-        ("port names", &|p| { p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "name": "http"}, {"containerPort": 81, "name": "http"}]); },
-            "spec.containers[0].ports[1].name: Duplicate value: \"http\"", "FieldValueDuplicate"),
-        ("port name format", &|p| { p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "name": "8080"}]); },
-            "spec.containers[0].ports[0].name: Invalid value: \"8080\": must contain at least one letter (a-z)", "FieldValueInvalid"),
-        ("env name", &|p| { p["spec"]["containers"][0]["env"] = json!([{"name": "A=B", "value": "x"}]); },
-            "spec.containers[0].env[0].name: Invalid value: \"A=B\": a valid environment variable name must consist only of printable ASCII characters other than '='", "FieldValueInvalid"),
-        ("mount without volume", &|p| { p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/d"}]); },
-            "spec.containers[0].volumeMounts[0].name: Not found: \"data\"", "FieldValueNotFound"),
-        ("two volume sources", &|p| { p["spec"]["volumes"] = json!([{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]); },
-            "spec.volumes[0].emptyDir: Forbidden: may not specify more than 1 volume type", "FieldValueForbidden"),
-        ("duplicate volume", &|p| { p["spec"]["volumes"] = json!([{"name": "v"}, {"name": "v"}]); },
-            "spec.volumes[1].name: Duplicate value: \"v\"", "FieldValueDuplicate"),
-        ("restart policy", &|p| { p["spec"]["restartPolicy"] = json!("Sometimes"); },
-            "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\"", "FieldValueNotSupported"),
-        ("dns policy", &|p| { p["spec"]["dnsPolicy"] = json!("Google"); },
-            "spec.dnsPolicy: Unsupported value: \"Google\": supported values: \"ClusterFirst\", \"ClusterFirstWithHostNet\", \"Default\", \"None\"", "FieldValueNotSupported"),
-        ("dns none without config", &|p| { p["spec"]["dnsPolicy"] = json!("None"); },
-            "spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None", "FieldValueRequired"),
-        ("requests over limits", &|p| { p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}); },
-            "spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1", "FieldValueInvalid"),
-        ("bad quantity", &|p| { p["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "lots"}}); },
-            "spec.containers[0].resources.limits[memory]: Invalid value: \"lots\": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'", "FieldValueInvalid"),
-        ("negative quantity", &|p| { p["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "-1"}}); },
-            "spec.containers[0].resources.requests[memory]: Invalid value: \"-1\": must be greater than or equal to 0", "FieldValueInvalid"),
-        ("unknown resource", &|p| { p["spec"]["containers"][0]["resources"] = json!({"requests": {"gpu": "1"}}); },
-            "spec.containers[0].resources.requests[gpu]: Invalid value: \"gpu\": must be a standard resource for containers", "FieldValueInvalid"),
-        ("probe without handler", &|p| { p["spec"]["containers"][0]["readinessProbe"] = json!({"periodSeconds": 5}); },
-            "spec.containers[0].readinessProbe: Required value: must specify a handler type", "FieldValueRequired"),
-        ("liveness success threshold", &|p| { p["spec"]["containers"][0]["livenessProbe"] = json!({"exec": {"command": ["true"]}, "successThreshold": 2}); },
-            "spec.containers[0].livenessProbe.successThreshold: Invalid value: 2: must be 1", "FieldValueInvalid"),
-        ("toleration operator", &|p| { p["spec"]["tolerations"] = json!([{"key": "a", "operator": "Maybe"}]); },
-            "spec.tolerations[0].operator: Unsupported value: \"Maybe\": supported values: \"Equal\", \"Exists\"", "FieldValueNotSupported"),
-        ("toleration effect", &|p| { p["spec"]["tolerations"] = json!([{"key": "a", "operator": "Exists", "effect": "Sometimes"}]); },
-            "spec.tolerations[0].effect: Unsupported value: \"Sometimes\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"", "FieldValueNotSupported"),
-        ("node name", &|p| { p["spec"]["nodeName"] = json!("Node_1"); },
+            "FieldValueInvalid",
+        ),
+        (
+            "port range",
+            &|p| {
+                p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 70000}]);
+            },
+            "spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 and 65535, inclusive",
+            "FieldValueInvalid",
+        ),
+        (
+            "port protocol",
+            &|p| {
+                p["spec"]["containers"][0]["ports"] =
+                    json!([{"containerPort": 80, "protocol": "XYZ"}]);
+            },
+            "spec.containers[0].ports[0].protocol: Unsupported value: \"XYZ\": supported values: \"SCTP\", \"TCP\", \"UDP\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "port names",
+            &|p| {
+                p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "name": "http"}, {"containerPort": 81, "name": "http"}]);
+            },
+            "spec.containers[0].ports[1].name: Duplicate value: \"http\"",
+            "FieldValueDuplicate",
+        ),
+        (
+            "port name format",
+            &|p| {
+                p["spec"]["containers"][0]["ports"] =
+                    json!([{"containerPort": 80, "name": "8080"}]);
+            },
+            "spec.containers[0].ports[0].name: Invalid value: \"8080\": must contain at least one letter (a-z)",
+            "FieldValueInvalid",
+        ),
+        (
+            "env name",
+            &|p| {
+                p["spec"]["containers"][0]["env"] = json!([{"name": "A=B", "value": "x"}]);
+            },
+            "spec.containers[0].env[0].name: Invalid value: \"A=B\": a valid environment variable name must consist only of printable ASCII characters other than '='",
+            "FieldValueInvalid",
+        ),
+        (
+            "mount without volume",
+            &|p| {
+                p["spec"]["containers"][0]["volumeMounts"] =
+                    json!([{"name": "data", "mountPath": "/d"}]);
+            },
+            "spec.containers[0].volumeMounts[0].name: Not found: \"data\"",
+            "FieldValueNotFound",
+        ),
+        (
+            "two volume sources",
+            &|p| {
+                p["spec"]["volumes"] =
+                    json!([{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]);
+            },
+            "spec.volumes[0].emptyDir: Forbidden: may not specify more than 1 volume type",
+            "FieldValueForbidden",
+        ),
+        (
+            "duplicate volume",
+            &|p| {
+                p["spec"]["volumes"] = json!([{"name": "v"}, {"name": "v"}]);
+            },
+            "spec.volumes[1].name: Duplicate value: \"v\"",
+            "FieldValueDuplicate",
+        ),
+        (
+            "restart policy",
+            &|p| {
+                p["spec"]["restartPolicy"] = json!("Sometimes");
+            },
+            "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "dns policy",
+            &|p| {
+                p["spec"]["dnsPolicy"] = json!("Google");
+            },
+            "spec.dnsPolicy: Unsupported value: \"Google\": supported values: \"ClusterFirst\", \"ClusterFirstWithHostNet\", \"Default\", \"None\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "dns none without config",
+            &|p| {
+                p["spec"]["dnsPolicy"] = json!("None");
+            },
+            "spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None",
+            "FieldValueRequired",
+        ),
+        (
+            "requests over limits",
+            &|p| {
+                p["spec"]["containers"][0]["resources"] =
+                    json!({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}});
+            },
+            "spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1",
+            "FieldValueInvalid",
+        ),
+        (
+            "bad quantity",
+            &|p| {
+                p["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "lots"}});
+            },
+            "spec.containers[0].resources.limits[memory]: Invalid value: \"lots\": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+            "FieldValueInvalid",
+        ),
+        (
+            "negative quantity",
+            &|p| {
+                p["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "-1"}});
+            },
+            "spec.containers[0].resources.requests[memory]: Invalid value: \"-1\": must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "unknown resource",
+            &|p| {
+                p["spec"]["containers"][0]["resources"] = json!({"requests": {"gpu": "1"}});
+            },
+            "spec.containers[0].resources.requests[gpu]: Invalid value: \"gpu\": must be a standard resource for containers",
+            "FieldValueInvalid",
+        ),
+        (
+            "probe without handler",
+            &|p| {
+                p["spec"]["containers"][0]["readinessProbe"] = json!({"periodSeconds": 5});
+            },
+            "spec.containers[0].readinessProbe: Required value: must specify a handler type",
+            "FieldValueRequired",
+        ),
+        (
+            "liveness success threshold",
+            &|p| {
+                p["spec"]["containers"][0]["livenessProbe"] =
+                    json!({"exec": {"command": ["true"]}, "successThreshold": 2});
+            },
+            "spec.containers[0].livenessProbe.successThreshold: Invalid value: 2: must be 1",
+            "FieldValueInvalid",
+        ),
+        (
+            "toleration operator",
+            &|p| {
+                p["spec"]["tolerations"] = json!([{"key": "a", "operator": "Maybe"}]);
+            },
+            "spec.tolerations[0].operator: Unsupported value: \"Maybe\": supported values: \"Equal\", \"Exists\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "toleration effect",
+            &|p| {
+                p["spec"]["tolerations"] =
+                    json!([{"key": "a", "operator": "Exists", "effect": "Sometimes"}]);
+            },
+            "spec.tolerations[0].effect: Unsupported value: \"Sometimes\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "node name",
+            &|p| {
+                p["spec"]["nodeName"] = json!("Node_1");
+            },
             "spec.nodeName: Invalid value: \"Node_1\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            "FieldValueInvalid"),
-        ("active deadline", &|p| { p["spec"]["activeDeadlineSeconds"] = json!(0); },
-            "spec.activeDeadlineSeconds: Invalid value: 0: must be between 1 and 2147483647, inclusive", "FieldValueInvalid"),
-        ("namespace on pod", &|p| { p["metadata"]["namespace"] = json!("Bad"); },
+            "FieldValueInvalid",
+        ),
+        (
+            "active deadline",
+            &|p| {
+                p["spec"]["activeDeadlineSeconds"] = json!(0);
+            },
+            "spec.activeDeadlineSeconds: Invalid value: 0: must be between 1 and 2147483647, inclusive",
+            "FieldValueInvalid",
+        ),
+        (
+            "namespace on pod",
+            &|p| {
+                p["metadata"]["namespace"] = json!("Bad");
+            },
             "metadata.namespace: Invalid value: \"Bad\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-            "FieldValueInvalid"),
+            "FieldValueInvalid",
+        ),
     ];
     let (controllers, rest) = cases.split_at(6);
     rejects(POD, &base, &controllers[..5]);
@@ -203,10 +410,7 @@ fn pod_rejections() {
     let mut p = base.clone();
     (controllers[5].1)(&mut p);
     let (_, errs) = create(POD, p);
-    let e = errs
-        .iter()
-        .find(|e| e.field == "metadata.ownerReferences")
-        .expect("controller error");
+    let e = errs.iter().find(|e| e.field == "metadata.ownerReferences").expect("controller error");
     assert_eq!(e.reason(), "FieldValueInvalid");
     assert!(e.detail.ends_with(
         "Only one reference can have Controller set to true. Found \"true\" in references for ReplicaSet/a and ReplicaSet/b"
@@ -244,37 +448,57 @@ fn pod_update_rules() {
     assert!(errs[0].detail.contains("restartPolicy"));
     // Adding a toleration is fine; removing one is not.
     let mut new = old.clone();
-    new["spec"]["tolerations"].as_array_mut().unwrap().push(json!({"key": "x", "operator": "Exists"}));
+    new["spec"]["tolerations"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "x", "operator": "Exists"}));
     let (_, errs, _) = update(POD, None, &old, new);
     assert!(errs.is_empty(), "{:?}", strings(&errs));
     let mut new = old.clone();
     new["spec"]["tolerations"] = json!([]);
     let (_, errs, _) = update(POD, None, &old, new);
-    assert_has(&errs, "spec.tolerations: Forbidden: existing toleration can not be modified except its tolerationSeconds", "FieldValueForbidden");
+    assert_has(
+        &errs,
+        "spec.tolerations: Forbidden: existing toleration can not be modified except its tolerationSeconds",
+        "FieldValueForbidden",
+    );
     // Containers cannot be added.
     let mut new = old.clone();
     new["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "b", "image": "x"}));
     let (_, errs, _) = update(POD, None, &old, new);
-    assert_has(&errs, "spec.containers: Forbidden: pod updates may not add or remove containers", "FieldValueForbidden");
+    assert_has(
+        &errs,
+        "spec.containers: Forbidden: pod updates may not add or remove containers",
+        "FieldValueForbidden",
+    );
     // Name is immutable.
     let mut new = old.clone();
     new["metadata"]["name"] = json!("other");
     let (_, errs, _) = update(POD, None, &old, new);
-    assert_has(&errs, "metadata.name: Invalid value: \"other\": field is immutable", "FieldValueInvalid");
+    assert_has(
+        &errs,
+        "metadata.name: Invalid value: \"other\": field is immutable",
+        "FieldValueInvalid",
+    );
     // activeDeadlineSeconds may only shrink.
     let mut with_ads = old.clone();
     with_ads["spec"]["activeDeadlineSeconds"] = json!(100);
     let mut new = with_ads.clone();
     new["spec"]["activeDeadlineSeconds"] = json!(200);
     let (_, errs, _) = update(POD, None, &with_ads, new);
-    assert_has(&errs, "spec.activeDeadlineSeconds: Invalid value: 200: must be less than or equal to previous value", "FieldValueInvalid");
+    assert_has(
+        &errs,
+        "spec.activeDeadlineSeconds: Invalid value: 200: must be less than or equal to previous value",
+        "FieldValueInvalid",
+    );
 }
 
 #[test]
 fn pod_status_update() {
     let old = admitted(POD, pod());
     let mut new = old.clone();
-    new["status"] = json!({"phase": "Running", "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]});
+    new["status"] =
+        json!({"phase": "Running", "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]});
     new["spec"]["restartPolicy"] = json!("Never");
     let (obj, errs, _) = update(POD, Some("status"), &old, new);
     assert!(errs.is_empty(), "{:?}", strings(&errs));
@@ -283,7 +507,11 @@ fn pod_status_update() {
     let mut bad = old.clone();
     bad["status"]["phase"] = json!("Dancing");
     let (_, errs, _) = update(POD, Some("status"), &old, bad);
-    assert_has(&errs, "status.phase: Unsupported value: \"Dancing\": supported values: \"Failed\", \"Pending\", \"Running\", \"Succeeded\", \"Unknown\"", "FieldValueNotSupported");
+    assert_has(
+        &errs,
+        "status.phase: Unsupported value: \"Dancing\": supported values: \"Failed\", \"Pending\", \"Running\", \"Succeeded\", \"Unknown\"",
+        "FieldValueNotSupported",
+    );
 }
 
 #[test]
@@ -330,7 +558,8 @@ fn typical_pod_admission_is_fast() {
     let mut p = pod();
     p["metadata"]["labels"] = json!({"app": "web", "tier": "frontend"});
     p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "name": "http"}]);
-    p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m", "memory": "64Mi"}});
+    p["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}});
     // Warm up, then time a batch (debug build: generous bound, release is ~10x faster).
     let _ = create(POD, p.clone());
     let n = 200;
