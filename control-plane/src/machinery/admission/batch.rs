@@ -33,6 +33,7 @@ pub fn default_job(o: &mut Obj) {
     let replacement =
         if value::is_set(spec, "podFailurePolicy") { "Failed" } else { "TerminatingOrFailed" };
     default_ptr(spec, "podReplacementPolicy", replacement);
+    default_ptr(spec, "manualSelector", false);
     if let Some(t) = value::child(spec, "template")
         && let Some(ps) = ensure(t, "spec")
     {

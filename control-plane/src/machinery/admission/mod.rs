@@ -181,8 +181,13 @@ pub fn prepare_for_update(
                     None => n.remove(&k),
                 };
             }
-            if gvk.group == "apps" {
-                restore_meta_field(n, o, "labels");
+            match (gvk.group, gvk.kind) {
+                ("apps", _) => restore_meta_field(n, o, "labels"),
+                ("", "Pod") => {
+                    restore_meta_field(n, o, "ownerReferences");
+                    pod::backfill_qos_class(n, o);
+                }
+                _ => {}
             }
         }
         None if info.has_status => {

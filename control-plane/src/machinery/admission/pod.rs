@@ -206,6 +206,21 @@ fn add_default_tolerations(spec: &mut Obj) {
     }
 }
 
+/// The pod status strategy keeps the QoS class when a status write drops it.
+pub fn backfill_qos_class(n: &mut Obj, o: &Obj) {
+    let old = o
+        .get("status")
+        .and_then(|s| s.get("qosClass"))
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+        .map(str::to_string);
+    if let Some(q) = old
+        && let Some(st) = ensure(n, "status")
+    {
+        default(st, "qosClass", q);
+    }
+}
+
 /// Upstream `qos.GetPodQOS` over containers and init containers (cpu and memory only).
 pub fn qos_class(spec: &Obj) -> &'static str {
     let mut requests: BTreeMap<&str, Quantity> = BTreeMap::new();
@@ -343,6 +358,7 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
             ));
         }
     }
+    check_host_port_conflicts(&spec.containers, &containers_path, &mut errs);
     let init_path = path.child("initContainers");
     let mut init_names = HashSet::new();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
@@ -732,6 +748,29 @@ fn validate_container_ports(ports: &[ContainerPort], path: &Path, errs: &mut Err
             }
         }
         validate_protocol(port.protocol.as_deref(), &p.child("protocol"), errs);
+    }
+}
+
+/// Upstream `AccumulateUniqueHostPorts`: a protocol/hostIP/hostPort is used once.
+fn check_host_port_conflicts(containers: &[Container], path: &Path, errs: &mut ErrorList) {
+    let mut seen = HashSet::new();
+    for (ci, c) in containers.iter().enumerate() {
+        for (pi, p) in c.ports.iter().flatten().enumerate() {
+            let Some(hp) = p.host_port.filter(|h| *h != 0) else {
+                continue;
+            };
+            let key = format!(
+                "{}/{}/{hp}",
+                p.protocol.as_deref().unwrap_or_default(),
+                p.host_ip.as_deref().unwrap_or_default()
+            );
+            if !seen.insert(key.clone()) {
+                errs.push(FieldError::duplicate(
+                    &path.index(ci).child("ports").index(pi).child("hostPort"),
+                    key,
+                ));
+            }
+        }
     }
 }
 
@@ -1262,7 +1301,7 @@ pub fn validate_pod_status(new: &Value, old: Option<&Value>) -> ErrorList {
         let new_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
         if new_node != old_node {
             errs.push(FieldError::forbidden(
-                &Path::root("spec").child("nodeName"),
+                &Path::root("status").child("nodeName"),
                 "may not be changed directly",
             ));
         }

@@ -25,7 +25,7 @@ fn job_defaults_and_generated_selector() {
     assert_eq!(spec["completionMode"], "NonIndexed");
     assert_eq!(spec["suspend"], false);
     assert_eq!(spec["podReplacementPolicy"], "TerminatingOrFailed");
-    assert!(spec.get("manualSelector").is_none());
+    assert_eq!(spec["manualSelector"], false);
     assert_eq!(
         spec["selector"],
         json!({"matchLabels": {"batch.kubernetes.io/controller-uid": "0b1c"}})
