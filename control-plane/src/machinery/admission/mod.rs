@@ -143,7 +143,7 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("", "Namespace") => core::prepare_namespace_create(o),
         ("", "Service") => {
             o.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
-            service::normalize_cluster_ips(o);
+            service::normalize_cluster_ips_create(o);
         }
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
@@ -197,10 +197,7 @@ pub fn prepare_for_update(
             };
             match (gvk.group, gvk.kind) {
                 ("", "Namespace") => core::prepare_namespace_update(n, o),
-                ("", "Service") => {
-                    service::prepare_service_update(n, o);
-                    service::normalize_cluster_ips(n);
-                }
+                ("", "Service") => service::prepare_service_update(n, o),
                 ("apps", kind) => apps::prepare_update(kind, n, o),
                 _ => {}
             }

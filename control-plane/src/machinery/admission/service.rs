@@ -74,26 +74,45 @@ pub fn default_service(o: &mut Obj) {
     }
 }
 
-/// `normalizeClusterIPs`: `clusterIP` and `clusterIPs[0]` agree.
-pub fn normalize_cluster_ips(o: &mut Obj) {
+fn cluster_ip(spec: &Obj) -> &str {
+    value::str_of(spec, "clusterIP")
+}
+
+fn cluster_ips(spec: &Obj) -> &[Value] {
+    spec.get("clusterIPs").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+/// `normalizeClusterIPs` on create: an old client's `clusterIP` alone initializes
+/// `clusterIPs`.
+pub fn normalize_cluster_ips_create(o: &mut Obj) {
     let Some(spec) = value::child(o, "spec") else {
         return;
     };
-    let ip = value::str_of(spec, "clusterIP").to_string();
-    let first = spec
-        .get("clusterIPs")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    match (ip.is_empty(), first) {
-        (false, None) => {
-            spec.insert("clusterIPs".into(), json!([ip]));
+    let ip = cluster_ip(spec).to_string();
+    if !ip.is_empty() && cluster_ips(spec).is_empty() {
+        spec.insert("clusterIPs".into(), json!([ip]));
+    }
+}
+
+/// `normalizeClusterIPs` on update: keep `clusterIP` and `clusterIPs` linked the way an
+/// old (singular-only) or new client meant them.
+fn normalize_cluster_ips_update(ns: &mut Obj, os: &Obj) {
+    let same_ips = cluster_ips(ns) == cluster_ips(os);
+    if !cluster_ips(os).is_empty() && cluster_ips(ns).is_empty() && cluster_ip(os) == cluster_ip(ns)
+    {
+        if let Some(v) = os.get("clusterIPs") {
+            ns.insert("clusterIPs".into(), v.clone());
         }
-        (true, Some(f)) => {
-            spec.insert("clusterIP".into(), f.into());
+    }
+    if cluster_ip(os) != cluster_ip(ns) {
+        if !cluster_ip(os).is_empty() && cluster_ip(ns).is_empty() {
+            if same_ips {
+                ns.remove("clusterIPs");
+            }
+        } else if same_ips {
+            let ip = cluster_ip(ns).to_string();
+            ns.insert("clusterIPs".into(), json!([ip]));
         }
-        _ => {}
     }
 }
 
@@ -111,13 +130,85 @@ fn needs_node_port(spec: &Obj) -> bool {
     }
 }
 
-/// `patchAllocatedValues`: an update that omits the allocated clusterIP(s), IP families,
-/// nodePorts or healthCheckNodePort keeps the old ones.
+/// The service update path upstream runs before validation: `patchAllocatedValues` (an
+/// update that omits the allocated clusterIP(s), IP families, nodePorts or
+/// healthCheckNodePort keeps the old ones), `normalizeClusterIPs`, and
+/// `dropTypeDependentFields` (a type change drops what the new type cannot carry, when the
+/// client left it as it was).
 pub fn prepare_service_update(n: &mut Obj, o: &Obj) {
     let (Some(ns), Some(os)) = (value::child(n, "spec"), o.get("spec").and_then(Value::as_object))
     else {
         return;
     };
+    patch_allocated_values(ns, os);
+    normalize_cluster_ips_update(ns, os);
+    drop_type_dependent_fields(ns, os);
+    if value::str_of(ns, "type") != "LoadBalancer"
+        && let Some(st) = ensure(n, "status")
+    {
+        st.insert("loadBalancer".into(), json!({}));
+    }
+}
+
+fn node_ports(spec: &Obj) -> Vec<i64> {
+    spec.get("ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| p.get("nodePort").and_then(Value::as_i64).unwrap_or(0))
+        .collect()
+}
+
+fn needs_hc_node_port(spec: &Obj) -> bool {
+    value::str_of(spec, "type") == "LoadBalancer"
+        && value::str_of(spec, "externalTrafficPolicy") == "Local"
+}
+
+fn externally_accessible(spec: &Obj) -> bool {
+    match value::str_of(spec, "type") {
+        "LoadBalancer" | "NodePort" => true,
+        "ClusterIP" => {
+            spec.get("externalIPs").and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+        }
+        _ => false,
+    }
+}
+
+fn drop_type_dependent_fields(ns: &mut Obj, os: &Obj) {
+    let same = |ns: &Obj, key: &str| ns.get(key) == os.get(key);
+    if needs_cluster_ip(os) && !needs_cluster_ip(ns) {
+        if same(ns, "clusterIPs") {
+            ns.remove("clusterIP");
+            ns.remove("clusterIPs");
+        }
+        for key in ["ipFamilies", "ipFamilyPolicy"] {
+            if same(ns, key) {
+                ns.remove(key);
+            }
+        }
+    }
+    if needs_node_port(os) && !needs_node_port(ns) && node_ports(ns) == node_ports(os) {
+        for p in each(ns, "ports") {
+            p.remove("nodePort");
+        }
+    }
+    if needs_hc_node_port(os) && !needs_hc_node_port(ns) && same(ns, "healthCheckNodePort") {
+        ns.remove("healthCheckNodePort");
+    }
+    if value::str_of(os, "type") == "LoadBalancer" && value::str_of(ns, "type") != "LoadBalancer" {
+        for key in ["allocateLoadBalancerNodePorts", "loadBalancerClass"] {
+            if value::is_set(ns, key) && same(ns, key) {
+                ns.remove(key);
+            }
+        }
+    }
+    if externally_accessible(os) && !externally_accessible(ns) && same(ns, "externalTrafficPolicy")
+    {
+        ns.remove("externalTrafficPolicy");
+    }
+}
+
+fn patch_allocated_values(ns: &mut Obj, os: &Obj) {
     if needs_cluster_ip(ns) && needs_cluster_ip(os) {
         for key in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
             let missing = match ns.get(key) {

@@ -255,6 +255,27 @@ fn service_updates_keep_allocations() {
         "spec.clusterIPs[0]: Invalid value: []string{\"10.96.0.21\"}: may not change once set",
         "FieldValueInvalid",
     );
+    // A merge patch of the type alone drops what a ClusterIP service cannot carry.
+    let mut new = stored.clone();
+    new["spec"]["externalTrafficPolicy"] = json!("Cluster");
+    let stored_np = new.clone();
+    let mut new = stored_np.clone();
+    new["spec"]["type"] = json!("ClusterIP");
+    let (obj, errs, _) = update(SVC, None, &stored_np, new);
+    assert!(errs.is_empty(), "{:?}", strings(&errs));
+    assert!(obj["spec"]["ports"][0].get("nodePort").is_none());
+    assert!(obj["spec"].get("externalTrafficPolicy").is_none());
+    assert_eq!(obj["spec"]["clusterIP"], "10.96.0.20");
+    // An old client that sends only a new clusterIP is judged on it.
+    let mut new = stored.clone();
+    new["spec"]["clusterIP"] = json!("10.96.0.30");
+    let (obj, errs, _) = update(SVC, None, &stored, new);
+    assert_eq!(obj["spec"]["clusterIPs"], json!(["10.96.0.30"]));
+    assert_has(
+        &errs,
+        "spec.clusterIPs[0]: Invalid value: []string{\"10.96.0.30\"}: may not change once set",
+        "FieldValueInvalid",
+    );
     // Switching to ExternalName may drop it.
     let mut new = stored.clone();
     new["spec"] = json!({"type": "ExternalName", "externalName": "example.com"});
