@@ -98,11 +98,12 @@ pub fn normalize_cluster_ips_create(o: &mut Obj) {
 /// old (singular-only) or new client meant them.
 fn normalize_cluster_ips_update(ns: &mut Obj, os: &Obj) {
     let same_ips = cluster_ips(ns) == cluster_ips(os);
-    if !cluster_ips(os).is_empty() && cluster_ips(ns).is_empty() && cluster_ip(os) == cluster_ip(ns)
+    if cluster_ips(ns).is_empty()
+        && cluster_ip(os) == cluster_ip(ns)
+        && let Some(v) =
+            os.get("clusterIPs").filter(|v| v.as_array().is_some_and(|a| !a.is_empty()))
     {
-        if let Some(v) = os.get("clusterIPs") {
-            ns.insert("clusterIPs".into(), v.clone());
-        }
+        ns.insert("clusterIPs".into(), v.clone());
     }
     if cluster_ip(os) != cluster_ip(ns) {
         if !cluster_ip(os).is_empty() && cluster_ip(ns).is_empty() {
