@@ -116,8 +116,19 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
     }
     let spec = job.spec.clone().unwrap_or_default();
     let sp = Path::root("spec");
-    if old_job.is_none() && spec.manual_selector != Some(true) {
-        validate_generated_selector(&job, &mut errs);
+    if spec.manual_selector != Some(true) {
+        // New jobs must carry the prefixed labels; old ones only if they already had them.
+        let require_prefixed = old_job.as_ref().is_none_or(|o| {
+            let l = o
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.metadata.as_ref())
+                .and_then(|m| m.labels.as_ref());
+            l.is_some_and(|l| {
+                l.contains_key(JOB_NAME_LABEL) && l.contains_key(CONTROLLER_UID_LABEL)
+            })
+        });
+        validate_generated_selector(&job, require_prefixed, &mut errs);
     }
     for (v, name) in [
         (spec.parallelism, "parallelism"),
@@ -146,23 +157,42 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
             ));
         }
     }
-    if let Some(b) = spec.backoff_limit_per_index
-        && mode != Some("Indexed")
-    {
-        errs.push(FieldError::invalid(
+    if spec.max_failed_indexes.is_some() && spec.backoff_limit_per_index.is_none() {
+        errs.push(FieldError::required(
             &sp.child("backoffLimitPerIndex"),
-            i64::from(b),
-            "requires indexed completion mode",
+            "when maxFailedIndexes is specified",
         ));
     }
-    if let Some(p) = spec.pod_replacement_policy.as_deref()
-        && !matches!(p, "TerminatingOrFailed" | "Failed")
-    {
-        errs.push(FieldError::not_supported(
-            &sp.child("podReplacementPolicy"),
-            p,
-            &["Failed", "TerminatingOrFailed"],
-        ));
+    if mode.is_none_or(|m| m == "NonIndexed") {
+        for (v, name) in [
+            (spec.backoff_limit_per_index, "backoffLimitPerIndex"),
+            (spec.max_failed_indexes, "maxFailedIndexes"),
+        ] {
+            if let Some(v) = v {
+                errs.push(FieldError::invalid(
+                    &sp.child(name),
+                    i64::from(v),
+                    "requires indexed completion mode",
+                ));
+            }
+        }
+    }
+    if let Some(p) = spec.pod_replacement_policy.as_deref() {
+        if spec.pod_failure_policy.is_some() {
+            if p != "Failed" {
+                errs.push(FieldError::not_supported(
+                    &sp.child("podReplacementPolicy"),
+                    p,
+                    &["Failed"],
+                ));
+            }
+        } else if !matches!(p, "TerminatingOrFailed" | "Failed") {
+            errs.push(FieldError::not_supported(
+                &sp.child("podReplacementPolicy"),
+                p,
+                &["Failed", "TerminatingOrFailed"],
+            ));
+        }
     }
     let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
     match &spec.selector {
@@ -183,7 +213,13 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
     errs.extend(pod::validate_pod_template(Some(&spec.template), &tp));
     let rp =
         spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or_default();
-    if rp != "OnFailure" && rp != "Never" {
+    if rp == "Always" || rp.is_empty() {
+        // The template default (Always) is what most users hit: upstream says Required.
+        errs.push(FieldError::required(
+            &tp.child("spec").child("restartPolicy"),
+            "valid values: \"OnFailure\", \"Never\"",
+        ));
+    } else if rp != "OnFailure" && rp != "Never" {
         errs.push(FieldError::not_supported(
             &tp.child("spec").child("restartPolicy"),
             rp,
@@ -243,32 +279,37 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
     errs
 }
 
-fn validate_generated_selector(job: &Job, errs: &mut ErrorList) {
+/// Upstream `validateGeneratedSelector`: the generated labels are on the template with the
+/// job's uid and name, and the selector selects them.
+fn validate_generated_selector(job: &Job, require_prefixed: bool, errs: &mut ErrorList) {
     let Some(spec) = &job.spec else { return };
     let Some(sel) = &spec.selector else { return };
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let name = job.metadata.name.as_deref().unwrap_or_default();
     if uid.is_empty() {
         errs.push(FieldError::required(&Path::root("metadata").child("uid"), ""));
     }
-    let lp = Path::root("spec").child("template").child("metadata").child("labels");
+    let mp = Path::root("spec").child("template").child("metadata");
     let labels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
-    for key in [LEGACY_CONTROLLER_UID_LABEL, CONTROLLER_UID_LABEL] {
+    let mut expected = std::collections::BTreeMap::new();
+    let mut wanted = vec![(LEGACY_CONTROLLER_UID_LABEL, uid), (LEGACY_JOB_NAME_LABEL, name)];
+    if require_prefixed {
+        wanted.extend([(CONTROLLER_UID_LABEL, uid), (JOB_NAME_LABEL, name)]);
+    }
+    for (key, want) in wanted {
+        expected.insert(key.to_string(), want.to_string());
+        let lp = mp.child("labels").key(key);
         match labels.and_then(|l| l.get(key)) {
-            None => errs.push(FieldError::required(
-                &lp.key(key),
-                format!("`{key}` must be specified when `manualSelector` is not true"),
+            None => errs.push(FieldError::required(&lp, format!("must be '{want}'"))),
+            Some(v) if v != want => errs.push(FieldError::invalid(
+                &lp,
+                go_string_map(labels),
+                format!("must be '{want}'"),
             )),
-            Some(v) if v != uid => {
-                errs.push(FieldError::invalid(&lp.key(key), v, format!("must be '{uid}'")))
-            }
             Some(_) => {}
         }
     }
-    let expected =
-        std::collections::BTreeMap::from([(CONTROLLER_UID_LABEL.to_string(), uid.to_string())]);
-    let ok = sel.match_labels.as_ref() == Some(&expected)
-        && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty());
-    if !ok {
+    if !meta::selector_matches(sel, &expected) {
         errs.push(FieldError::invalid(
             &Path::root("spec").child("selector"),
             json_value(sel),

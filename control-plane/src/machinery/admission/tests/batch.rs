@@ -53,8 +53,32 @@ fn job_rejections() {
             &|j| {
                 j["spec"]["template"]["spec"].as_object_mut().unwrap().remove("restartPolicy");
             },
-            "spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\"",
+            "spec.template.spec.restartPolicy: Required value: valid values: \"OnFailure\", \"Never\"",
+            "FieldValueRequired",
+        ),
+        (
+            "restart policy value",
+            &|j| {
+                j["spec"]["template"]["spec"]["restartPolicy"] = json!("Sometimes");
+            },
+            "spec.template.spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"OnFailure\", \"Never\"",
             "FieldValueNotSupported",
+        ),
+        (
+            "wrong uid label",
+            &|j| {
+                j["spec"]["template"]["metadata"] = json!({"labels": {"controller-uid": "other"}});
+            },
+            "spec.template.metadata.labels[controller-uid]: Invalid value: map[string]string{\"batch.kubernetes.io/controller-uid\":\"0b1c\", \"batch.kubernetes.io/job-name\":\"pi\", \"controller-uid\":\"other\", \"job-name\":\"pi\"}: must be '0b1c'",
+            "FieldValueInvalid",
+        ),
+        (
+            "per index without indexed",
+            &|j| {
+                j["spec"]["backoffLimitPerIndex"] = json!(1);
+            },
+            "spec.backoffLimitPerIndex: Invalid value: 1: requires indexed completion mode",
+            "FieldValueInvalid",
         ),
         (
             "parallelism",
