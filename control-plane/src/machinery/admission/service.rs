@@ -569,18 +569,21 @@ fn validate_cluster_ips(spec: &ServiceSpec, errs: &mut ErrorList) {
     if ips.is_empty() && !ip.is_empty() && ip != "None" && names::parse_ip(ip).is_none() {
         errs.push(FieldError::invalid(&sp.child("clusterIP"), ip, names::IP_ERROR));
     }
+    let mut has_invalid = false;
     for (i, c) in ips.iter().enumerate() {
-        if c == "None" {
-            if i != 0 || ips.len() > 1 {
+        if i == 0 && c == "None" {
+            if ips.len() > 1 {
+                has_invalid = true;
                 errs.push(FieldError::invalid(
-                    &sp.child("clusterIPs").index(i),
-                    c,
+                    &sp.child("clusterIPs"),
+                    go_string_list(ips),
                     "'None' must be the first and only value",
                 ));
             }
             continue;
         }
         if names::parse_ip(c).is_none() {
+            has_invalid = true;
             errs.push(FieldError::invalid(&sp.child("clusterIPs").index(i), c, names::IP_ERROR));
         }
     }
@@ -591,15 +594,32 @@ fn validate_cluster_ips(spec: &ServiceSpec, errs: &mut ErrorList) {
             "may only hold up to 2 values",
         ));
     }
-    if ips.len() == 2
-        && let (Some(a), Some(b)) = (names::parse_ip(&ips[0]), names::parse_ip(&ips[1]))
-        && a.is_ipv4() == b.is_ipv4()
-    {
-        errs.push(FieldError::invalid(
-            &sp.child("clusterIPs"),
-            go_string_list(ips),
-            "may specify no more than one IP for each IP family",
-        ));
+    if !has_invalid {
+        let v6 = ips.iter().filter_map(|c| names::parse_ip(c)).filter(|ip| ip.is_ipv6()).count();
+        if ips.len() > 1 && (v6 == 0 || v6 == ips.len()) {
+            errs.push(FieldError::invalid(
+                &sp.child("clusterIPs"),
+                go_string_list(ips),
+                "may specify no more than one IP for each IP family",
+            ));
+        }
+        let headless = ips.len() == 1 && ips[0] == "None";
+        let families = spec.ip_families.as_deref().unwrap_or_default();
+        if !headless {
+            for (i, (c, f)) in ips.iter().zip(families).enumerate() {
+                let is_v6 = names::parse_ip(c).is_some_and(|ip| ip.is_ipv6());
+                let want = match f.as_str() {
+                    "IPv4" if is_v6 => "IPv4",
+                    "IPv6" if !is_v6 => "IPv6",
+                    _ => continue,
+                };
+                errs.push(FieldError::invalid(
+                    &sp.child("clusterIPs").index(i),
+                    c,
+                    format!("expected an {want} value as indicated by `ipFamilies[{i}]`"),
+                ));
+            }
+        }
     }
     for (i, f) in spec.ip_families.iter().flatten().enumerate() {
         if !matches!(f.as_str(), "IPv4" | "IPv6") {
