@@ -5,6 +5,17 @@
 //! Objects cross this boundary as `serde_json::Value`. Defaulting edits the JSON in place
 //! (so unknown fields survive); validation reads typed k8s-openapi structs deserialized by
 //! reference.
+//!
+//! The apiserver calls, in this order:
+//! - create: [`default_object`] → (name from generateName, uid, namespace,
+//!   creationTimestamp set by the apiserver) → [`prepare_for_create`] →
+//!   [`validate`]`(Create)`; a non-empty result is a 422 built with [`invalid_status`].
+//! - update (PUT or patched object, main resource or `/status`): [`default_object`] on the
+//!   new object → [`prepare_for_update`] → [`validate`]`(Update, sub, new, Some(old))`.
+//! - `/scale`: [`validate`] on the autoscaling/v1 Scale body (or the parent kind with
+//!   subresource `"scale"`); `/binding`: [`validate`] on the core/v1 Binding body.
+//!
+//! Kinds not listed in `kind_info` pass through untouched and valid.
 
 mod apps;
 mod batch;

@@ -478,13 +478,6 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
             &["Never", "PreemptLowerPriority"],
         ));
     }
-    if let Some(g) = spec.termination_grace_period_seconds
-        && g < 0
-    {
-        // Pods have negative values turned into 1 by defaulting; templates keep upstream's
-        // leniency (it warns), so only pods reach here with a negative value if undefaulted.
-        errs.push(FieldError::invalid(&path.child("terminationGracePeriodSeconds"), g, NEGATIVE));
-    }
     errs
 }
 
