@@ -26,6 +26,7 @@ mod names;
 mod other;
 mod pod;
 mod quantity;
+mod scheduling;
 mod service;
 mod value;
 

@@ -16,6 +16,7 @@ use super::field::{ErrorList, FieldError, Path, Raw, go_string_list};
 use super::meta::{self, NEGATIVE, nonnegative};
 use super::names;
 use super::quantity::{QUANTITY_FORMAT_ERROR, Quantity};
+use super::scheduling;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
 use super::{Gvk, typed, validate_meta};
 
@@ -468,6 +469,31 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
     }
     if let Some(ts) = &spec.tolerations {
         errs.extend(validate_tolerations(ts, &path.child("tolerations")));
+    }
+    if let Some(a) = &spec.affinity {
+        scheduling::validate_affinity(a, &path.child("affinity"), &mut errs);
+    }
+    if let Some(c) = &spec.topology_spread_constraints {
+        scheduling::validate_topology_spread(
+            c,
+            &path.child("topologySpreadConstraints"),
+            &mut errs,
+        );
+    }
+    if spec.host_network == Some(true) {
+        for (i, c) in spec.containers.iter().enumerate() {
+            for (j, p) in c.ports.iter().flatten().enumerate() {
+                let hp = p.host_port.unwrap_or(0);
+                // Templates keep hostPort unset (0); pods have it defaulted.
+                if hp != 0 && hp != p.container_port {
+                    errs.push(FieldError::invalid(
+                        &containers_path.index(i).child("ports").index(j).child("hostPort"),
+                        hp,
+                        "must match `containerPort` when `hostNetwork` is true",
+                    ));
+                }
+            }
+        }
     }
     if let Some(pp) = spec.preemption_policy.as_deref()
         && !matches!(pp, "PreemptLowerPriority" | "Never")

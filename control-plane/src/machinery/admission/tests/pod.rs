@@ -387,6 +387,60 @@ fn pod_rejections() {
             "FieldValueInvalid",
         ),
         (
+            "affinity operator",
+            &|p| {
+                p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near"}]}]}}});
+            },
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator: Invalid value: \"Near\": not a valid selector operator",
+            "FieldValueInvalid",
+        ),
+        (
+            "affinity weight",
+            &|p| {
+                p["spec"]["affinity"] = json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 0, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}});
+            },
+            "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight: Invalid value: 0: must be in the range 1-100",
+            "FieldValueInvalid",
+        ),
+        (
+            "affinity topology key",
+            &|p| {
+                p["spec"]["affinity"] = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "db"}}}]}});
+            },
+            "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: Required value: can not be empty",
+            "FieldValueRequired",
+        ),
+        (
+            "spread skew",
+            &|p| {
+                p["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]);
+            },
+            "spec.topologySpreadConstraints[0].maxSkew: Invalid value: 0: must be greater than zero",
+            "FieldValueInvalid",
+        ),
+        (
+            "spread action",
+            &|p| {
+                p["spec"]["topologySpreadConstraints"] =
+                    json!([{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}]);
+            },
+            "spec.topologySpreadConstraints[0].whenUnsatisfiable: Unsupported value: \"Maybe\": supported values: \"DoNotSchedule\", \"ScheduleAnyway\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "host network port",
+            &|p| {
+                p["spec"]["hostNetwork"] = json!(true);
+                p["spec"]["containers"][0]["ports"] =
+                    json!([{"containerPort": 80, "hostPort": 8080}]);
+            },
+            "spec.containers[0].ports[0].hostPort: Invalid value: 8080: must match `containerPort` when `hostNetwork` is true",
+            "FieldValueInvalid",
+        ),
+        (
             "active deadline",
             &|p| {
                 p["spec"]["activeDeadlineSeconds"] = json!(0);
@@ -578,4 +632,27 @@ fn typical_pod_admission_is_fast() {
     let per = start.elapsed() / n;
     eprintln!("default + prepare + validate of a pod: {per:?} (debug build)");
     assert!(per < std::time::Duration::from_millis(2), "admission of a pod took {per:?}");
+}
+
+#[test]
+fn scheduling_fields_that_are_valid_pass() {
+    let mut p = pod();
+    p["spec"]["hostNetwork"] = json!(true);
+    p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8080}]);
+    p["spec"]["affinity"] = json!({
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]}}}]}
+    });
+    p["spec"]["topologySpreadConstraints"] = json!([
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": {"matchLabels": {"app": "web"}}}
+    ]);
+    let p = admitted(POD, p);
+    assert_eq!(
+        p["spec"]["containers"][0]["ports"][0]["hostPort"], 8080,
+        "host network pods get hostPort = containerPort"
+    );
 }
