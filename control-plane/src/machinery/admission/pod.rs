@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use super::field::{ErrorList, FieldError, Path, Raw, go_string_list};
+use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
 use super::meta::{self, NEGATIVE, nonnegative};
 use super::names;
 use super::quantity::{QUANTITY_FORMAT_ERROR, Quantity};
@@ -417,6 +417,15 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &Path) -> ErrorList {
             &["Always", "OnFailure", "Never"],
         )),
     }
+    if let Some(sc) = &spec.security_context {
+        let sp = path.child("securityContext");
+        id_in_range(sc.run_as_user, &sp.child("runAsUser"), &mut errs);
+        id_in_range(sc.run_as_group, &sp.child("runAsGroup"), &mut errs);
+        id_in_range(sc.fs_group, &sp.child("fsGroup"), &mut errs);
+        for (i, g) in sc.supplemental_groups.iter().flatten().enumerate() {
+            id_in_range(Some(*g), &sp.child("supplementalGroups").index(i), &mut errs);
+        }
+    }
     let dns_policy = spec.dns_policy.as_deref().unwrap_or_default();
     match dns_policy {
         "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None" => {}
@@ -597,12 +606,14 @@ fn validate_volumes<'a>(vols: &'a [Volume], path: &Path, errs: &mut ErrorList) -
                 el.push(FieldError::required(&p.child("secret").child("secretName"), ""));
             }
             check_mode(s.default_mode, &p.child("secret").child("defaultMode"), &mut el);
+            key_to_path_items(s.items.as_deref(), &p.child("secret").child("items"), &mut el);
         }
         if let Some(c) = &v.config_map {
             if c.name.is_empty() {
                 el.push(FieldError::required(&p.child("configMap").child("name"), ""));
             }
             check_mode(c.default_mode, &p.child("configMap").child("defaultMode"), &mut el);
+            key_to_path_items(c.items.as_deref(), &p.child("configMap").child("items"), &mut el);
         }
         if let Some(h) = &v.host_path {
             if h.path.is_empty() {
@@ -664,6 +675,41 @@ fn validate_volumes<'a>(vols: &'a [Volume], path: &Path, errs: &mut ErrorList) -
     names_ok
 }
 
+/// Upstream `IsValidUserID`/`IsValidGroupID`: 0..=2147483647.
+fn id_in_range(id: Option<i64>, path: &Path, errs: &mut ErrorList) {
+    if let Some(id) = id
+        && !(0..=i64::from(i32::MAX)).contains(&id)
+    {
+        errs.push(FieldError::invalid(
+            path,
+            id,
+            names::inclusive_range_error(0, i64::from(i32::MAX)),
+        ));
+    }
+}
+
+/// Upstream `validateKeyToPathItems`.
+fn key_to_path_items(
+    items: Option<&[k8s_openapi::api::core::v1::KeyToPath]>,
+    path: &Path,
+    errs: &mut ErrorList,
+) {
+    for (i, kp) in items.unwrap_or_default().iter().enumerate() {
+        let ip = path.index(i);
+        if kp.key.is_empty() {
+            errs.push(FieldError::required(&ip.child("key"), ""));
+        }
+        if kp.path.is_empty() {
+            errs.push(FieldError::required(&ip.child("path"), ""));
+        }
+        validate_local_descending_path(&kp.path, &ip.child("path"), errs);
+        if kp.path.starts_with("..") && !kp.path.starts_with("../") {
+            errs.push(FieldError::invalid(&ip.child("path"), &kp.path, "must not start with '..'"));
+        }
+        check_mode(kp.mode, &ip.child("mode"), errs);
+    }
+}
+
 fn check_mode(mode: Option<i32>, path: &Path, errs: &mut ErrorList) {
     if let Some(m) = mode
         && !(0..=0o777).contains(&m)
@@ -718,6 +764,28 @@ fn validate_container_common(
     }
     if let Some(r) = &c.resources {
         validate_resources(r, &p.child("resources"), errs);
+    }
+    if let Some(sc) = &c.security_context {
+        let sp = p.child("securityContext");
+        id_in_range(sc.run_as_user, &sp.child("runAsUser"), errs);
+        id_in_range(sc.run_as_group, &sp.child("runAsGroup"), errs);
+        if sc.allow_privilege_escalation == Some(false) {
+            if sc.privileged == Some(true) {
+                errs.push(FieldError::invalid(
+                    &sp,
+                    json_value(sc),
+                    "cannot set `allowPrivilegeEscalation` to false and `privileged` to true",
+                ));
+            }
+            let adds = sc.capabilities.as_ref().and_then(|c| c.add.as_ref());
+            if adds.is_some_and(|a| a.iter().any(|c| c == "CAP_SYS_ADMIN")) {
+                errs.push(FieldError::invalid(
+                    &sp,
+                    json_value(sc),
+                    "cannot set `allowPrivilegeEscalation` to false and `capabilities.Add` CAP_SYS_ADMIN",
+                ));
+            }
+        }
     }
     if let Some(lc) = &c.lifecycle {
         let lp = p.child("lifecycle");

@@ -441,6 +441,22 @@ fn pod_rejections() {
             "FieldValueInvalid",
         ),
         (
+            "run as user",
+            &|p| {
+                p["spec"]["securityContext"] = json!({"runAsUser": -1});
+            },
+            "spec.securityContext.runAsUser: Invalid value: -1: must be between 0 and 2147483647, inclusive",
+            "FieldValueInvalid",
+        ),
+        (
+            "volume item path",
+            &|p| {
+                p["spec"]["volumes"] = json!([{"name": "c", "configMap": {"name": "c", "items": [{"key": "a", "path": "../x"}]}}]);
+            },
+            "spec.volumes[0].configMap.items[0].path: Invalid value: \"../x\": must not contain '..'",
+            "FieldValueInvalid",
+        ),
+        (
             "active deadline",
             &|p| {
                 p["spec"]["activeDeadlineSeconds"] = json!(0);
