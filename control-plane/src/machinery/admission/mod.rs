@@ -288,13 +288,27 @@ pub fn invalid_status(kind: &str, group: &str, name: &str, errs: &[FieldError]) 
     let causes: Vec<Value> = errs
         .iter()
         .map(|e| {
-            serde_json::json!({
-                "reason": e.reason(),
-                "message": e.body(),
-                "field": e.field,
-            })
+            let mut c = serde_json::Map::new();
+            c.insert("reason".into(), e.reason().into());
+            c.insert("message".into(), e.body().into());
+            // `omitempty` fields are left out when empty, as upstream serializes them.
+            if !e.field.is_empty() {
+                c.insert("field".into(), e.field.clone().into());
+            }
+            Value::Object(c)
         })
         .collect();
+    let mut details = serde_json::Map::new();
+    if !name.is_empty() {
+        details.insert("name".into(), name.into());
+    }
+    if !group.is_empty() {
+        details.insert("group".into(), group.into());
+    }
+    details.insert("kind".into(), kind.into());
+    if !causes.is_empty() {
+        details.insert("causes".into(), Value::Array(causes));
+    }
     serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -302,7 +316,7 @@ pub fn invalid_status(kind: &str, group: &str, name: &str, errs: &[FieldError]) 
         "status": "Failure",
         "message": invalid_message(kind, group, name, errs),
         "reason": "Invalid",
-        "details": {"name": name, "group": group, "kind": kind, "causes": causes},
+        "details": details,
         "code": 422,
     })
 }

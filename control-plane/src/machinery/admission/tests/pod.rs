@@ -624,6 +624,8 @@ fn invalid_message_and_status() {
     let st = invalid_status("Pod", "", "web", &errs);
     assert_eq!(st["code"], 422);
     assert_eq!(st["reason"], "Invalid");
+    assert_eq!(st["details"]["kind"], "Pod");
+    assert!(st["details"].get("group").is_none(), "core group is omitted");
     assert_eq!(
         st["details"]["causes"][0],
         json!({"reason": "FieldValueRequired", "message": "Required value", "field": "spec.containers[0].image"})
