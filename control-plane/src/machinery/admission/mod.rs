@@ -13,7 +13,14 @@
 //! - update (PUT or patched object, main resource or `/status`): [`default_object`] on the
 //!   new object → [`prepare_for_update`] → [`validate`]`(Update, sub, new, Some(old))`.
 //! - `/scale`: [`validate`] on the autoscaling/v1 Scale body (or the parent kind with
-//!   subresource `"scale"`); `/binding`: [`validate`] on the core/v1 Binding body.
+//!   subresource `"scale"`); then the parent with the new replicas goes through
+//!   [`prepare_for_update`] (subresource `None` or `"scale"`, same effect) and
+//!   [`validate`]`(Update, None, ..)` like a main-resource update.
+//! - `/binding`: [`validate`] on the core/v1 Binding body only; setting `spec.nodeName`
+//!   (and the PodScheduled condition) is not a pod update and must not go through pod
+//!   update validation, which forbids changing `spec.nodeName` as upstream does.
+//! - graceful deletion (deletionTimestamp, deletionGracePeriodSeconds) and finalizer
+//!   removal need no admission beyond what the apiserver checks itself.
 //!
 //! Kinds not listed in `kind_info` pass through untouched and valid.
 
@@ -202,7 +209,7 @@ pub fn prepare_for_update(
                 _ => {}
             }
         }
-        None if info.has_status => {
+        None | Some("scale") if info.has_status => {
             match o.get("status") {
                 Some(s) => n.insert("status".into(), s.clone()),
                 None => n.remove("status"),
