@@ -15,6 +15,7 @@ use super::field::{ErrorList, FieldError, Path, go_string_map, json_value};
 use super::meta::{self, FIELD_IMMUTABLE, NEGATIVE, nonnegative};
 use super::names;
 use super::pod;
+use super::quantity;
 use super::value::{self, Obj, default, default_ptr, ensure};
 use super::{Gvk, typed, validate_meta};
 
@@ -78,6 +79,10 @@ pub fn default_workload(kind: &str, o: &mut Obj) {
                 pvc.entry("kind").or_insert_with(|| "PersistentVolumeClaim".into());
                 if let Some(s) = ensure(pvc, "spec") {
                     default(s, "volumeMode", "Filesystem");
+                    if let Some(r) = value::child(s, "resources") {
+                        quantity::canonicalize_list(r.get_mut("requests"));
+                        quantity::canonicalize_list(r.get_mut("limits"));
+                    }
                 }
                 if let Some(st) = ensure(pvc, "status") {
                     default(st, "phase", "Pending");

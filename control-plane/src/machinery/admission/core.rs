@@ -14,6 +14,7 @@ use super::field::{ErrorList, FieldError, Path, go_string_list, json_value};
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
 use super::pod::{validate_protocol, validate_taint_effect};
+use super::quantity;
 use super::value::{self, Obj, default, each, ensure};
 use super::{Gvk, typed, validate_meta};
 
@@ -102,11 +103,14 @@ pub fn default_node(o: &mut Obj) {
             _ => {}
         }
     }
-    if let Some(st) = value::child(o, "status")
-        && !value::is_set(st, "allocatable")
-        && let Some(cap) = st.get("capacity").cloned()
-    {
-        st.insert("allocatable".into(), cap);
+    if let Some(st) = value::child(o, "status") {
+        quantity::canonicalize_list(st.get_mut("capacity"));
+        quantity::canonicalize_list(st.get_mut("allocatable"));
+        if !value::is_set(st, "allocatable")
+            && let Some(cap) = st.get("capacity").cloned()
+        {
+            st.insert("allocatable".into(), cap);
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
 use super::meta::{self, NEGATIVE, nonnegative};
 use super::names;
-use super::quantity::{QUANTITY_FORMAT_ERROR, Quantity};
+use super::quantity::{self, QUANTITY_FORMAT_ERROR, Quantity};
 use super::scheduling;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
 use super::{Gvk, typed, validate_meta};
@@ -58,6 +58,12 @@ pub fn default_pod_spec(spec: &mut Obj, is_pod: bool) {
     }
     for v in each(spec, "volumes") {
         default_volume(v);
+        quantity::canonicalize(value::child(v, "emptyDir").and_then(|e| e.get_mut("sizeLimit")));
+    }
+    quantity::canonicalize_list(spec.get_mut("overhead"));
+    if let Some(r) = value::child(spec, "resources") {
+        quantity::canonicalize_list(r.get_mut("requests"));
+        quantity::canonicalize_list(r.get_mut("limits"));
     }
 }
 
@@ -100,6 +106,10 @@ fn default_container(c: &mut Obj, is_pod: bool, host_network: bool) {
                 default_handler(h);
             }
         }
+    }
+    if let Some(res) = value::child(c, "resources") {
+        quantity::canonicalize_list(res.get_mut("requests"));
+        quantity::canonicalize_list(res.get_mut("limits"));
     }
     if is_pod && let Some(res) = value::child(c, "resources") {
         // Requests default to limits (SetDefaults_Pod only, not templates).

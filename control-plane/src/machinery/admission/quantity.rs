@@ -1,9 +1,108 @@
 //! Resource quantities (`resource.Quantity`): parsing upstream's serialized form into an
-//! exact value in nano-units so requests, limits and QoS can be compared.
+//! exact value in nano-units so requests, limits and QoS can be compared, and printing it
+//! back in upstream's canonical form (what a stored object shows: `0.5` becomes `500m`).
 
 /// Upstream's decode error for a malformed quantity.
 pub const QUANTITY_FORMAT_ERROR: &str =
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
+
+/// How upstream formats a quantity, decided by the suffix it was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    DecimalSi,
+    BinarySi,
+    DecimalExponent,
+}
+
+const NANO: i128 = 1_000_000_000;
+
+/// Upstream `Quantity.String()` of a serialized quantity: `None` when it does not parse
+/// (validation reports it) or is out of the exactly representable range.
+pub fn canonical(s: &str) -> Option<String> {
+    let q = Quantity::parse(s)?;
+    if q.0 == i128::MAX || q.0 == -i128::MAX {
+        return None;
+    }
+    let rest = s.trim().trim_start_matches(['+', '-']);
+    let suffix = rest.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let mut format = if suffix.ends_with('i') {
+        Format::BinarySi
+    } else if suffix.starts_with(['e', 'E']) {
+        Format::DecimalExponent
+    } else {
+        Format::DecimalSi
+    };
+    if q.0 == 0 {
+        return Some("0".to_string());
+    }
+    if format == Format::BinarySi && (q.0.abs() < 1024 * NANO || q.0 % NANO != 0) {
+        format = Format::DecimalSi;
+    }
+    let sign = if q.0 < 0 { "-" } else { "" };
+    let v = q.0.abs();
+    if format == Format::BinarySi {
+        let mut n = v / NANO;
+        let mut exp = 0;
+        while exp < 6 && n % 1024 == 0 {
+            n /= 1024;
+            exp += 1;
+        }
+        let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][exp];
+        return Some(format!("{sign}{n}{suffix}"));
+    }
+    // Decimal: strip factors of ten, then bring the exponent down to a multiple of three.
+    let mut m = v;
+    let mut exp: i32 = -9;
+    while m % 10 == 0 {
+        m /= 10;
+        exp += 1;
+    }
+    while exp.rem_euclid(3) != 0 {
+        m *= 10;
+        exp -= 1;
+    }
+    let suffix = match (format, exp) {
+        (Format::DecimalExponent, 0) => String::new(),
+        (Format::DecimalExponent, e) => format!("e{e}"),
+        (_, -9) => "n".into(),
+        (_, -6) => "u".into(),
+        (_, -3) => "m".into(),
+        (_, 0) => String::new(),
+        (_, 3) => "k".into(),
+        (_, 6) => "M".into(),
+        (_, 9) => "G".into(),
+        (_, 12) => "T".into(),
+        (_, 15) => "P".into(),
+        (_, 18) => "E".into(),
+        (_, e) => format!("e{e}"),
+    };
+    Some(format!("{sign}{m}{suffix}"))
+}
+
+/// Rewrites every quantity of a resource list (`{"cpu": "0.5"}`) in canonical form, as a
+/// decode and re-encode does upstream; malformed values are left for validation.
+pub fn canonicalize_list(list: Option<&mut serde_json::Value>) {
+    let Some(list) = list.and_then(serde_json::Value::as_object_mut) else {
+        return;
+    };
+    for v in list.values_mut() {
+        canonicalize(Some(v));
+    }
+}
+
+/// Rewrites one quantity value in canonical form (numbers become strings, as upstream
+/// accepts `cpu: 1` and serializes `"1"`).
+pub fn canonicalize(v: Option<&mut serde_json::Value>) {
+    let Some(v) = v else { return };
+    let text = match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return,
+    };
+    if let Some(c) = canonical(&text) {
+        *v = serde_json::Value::String(c);
+    }
+}
 
 /// A parsed quantity in units of 10^-9, saturating at the i128 range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,6 +197,10 @@ impl Quantity {
         if saturated {
             v = i128::MAX;
         }
+        // Magnitudes are kept below 2^100 so sums and canonical forms cannot overflow.
+        if v > (1i128 << 100) {
+            v = i128::MAX;
+        }
         Some(Quantity(if negative { -v } else { v }))
     }
 
@@ -112,7 +215,41 @@ impl Quantity {
 
 #[cfg(test)]
 mod tests {
-    use super::Quantity;
+    use super::{Quantity, canonical};
+
+    #[test]
+    fn canonical_forms_match_upstream() {
+        for (input, want) in [
+            ("0.5", "500m"),
+            ("1000m", "1"),
+            ("1024Mi", "1Gi"),
+            ("1.5Gi", "1536Mi"),
+            ("0.5Gi", "512Mi"),
+            ("100", "100"),
+            ("2000", "2k"),
+            ("1500", "1500"),
+            ("0", "0"),
+            ("0Mi", "0"),
+            ("1Ki", "1Ki"),
+            ("1023Ki", "1023Ki"),
+            ("100Mi", "100Mi"),
+            ("1.1", "1100m"),
+            ("0.0001", "100u"),
+            ("1e3", "1e3"),
+            ("12e6", "12e6"),
+            ("1.5e3", "1500"),
+            ("500", "500"),
+            ("-0.5", "-500m"),
+            ("128974848", "128974848"),
+            ("129e6", "129e6"),
+            ("129M", "129M"),
+            ("123Mi", "123Mi"),
+            ("0.1Ki", "102400m"),
+        ] {
+            assert_eq!(canonical(input).as_deref(), Some(want), "{input}");
+        }
+        assert_eq!(canonical("lots"), None);
+    }
 
     #[test]
     fn parses_upstream_forms() {

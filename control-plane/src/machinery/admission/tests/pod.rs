@@ -98,6 +98,12 @@ fn qos_class_and_requests_from_limits() {
         g["spec"]["containers"][0]["resources"]["requests"],
         json!({"cpu": "500m", "memory": "128Mi"})
     );
+    let c = with_res(json!({"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"cpu": 1}}));
+    assert_eq!(
+        c["spec"]["containers"][0]["resources"],
+        json!({"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "1"}}),
+        "quantities are stored in canonical form"
+    );
     let b = with_res(json!({"requests": {"cpu": "100m"}}));
     assert_eq!(b["status"]["qosClass"], "Burstable");
     let b2 = with_res(
