@@ -3,6 +3,7 @@
 mod apps;
 mod batch;
 mod core;
+mod kubectl;
 mod other;
 mod pod;
 mod service;
