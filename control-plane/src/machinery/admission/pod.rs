@@ -79,7 +79,10 @@ fn default_container(c: &mut Obj, is_pod: bool, host_network: bool) {
     default(c, "terminationMessagePolicy", "File");
     for p in each(c, "ports") {
         default(p, "protocol", "TCP");
-        if host_network
+        // Pods only: for templates this is behind DefaultHostNetworkHostPortsInPodTemplates,
+        // off in 1.33.
+        if is_pod
+            && host_network
             && p.get("hostPort").and_then(Value::as_i64).unwrap_or(0) == 0
             && let Some(cp) = p.get("containerPort").cloned()
         {

@@ -387,3 +387,13 @@ fn scale_subresource() {
     ok["spec"]["replicas"] = json!(3);
     assert!(validate(SCALE, Operation::Update, None, &ok, None).is_empty());
 }
+
+#[test]
+fn host_network_templates_keep_host_port_unset() {
+    let mut ds = workload("DaemonSet");
+    ds["spec"]["template"]["spec"]["hostNetwork"] = json!(true);
+    ds["spec"]["template"]["spec"]["containers"][0]["ports"] = json!([{"containerPort": 9100}]);
+    let ds = admitted(DS, ds);
+    let port = &ds["spec"]["template"]["spec"]["containers"][0]["ports"][0];
+    assert!(port.get("hostPort").is_none(), "{port}");
+}
