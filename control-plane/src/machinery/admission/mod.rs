@@ -1,0 +1,362 @@
+//! Admission for the built-in kinds: upstream defaulting (`SetDefaults_*`, the defaulting
+//! admission plugins and the strategies' `PrepareForCreate/Update`) and validation
+//! (`pkg/apis/*/validation`) with upstream's field errors and 422 messages.
+//!
+//! Objects cross this boundary as `serde_json::Value`. Defaulting edits the JSON in place
+//! (so unknown fields survive); validation reads typed k8s-openapi structs deserialized by
+//! reference.
+//!
+//! The apiserver calls, in this order:
+//! - create: [`default_object`] → (name from generateName, uid, namespace,
+//!   creationTimestamp set by the apiserver) → [`prepare_for_create`] →
+//!   [`validate`]`(Create)`; a non-empty result is a 422 built with [`invalid_status`].
+//! - update (PUT or patched object, main resource or `/status`): [`default_object`] on the
+//!   new object → [`prepare_for_update`] → [`validate`]`(Update, sub, new, Some(old))`.
+//! - `/scale`: [`validate`] on the autoscaling/v1 Scale body (or the parent kind with
+//!   subresource `"scale"`); then the parent with the new replicas goes through
+//!   [`prepare_for_update`] (subresource `None` or `"scale"`, same effect) and
+//!   [`validate`]`(Update, None, ..)` like a main-resource update.
+//! - `/binding`: [`validate`] on the core/v1 Binding body only; setting `spec.nodeName`
+//!   (and the PodScheduled condition) is not a pod update and must not go through pod
+//!   update validation, which forbids changing `spec.nodeName` as upstream does.
+//! - graceful deletion (deletionTimestamp, deletionGracePeriodSeconds) and finalizer
+//!   removal need no admission beyond what the apiserver checks itself.
+//!
+//! Kinds not listed in `kind_info` pass through untouched and valid.
+
+mod apps;
+mod batch;
+mod core;
+mod field;
+mod meta;
+mod names;
+mod other;
+mod pod;
+mod quantity;
+mod scheduling;
+mod service;
+mod value;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use field::{FieldError, FieldErrorKind, Path, aggregate};
+use meta::NameRule;
+
+/// The kind of the object handed to admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gvk<'a> {
+    pub group: &'a str,
+    pub version: &'a str,
+    pub kind: &'a str,
+}
+
+impl<'a> Gvk<'a> {
+    pub const fn new(group: &'a str, version: &'a str, kind: &'a str) -> Self {
+        Self { group, version, kind }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+/// What `prepare_for_update` decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prepared {
+    /// The write changed what the kind's generation tracks (spec, for Deployments also
+    /// annotations); `metadata.generation` of `new` has already been set to old + 1 then
+    /// (and to old's otherwise) for kinds that keep a generation.
+    pub spec_changed: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the {kind} object is not a JSON object")]
+    NotAnObject { kind: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Scope and name rule of a kind this module knows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KindInfo {
+    pub namespaced: bool,
+    pub name_rule: NameRule,
+    /// Whether the main resource's writes leave `status` alone (a status subresource).
+    pub has_status: bool,
+    /// Whether the strategy keeps `metadata.generation` (1 on create, +1 on spec change).
+    pub tracks_generation: bool,
+}
+
+pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
+    use NameRule::*;
+    let k = |namespaced, name_rule, has_status, tracks_generation| {
+        Some(KindInfo { namespaced, name_rule, has_status, tracks_generation })
+    };
+    match (gvk.group, gvk.kind) {
+        ("", "Namespace") => k(false, Label, true, false),
+        ("", "Node") => k(false, Subdomain, true, false),
+        ("", "Pod") => k(true, Subdomain, true, true),
+        ("", "Service") => k(true, Dns1035, true, false),
+        ("", "Endpoints") => k(true, Subdomain, false, false),
+        ("", "ConfigMap") => k(true, Subdomain, false, false),
+        ("", "Secret") => k(true, Subdomain, false, false),
+        ("", "ServiceAccount") => k(true, Subdomain, false, false),
+        ("", "Event") => k(true, PathSegment, false, false),
+        ("", "Binding") => k(true, Subdomain, false, false),
+        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet") => {
+            k(true, Subdomain, true, true)
+        }
+        ("autoscaling", "Scale") => k(true, Subdomain, false, false),
+        ("batch", "Job") => k(true, Subdomain, true, true),
+        ("discovery.k8s.io", "EndpointSlice") => k(true, Subdomain, false, false),
+        ("coordination.k8s.io", "Lease") => k(true, Subdomain, false, false),
+        ("rbac.authorization.k8s.io", "Role" | "RoleBinding") => k(true, PathSegment, false, false),
+        ("rbac.authorization.k8s.io", "ClusterRole" | "ClusterRoleBinding") => {
+            k(false, PathSegment, false, false)
+        }
+        _ => None,
+    }
+}
+
+/// Upstream defaulting (`SetDefaults_*` of the versioned types), applied to the object as
+/// received on create and update, before `prepare_for_*` and `validate`. Unknown kinds are
+/// left alone.
+pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
+    let Some(o) = obj.as_object_mut() else {
+        return Err(Error::NotAnObject { kind: gvk.kind.to_string() });
+    };
+    match (gvk.group, gvk.kind) {
+        ("", "Pod") => pod::default_pod(o),
+        ("", "Service") => service::default_service(o),
+        ("", "Namespace") => core::default_namespace(o),
+        ("", "Secret") => core::default_secret(o),
+        ("", "Node") => core::default_node(o),
+        ("", "Endpoints") => core::default_endpoints(o),
+        ("apps", _) => apps::default_workload(gvk.kind, o),
+        ("batch", "Job") => batch::default_job(o),
+        ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
+        ("rbac.authorization.k8s.io", _) => other::default_rbac(gvk.kind, o),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What the strategies and defaulting admission plugins set on create: status reset, the
+/// pod's phase and QoS class, service account, priority and default tolerations, the Job's
+/// generated selector, `metadata.generation` 1 for kinds that keep one. Call after
+/// `default_object`, with `metadata.uid` already set.
+pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
+    let Some(info) = kind_info(gvk) else { return };
+    let Some(o) = obj.as_object_mut() else { return };
+    if info.tracks_generation
+        && let Some(m) = value::ensure(o, "metadata")
+    {
+        m.insert("generation".into(), Value::from(1));
+    }
+    match (gvk.group, gvk.kind) {
+        ("", "Pod") => pod::prepare_pod_create(o),
+        ("", "Namespace") => core::prepare_namespace_create(o),
+        ("", "Service") => {
+            o.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
+            service::normalize_cluster_ips_create(o);
+        }
+        ("apps", _) => apps::prepare_create(gvk.kind, o),
+        ("batch", "Job") => batch::prepare_job_create(o),
+        _ => {}
+    }
+}
+
+/// What an update must not change: through the main resource `status` is reset to old's;
+/// through `/status` everything but `status` and `metadata` is reset to old's (for apps
+/// kinds also `metadata.labels`). Sets `metadata.generation` (old's, +1 when the spec
+/// changed) for kinds that keep one and says whether the spec changed.
+pub fn prepare_for_update(
+    gvk: Gvk,
+    subresource: Option<&str>,
+    new: &mut Value,
+    old: &Value,
+) -> Prepared {
+    let Some(info) = kind_info(gvk) else {
+        return Prepared::default();
+    };
+    let (Some(n), Some(o)) = (new.as_object_mut(), old.as_object()) else {
+        return Prepared::default();
+    };
+    match subresource {
+        Some("status") => {
+            let keys: Vec<String> = n
+                .keys()
+                .chain(o.keys())
+                .filter(|k| !matches!(k.as_str(), "status" | "metadata" | "apiVersion" | "kind"))
+                .cloned()
+                .collect();
+            for k in keys {
+                match o.get(&k) {
+                    Some(v) => n.insert(k, v.clone()),
+                    None => n.remove(&k),
+                };
+            }
+            match (gvk.group, gvk.kind) {
+                ("apps", _) => restore_meta_field(n, o, "labels"),
+                ("", "Pod") => {
+                    restore_meta_field(n, o, "ownerReferences");
+                    pod::backfill_qos_class(n, o);
+                }
+                _ => {}
+            }
+        }
+        None | Some("scale") if info.has_status => {
+            match o.get("status") {
+                Some(s) => n.insert("status".into(), s.clone()),
+                None => n.remove("status"),
+            };
+            match (gvk.group, gvk.kind) {
+                ("", "Namespace") => core::prepare_namespace_update(n, o),
+                ("", "Service") => service::prepare_service_update(n, o),
+                ("apps", kind) => apps::prepare_update(kind, n, o),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    let mut spec_changed = n.get("spec") != o.get("spec");
+    if gvk.group == "apps" && gvk.kind == "Deployment" {
+        spec_changed |= n.get("metadata").and_then(|m| m.get("annotations"))
+            != o.get("metadata").and_then(|m| m.get("annotations"));
+    }
+    if !info.tracks_generation {
+        return Prepared { spec_changed: false };
+    }
+    let old_gen =
+        o.get("metadata").and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
+    if let Some(m) = value::ensure(n, "metadata") {
+        let g = if spec_changed { old_gen + 1 } else { old_gen };
+        m.insert("generation".into(), Value::from(g));
+    }
+    Prepared { spec_changed }
+}
+
+fn restore_meta_field(n: &mut value::Obj, o: &value::Obj, key: &str) {
+    let old = o.get("metadata").and_then(|m| m.get(key)).cloned();
+    if let Some(m) = value::ensure(n, "metadata") {
+        match old {
+            Some(v) => m.insert(key.into(), v),
+            None => m.remove(key),
+        };
+    }
+}
+
+/// Upstream validation of a create or update (`ValidateX`/`ValidateXUpdate`, and the
+/// status, scale and binding variants by `subresource`). Call after defaulting and
+/// `prepare_for_*`. `old` is required for updates. Unknown kinds yield no errors.
+pub fn validate(
+    gvk: Gvk,
+    op: Operation,
+    subresource: Option<&str>,
+    new: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
+    let old = match op {
+        Operation::Create => None,
+        Operation::Update => old,
+    };
+    match (gvk.group, gvk.kind, subresource) {
+        (_, _, Some("binding")) | ("", "Binding", _) => core::validate_binding(new),
+        (_, _, Some("scale")) | ("autoscaling", "Scale", _) => apps::validate_scale(new),
+        ("", "Pod", Some("status")) => pod::validate_pod_status(new, old),
+        ("", "Pod", _) => pod::validate_pod(new, old),
+        ("", "Service", _) => service::validate_service(new, old),
+        ("", _, _) => core::validate(gvk.kind, new, old),
+        ("apps", _, _) => apps::validate(gvk.kind, subresource, new, old),
+        ("batch", "Job", _) => batch::validate_job(subresource, new, old),
+        _ => other::validate(gvk, new, old),
+    }
+}
+
+/// The message of upstream's 422 `Invalid` status:
+/// `Deployment.apps "web" is invalid: [spec.replicas: Invalid value: -1: ..., ...]`.
+pub fn invalid_message(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> String {
+    let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+    let name = field::go_quote(name);
+    if errs.is_empty() {
+        format!("{qualified} {name} is invalid")
+    } else {
+        format!("{qualified} {name} is invalid: {}", aggregate(errs))
+    }
+}
+
+/// The whole 422 `Status` object upstream sends for these errors (`details.causes` with
+/// `reason`, `message` and `field` per error).
+pub fn invalid_status(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> Value {
+    let causes: Vec<Value> = errs
+        .iter()
+        .map(|e| {
+            let mut c = serde_json::Map::new();
+            c.insert("reason".into(), e.reason().into());
+            c.insert("message".into(), e.body().into());
+            // `omitempty` fields are left out when empty, as upstream serializes them.
+            if !e.field.is_empty() {
+                c.insert("field".into(), e.field.clone().into());
+            }
+            Value::Object(c)
+        })
+        .collect();
+    let mut details = serde_json::Map::new();
+    if !name.is_empty() {
+        details.insert("name".into(), name.into());
+    }
+    if !group.is_empty() {
+        details.insert("group".into(), group.into());
+    }
+    details.insert("kind".into(), kind.into());
+    if !causes.is_empty() {
+        details.insert("causes".into(), Value::Array(causes));
+    }
+    serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": invalid_message(kind, group, name, errs),
+        "reason": "Invalid",
+        "details": details,
+        "code": 422,
+    })
+}
+
+/// Deserializes a typed view of `v` without copying it; a shape error becomes one field
+/// error (the apiserver's decoding normally rejects such bodies first).
+pub(crate) fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, Vec<FieldError>> {
+    T::deserialize(v).map_err(|e| {
+        vec![FieldError {
+            kind: FieldErrorKind::Invalid,
+            field: String::new(),
+            value: None,
+            detail: format!("cannot decode object: {e}"),
+        }]
+    })
+}
+
+/// ObjectMeta validation for a known kind (create, or create + update checks).
+pub(crate) fn validate_meta(
+    kind: Gvk,
+    new: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    old: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+) -> Vec<FieldError> {
+    let Some(info) = kind_info(kind) else {
+        return Vec::new();
+    };
+    let path = Path::root("metadata");
+    let mut errs = meta::validate_object_meta(new, info.namespaced, info.name_rule, &path);
+    if let Some(old) = old {
+        errs.extend(meta::validate_object_meta_update(new, old, &path));
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+const JOB: Gvk<'static> = Gvk::new("batch", "v1", "Job");
+
+fn job() -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "pi", "namespace": "default", "uid": "0b1c"},
+        "spec": {"template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "pi", "image": "perl:5.34"}]
+        }}}
+    })
+}
+
+#[test]
+fn job_defaults_and_generated_selector() {
+    let j = admitted(JOB, job());
+    let spec = &j["spec"];
+    assert_eq!(spec["completions"], 1);
+    assert_eq!(spec["parallelism"], 1);
+    assert_eq!(spec["backoffLimit"], 6);
+    assert_eq!(spec["completionMode"], "NonIndexed");
+    assert_eq!(spec["suspend"], false);
+    assert_eq!(spec["podReplacementPolicy"], "TerminatingOrFailed");
+    assert_eq!(spec["manualSelector"], false);
+    assert_eq!(
+        spec["selector"],
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": "0b1c"}})
+    );
+    let labels = json!({
+        "batch.kubernetes.io/controller-uid": "0b1c", "batch.kubernetes.io/job-name": "pi",
+        "controller-uid": "0b1c", "job-name": "pi"
+    });
+    assert_eq!(spec["template"]["metadata"]["labels"], labels);
+    assert_eq!(j["metadata"]["labels"], labels, "a job without labels takes its template's");
+    assert_eq!(j["metadata"]["generation"], 1);
+    // Only parallelism set: completions stay unset.
+    let mut p = job();
+    p["spec"]["parallelism"] = json!(3);
+    let j = admitted(JOB, p);
+    assert!(j["spec"].get("completions").is_none());
+}
+
+#[test]
+fn job_rejections() {
+    let base = job();
+    let cases: &[Case] = &[
+        (
+            "restart always",
+            &|j| {
+                j["spec"]["template"]["spec"].as_object_mut().unwrap().remove("restartPolicy");
+            },
+            "spec.template.spec.restartPolicy: Required value: valid values: \"OnFailure\", \"Never\"",
+            "FieldValueRequired",
+        ),
+        (
+            "restart policy value",
+            &|j| {
+                j["spec"]["template"]["spec"]["restartPolicy"] = json!("Sometimes");
+            },
+            "spec.template.spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"OnFailure\", \"Never\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "wrong uid label",
+            &|j| {
+                j["spec"]["template"]["metadata"] = json!({"labels": {"controller-uid": "other"}});
+            },
+            "spec.template.metadata.labels[controller-uid]: Invalid value: map[string]string{\"batch.kubernetes.io/controller-uid\":\"0b1c\", \"batch.kubernetes.io/job-name\":\"pi\", \"controller-uid\":\"other\", \"job-name\":\"pi\"}: must be '0b1c'",
+            "FieldValueInvalid",
+        ),
+        (
+            "per index without indexed",
+            &|j| {
+                j["spec"]["backoffLimitPerIndex"] = json!(1);
+            },
+            "spec.backoffLimitPerIndex: Invalid value: 1: requires indexed completion mode",
+            "FieldValueInvalid",
+        ),
+        (
+            "parallelism",
+            &|j| {
+                j["spec"]["parallelism"] = json!(-1);
+            },
+            "spec.parallelism: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "completions",
+            &|j| {
+                j["spec"]["completions"] = json!(-1);
+            },
+            "spec.completions: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "backoff",
+            &|j| {
+                j["spec"]["backoffLimit"] = json!(-1);
+            },
+            "spec.backoffLimit: Invalid value: -1: must be greater than or equal to 0",
+            "FieldValueInvalid",
+        ),
+        (
+            "completion mode",
+            &|j| {
+                j["spec"]["completionMode"] = json!("Sometimes");
+            },
+            "spec.completionMode: Unsupported value: \"Sometimes\": supported values: \"NonIndexed\", \"Indexed\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "selector without manual",
+            &|j| {
+                j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}});
+            },
+            "spec.selector: Invalid value: {\"matchLabels\":{\"a\":\"b\",\"batch.kubernetes.io/controller-uid\":\"0b1c\"}}: `selector` not auto-generated",
+            "FieldValueInvalid",
+        ),
+        (
+            "manual mismatch",
+            &|j| {
+                j["spec"]["manualSelector"] = json!(true);
+                j["spec"]["selector"] = json!({"matchLabels": {"a": "b"}});
+            },
+            "spec.template.metadata.labels: Invalid value: map[string]string(nil): `selector` does not match template `labels`",
+            "FieldValueInvalid",
+        ),
+        (
+            "manual without selector",
+            &|j| {
+                j["spec"]["manualSelector"] = json!(true);
+            },
+            "spec.selector: Required value",
+            "FieldValueRequired",
+        ),
+    ];
+    rejects(JOB, &base, cases);
+}
+
+#[test]
+fn job_template_is_immutable() {
+    let old = admitted(JOB, job());
+    let mut new = old.clone();
+    new["spec"]["template"]["spec"]["containers"][0]["image"] = json!("perl:5.36");
+    let (_, errs, _) = update(JOB, None, &old, new);
+    assert_eq!(errs.len(), 1, "{:?}", strings(&errs));
+    assert_eq!(errs[0].field, "spec.template");
+    assert!(errs[0].to_string().ends_with(": field is immutable"));
+    // Suspending is allowed and counts as a spec change.
+    let mut new = old.clone();
+    new["spec"]["suspend"] = json!(true);
+    let (obj, errs, prepared) = update(JOB, None, &old, new);
+    assert!(errs.is_empty(), "{:?}", strings(&errs));
+    assert!(prepared.spec_changed);
+    assert_eq!(obj["metadata"]["generation"], 2);
+}
