@@ -466,10 +466,8 @@ async fn check_namespace(server: &ApiServer, rt: &ResourceType, ns: Option<&str>
     let Some(ns) = ns.filter(|_| rt.desc.namespaced) else { return Ok(()) };
     let nsr = server.registry.namespaces();
     let key = nsr.key(None, ns);
-    let obj = match server.cache.resource(nsr).get(&key) {
-        Some(o) => Some(o.value()),
-        None => server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?,
-    };
+    // From the store, not the cache: a namespace deleted a moment ago must already count.
+    let obj = server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?;
     match obj {
         None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
         Some(o)
@@ -564,6 +562,9 @@ async fn create_object(
         }
     }
     check_namespace(server, rt, ns).await?;
+    let g = gvk(rt);
+    // Upstream's order: decode+default, then system metadata, then the strategy, then validate.
+    admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let generate = meta_str(&obj, "name")
         .is_none()
         .then(|| meta_str(&obj, "generateName").map(str::to_string))
@@ -589,9 +590,6 @@ async fn create_object(
             meta.remove("generation");
         }
     }
-    let g = gvk(rt);
-    admission::prepare_for_create(g, &mut obj);
-    admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
 
     for attempt in 0..3 {
         let mut candidate = obj.clone();
@@ -600,6 +598,7 @@ async fn create_object(
                 .insert("name".into(), json!(format!("{prefix}{}", generate_suffix())));
         }
         let name = meta_str(&candidate, "name").unwrap_or_default().to_string();
+        admission::prepare_for_create(g, &mut candidate);
         let errs = admission::validate(g, Operation::Create, None, &candidate, None);
         if !errs.is_empty() {
             return Err(invalid(rt, &name, errs));
@@ -847,29 +846,32 @@ fn prepare_update(
         }
     }
     let g = gvk(rt);
-    let prepared = admission::prepare_for_update(g, sub, &mut new, old);
-    if sub == Some("status") {
-        if let Some(spec) = old.get("spec") {
-            new["spec"] = spec.clone();
-        }
-    } else if rt.has_status {
-        match old.get("status") {
-            Some(s) => new["status"] = s.clone(),
-            None => {
-                if let Some(m) = new.as_object_mut() {
-                    m.remove("status");
+    // pods/binding is a system write of spec.nodeName and the PodScheduled condition: no
+    // pod-update validation (upstream forbids that change through a pod update).
+    let binding = sub == Some("binding");
+    if !binding {
+        admission::default_object(g, &mut new).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if sub == Some("status") {
+            match old.get("spec") {
+                Some(spec) => new["spec"] = spec.clone(),
+                None => {
+                    if let Some(m) = new.as_object_mut() {
+                        m.remove("spec");
+                    }
+                }
+            }
+        } else if rt.has_status {
+            match old.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    if let Some(m) = new.as_object_mut() {
+                        m.remove("status");
+                    }
                 }
             }
         }
-    }
-    admission::default_object(g, &mut new).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    if rt.tracks_generation
-        && (prepared.spec_changed || new.get("spec") != old.get("spec"))
-        && sub != Some("status")
-    {
-        let generation =
-            old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
-        meta_mut(&mut new).insert("generation".into(), json!(generation));
+        // Sets metadata.generation (old + 1 when the spec changed).
+        admission::prepare_for_update(g, sub, &mut new, old);
     }
     let reservation = if rt.kind() == "Service" && rt.group().is_empty() && sub.is_none() {
         Some(server.alloc.allocate_update(&mut new, old)?)
@@ -881,7 +883,11 @@ fn prepare_update(
             server.alloc.release(r);
         }
     };
-    let errs = admission::validate(g, Operation::Update, sub, &new, Some(old));
+    let errs = if binding {
+        Vec::new()
+    } else {
+        admission::validate(g, Operation::Update, sub, &new, Some(old))
+    };
     if !errs.is_empty() {
         release(&reservation);
         return Err(invalid(rt, name, errs));

@@ -263,12 +263,9 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
             discovery::resource_list(server, &group, &version)
         }
         Some(Route::Resource(info)) => {
-            let limit = negotiate::MAX_BODY + 1;
             let body = match parts.method {
                 Method::GET | Method::HEAD => Bytes::new(),
-                _ => axum::body::to_bytes(body, limit)
-                    .await
-                    .map_err(|_| ApiError::too_large(negotiate::MAX_BODY))?,
+                _ => read_body(body).await?,
             };
             handlers::resource(server, info, query, parts.headers, body).await
         }
@@ -277,6 +274,30 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
 }
 
 /// `/openapi/v2`: the gnostic protobuf kubectl 1.27/1.28 ask for, else JSON.
+/// Read a request body up to [`negotiate::MAX_BODY`]. A larger one is read to its end
+/// (up to a hard cap) and discarded before answering 413, so the client sees the Status
+/// instead of a connection reset in the middle of its upload.
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    const DISCARD_CAP: usize = 64 * 1024 * 1024;
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        seen += chunk.len();
+        if seen <= negotiate::MAX_BODY {
+            buf.extend_from_slice(&chunk);
+        } else if seen > DISCARD_CAP {
+            break;
+        }
+    }
+    if seen > negotiate::MAX_BODY {
+        return Err(ApiError::too_large(negotiate::MAX_BODY));
+    }
+    Ok(buf.freeze())
+}
+
 fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
     use crate::machinery::openapi::{V2_PROTOBUF_ACCEPT, V2_PROTOBUF_CONTENT_TYPE};
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
