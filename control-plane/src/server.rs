@@ -98,7 +98,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     } else {
         config.listen.ip().to_string()
     };
-    let pki = Pki::load_or_create(&config.data_dir, &[host.clone()])?;
+    let pki = Pki::load_or_create(&config.data_dir, std::slice::from_ref(&host))?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen { addr: config.listen, source })?;

@@ -661,6 +661,16 @@ async fn create_object(
     Err(ApiError::internal("could not generate a unique name"))
 }
 
+/// Who writes and how: the field manager, the subresource, whether managed fields are
+/// tracked here (an apply computed its own), and dry run.
+#[derive(Clone, Copy)]
+struct Writer<'a> {
+    manager: &'a str,
+    sub: Option<&'a str>,
+    track: bool,
+    dry_run: bool,
+}
+
 /// The outcome of computing an update from the current object.
 enum Change {
     /// Write this object (compare-and-swap on the revision it was computed from).
@@ -696,10 +706,7 @@ async fn update(
         rt,
         ns,
         name,
-        sub,
-        &manager,
-        true,
-        query.dry_run()?,
+        Writer { manager: &manager, sub, track: true, dry_run: query.dry_run()? },
         precondition,
         |_| Ok(new.clone()),
     )
@@ -709,19 +716,16 @@ async fn update(
 
 /// Read-modify-write with retries on revision conflicts (upstream's GuaranteedUpdate).
 /// `transform` computes the desired object from the current one.
-#[allow(clippy::too_many_arguments)]
 async fn guaranteed_update(
     server: &ApiServer,
     rt: &ResourceType,
     ns: Option<&str>,
     name: &str,
-    sub: Option<&str>,
-    manager: &str,
-    track: bool,
-    dry_run: bool,
+    w: Writer<'_>,
     precondition: Option<String>,
     transform: impl Fn(&Value) -> ApiResult<Value>,
 ) -> ApiResult<Value> {
+    let dry_run = w.dry_run;
     for _ in 0..MAX_RETRIES {
         let (current, rev) = get_object(server, rt, ns, name).await?;
         if let Some(want) = &precondition
@@ -734,7 +738,7 @@ async fn guaranteed_update(
             ));
         }
         let desired = transform(&current)?;
-        let change = prepare_update(server, rt, name, sub, manager, track, desired, &current)?;
+        let change = prepare_update(server, rt, name, w, desired, &current)?;
         let key = rt.key(ns, name);
         match change {
             None => return Ok(current),
@@ -798,12 +802,11 @@ fn prepare_update(
     server: &ApiServer,
     rt: &ResourceType,
     name: &str,
-    sub: Option<&str>,
-    manager: &str,
-    track: bool,
+    w: Writer<'_>,
     mut new: Value,
     old: &Value,
 ) -> ApiResult<Option<(Change, Option<super::alloc::Reservation>)>> {
+    let Writer { manager, sub, track, .. } = w;
     {
         let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
         let meta = meta_mut(&mut new);
@@ -1003,19 +1006,9 @@ async fn patch(
             rt,
             ns,
             name,
-            sub,
-            manager,
-            false,
-            dry_run,
+            Writer { manager, sub, track: false, dry_run },
             precondition,
-            |live| {
-                let mut merged = apply_to(Some(live))?;
-                // The apply computed managedFields; keep them through the update's tracking.
-                if merged.pointer("/metadata/managedFields").is_none() {
-                    meta_mut(&mut merged).remove("managedFields");
-                }
-                Ok(merged)
-            },
+            |live| apply_to(Some(live)),
         )
         .await;
         return obj.map(|o| (o, StatusCode::OK, warnings));
@@ -1045,10 +1038,7 @@ async fn patch(
         rt,
         ns,
         name,
-        sub,
-        &manager,
-        true,
-        dry_run,
+        Writer { manager: &manager, sub, track: true, dry_run },
         precondition,
         |current| {
             let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
@@ -1285,8 +1275,7 @@ async fn delete(
             match server.store.update(&key, encode(&marked)?, rev).await {
                 Ok(kv) => {
                     set_resource_version(&mut marked, kv.mod_revision);
-                    let code = if is_pod { StatusCode::OK } else { StatusCode::OK };
-                    return Ok((marked, code));
+                    return Ok((marked, StatusCode::OK));
                 }
                 Err(store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(store_error(rt, name, e)),
@@ -1415,7 +1404,7 @@ async fn scale(
         Verb::Patch => Some(negotiate::decode_json(body)?),
         _ => None,
     };
-    let obj = guaranteed_update(server, rt, ns, name, None, &manager, true, dry_run, precondition.filter(|s| !s.is_empty()), |current| {
+    let obj = guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: None, track: true, dry_run }, precondition.filter(|s| !s.is_empty()), |current| {
         let current_scale = to_scale(current);
         let new_scale = match (&scale_body, &patch_value) {
             (Some(b), _) => b.clone(),
@@ -1474,7 +1463,7 @@ async fn bind(
     let manager = manager(query, headers)?;
     let dry_run = query.dry_run()?;
     let node_c = node.clone();
-    guaranteed_update(server, rt, ns, name, Some("binding"), &manager, true, dry_run, None, move |current| {
+    guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: Some("binding"), track: true, dry_run }, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {
             return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
         }

@@ -13,9 +13,27 @@ pub struct Cause {
     pub field: String,
 }
 
-/// An error answered to the client as a `Status`.
+/// An error answered to the client as a `Status` (boxed: errors travel through many
+/// `Result`s on the request path and should stay one pointer wide).
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub struct ApiError(Box<StatusError>);
+
+impl std::ops::Deref for ApiError {
+    type Target = StatusError;
+    fn deref(&self) -> &StatusError {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ApiError {
+    fn deref_mut(&mut self) -> &mut StatusError {
+        &mut self.0
+    }
+}
+
+/// The fields of an [`ApiError`].
+#[derive(Debug, Clone)]
+pub struct StatusError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
@@ -31,7 +49,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
+        ApiError(Box::new(StatusError {
             code,
             reason,
             message: message.into(),
@@ -40,7 +58,7 @@ impl ApiError {
             kind: None,
             causes: Vec::new(),
             retry_after_seconds: None,
-        }
+        }))
     }
 
     pub fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
