@@ -8,10 +8,12 @@
 //!   below the compacted revision fails with [`Error::Compacted`];
 //! - writes are acknowledged only once durable (fsync on the embedded backend, quorum on etcd).
 
+pub mod bench;
 pub mod embedded;
 pub mod etcd;
 #[cfg(test)]
 mod suite;
+pub mod testing;
 
 use std::sync::Arc;
 
@@ -101,6 +103,9 @@ pub enum Error {
     },
     #[error("store is closed")]
     Closed,
+    /// The transaction itself is malformed (e.g. names one key twice); nothing was applied.
+    #[error("invalid transaction: {reason}")]
+    InvalidTxn { reason: String },
 }
 
 impl Error {
@@ -114,6 +119,27 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl TxnOp {
+    /// The key this operation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            TxnOp::Create { key, .. } | TxnOp::Update { key, .. } | TxnOp::Delete { key, .. } => {
+                key
+            }
+        }
+    }
+}
+
+/// Refuse a transaction naming one key twice (both backends, so they behave alike).
+pub(crate) fn check_distinct_keys(ops: &[TxnOp]) -> Result<()> {
+    let mut keys: Vec<&str> = ops.iter().map(TxnOp::key).collect();
+    keys.sort_unstable();
+    match keys.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(Error::InvalidTxn { reason: format!("key {} appears twice", w[0]) }),
+        None => Ok(()),
+    }
+}
+
 /// The storage interface. Both backends pass the shared suite in `suite.rs`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -125,6 +151,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Apply all ops atomically at one new revision, or none of them (the first failing
     /// precondition is returned). An empty `ops` is an error-free no-op returning no results.
+    /// Each key may appear at most once (etcd refuses more): otherwise [`Error::InvalidTxn`].
     async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>>;
 
     /// The latest committed revision.
@@ -133,7 +160,11 @@ pub trait Store: Send + Sync + 'static {
     /// Every change under `prefix` with revision > `after`, then live changes, until the
     /// stream is dropped. Fails (as the first and only item) with `Compacted` when `after`
     /// is below the compacted revision, `FutureRevision` when above the current one.
-    async fn watch(&self, prefix: &str, after: Revision) -> Result<BoxStream<'static, Result<Event>>>;
+    async fn watch(
+        &self,
+        prefix: &str,
+        after: Revision,
+    ) -> Result<BoxStream<'static, Result<Event>>>;
 
     /// Forget history at or below `revision` (watches from there fail with `Compacted`).
     async fn compact(&self, revision: Revision) -> Result<()>;
