@@ -1088,3 +1088,256 @@ pub(crate) mod codec {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{DynStore, StoreExt, bench};
+
+    const CHILD_DIR: &str = "SKIFF_STORE_CRASH_CHILD_DIR";
+    const CHILD_ROUND: &str = "SKIFF_STORE_CRASH_CHILD_ROUND";
+    const CHILD_TEST: &str = "store::embedded::tests::crash_writer_child";
+
+    fn crash_value(key: &str) -> Bytes {
+        // Values of varying size (a few bytes to ~2 KB) so commits span several pages.
+        let pad = key.bytes().map(usize::from).sum::<usize>() % 2000;
+        Bytes::from(format!("{key}|{}", "v".repeat(pad)))
+    }
+
+    /// Writer mode of [`kill9_loses_no_acknowledged_write`], run as its child process: creates
+    /// keys from 8 tasks forever, printing `ACK key revision` after each acknowledgement.
+    #[test]
+    #[ignore = "child process of kill9_loses_no_acknowledged_write"]
+    fn crash_writer_child() {
+        let (Some(dir), Some(round)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_ROUND))
+        else {
+            eprintln!("crash_writer_child only runs as the child of kill9_loses_no_acknowledged_write");
+            return;
+        };
+        let round = round.to_string_lossy().into_owned();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let store: DynStore = Arc::new(EmbeddedStore::open(Path::new(&dir)).unwrap());
+            let out = Arc::new(Mutex::new(std::io::stdout()));
+            let tasks: Vec<_> = (0..8)
+                .map(|task| {
+                    let (store, out, round) = (store.clone(), out.clone(), round.clone());
+                    tokio::spawn(async move {
+                        for i in 0.. {
+                            let key = format!("/crash/r{round}/t{task}/{i:06}");
+                            let kv = store.create(&key, crash_value(&key)).await.unwrap();
+                            let line = format!("ACK {key} {}\n", kv.mod_revision);
+                            let mut out = out.lock().unwrap();
+                            out.write_all(line.as_bytes()).unwrap();
+                            out.flush().unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+    }
+
+    /// Kills the child (SIGKILL) when the test fails half-way.
+    struct ChildGuard(std::process::Child);
+    impl Drop for ChildGuard {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Reopen the store and check it against every acknowledged write: present with its value
+    /// and revision, revisions contiguous, and the watch history agreeing with the data.
+    async fn verify_after_crash(dir: &Path, acked: &mut Vec<(String, Revision)>, round: u64) -> Revision {
+        let store = EmbeddedStore::open(dir).expect("reopen after kill -9");
+        let current = store.current_revision().await.unwrap();
+        let listed: BTreeMap<String, KeyValue> =
+            store.list("").await.unwrap().kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+        for (key, revision) in acked.iter() {
+            let kv = listed.get(key).unwrap_or_else(|| panic!("acknowledged {key} lost"));
+            assert_eq!(kv.mod_revision, *revision, "{key}");
+            assert_eq!(kv.value, crash_value(key), "{key}");
+        }
+        // Only creates were made: one key per revision, every revision from 1 to current.
+        let mut revisions: Vec<_> = listed.values().map(|kv| kv.mod_revision).collect();
+        revisions.sort_unstable();
+        assert_eq!(revisions, (1..=current).collect::<Vec<_>>(), "revisions are contiguous");
+        // The history replays exactly the stored data.
+        let mut watch = store.watch("", 0).await.unwrap();
+        for revision in 1..=current {
+            let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+                .await
+                .expect("history event")
+                .expect("stream open")
+                .expect("history readable");
+            assert_eq!(event.revision, revision);
+            assert_eq!(Some(&event.kv), listed.get(&event.kv.key));
+        }
+        drop(watch);
+        // Writes continue after the crash at the next revision.
+        let probe = format!("/after-crash/{round}");
+        let next = store.create(&probe, crash_value(&probe)).await.unwrap();
+        assert_eq!(next.mod_revision, current + 1);
+        acked.push((probe, next.mod_revision));
+        let current = store.current_revision().await.unwrap();
+        store.close().await.unwrap();
+        current
+    }
+
+    /// kill -9 of a writing process loses no acknowledged write (4 rounds on one data dir).
+    #[test]
+    fn kill9_loses_no_acknowledged_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let mut acked: Vec<(String, Revision)> = Vec::new();
+        for round in 0..4 {
+            let child = Command::new(&exe)
+                .args([CHILD_TEST, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .env(CHILD_DIR, dir.path())
+                .env(CHILD_ROUND, round.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut child = ChildGuard(child);
+            let stdout = child.0.stdout.take().unwrap();
+            let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+            let reader = std::thread::spawn(move || {
+                let mut reader = BufReader::new(stdout);
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        // Only complete lines count: a line cut by the kill was not printed.
+                        Ok(n) if n > 0 && line.ends_with('\n') => {
+                            if lines_tx.send(line).is_err() {
+                                return;
+                            }
+                        }
+                        _ => return,
+                    }
+                }
+            });
+            let first = lines_rx
+                .iter()
+                .find(|l| l.starts_with("ACK "))
+                .unwrap_or_else(|| panic!("round {round}: the writer acknowledged nothing"));
+            std::thread::sleep(Duration::from_millis(300 + 37 * round));
+            child.0.kill().unwrap(); // SIGKILL
+            child.0.wait().unwrap();
+            reader.join().unwrap();
+            let mut this_round = 0;
+            for line in std::iter::once(first).chain(lines_rx.try_iter()) {
+                let mut parts = line.split_whitespace();
+                if parts.next() != Some("ACK") {
+                    continue;
+                }
+                let (Some(key), Some(revision)) = (parts.next(), parts.next()) else {
+                    panic!("malformed line {line:?}")
+                };
+                acked.push((key.to_owned(), revision.parse().unwrap()));
+                this_round += 1;
+            }
+            let current = runtime.block_on(verify_after_crash(dir.path(), &mut acked, round));
+            eprintln!("round {round}: {this_round} writes acknowledged before kill -9; store at revision {current}");
+            assert!(this_round > 10, "round {round}: too few writes to mean anything");
+        }
+    }
+
+    /// A watcher that does not read while thousands of writes go by never blocks the writers
+    /// and, once it reads, gets every event once, in order (it falls behind the live buffer
+    /// and re-reads history).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stalled_watcher_catches_up_from_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EmbeddedConfig::default().live_buffer(2).watch_buffer(4).history_chunk(16);
+        let store: DynStore = Arc::new(EmbeddedStore::open_with(dir.path(), config).unwrap());
+        let mut stalled = store.watch("/s/", 0).await.unwrap();
+        let writes = tokio::time::timeout(
+            Duration::from_secs(60),
+            bench::creates(store.clone(), "/s/", 16, 40, 64),
+        )
+        .await
+        .expect("writers are not blocked by a stalled watcher")
+        .unwrap();
+        assert_eq!(writes.creates, 640);
+        for revision in 1..=640 {
+            let event = tokio::time::timeout(Duration::from_secs(10), stalled.next())
+                .await
+                .expect("event")
+                .expect("open")
+                .expect("no error");
+            assert_eq!(event.revision, revision);
+        }
+        store.create("/s/live", Bytes::from_static(b"x")).await.unwrap();
+        let live = stalled.next().await.unwrap().unwrap();
+        assert_eq!((live.revision, live.kv.key.as_str()), (641, "/s/live"));
+    }
+
+    /// Watchers resume across a restart from any revision kept in history.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_resumes_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for i in 0..10 {
+            store.create(&format!("/r/{i}"), Bytes::from_static(b"x")).await.unwrap();
+        }
+        store.compact(3).await.unwrap();
+        store.close().await.unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(store.current_revision().await.unwrap(), 10);
+        assert_eq!(store.compacted_revision().await.unwrap(), 3);
+        let mut watch = store.watch("/r/", 5).await.unwrap();
+        for revision in 6..=10 {
+            assert_eq!(watch.next().await.unwrap().unwrap().revision, revision);
+        }
+        let mut old = store.watch("/r/", 2).await.unwrap();
+        assert!(matches!(old.next().await, Some(Err(Error::Compacted { compacted: 3, .. }))));
+    }
+
+    /// Store files that are not redb databases fail to open with an error, not a panic.
+    #[test]
+    fn garbage_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(DB_FILE), vec![0xa5u8; 64 * 1024]).unwrap();
+        match EmbeddedStore::open(dir.path()) {
+            Err(Error::Backend { .. }) => {}
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+    }
+
+    /// Throughput of single-key creates (run with `--ignored --nocapture`; figures for the
+    /// issue note come from a release build).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "benchmark: prints figures"]
+    async fn bench_embedded_creates() {
+        for (callers, per_caller) in [(1usize, 500usize), (64, 300)] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+            let dyn_store: DynStore = store.clone();
+            let result = bench::creates(dyn_store, "/bench/", callers, per_caller, 512).await.unwrap();
+            let stats = store.stats();
+            eprintln!(
+                "embedded creates, {callers} callers: {:.0}/s ({} creates in {:?}; {} commits = {:.0} fsyncs/s, {:.1} txns per commit)",
+                result.per_second(),
+                result.creates,
+                result.elapsed,
+                stats.commits,
+                stats.commits as f64 / result.elapsed.as_secs_f64(),
+                stats.txns as f64 / stats.commits.max(1) as f64,
+            );
+        }
+    }
+}
