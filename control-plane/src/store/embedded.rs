@@ -1116,7 +1116,9 @@ mod tests {
     fn crash_writer_child() {
         let (Some(dir), Some(round)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_ROUND))
         else {
-            eprintln!("crash_writer_child only runs as the child of kill9_loses_no_acknowledged_write");
+            eprintln!(
+                "crash_writer_child only runs as the child of kill9_loses_no_acknowledged_write"
+            );
             return;
         };
         let round = round.to_string_lossy().into_owned();
@@ -1160,7 +1162,11 @@ mod tests {
 
     /// Reopen the store and check it against every acknowledged write: present with its value
     /// and revision, revisions contiguous, and the watch history agreeing with the data.
-    async fn verify_after_crash(dir: &Path, acked: &mut Vec<(String, Revision)>, round: u64) -> Revision {
+    async fn verify_after_crash(
+        dir: &Path,
+        acked: &mut Vec<(String, Revision)>,
+        round: u64,
+    ) -> Revision {
         let store = EmbeddedStore::open(dir).expect("reopen after kill -9");
         let current = store.current_revision().await.unwrap();
         let listed: BTreeMap<String, KeyValue> =
@@ -1251,7 +1257,9 @@ mod tests {
                 this_round += 1;
             }
             let current = runtime.block_on(verify_after_crash(dir.path(), &mut acked, round));
-            eprintln!("round {round}: {this_round} writes acknowledged before kill -9; store at revision {current}");
+            eprintln!(
+                "round {round}: {this_round} writes acknowledged before kill -9; store at revision {current}"
+            );
             assert!(this_round > 10, "round {round}: too few writes to mean anything");
         }
     }
@@ -1327,7 +1335,8 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let store = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
             let dyn_store: DynStore = store.clone();
-            let result = bench::creates(dyn_store, "/bench/", callers, per_caller, 512).await.unwrap();
+            let result =
+                bench::creates(dyn_store, "/bench/", callers, per_caller, 512).await.unwrap();
             let stats = store.stats();
             eprintln!(
                 "embedded creates, {callers} callers: {:.0}/s ({} creates in {:?}; {} commits = {:.0} fsyncs/s, {:.1} txns per commit)",
