@@ -132,6 +132,37 @@ impl EtcdCluster {
         &mut self.members[index]
     }
 
+    /// The index of the current leader, asked from the running members.
+    pub async fn leader(&self) -> Option<usize> {
+        for member in &self.members {
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(1))
+                .with_timeout(Duration::from_secs(2));
+            let Ok(mut client) =
+                etcd_client::Client::connect([&member.client_url], Some(options)).await
+            else {
+                continue;
+            };
+            let Ok(status) = client.status().await else { continue };
+            let mut ids = Vec::new();
+            for other in &self.members {
+                let options = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_secs(1))
+                    .with_timeout(Duration::from_secs(2));
+                let id =
+                    match etcd_client::Client::connect([&other.client_url], Some(options)).await {
+                        Ok(mut c) => {
+                            c.status().await.ok().and_then(|s| s.header().map(|h| h.member_id()))
+                        }
+                        Err(_) => None,
+                    };
+                ids.push(id);
+            }
+            return ids.iter().position(|id| *id == Some(status.leader()));
+        }
+        None
+    }
+
     /// SIGKILL member `index`.
     pub fn kill(&mut self, index: usize) {
         self.members[index].kill();
