@@ -7,6 +7,10 @@
 //!   with no gap and no duplicate, then follows live changes; asking for a revision at or
 //!   below the compacted revision fails with [`Error::Compacted`];
 //! - writes are acknowledged only once durable (fsync on the embedded backend, quorum on etcd).
+//!
+//! Backends: [`embedded::EmbeddedStore`] (the default, one redb file) and [`etcd::EtcdStore`].
+//! Revisions are opaque increasing numbers: an empty embedded store is at revision 0, a fresh
+//! etcd at 1. [`testing`] starts real etcd clusters for tests; [`bench`] measures creates/s.
 
 pub mod bench;
 pub mod embedded;
