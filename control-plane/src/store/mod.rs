@@ -18,6 +18,7 @@ pub mod etcd;
 #[cfg(test)]
 mod suite;
 pub mod testing;
+mod wal;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The storage test suite shared by both backends: every case is an async function over a
 //! [`DynStore`], and `store_suite!` turns the list of cases into `#[tokio::test]`s for one
-//! backend. Run on the embedded store (temp dir), a single-member etcd, and (with one member
+//! backend. Run on the embedded store (temp dir; in both sync modes), a single-member etcd, and (with one member
 //! SIGKILLed while writes continue) a 3-member etcd cluster.
 //!
 //! Revisions are asserted relative to the store's revision at the start of a case (etcd starts
@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::embedded::EmbeddedStore;
+use super::embedded::{EmbeddedConfig, EmbeddedStore, SyncMode};
 use super::etcd::EtcdStore;
 use super::testing::EtcdCluster;
 use super::{
@@ -33,6 +33,13 @@ pub(crate) struct Harness {
 pub(crate) async fn embedded() -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = EmbeddedStore::open(dir.path()).expect("open embedded store");
+    Harness { store: Arc::new(store), _guard: Box::new(dir) }
+}
+
+pub(crate) async fn embedded_redb_commit() -> Harness {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = EmbeddedConfig::default().sync(SyncMode::RedbCommit);
+    let store = EmbeddedStore::open_with(dir.path(), config).expect("open embedded store");
     Harness { store: Arc::new(store), _guard: Box::new(dir) }
 }
 
@@ -486,6 +493,7 @@ macro_rules! store_suite {
 }
 
 store_suite!(embedded_backend, super::embedded);
+store_suite!(embedded_redb_commit_backend, super::embedded_redb_commit);
 store_suite!(etcd_backend, super::etcd);
 
 /// A 3-member etcd cluster loses its leader (SIGKILL) while 16 writers keep creating: writes
