@@ -1670,24 +1670,28 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "benchmark: prints figures"]
     async fn bench_embedded_creates() {
-        for (callers, per_caller) in [(1usize, 500usize), (64, 300)] {
-            let dir = tempfile::tempdir().unwrap();
-            let store = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
-            let dyn_store: DynStore = store.clone();
-            let result =
-                bench::creates(dyn_store, "/bench/", callers, per_caller, 512).await.unwrap();
-            let stats = store.stats();
-            eprintln!(
-                "embedded creates, {callers} callers: {:.0}/s ({} creates in {:?}; {} commits = {:.0} fsyncs/s, {:.1} txns per commit; writer busy applying {:?}, committing {:?})",
-                result.per_second(),
-                result.creates,
-                result.elapsed,
-                stats.commits,
-                stats.commits as f64 / result.elapsed.as_secs_f64(),
-                stats.txns as f64 / stats.commits.max(1) as f64,
-                stats.apply,
-                stats.commit,
-            );
+        for sync in [SyncMode::Wal, SyncMode::RedbCommit] {
+            for (callers, per_caller) in [(1usize, 1000usize), (64, 500)] {
+                let dir = tempfile::tempdir().unwrap();
+                let config = EmbeddedConfig::default().sync(sync);
+                let store = Arc::new(EmbeddedStore::open_with(dir.path(), config).unwrap());
+                let dyn_store: DynStore = store.clone();
+                let result =
+                    bench::creates(dyn_store, "/bench/", callers, per_caller, 512).await.unwrap();
+                let stats = store.stats();
+                eprintln!(
+                    "embedded {sync:?} creates, {callers} callers: {:.0}/s ({} creates in {:?}; {} commits = {:.0} fsyncs/s, {:.1} txns per commit, {} checkpoints; writer busy applying {:?}, syncing {:?})",
+                    result.per_second(),
+                    result.creates,
+                    result.elapsed,
+                    stats.commits,
+                    stats.commits as f64 / result.elapsed.as_secs_f64(),
+                    stats.txns as f64 / stats.commits.max(1) as f64,
+                    stats.checkpoints,
+                    stats.apply,
+                    stats.commit,
+                );
+            }
         }
         let rss = std::fs::read_to_string("/proc/self/status")
             .unwrap()
