@@ -813,10 +813,11 @@ impl Writer {
             last_batch = batch.len();
             self.commit_batch(batch);
         }
-        if self.wal.as_ref().is_some_and(|w| w.len() > 0) && self.poisoned.is_none() {
-            if let Err(error) = self.checkpoint() {
-                tracing::warn!(%error, "final checkpoint failed; the log is replayed at next open");
-            }
+        if self.wal.as_ref().is_some_and(|w| w.len() > 0)
+            && self.poisoned.is_none()
+            && let Err(error) = self.checkpoint()
+        {
+            tracing::warn!(%error, "final checkpoint failed; the log is replayed at next open");
         }
         tracing::info!(revision = self.revision, "store writer stopped");
         self.shared.close_live();
@@ -826,11 +827,9 @@ impl Writer {
         let Some(wal) = self.wal.as_ref() else { return };
         let due = wal.len() >= self.checkpoint_bytes
             || (wal.len() > 0 && self.last_checkpoint.elapsed() >= self.checkpoint_interval);
-        if due {
-            if let Err(error) = self.checkpoint() {
-                // The log keeps everything; the next checkpoint tries again.
-                tracing::warn!(%error, "checkpoint failed");
-            }
+        if due && let Err(error) = self.checkpoint() {
+            // The log keeps everything; the next checkpoint tries again.
+            tracing::warn!(%error, "checkpoint failed");
         }
     }
 
@@ -1011,11 +1010,11 @@ impl Writer {
         if let Some(wal) = self.wal.as_mut() {
             let records: Vec<(Revision, &[u8])> =
                 logged.iter().map(|(r, e)| (*r, e.as_slice())).collect();
-            if !records.is_empty() {
-                if let Err(error) = wal.append(&records) {
-                    self.poisoned = Some(format!("write-ahead log append failed: {error}"));
-                    return Err(error);
-                }
+            if !records.is_empty()
+                && let Err(error) = wal.append(&records)
+            {
+                self.poisoned = Some(format!("write-ahead log append failed: {error}"));
+                return Err(error);
             }
             if let Err(error) = wtxn.commit() {
                 // Logged but not applied: only a reopen (replay) reconciles the two.
