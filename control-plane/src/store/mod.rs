@@ -4,8 +4,9 @@
 //! - every successful write transaction gets the next store revision; all operations of one
 //!   transaction share it, and `resourceVersion` of an object is its `mod_revision`;
 //! - `watch(prefix, after)` yields every change with revision > `after`, in revision order,
-//!   with no gap and no duplicate, then follows live changes; asking for a revision at or
-//!   below the compacted revision fails with [`Error::Compacted`];
+//!   with no gap and no duplicate, then follows live changes; `after` below the compacted
+//!   revision fails with [`Error::Compacted`] (`after == compacted` is fine: everything newer
+//!   is kept);
 //! - writes are acknowledged only once durable (fsync on the embedded backend, quorum on etcd).
 //!
 //! Backends: [`embedded::EmbeddedStore`] (the default, one redb file) and [`etcd::EtcdStore`].
@@ -171,7 +172,9 @@ pub trait Store: Send + Sync + 'static {
         after: Revision,
     ) -> Result<BoxStream<'static, Result<Event>>>;
 
-    /// Forget history at or below `revision` (watches from there fail with `Compacted`).
+    /// Forget history at or below `revision` (watches from below it fail with `Compacted`).
+    /// Current values are kept. At or below the compacted revision it is a no-op; above the
+    /// current revision it fails with [`Error::FutureRevision`].
     async fn compact(&self, revision: Revision) -> Result<()>;
 
     /// The revision up to which history has been compacted (0 if never).
