@@ -1612,6 +1612,39 @@ mod tests {
         assert!(matches!(old.next().await, Some(Err(Error::Compacted { compacted: 3, .. }))));
     }
 
+    /// In WAL mode checkpoints happen and the log is reused; switching modes on one data dir
+    /// keeps every write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wal_checkpoints_and_mode_switches_keep_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EmbeddedConfig::default()
+            .sync(SyncMode::Wal)
+            .checkpoint_interval(Duration::ZERO)
+            .wal_prealloc(64 << 10);
+        let store = EmbeddedStore::open_with(dir.path(), config).unwrap();
+        for i in 0..40 {
+            store.create(&format!("/m/{i:02}"), crash_value(&format!("/m/{i}"))).await.unwrap();
+        }
+        let stats = store.stats();
+        assert!(stats.checkpoints >= 20, "a checkpoint after every commit: {stats:?}");
+        assert!(dir.path().join(WAL_FILE).exists());
+        store.close().await.unwrap();
+
+        let redb_only = EmbeddedConfig::default().sync(SyncMode::RedbCommit);
+        let store = EmbeddedStore::open_with(dir.path(), redb_only.clone()).unwrap();
+        assert!(!dir.path().join(WAL_FILE).exists(), "RedbCommit mode removes the replayed log");
+        store.update("/m/00", Bytes::from_static(b"new"), 1).await.unwrap();
+        store.close().await.unwrap();
+
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let listed = store.list("/m/").await.unwrap();
+        assert_eq!(listed.kvs.len(), 40);
+        assert_eq!(listed.revision, 41);
+        assert_eq!(listed.kvs[0].value, Bytes::from_static(b"new"));
+        assert_eq!(listed.kvs[39].value, crash_value("/m/39"));
+        store.close().await.unwrap();
+    }
+
     /// Store files that are not redb databases fail to open with an error, not a panic.
     #[test]
     fn garbage_file_is_an_error() {
