@@ -72,8 +72,13 @@ pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
     match &config.store {
         StoreConfig::Embedded => {
             let dir = config.data_dir.join("store");
-            let store =
-                crate::store::embedded::EmbeddedStore::open(&dir).await.map_err(Error::Store)?;
+            // Opening replays the write-ahead log: blocking work, off the async workers.
+            let store = tokio::task::spawn_blocking(move || {
+                crate::store::embedded::EmbeddedStore::open(&dir)
+            })
+            .await
+            .map_err(|e| Error::Store(crate::store::Error::backend("opening the store", e)))?
+            .map_err(Error::Store)?;
             Ok(Arc::new(store))
         }
         StoreConfig::Etcd { endpoints, prefix } => {

@@ -4,15 +4,23 @@
 //! - every successful write transaction gets the next store revision; all operations of one
 //!   transaction share it, and `resourceVersion` of an object is its `mod_revision`;
 //! - `watch(prefix, after)` yields every change with revision > `after`, in revision order,
-//!   with no gap and no duplicate, then follows live changes; asking for a revision at or
-//!   below the compacted revision fails with [`Error::Compacted`];
+//!   with no gap and no duplicate, then follows live changes; `after` below the compacted
+//!   revision fails with [`Error::Compacted`] (`after == compacted` is fine: everything newer
+//!   is kept);
 //! - writes are acknowledged only once durable (fsync on the embedded backend, quorum on etcd).
+//!
+//! Backends: [`embedded::EmbeddedStore`] (the default, one redb file) and [`etcd::EtcdStore`].
+//! Revisions are opaque increasing numbers: an empty embedded store is at revision 0, a fresh
+//! etcd at 1. [`testing`] starts real etcd clusters for tests; [`bench`] measures creates/s.
 
+pub mod bench;
 pub mod embedded;
 pub mod etcd;
 pub mod memory;
 #[cfg(test)]
 mod suite;
+pub mod testing;
+mod wal;
 
 use std::sync::Arc;
 
@@ -102,6 +110,9 @@ pub enum Error {
     },
     #[error("store is closed")]
     Closed,
+    /// The transaction itself is malformed (e.g. names one key twice); nothing was applied.
+    #[error("invalid transaction: {reason}")]
+    InvalidTxn { reason: String },
 }
 
 impl Error {
@@ -115,6 +126,27 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl TxnOp {
+    /// The key this operation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            TxnOp::Create { key, .. } | TxnOp::Update { key, .. } | TxnOp::Delete { key, .. } => {
+                key
+            }
+        }
+    }
+}
+
+/// Refuse a transaction naming one key twice (both backends, so they behave alike).
+pub(crate) fn check_distinct_keys(ops: &[TxnOp]) -> Result<()> {
+    let mut keys: Vec<&str> = ops.iter().map(TxnOp::key).collect();
+    keys.sort_unstable();
+    match keys.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(Error::InvalidTxn { reason: format!("key {} appears twice", w[0]) }),
+        None => Ok(()),
+    }
+}
+
 /// The storage interface. Both backends pass the shared suite in `suite.rs`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -126,6 +158,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Apply all ops atomically at one new revision, or none of them (the first failing
     /// precondition is returned). An empty `ops` is an error-free no-op returning no results.
+    /// Each key may appear at most once (etcd refuses more): otherwise [`Error::InvalidTxn`].
     async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>>;
 
     /// The latest committed revision.
@@ -140,7 +173,9 @@ pub trait Store: Send + Sync + 'static {
         after: Revision,
     ) -> Result<BoxStream<'static, Result<Event>>>;
 
-    /// Forget history at or below `revision` (watches from there fail with `Compacted`).
+    /// Forget history at or below `revision` (watches from below it fail with `Compacted`).
+    /// Current values are kept. At or below the compacted revision it is a no-op; above the
+    /// current revision it fails with [`Error::FutureRevision`].
     async fn compact(&self, revision: Revision) -> Result<()>;
 
     /// The revision up to which history has been compacted (0 if never).

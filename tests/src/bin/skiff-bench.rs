@@ -235,8 +235,7 @@ async fn watch_latency(
 /// The floor: single-key creates straight into the embedded store, same concurrency.
 async fn store_creates(concurrency: usize, total: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
-    let store =
-        Arc::new(skiff_control_plane::store::embedded::EmbeddedStore::open(dir.path()).await?);
+    let store = Arc::new(skiff_control_plane::store::embedded::EmbeddedStore::open(dir.path())?);
     let value = Bytes::from(pod("default", "x", None));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();

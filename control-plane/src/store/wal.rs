@@ -1,0 +1,228 @@
+//! The embedded store's write-ahead log: each group commit's transactions are appended to
+//! `DIR/wal.log` and fsynced before they are acknowledged; redb then commits them without an
+//! fsync, and a periodic redb checkpoint (a durable commit) makes the log's content redundant.
+//!
+//! Record: `magic u32 | payload_len u32 | crc32c(payload) u32 | payload`, with
+//! `payload = count u32 | count × (revision i64 | len u32 | events)` and `events` in the
+//! history encoding of `embedded::codec`. All little endian.
+//!
+//! The file is preallocated with zeros (so an append does not change its size and `fdatasync`
+//! writes no metadata) and reused from offset 0 after every checkpoint, without being cleared.
+//! Reading it back therefore stops at the first record that is not intact (zeros, a torn write,
+//! a checksum mismatch) or whose revisions do not continue the ones before it: records left
+//! from before the last checkpoint have revisions at or below the checkpoint's and are
+//! skipped, never replayed.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::{Error, Result, Revision};
+
+const MAGIC: u32 = 0x534b_5741; // "SKWA"
+const HEADER: usize = 12;
+
+/// One logged transaction: its revision and its events (history encoding).
+#[derive(Debug, Clone)]
+pub(crate) struct WalTxn {
+    pub revision: Revision,
+    pub events: Bytes,
+}
+
+pub(crate) struct Wal {
+    file: File,
+    path: PathBuf,
+    /// Where the next record goes.
+    end: u64,
+}
+
+impl Wal {
+    /// Open (creating and preallocating `prealloc` bytes if absent) the log at `path` and
+    /// return its intact records in file order.
+    pub fn open(path: &Path, prealloc: u64) -> Result<(Wal, Vec<WalTxn>)> {
+        let context = |what: &str| format!("{what} {}", path.display());
+        let exists = path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::backend(context("open write-ahead log"), e))?;
+        if !exists {
+            preallocate(&mut file, prealloc)
+                .map_err(|e| Error::backend(context("preallocate write-ahead log"), e))?;
+            // The new file's directory entry must be durable too.
+            if let Some(dir) = path.parent() {
+                File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| Error::backend(context("sync directory of"), e))?;
+            }
+        }
+        let mut content = Vec::new();
+        file.read_to_end(&mut content)
+            .map_err(|e| Error::backend(context("read write-ahead log"), e))?;
+        let txns = parse(&content);
+        Ok((Wal { file, path: path.to_owned(), end: 0 }, txns))
+    }
+
+    /// Append one record holding `txns` and wait until it is on disk.
+    pub fn append(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
+        let payload_len: usize = 4 + txns.iter().map(|(_, e)| 12 + e.len()).sum::<usize>();
+        let mut record = Vec::with_capacity(HEADER + payload_len);
+        record.extend_from_slice(&MAGIC.to_le_bytes());
+        record.extend_from_slice(&(payload_len as u32).to_le_bytes());
+        record.extend_from_slice(&[0; 4]);
+        record.extend_from_slice(&(txns.len() as u32).to_le_bytes());
+        for (revision, events) in txns {
+            record.extend_from_slice(&revision.to_le_bytes());
+            record.extend_from_slice(&(events.len() as u32).to_le_bytes());
+            record.extend_from_slice(events);
+        }
+        let crc = crc32c(&record[HEADER..]);
+        record[8..12].copy_from_slice(&crc.to_le_bytes());
+        self.file
+            .write_all_at(&record, self.end)
+            .map_err(|e| Error::backend(format!("append to {}", self.path.display()), e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| Error::backend(format!("fsync {}", self.path.display()), e))?;
+        self.end += record.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes appended since the last reset.
+    pub fn len(&self) -> u64 {
+        self.end
+    }
+
+    /// Everything logged is now durable elsewhere (a redb checkpoint): start over at offset 0.
+    pub fn reset(&mut self) {
+        self.end = 0;
+    }
+}
+
+fn preallocate(file: &mut File, bytes: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut written = 0;
+    while written < bytes {
+        let n = zeros.len().min((bytes - written) as usize);
+        file.write_all(&zeros[..n])?;
+        written += n as u64;
+    }
+    file.sync_all()
+}
+
+/// The intact records at the start of `content`, flattened, with revisions strictly
+/// increasing by one from the first record on (stale records end the log).
+fn parse(content: &[u8]) -> Vec<WalTxn> {
+    let mut txns: Vec<WalTxn> = Vec::new();
+    let mut offset = 0usize;
+    'records: while let Some(header) = content.get(offset..offset + HEADER) {
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        if word(0) != MAGIC {
+            break;
+        }
+        let len = word(4) as usize;
+        let Some(payload) = content.get(offset + HEADER..offset + HEADER + len) else { break };
+        if crc32c(payload) != word(8) {
+            break;
+        }
+        let Some(record) = parse_payload(payload) else { break };
+        for txn in record {
+            match txns.last() {
+                Some(last) if txn.revision != last.revision + 1 => break 'records,
+                _ => txns.push(txn),
+            }
+        }
+        offset += HEADER + len;
+    }
+    txns
+}
+
+fn parse_payload(payload: &[u8]) -> Option<Vec<WalTxn>> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let out = payload.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(out)
+    };
+    let count = u32::from_le_bytes(take(4)?.try_into().ok()?);
+    let mut txns = Vec::with_capacity(count.min(4096) as usize);
+    for _ in 0..count {
+        let revision = i64::from_le_bytes(take(8)?.try_into().ok()?);
+        let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let events = Bytes::copy_from_slice(take(len)?);
+        txns.push(WalTxn { revision, events });
+    }
+    (at == payload.len()).then_some(txns)
+}
+
+/// CRC-32C (Castagnoli), bytewise.
+fn crc32c(data: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 { 0x82f6_3b78 ^ (c >> 1) } else { c >> 1 };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    let mut crc = !0u32;
+    for &byte in data {
+        crc = TABLE[((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_check_value() {
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+    }
+
+    #[test]
+    fn records_round_trip_stop_at_damage_and_skip_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal.log");
+        let (mut wal, txns) = Wal::open(&path, 64 << 10).unwrap();
+        assert!(txns.is_empty());
+        wal.append(&[(1, b"a"), (2, b"bb")]).unwrap();
+        wal.append(&[(3, b"ccc")]).unwrap();
+        wal.append(&[(4, b"dddd")]).unwrap();
+        drop(wal);
+        let (mut wal, txns) = Wal::open(&path, 64 << 10).unwrap();
+        assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(&txns[3].events[..], b"dddd");
+
+        // After a reset, a new shorter record overwrites the start; what follows is stale.
+        wal.reset();
+        wal.append(&[(5, b"e")]).unwrap();
+        drop(wal);
+        let (_, txns) = Wal::open(&path, 64 << 10).unwrap();
+        assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [5]);
+
+        // A damaged byte ends the log at the damaged record.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER + 6] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, txns) = Wal::open(&path, 64 << 10).unwrap();
+        assert!(txns.is_empty());
+        assert!(parse(&[0xff; 100]).is_empty());
+        assert!(parse(&[]).is_empty());
+    }
+}
