@@ -1,0 +1,120 @@
+//! HA: two skiff-servers on one 3-member etcd cluster. A write through one server is read and
+//! watched through the other, and both keep serving when an etcd member is killed.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use skiff_control_plane::server::{ServerConfig, StoreConfig};
+use skiff_control_plane::store::testing::EtcdCluster;
+use skiff_tests::TestServer;
+
+async fn client(server: &TestServer) -> Client {
+    let kc = Kubeconfig::read_from(&server.kubeconfig).expect("kubeconfig");
+    let config =
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn server_on(endpoints: Vec<String>) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        store: StoreConfig::Etcd { endpoints, prefix: "/skiff-ha".into() },
+        ..Default::default()
+    };
+    TestServer::start_with(dir, config)
+}
+
+fn cm(name: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"v": name}}))
+        .expect("cm")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_share_one_etcd_cluster() {
+    let mut etcd =
+        EtcdCluster::start(3).await.expect("a 3-member etcd cluster (Debian's etcd-server)");
+    let a = server_on(etcd.endpoints());
+    let b = server_on(etcd.endpoints());
+    let api_a: Api<ConfigMap> = Api::namespaced(client(&a).await, "default");
+    let api_b: Api<ConfigMap> = Api::namespaced(client(&b).await, "default");
+
+    // Both bootstrapped the same system namespaces without fighting over them.
+    let rv = api_b
+        .list(&ListParams::default())
+        .await
+        .expect("list on b")
+        .metadata
+        .resource_version
+        .expect("rv");
+    let mut watch_b = api_b.watch(&WatchParams::default(), &rv).await.expect("watch on b").boxed();
+
+    api_a.create(&PostParams::default(), &cm("from-a")).await.expect("create on a");
+    let got = api_b.get("from-a").await.expect("read on b what a wrote");
+    assert_eq!(got.data.and_then(|d| d.get("v").cloned()).as_deref(), Some("from-a"));
+    match tokio::time::timeout(Duration::from_secs(10), watch_b.try_next()).await {
+        Ok(Ok(Some(WatchEvent::Added(o)))) => {
+            assert_eq!(o.metadata.name.as_deref(), Some("from-a"))
+        }
+        other => panic!("b's watch did not see a's write: {other:?}"),
+    }
+
+    // Optimistic concurrency holds across servers.
+    let mut stale = api_a.get("from-a").await.expect("get");
+    let mut fresh = stale.clone();
+    fresh.data = Some([("v".to_string(), "b".to_string())].into());
+    api_b.replace("from-a", &PostParams::default(), &fresh).await.expect("replace on b");
+    stale.data = Some([("v".to_string(), "a".to_string())].into());
+    let err = api_a
+        .replace("from-a", &PostParams::default(), &stale)
+        .await
+        .expect_err("stale write on a");
+    match err {
+        kube::Error::Api(s) => assert_eq!(s.code, 409, "{s:?}"),
+        other => panic!("expected 409, got {other:?}"),
+    }
+
+    // Lose an etcd member: both servers keep serving writes and watches.
+    etcd.kill(0);
+    for i in 0..5 {
+        let name = format!("after-kill-{i}");
+        let api = if i % 2 == 0 { &api_a } else { &api_b };
+        let mut ok = false;
+        for _ in 0..20 {
+            if api.create(&PostParams::default(), &cm(&name)).await.is_ok()
+                || api.get(&name).await.is_ok()
+            {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(ok, "{name} could not be written after losing one etcd member");
+    }
+    let mut seen = 0;
+    while seen < 5 {
+        match tokio::time::timeout(Duration::from_secs(20), watch_b.try_next()).await {
+            Ok(Ok(Some(WatchEvent::Added(o))))
+                if o.metadata.name.as_deref().is_some_and(|n| n.starts_with("after-kill")) =>
+            {
+                seen += 1
+            }
+            Ok(Ok(Some(_))) => {}
+            other => panic!("b's watch stopped after the member loss ({seen}/5): {other:?}"),
+        }
+    }
+    let names: Vec<String> = api_a
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("after-kill")).count(), 5, "{names:?}");
+}
