@@ -2,7 +2,9 @@
 //! scheduler and controllers, all of which talk only through the API.
 
 pub mod apiserver;
+pub mod controllers;
 pub mod machinery;
 pub mod pki;
+pub mod scheduler;
 pub mod server;
 pub mod store;
