@@ -50,6 +50,22 @@ pub enum Error {
     Forwarding(#[source] io::Error),
     #[error("check failed: {0}")]
     Check(String),
+    #[error("failure injected after step {0} (SKIFF_CNI_TEST_FAIL_AFTER)")]
+    Injected(&'static str),
+}
+
+/// Fault injection for the crash and rollback tests: `SKIFF_CNI_TEST_FAIL_AFTER=<step>`
+/// fails the ADD after that step, `SKIFF_CNI_TEST_HANG_AFTER=<step>` stalls it there (until
+/// killed). Steps: `allocate`, `veth`, `pod`. Unset in production, where it costs one
+/// environment lookup per step.
+fn fault_point(step: &'static str) -> Result<()> {
+    if std::env::var("SKIFF_CNI_TEST_HANG_AFTER").is_ok_and(|s| s == step) {
+        std::thread::sleep(std::time::Duration::from_secs(600));
+    }
+    if std::env::var("SKIFF_CNI_TEST_FAIL_AFTER").is_ok_and(|s| s == step) {
+        return Err(Error::Injected(step));
+    }
+    Ok(())
 }
 
 fn nl(step: &'static str) -> impl FnOnce(rtnetlink::Error) -> Error {
@@ -225,6 +241,7 @@ pub async fn add(
         release_ip: existing.is_none(),
         armed: true,
     };
+    fault_point("allocate")?;
 
     // Leftovers of an interrupted ADD of this same attachment go first.
     delete_link(&host, &host_if).await?;
@@ -247,6 +264,7 @@ pub async fn add(
         .execute()
         .await
         .map_err(nl("moving the pod end into its namespace"))?;
+    fault_point("veth")?;
 
     // Pod side.
     let pod_link =
@@ -310,6 +328,8 @@ pub async fn add(
         .execute()
         .await
         .map_err(nl("adding the pod's default route"))?;
+
+    fault_point("pod")?;
 
     // Host side.
     let host_idx = host_link.header.index;
