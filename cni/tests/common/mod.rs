@@ -93,6 +93,10 @@ impl Netns {
             .collect()
     }
 
+    pub fn exists_link(&self, name: &str) -> bool {
+        self.links().iter().any(|l| l == name)
+    }
+
     /// `ip -4 route show` lines (main table).
     pub fn routes(&self) -> Vec<String> {
         self.exec(&["ip", "-4", "route", "show"]).lines().map(str::to_owned).collect()
@@ -115,9 +119,18 @@ pub struct Node {
 
 impl Node {
     pub fn new(pod_cidr: &str, node_ip: &str) -> Self {
-        let ns = Netns::new("n");
-        ns.exec(&["ip", "addr", "add", &format!("{node_ip}/32"), "dev", "lo"]);
-        Self { ns, data_dir: tempfile::tempdir().unwrap(), pod_cidr: pod_cidr.to_owned() }
+        let node = Self::bare(pod_cidr);
+        node.ns.exec(&["ip", "addr", "add", &format!("{node_ip}/32"), "dev", "lo"]);
+        node
+    }
+
+    /// A node without any address (the caller wires it, e.g. to a [`Lab`]).
+    pub fn bare(pod_cidr: &str) -> Self {
+        Self {
+            ns: Netns::new("n"),
+            data_dir: tempfile::tempdir().unwrap(),
+            pod_cidr: pod_cidr.to_owned(),
+        }
     }
 
     pub fn config(&self, version: &str) -> Value {
@@ -304,5 +317,33 @@ pub fn tcp_roundtrip(server: &NetNs, server_ip: Ipv4Addr, client: &NetNs) -> Res
         Ok(())
     } else {
         Err(format!("bad exchange {buf:?} {got}"))
+    }
+}
+
+/// A lab L2 segment: a bridge in its own namespace, connected to nothing but the nodes
+/// plugged into it.
+pub struct Lab {
+    pub ns: Netns,
+    ports: usize,
+}
+
+impl Lab {
+    pub fn new() -> Self {
+        let ns = Netns::new("l");
+        ns.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
+        ns.exec(&["ip", "link", "set", "br0", "up"]);
+        Self { ns, ports: 0 }
+    }
+
+    /// Plugs `node` into the bridge as its `lab0` with `addr` (CIDR notation).
+    pub fn plug(&mut self, node: &Netns, addr: &str) {
+        self.ports += 1;
+        let (a, b) = (format!("la{}", self.ports), format!("lb{}", self.ports));
+        self.ns.exec(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]);
+        self.ns.exec(&["ip", "link", "set", &b, "netns", node.path().to_str().unwrap()]);
+        self.ns.exec(&["ip", "link", "set", &a, "master", "br0", "up"]);
+        node.exec(&["ip", "link", "set", &b, "name", "lab0"]);
+        node.exec(&["ip", "addr", "add", addr, "dev", "lab0"]);
+        node.exec(&["ip", "link", "set", "lab0", "up"]);
     }
 }
