@@ -326,20 +326,18 @@ pub fn add_result(version: &str, a: &Attached, netns: &Path) -> String {
     // Host interfaces carry no sandbox: drop the empty field the crate always writes.
     if let Some(Value::Array(ifs)) = v.get_mut("interfaces") {
         for i in ifs {
-            if i.get("sandbox").and_then(Value::as_str) == Some("") {
-                if let Some(o) = i.as_object_mut() {
-                    o.remove("sandbox");
-                }
+            if i.get("sandbox").and_then(Value::as_str) == Some("")
+                && let Some(o) = i.as_object_mut()
+            {
+                o.remove("sandbox");
             }
         }
     }
-    if version == "0.4.0" {
-        if let Some(Value::Array(ips)) = v.get_mut("ips") {
-            for ip in ips {
-                if let Some(o) = ip.as_object_mut() {
-                    o.insert("version".into(), json!("4"));
-                }
-            }
+    if version == "0.4.0"
+        && let Some(Value::Array(ips)) = v.get_mut("ips")
+    {
+        for o in ips.iter_mut().filter_map(Value::as_object_mut) {
+            o.insert("version".into(), json!("4"));
         }
     }
     v.to_string()

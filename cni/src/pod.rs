@@ -194,10 +194,10 @@ impl Drop for AddRollback {
         if !matches!(deleted, Ok(Ok(_))) {
             eprintln!("skiff-cni: rollback could not delete {}; GC will", self.host_ifname);
         }
-        if self.release_ip {
-            if let Err(e) = self.store.release(&self.container_id, &self.ifname) {
-                eprintln!("skiff-cni: rollback could not release the address: {e}; GC will");
-            }
+        if self.release_ip
+            && let Err(e) = self.store.release(&self.container_id, &self.ifname)
+        {
+            eprintln!("skiff-cni: rollback could not release the address: {e}; GC will");
         }
     }
 }

@@ -291,18 +291,23 @@ pub fn result_ip(result: &Value) -> Ipv4Addr {
     addr.split('/').next().unwrap().parse().unwrap()
 }
 
-/// Opens a TCP listener in `server`, connects from `client`, exchanges a line.
-pub fn tcp_roundtrip(server: &NetNs, server_ip: Ipv4Addr, client: &NetNs) -> Result<(), String> {
+/// Opens a TCP listener in `server`, connects from `client`, exchanges a line; returns the
+/// client address the server saw.
+pub fn tcp_roundtrip(
+    server: &NetNs,
+    server_ip: Ipv4Addr,
+    client: &NetNs,
+) -> Result<SocketAddr, String> {
     let listener = run_in(server, || TcpListener::bind((server_ip, 0)))
         .unwrap()
         .map_err(|e| format!("bind: {e}"))?;
     let addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
-    let accept = std::thread::spawn(move || -> std::io::Result<String> {
-        let (mut s, _) = listener.accept()?;
+    let accept = std::thread::spawn(move || -> std::io::Result<(String, SocketAddr)> {
+        let (mut s, peer) = listener.accept()?;
         let mut buf = [0u8; 5];
         s.read_exact(&mut buf)?;
         s.write_all(b"pong!")?;
-        Ok(String::from_utf8_lossy(&buf).into_owned())
+        Ok((String::from_utf8_lossy(&buf).into_owned(), peer))
     });
     let mut stream = run_in(client, || TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
         .unwrap()
@@ -311,10 +316,10 @@ pub fn tcp_roundtrip(server: &NetNs, server_ip: Ipv4Addr, client: &NetNs) -> Res
     stream.write_all(b"ping!").map_err(|e| e.to_string())?;
     let mut buf = [0u8; 5];
     stream.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
-    let got =
+    let (got, peer) =
         accept.join().map_err(|_| "accept panicked".to_owned())?.map_err(|e| e.to_string())?;
     if &buf == b"pong!" && got == "ping!" {
-        Ok(())
+        Ok(peer)
     } else {
         Err(format!("bad exchange {buf:?} {got}"))
     }
