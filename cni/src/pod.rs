@@ -271,7 +271,7 @@ pub async fn add(
         get_link(&pod, &temp).await?.ok_or_else(|| Error::LinkVanished { name: temp.clone() })?;
     let pod_idx = pod_link.header.index;
     pod.link()
-        .set(LinkUnspec::new_with_index(pod_idx).name(ifname.to_owned()).build())
+        .set(LinkUnspec::new_with_index(pod_idx).name(ifname.to_owned()).mtu(cfg.mtu).build())
         .execute()
         .await
         .map_err(nl("renaming the pod end"))?;

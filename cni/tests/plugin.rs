@@ -53,6 +53,19 @@ fn add_check_del_for_every_version() {
 }
 
 #[test]
+fn mtu_applies_to_both_ends() {
+    let node = Node::new("10.244.11.0/24", "10.250.0.1");
+    let pod = Netns::new("p");
+    let mut cfg = node.config("1.0.0");
+    cfg["mtu"] = json!(1400);
+    let result = node.plugin().call("ADD", "mtu", "eth0", Some(&pod.path()), &cfg).ok().clone();
+    let host_if = result["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    assert!(pod.exec(&["ip", "link", "show", "eth0"]).contains("mtu 1400"));
+    assert!(node.ns.exec(&["ip", "link", "show", &host_if]).contains("mtu 1400"));
+    node.plugin().call("DEL", "mtu", "eth0", Some(&pod.path()), &cfg).ok();
+}
+
+#[test]
 fn del_tolerates_a_missing_netns_and_missing_everything() {
     for version in VERSIONS {
         let node = Node::new("10.244.2.0/24", "10.250.0.1");
