@@ -21,6 +21,47 @@
 //! traffic towards the pod. Cross-node routes ([`routes`]) then only need the per-node
 //! podCIDR, and nothing is bridged.
 //!
+//! # Network configuration
+//!
+//! The agent writes one conflist entry per node (unknown fields are ignored):
+//!
+//! ```json
+//! {
+//!   "cniVersion": "1.1.0",
+//!   "name": "skiff",
+//!   "plugins": [{
+//!     "type": "skiff-cni",
+//!     "podCIDR": "10.244.1.0/24",
+//!     "dataDir": "/var/lib/cni/skiff",
+//!     "mtu": 1500
+//!   }]
+//! }
+//! ```
+//!
+//! - `podCIDR` (required): this node's pod range; pods get its addresses except the
+//!   network and broadcast ones, as `/32`s.
+//! - `dataDir` (default [`config::DEFAULT_DATA_DIR`]): IPAM state, under
+//!   `<dataDir>/networks/<name>/`.
+//! - `mtu` (default 1500): both veth ends; 1450 with VXLAN.
+//!
+//! Spec versions 0.4.0, 1.0.0 and 1.1.0; STATUS and GC need a 1.1.0 configuration (error
+//! code 1 otherwise, as libcni's skel). Error codes: 1 incompatible version, 4 invalid
+//! environment (CNI_COMMAND, CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS), 5 IPAM store I/O,
+//! 6 undecodable JSON, 7 invalid configuration (missing or unparsable `podCIDR`, wrong
+//! `type`, bad `mtu`, CHECK without `prevResult`, GC without valid attachments), 11 address
+//! pool exhausted (addresses free up as pods go: try again later), 50 from STATUS when no
+//! ADD could succeed (pool exhausted or store unusable), 999 any other failure.
+//!
+//! # What the agent calls
+//! - [`routes::desired_routes`] + [`routes::apply`] on every Node watch event (whole list,
+//!   level-triggered), [`routes::NodeRoute::from_node`] to adapt `Node` objects, and
+//!   [`routes::remove_all`] on teardown;
+//! - [`masquerade::Masquerade::apply`] at start (and [`masquerade::Masquerade::remove`] on
+//!   teardown);
+//! - both act in the calling thread's network namespace: a node agent in the host
+//!   namespace calls them directly; tests enter a node namespace with [`netns::run_in`] /
+//!   [`netns::netlink_in`].
+//!
 //! # Modules
 //! - [`config`]: the network configuration on stdin and its validation;
 //! - [`ipam`]: the pure allocator and its on-disk, `flock`ed store;
