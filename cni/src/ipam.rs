@@ -205,10 +205,11 @@ impl IpamStore {
             .next_free(&used, self.last_reserved())
             .ok_or(Error::Exhausted { range: self.allocator.range })?;
         let path = self.dir.join(ip.to_string());
+        // No fsync (as host-local): the records only matter while the node runs; after a
+        // crash of the machine its pods and veths are gone too and GC reconciles.
         let write = || -> io::Result<()> {
             let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-            f.write_all(format!("{container_id}\n{ifname}\n").as_bytes())?;
-            f.sync_data()
+            f.write_all(format!("{container_id}\n{ifname}\n").as_bytes())
         };
         write().map_err(|source| Error::Write { path: path.clone(), source })?;
         let last = self.dir.join("last_reserved_ip");

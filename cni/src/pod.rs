@@ -10,10 +10,11 @@ use std::path::Path;
 
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use rtnetlink::packet_route::neighbour::NeighbourState;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteScope};
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::config::{Attachment, PluginConfig};
 use crate::ipam::{self, IpamStore};
@@ -25,8 +26,6 @@ pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
 /// Prefix of host-side veth names (`sk` + 12 hex digits).
 pub const HOST_PREFIX: &str = "sk";
-/// Prefix of the pod end's temporary name before it is moved and renamed.
-const TEMP_PREFIX: &str = "sp";
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -245,36 +244,30 @@ pub async fn add(
 
     // Leftovers of an interrupted ADD of this same attachment go first.
     delete_link(&host, &host_if).await?;
-    let temp = hashed_name(TEMP_PREFIX, container_id, ifname);
-    delete_link(&host, &temp).await?;
 
-    host.link()
-        .add(LinkVeth::new(&host_if, &temp).mtu(cfg.mtu).build())
-        .execute()
-        .await
-        .map_err(nl("creating the veth pair"))?;
+    // The pair is created with its pod end already in the pod's namespace under its final
+    // name (as the reference plugins do): moving a device between namespaces afterwards
+    // costs an RCU grace period per ADD.
     let peer =
-        get_link(&host, &temp).await?.ok_or_else(|| Error::LinkVanished { name: temp.clone() })?;
+        LinkUnspec::new_with_name(ifname).setns_by_fd(ns.file().as_raw_fd()).mtu(cfg.mtu).build();
     host.link()
-        .set(
-            LinkUnspec::new_with_index(peer.header.index)
-                .setns_by_fd(ns.file().as_raw_fd())
+        .add(
+            LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+                .name(host_if.clone())
+                .mtu(cfg.mtu)
+                .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
                 .build(),
         )
         .execute()
         .await
-        .map_err(nl("moving the pod end into its namespace"))?;
+        .map_err(nl("creating the veth pair"))?;
     fault_point("veth")?;
 
     // Pod side.
-    let pod_link =
-        get_link(&pod, &temp).await?.ok_or_else(|| Error::LinkVanished { name: temp.clone() })?;
+    let pod_link = get_link(&pod, ifname)
+        .await?
+        .ok_or_else(|| Error::LinkVanished { name: ifname.to_owned() })?;
     let pod_idx = pod_link.header.index;
-    pod.link()
-        .set(LinkUnspec::new_with_index(pod_idx).name(ifname.to_owned()).mtu(cfg.mtu).build())
-        .execute()
-        .await
-        .map_err(nl("renaming the pod end"))?;
     pod.link()
         .set(LinkUnspec::new_with_index(pod_idx).up().build())
         .execute()
@@ -352,7 +345,7 @@ pub async fn add(
         .map_err(nl("adding the host route to the pod"))?;
     enable_forwarding()?;
 
-    let pod_mac = get_link(&pod, ifname).await?.map(|l| link_mac(&l)).unwrap_or_default();
+    let pod_mac = link_mac(&pod_link);
     rollback.armed = false;
     Ok(Attached {
         ip,
@@ -369,7 +362,6 @@ pub async fn add(
 pub async fn del(cfg: &PluginConfig, container_id: &str, ifname: &str) -> Result<()> {
     let host = netns::netlink_here()?;
     delete_link(&host, &host_ifname(container_id, ifname)).await?;
-    delete_link(&host, &hashed_name(TEMP_PREFIX, container_id, ifname)).await?;
     IpamStore::new(cfg.network_dir(), cfg.pod_cidr).release(container_id, ifname)?;
     Ok(())
 }
@@ -468,9 +460,7 @@ pub async fn gc(cfg: &PluginConfig, valid: &[Attachment]) -> Result<Vec<ipam::Al
         host.link().get().execute().try_collect().await.map_err(nl("listing links"))?;
     for link in links {
         let Some(name) = link_name(&link) else { continue };
-        let ours = (is_host_ifname(name) && !keep.contains(name))
-            || (name.starts_with(TEMP_PREFIX) && name.len() == TEMP_PREFIX.len() + 12);
-        if ours && is_veth(&link) {
+        if is_host_ifname(name) && !keep.contains(name) && is_veth(&link) {
             match host.link().del(link.header.index).execute().await {
                 Ok(()) => {}
                 Err(e) if is_not_found(&e) => {}
