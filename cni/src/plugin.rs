@@ -221,14 +221,14 @@ fn dispatch(env: &dyn Fn(&str) -> Option<String>, payload: &[u8]) -> Result<Stri
             (Command::Add, Some(a)) => {
                 let netns = a.netns.unwrap_or_default();
                 let attached = pod::add(&cfg, &a.container_id, &a.ifname, &netns).await?;
-                Ok(add_result(&cfg.cni_version, &attached, &netns))
+                Ok(add_result(&cfg.cni_version, &attached, &netns, cfg.prev_result.as_ref()))
             }
             (Command::Del, Some(a)) => {
                 pod::del(&cfg, &a.container_id, &a.ifname).await?;
                 Ok(String::new())
             }
             (Command::Check, Some(a)) => {
-                let ip = prev_result_ip(&cfg)?;
+                let ip = prev_result_ip(&cfg, &a.ifname)?;
                 pod::check(&cfg, &a.container_id, &a.ifname, &a.netns.unwrap_or_default(), ip)
                     .await?;
                 Ok(String::new())
@@ -270,17 +270,27 @@ fn status(cfg: &PluginConfig) -> Result<(), CniError> {
     }
 }
 
-fn prev_result_ip(cfg: &PluginConfig) -> Result<Ipv4Addr, CniError> {
+/// The address prevResult gives this attachment: the IPv4 address on the interface named
+/// `ifname` inside a sandbox (other plugins of a chain may have added their own).
+fn prev_result_ip(cfg: &PluginConfig, ifname: &str) -> Result<Ipv4Addr, CniError> {
     let prev = cfg
         .prev_result
         .as_ref()
         .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "CHECK needs prevResult", ""))?;
-    prev.get("ips")
-        .and_then(Value::as_array)
-        .and_then(|ips| {
-            ips.iter().find_map(|ip| ip.get("address")?.as_str()?.parse::<Ipv4Network>().ok())
+    let ours = prev.get("interfaces").and_then(Value::as_array).and_then(|ifs| {
+        ifs.iter().position(|i| {
+            i.get("name").and_then(Value::as_str) == Some(ifname)
+                && i.get("sandbox").and_then(Value::as_str).is_some_and(|s| !s.is_empty())
         })
-        .map(|n| n.ip())
+    });
+    let ips = prev.get("ips").and_then(Value::as_array).cloned().unwrap_or_default();
+    let v4 = |ip: &Value| ip.get("address")?.as_str()?.parse::<Ipv4Network>().ok().map(|n| n.ip());
+    let on_ours = ips.iter().find(|ip| {
+        ours.is_some() && ip.get("interface").and_then(Value::as_u64) == ours.map(|i| i as u64)
+    });
+    on_ours
+        .and_then(v4)
+        .or_else(|| ips.iter().filter_map(v4).find(|ip| !ip.is_loopback()))
         .ok_or_else(|| {
             CniError::new(code::INVALID_CONFIG, "prevResult has no IPv4 address", prev.to_string())
         })
@@ -292,7 +302,11 @@ fn mac(bytes: &[u8]) -> Option<MacAddr> {
 }
 
 /// The ADD result in the requested version's shape (0.4.0 adds `"version": "4"` to IPs).
-pub fn add_result(version: &str, a: &Attached, netns: &Path) -> String {
+/// When chained after another plugin, `prev` (its result) comes first and is kept, as the
+/// spec requires; this plugin's interface indices follow the previous ones.
+pub fn add_result(version: &str, a: &Attached, netns: &Path, prev: Option<&Value>) -> String {
+    let offset =
+        prev.and_then(|p| p.get("interfaces")).and_then(Value::as_array).map_or(0, Vec::len);
     let reply = SuccessReply {
         cni_version: semver::Version::parse(version)
             .unwrap_or_else(|_| semver::Version::new(1, 1, 0)),
@@ -313,7 +327,7 @@ pub fn add_result(version: &str, a: &Attached, netns: &Path) -> String {
                 Ipv4Network::new(a.ip, a.prefix_len).unwrap_or_else(|_| Ipv4Network::from(a.ip)),
             ),
             gateway: Some(IpAddr::V4(GATEWAY)),
-            interface: Some(1),
+            interface: Some(offset + 1),
         }],
         routes: vec![Route {
             dst: IpNetwork::V4(Ipv4Network::from(Ipv4Addr::UNSPECIFIED).mask_to(0)),
@@ -331,6 +345,20 @@ pub fn add_result(version: &str, a: &Attached, netns: &Path) -> String {
             {
                 o.remove("sandbox");
             }
+        }
+    }
+    if let Some(prev) = prev {
+        for key in ["interfaces", "ips", "routes"] {
+            if let (Some(Value::Array(before)), Some(Value::Array(ours))) =
+                (prev.get(key), v.get_mut(key))
+            {
+                let mut merged = before.clone();
+                merged.append(ours);
+                *ours = merged;
+            }
+        }
+        if let Some(dns) = prev.get("dns") {
+            v["dns"] = dns.clone();
         }
     }
     if version == "0.4.0"
@@ -429,7 +457,8 @@ mod tests {
             pod_mac: vec![2, 0, 0, 0, 0, 2],
         };
         let v: Value =
-            serde_json::from_str(&add_result("0.4.0", &a, Path::new("/run/netns/x"))).unwrap();
+            serde_json::from_str(&add_result("0.4.0", &a, Path::new("/run/netns/x"), None))
+                .unwrap();
         assert_eq!(v["cniVersion"], "0.4.0");
         assert_eq!(v["ips"][0]["version"], "4");
         assert_eq!(v["ips"][0]["address"], "10.1.0.5/32");
@@ -440,7 +469,20 @@ mod tests {
         assert_eq!(v["interfaces"][1]["mac"], "02:00:00:00:00:02");
         assert_eq!(v["routes"][0]["dst"], "0.0.0.0/0");
         let v: Value =
-            serde_json::from_str(&add_result("1.1.0", &a, Path::new("/run/netns/x"))).unwrap();
+            serde_json::from_str(&add_result("1.1.0", &a, Path::new("/run/netns/x"), None))
+                .unwrap();
         assert!(v["ips"][0].get("version").is_none());
+        // Chained: the previous result is kept first, our interface index follows it.
+        let prev = json!({"cniVersion":"1.1.0","interfaces":[{"name":"lo"}],
+            "ips":[{"address":"127.0.0.1/8","interface":0}],"dns":{"nameservers":["10.96.0.10"]}});
+        let v: Value =
+            serde_json::from_str(&add_result("1.1.0", &a, Path::new("/run/netns/x"), Some(&prev)))
+                .unwrap();
+        assert_eq!(v["interfaces"].as_array().unwrap().len(), 3);
+        assert_eq!(v["interfaces"][0]["name"], "lo");
+        assert_eq!(v["ips"][0]["address"], "127.0.0.1/8");
+        assert_eq!(v["ips"][1]["address"], "10.1.0.5/32");
+        assert_eq!(v["ips"][1]["interface"], 2);
+        assert_eq!(v["dns"]["nameservers"][0], "10.96.0.10");
     }
 }
