@@ -62,11 +62,13 @@ impl Masquerade {
     }
 
     /// Installs (or replaces) the rule set. Idempotent.
+    #[tracing::instrument(skip_all, fields(cluster_cidr = %self.cluster_cidr, table = %self.table))]
     pub fn apply(&self) -> Result<()> {
         nft(&self.script(), "masquerade rule set")
     }
 
     /// Removes the table; removing what is not there is success.
+    #[tracing::instrument(skip_all, fields(table = %self.table))]
     pub fn remove(&self) -> Result<()> {
         let t = &self.table;
         nft(&format!("table ip {t} {{}}\ndelete table ip {t}\n"), "table removal")

@@ -203,6 +203,7 @@ impl Drop for AddRollback {
 
 /// ADD: allocate, create the veth pair, configure both ends. All or nothing: on any error
 /// the rollback guard removes the links and the allocation this call made.
+#[tracing::instrument(skip(cfg), fields(network = %cfg.name))]
 pub async fn add(
     cfg: &PluginConfig,
     container_id: &str,
@@ -359,6 +360,7 @@ pub async fn add(
 
 /// DEL: remove the host veth (the pod end and the host route go with it) and release the
 /// address. Missing netns, link or allocation are all success.
+#[tracing::instrument(skip(cfg), fields(network = %cfg.name))]
 pub async fn del(cfg: &PluginConfig, container_id: &str, ifname: &str) -> Result<()> {
     let host = netns::netlink_here()?;
     delete_link(&host, &host_ifname(container_id, ifname)).await?;
@@ -392,6 +394,7 @@ async fn has_route(
 
 /// CHECK: the allocation, both veth ends, the pod address and routes, and the host route
 /// are as ADD left them for `ip`.
+#[tracing::instrument(skip(cfg), fields(network = %cfg.name))]
 pub async fn check(
     cfg: &PluginConfig,
     container_id: &str,
@@ -448,6 +451,7 @@ pub async fn check(
 /// GC: release every allocation not in `valid` and delete its host veth, and delete host
 /// veths (`sk…`) that belong to no valid attachment and no remaining allocation (left by an
 /// ADD killed after creating the link). Returns the released allocations.
+#[tracing::instrument(skip_all, fields(network = %cfg.name, valid = valid.len()))]
 pub async fn gc(cfg: &PluginConfig, valid: &[Attachment]) -> Result<Vec<ipam::Allocation>> {
     let store = IpamStore::new(cfg.network_dir(), cfg.pod_cidr);
     let valid_set: HashSet<Attachment> = valid.iter().cloned().collect();

@@ -338,6 +338,7 @@ async fn ensure_vxlan(h: &Handle, dev: &VxlanDevice) -> Result<u32> {
 /// creates the VXLAN device with its neighbour and FDB entries when needed, deletes
 /// skiff's routes that are no longer planned, and the VXLAN device when no longer needed.
 /// Idempotent.
+#[tracing::instrument(skip_all, fields(routes = plan.routes.len(), vxlan = plan.vxlan.is_some()))]
 pub async fn apply(h: &Handle, plan: &RoutePlan) -> Result<ApplyReport> {
     let mut report = ApplyReport::default();
     let vxlan_idx = match &plan.vxlan {
@@ -383,6 +384,9 @@ pub async fn apply(h: &Handle, plan: &RoutePlan) -> Result<ApplyReport> {
             report.removed.push(dst);
         }
     }
+    if !report.removed.is_empty() {
+        tracing::info!(removed = ?report.removed, "removed stale routes");
+    }
     if let Some(idx) = vxlan_idx {
         remove_stale_vteps(h, idx, plan).await?;
     } else {
@@ -427,6 +431,12 @@ async fn remove_stale_vteps(h: &Handle, idx: u32, plan: &RoutePlan) -> Result<()
         }
     }
     Ok(())
+}
+
+/// [`desired_routes`] then [`apply`]: what the agent calls with the whole node list on
+/// every Node watch event.
+pub async fn sync(h: &Handle, cfg: &RouteConfig, nodes: &[NodeRoute]) -> Result<ApplyReport> {
+    apply(h, &desired_routes(cfg, nodes)).await
 }
 
 /// Removes everything [`apply`] installed (routes with [`ROUTE_PROTOCOL`] and the VXLAN
