@@ -53,8 +53,8 @@
 //! ADD could succeed (pool exhausted or store unusable), 999 any other failure.
 //!
 //! # What the agent calls
-//! - [`routes::desired_routes`] + [`routes::apply`] on every Node watch event (whole list,
-//!   level-triggered), [`routes::NodeRoute::from_node`] to adapt `Node` objects, and
+//! - [`routes::sync`] (= [`routes::desired_routes`] + [`routes::apply`]) on every Node
+//!   watch event (whole list, level-triggered), [`routes::NodeRoute::from_node`] to adapt `Node` objects, and
 //!   [`routes::remove_all`] on teardown;
 //! - [`masquerade::Masquerade::apply`] at start (and [`masquerade::Masquerade::remove`] on
 //!   teardown);

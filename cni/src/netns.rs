@@ -114,12 +114,9 @@ where
     })
 }
 
-/// A netlink route socket whose connection task must be spawned on the caller's runtime.
-pub type NetlinkConnection =
-    rtnetlink::proto::Connection<rtnetlink::packet_route::RouteNetlinkMessage>;
-
-/// Opens an rtnetlink connection bound to `ns`. Must be called inside a tokio runtime;
-/// the returned connection is spawned on it.
+/// Opens an rtnetlink connection bound to `ns` (the socket is created on a thread inside
+/// `ns`, then used from anywhere). Must be called inside a tokio runtime; the connection
+/// task is spawned on it.
 pub fn netlink_in(ns: &NetNs) -> Result<rtnetlink::Handle> {
     let rt = tokio::runtime::Handle::current();
     let (conn, handle) = run_in(ns, move || {
