@@ -112,7 +112,13 @@ struct Containerd {
     child: Child,
     dir: PathBuf,
     socket: PathBuf,
+    /// Shared directories containerd and libcni create outside `dir` (shim sockets, the
+    /// result cache) that did not exist before: removed again if empty.
+    created_shared_dirs: Vec<&'static str>,
 }
+
+const SHARED_DIRS: [&str; 4] =
+    ["/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"];
 
 impl Containerd {
     fn start(node: &Node, dir: &Path) -> Self {
@@ -168,6 +174,8 @@ state = "{d}/state"
         );
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, config).unwrap();
+        let created_shared_dirs =
+            SHARED_DIRS.into_iter().filter(|d| !Path::new(d).exists()).collect();
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
         let child = node
             .ns
@@ -180,7 +188,7 @@ state = "{d}/state"
             .stderr(Stdio::from(log))
             .spawn()
             .expect("starting containerd");
-        let c = Self { child, dir: dir.to_path_buf(), socket };
+        let c = Self { child, dir: dir.to_path_buf(), socket, created_shared_dirs };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !c.socket.exists() {
             assert!(Instant::now() < deadline, "containerd did not start: {}", c.log());
@@ -244,6 +252,9 @@ impl Drop for Containerd {
         points.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in points {
             let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        for d in &self.created_shared_dirs {
+            let _ = std::fs::remove_dir(d); // only when empty
         }
     }
 }
