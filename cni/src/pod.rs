@@ -11,7 +11,9 @@ use std::path::Path;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
-use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use rtnetlink::packet_route::link::{
+    InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State,
+};
 use rtnetlink::packet_route::neighbour::NeighbourState;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteScope};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
@@ -201,6 +203,33 @@ impl Drop for AddRollback {
     }
 }
 
+/// How long ADD waits for both veth ends to be operationally up.
+const OPER_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn oper_up(msg: &LinkMessage) -> bool {
+    msg.attributes.iter().any(|a| matches!(a, LinkAttribute::OperState(State::Up)))
+}
+
+/// Waits until both ends are operationally up: until the kernel's link watcher has run for
+/// a new veth, its queueing discipline is still `noop` and the pod's first packets would be
+/// dropped. Normally immediate; bounded, and a timeout is not an error (the kernel gets
+/// there on its own).
+async fn wait_oper_up(host: &Handle, host_if: &str, pod: &Handle, ifname: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + OPER_UP_TIMEOUT;
+    loop {
+        let host_up = get_link(host, host_if).await?.is_some_and(|l| oper_up(&l));
+        let pod_up = get_link(pod, ifname).await?.is_some_and(|l| oper_up(&l));
+        if host_up && pod_up {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(host_if, ifname, "veth not operationally up after {OPER_UP_TIMEOUT:?}");
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
 /// ADD: allocate, create the veth pair, configure both ends. All or nothing: on any error
 /// the rollback guard removes the links and the allocation this call made.
 #[tracing::instrument(skip(cfg), fields(network = %cfg.name))]
@@ -345,6 +374,7 @@ pub async fn add(
         .await
         .map_err(nl("adding the host route to the pod"))?;
     enable_forwarding()?;
+    wait_oper_up(&host, &host_if, &pod, ifname).await?;
 
     let pod_mac = link_mac(&pod_link);
     rollback.armed = false;
