@@ -11,7 +11,8 @@ use crate::run;
 pub fn run_bench(root: &Path, name: &str) -> Result<()> {
     match name {
         "apiserver" => apiserver(root),
-        other => bail!("unknown benchmark {other:?} (known: apiserver)"),
+        "cni" => crate::cni::bench(root),
+        other => bail!("unknown benchmark {other:?} (known: apiserver, cni)"),
     }
 }
 

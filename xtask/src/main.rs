@@ -4,6 +4,7 @@
 //! `up` starts a cluster on the embedded store; `test` runs every test suite.
 
 mod bench;
+mod cni;
 mod setup;
 
 use std::path::{Path, PathBuf};

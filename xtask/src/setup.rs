@@ -8,7 +8,9 @@ use anyhow::Result;
 use crate::run;
 
 /// Debian packages: protoc (CRI/etcd protobufs), etcd (HA store tests), containerd + runc
-/// (agent), busybox-static (test images), python3-venv (client tests), iproute2 (lab netns).
+/// (agent), busybox-static (test images), python3-venv (client tests), iproute2 (lab netns),
+/// nftables (pod masquerade), containernetworking-plugins (`loopback` for containerd, and the
+/// reference ptp/host-local plugins the CNI benchmark compares against).
 const APT_PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "etcd-server",
@@ -17,6 +19,8 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "python3-venv",
     "iproute2",
+    "nftables",
+    "containernetworking-plugins",
 ];
 
 /// Python packages for the client tests (the official `kubernetes` client and pytest).
