@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use kube::Client;
 
+pub mod events;
+
 use crate::apiserver::alloc::Cidr;
 
 /// Controller settings; each default matches kube-controller-manager's.
