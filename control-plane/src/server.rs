@@ -72,9 +72,13 @@ pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
     match &config.store {
         StoreConfig::Embedded => {
             let dir = config.data_dir.join("store");
+            // redb's page cache stays small: reads are served from the watch cache, and the
+            // store's cache would otherwise grow to 32 MiB with the data.
+            let store_config =
+                crate::store::embedded::EmbeddedConfig::default().cache_size(8 << 20);
             // Opening replays the write-ahead log: blocking work, off the async workers.
             let store = tokio::task::spawn_blocking(move || {
-                crate::store::embedded::EmbeddedStore::open(&dir)
+                crate::store::embedded::EmbeddedStore::open_with(&dir, store_config)
             })
             .await
             .map_err(|e| Error::Store(crate::store::Error::backend("opening the store", e)))?

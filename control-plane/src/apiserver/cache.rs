@@ -329,8 +329,7 @@ impl WatchCache {
 
 /// Decode a stored value into a cached object with `rv` as its resourceVersion.
 pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<CachedObject> {
-    let mut value: Value = serde_json::from_slice(&kv.value).ok()?;
-    set_resource_version(&mut value, rv);
+    let value: Value = serde_json::from_slice(&kv.value).ok()?;
     let labels = value
         .pointer("/metadata/labels")
         .and_then(Value::as_object)
@@ -339,7 +338,16 @@ pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<C
         })
         .unwrap_or_default();
     let fields = rt.field_values(&value);
-    let json = Bytes::from(serde_json::to_vec(&value).ok()?);
+    // Stored objects carry no resourceVersion: splice it into the bytes rather than
+    // serializing the whole object again.
+    let json = match with_resource_version(&kv.value, rv) {
+        Some(bytes) => bytes,
+        None => {
+            let mut value = value;
+            set_resource_version(&mut value, rv);
+            Bytes::from(serde_json::to_vec(&value).ok()?)
+        }
+    };
     Some(CachedObject {
         key: kv.key.clone(),
         namespace: fields[1].1.clone(),
@@ -351,8 +359,88 @@ pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<C
     })
 }
 
+/// `json` (an object without metadata.resourceVersion) with `"resourceVersion":"<rv>"` as the
+/// first member of its top-level `metadata` object. `None` when there is no such object.
+pub fn with_resource_version(json: &[u8], rv: Revision) -> Option<Bytes> {
+    let open = top_level_member_start(json, b"metadata")?;
+    if json.get(open) != Some(&b'{') {
+        return None;
+    }
+    let empty = json[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let field = format!("\"resourceVersion\":\"{rv}\"{}", if empty { "" } else { "," });
+    let mut out = Vec::with_capacity(json.len() + field.len());
+    out.extend_from_slice(&json[..=open]);
+    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(&json[open + 1..]);
+    Some(Bytes::from(out))
+}
+
+/// The offset of the value of member `name` of the top-level JSON object.
+fn top_level_member_start(json: &[u8], name: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = 0usize;
+    while i < json.len() {
+        match json[i] {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.checked_sub(1)?,
+            b'"' => {
+                let start = i + 1;
+                i += 1;
+                while i < json.len() && json[i] != b'"' {
+                    if json[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                let key = json.get(start..i)?;
+                if depth == 1 && key == name {
+                    // A key is followed by ':'; a string value is not.
+                    let mut j = i + 1;
+                    while json.get(j).is_some_and(u8::is_ascii_whitespace) {
+                        j += 1;
+                    }
+                    if json.get(j) == Some(&b':') {
+                        j += 1;
+                        while json.get(j).is_some_and(u8::is_ascii_whitespace) {
+                            j += 1;
+                        }
+                        return Some(j);
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 pub fn set_resource_version(obj: &mut Value, rv: Revision) {
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splices_the_resource_version_into_top_level_metadata() {
+        let json = br#"{"apiVersion":"v1","data":{"metadata":"x"},"kind":"ConfigMap","metadata":{"name":"a"},"spec":{"template":{"metadata":{}}}}"#;
+        let out = with_resource_version(json, 42).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "42");
+        assert_eq!(v["metadata"]["name"], "a");
+        assert!(v["spec"]["template"]["metadata"].get("resourceVersion").is_none());
+        let empty = with_resource_version(br#"{"kind":"X","metadata":{}}"#, 7).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&empty).unwrap()["metadata"]["resourceVersion"],
+            "7"
+        );
+        assert!(with_resource_version(br#"{"kind":"X"}"#, 7).is_none());
+        let escaped = br#"{"a":"q\"metadata\":{","metadata":{"name":"b"}}"#;
+        let v: Value = serde_json::from_slice(&with_resource_version(escaped, 3).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "3");
     }
 }

@@ -466,8 +466,15 @@ async fn check_namespace(server: &ApiServer, rt: &ResourceType, ns: Option<&str>
     let Some(ns) = ns.filter(|_| rt.desc.namespaced) else { return Ok(()) };
     let nsr = server.registry.namespaces();
     let key = nsr.key(None, ns);
-    // From the store, not the cache: a namespace deleted a moment ago must already count.
-    let obj = server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?;
+    // Read your writes through the cache: wait until it holds every committed write (a
+    // namespace deleted a moment ago must already count), then look there; a store read
+    // per create would cost a blocking-pool round trip.
+    let current = server.store.current_revision().await?;
+    let obj = if server.cache.wait_for(current, CACHE_WAIT).await {
+        server.cache.resource(nsr).get(&key).map(|o| o.value())
+    } else {
+        server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?
+    };
     match obj {
         None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
         Some(o)
@@ -497,13 +504,22 @@ fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> A
     ApiError::invalid(message, causes).with_details(rt.group(), rt.kind(), name)
 }
 
+/// The stored form of an object: without resourceVersion (the store's revision is).
 fn encode(obj: &Value) -> ApiResult<Bytes> {
-    let mut stored = obj.clone();
-    if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
-        meta.remove("selfLink");
-    }
-    serde_json::to_vec(&stored).map(Bytes::from).map_err(ApiError::internal)
+    let meta = obj.get("metadata");
+    let bytes = if meta
+        .is_some_and(|m| m.get("resourceVersion").is_some() || m.get("selfLink").is_some())
+    {
+        let mut stored = obj.clone();
+        if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+            meta.remove("selfLink");
+        }
+        serde_json::to_vec(&stored)
+    } else {
+        serde_json::to_vec(obj)
+    };
+    bytes.map(Bytes::from).map_err(ApiError::internal)
 }
 
 fn store_error(rt: &ResourceType, name: &str, e: store::Error) -> ApiError {

@@ -22,11 +22,29 @@ pub const REF_PREFIX: &str = "#/components/schemas/";
 #[derive(Debug, Clone, Default)]
 pub struct Schemas {
     components: BTreeMap<String, Value>,
+    /// (group, version, kind) → component name, from `x-kubernetes-group-version-kind`
+    /// (looked up on every write, so indexed once).
+    kinds: std::collections::HashMap<(String, String, String), String>,
 }
 
 impl Schemas {
     pub fn from_components(components: BTreeMap<String, Value>) -> Self {
-        Schemas { components }
+        let mut kinds = std::collections::HashMap::new();
+        for (name, schema) in &components {
+            let Some(gvks) =
+                schema.get("x-kubernetes-group-version-kind").and_then(Value::as_array)
+            else {
+                continue;
+            };
+            for gvk in gvks {
+                let part =
+                    |k: &str| gvk.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                kinds
+                    .entry((part("group"), part("version"), part("kind")))
+                    .or_insert_with(|| name.clone());
+            }
+        }
+        Schemas { components, kinds }
     }
 
     /// The schemas of every served built-in kind (and the meta/v1 types around them),
@@ -57,28 +75,16 @@ impl Schemas {
 
     /// The component schema of a kind, found through `x-kubernetes-group-version-kind`.
     pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&Value> {
-        self.components.values().find(|schema| {
-            schema.get("x-kubernetes-group-version-kind").and_then(Value::as_array).is_some_and(
-                |gvks| {
-                    gvks.iter().any(|gvk| {
-                        gvk["group"].as_str() == Some(group)
-                            && gvk["version"].as_str() == Some(version)
-                            && gvk["kind"].as_str() == Some(kind)
-                    })
-                },
-            )
-        })
+        self.component_name_for_kind(group, version, kind)
+            .and_then(|name| self.components.get(name))
     }
 
     /// The component name ("io.k8s.api.apps.v1.Deployment") of a kind, found through
     /// `x-kubernetes-group-version-kind`.
     pub fn component_name_for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&str> {
-        self.components.iter().find_map(|(name, schema)| {
-            let gvks = schema.get("x-kubernetes-group-version-kind")?.as_array()?;
-            gvks.iter()
-                .any(|g| g["group"] == group && g["version"] == version && g["kind"] == kind)
-                .then_some(name.as_str())
-        })
+        self.kinds
+            .get(&(group.to_string(), version.to_string(), kind.to_string()))
+            .map(String::as_str)
     }
 
     /// Follow `$ref` and single-element `allOf: [{$ref}]` to the referenced component.

@@ -339,6 +339,20 @@ async fn main() -> Result<()> {
             let out = PathBuf::from(args.get(3).map(String::as_str).unwrap_or("target/bench"));
             apiserver(&bin, &out).await
         }
-        other => bail!("unknown benchmark {other:?} (known: apiserver)"),
+        // Load against a running server, for profiling: creates <kubeconfig> <count> <clients>
+        Some("creates") => {
+            let kubeconfig = PathBuf::from(
+                args.get(2).context("usage: skiff-bench creates <kubeconfig> <count> <clients>")?,
+            );
+            let count: usize = args.get(3).map(String::as_str).unwrap_or("10000").parse()?;
+            let clients: usize = args.get(4).map(String::as_str).unwrap_or("64").parse()?;
+            let client = client(&kubeconfig).await?;
+            let ns = format!("load-{}", now_ns() % 1_000_000);
+            create_ns(&client, &ns).await?;
+            let rate = creates(&client, &ns, count, clients).await?;
+            println!("{count} creates with {clients} clients: {rate:.0}/s");
+            Ok(())
+        }
+        other => bail!("unknown benchmark {other:?} (known: apiserver, creates)"),
     }
 }
