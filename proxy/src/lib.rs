@@ -1,1 +1,6 @@
-//! skiff-proxy: eBPF service proxy (kube-proxy replacement)
+//! skiff-proxy: the eBPF service proxy (kube-proxy replacement). Watches Services and
+//! EndpointSlices, computes the desired frontends and backends, diffs them against the pinned
+//! BPF maps and applies incremental updates; loads and attaches the eBPF programs.
+
+pub mod loader;
+pub mod maps;

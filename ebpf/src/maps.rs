@@ -1,0 +1,127 @@
+//! The maps every program shares, pinned by name (the loader gives the pin directory) so a
+//! restarted proxy reuses them; plus the counter helpers that write to them.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+};
+use skiff_ebpf_common::{
+    Backend, Config, Counters, CtKey, CtValue, RevNat, ServiceKey, ServiceValue, SockRevKey,
+    drop_reason,
+};
+
+/// Service frontends and their backend slots.
+#[map(name = "SKIFF_SERVICES")]
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+/// Backends by id.
+#[map(name = "SKIFF_BACKENDS")]
+pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+/// Frontend of each rev-nat id.
+#[map(name = "SKIFF_REV_NAT")]
+pub static REV_NAT: HashMap<u32, RevNat> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Per-packet NAT connection tracking.
+#[map(name = "SKIFF_CT")]
+pub static CONNTRACK: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65_536, 0);
+
+/// Socket-LB reverse translation (socket cookie + backend → frontend).
+#[map(name = "SKIFF_SOCK_REV")]
+pub static SOCK_REV: LruHashMap<SockRevKey, RevNat> = LruHashMap::pinned(65_536, 0);
+
+/// Drops by reason.
+#[map(name = "SKIFF_DROPS")]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(drop_reason::COUNT, 0);
+
+/// Per-service counters keyed by rev-nat id.
+#[map(name = "SKIFF_SVC_STATS")]
+pub static SERVICE_STATS: PerCpuHashMap<u32, Counters> =
+    PerCpuHashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Per-backend counters keyed by backend id.
+#[map(name = "SKIFF_BE_STATS")]
+pub static BACKEND_STATS: PerCpuHashMap<u32, Counters> =
+    PerCpuHashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+/// Node configuration (one entry).
+#[map(name = "SKIFF_CONFIG")]
+pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+/// Counts one drop of `reason` (per CPU, no atomics needed).
+#[inline(always)]
+pub fn count_drop(reason: u32) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Adds one packet of `bytes` (and a new connection if `new_conn`) to both counters.
+#[inline(always)]
+pub fn count_traffic(rev_nat_id: u32, backend_id: u32, bytes: u64, new_conn: bool) {
+    bump(&SERVICE_STATS, rev_nat_id, bytes, new_conn);
+    bump(&BACKEND_STATS, backend_id, bytes, new_conn);
+}
+
+#[inline(always)]
+fn bump(map: &PerCpuHashMap<u32, Counters>, key: u32, bytes: u64, new_conn: bool) {
+    let add = Counters { packets: 1, bytes, new_conns: new_conn as u64 };
+    match map.get_ptr_mut(key) {
+        Some(c) => {
+            // SAFETY: per-CPU value, only this CPU writes it while the program runs.
+            unsafe {
+                (*c).packets += add.packets;
+                (*c).bytes += add.bytes;
+                (*c).new_conns += add.new_conns;
+            }
+        }
+        None => {
+            let _ = map.insert(key, add, 0);
+        }
+    }
+}
+
+/// This node's address (network order), 0 when unset.
+#[inline(always)]
+pub fn node_ip_be() -> u32 {
+    CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Looks up the frontend (slot 0) of `vip:port/proto`.
+#[inline(always)]
+pub fn lookup_frontend(vip_be: u32, port_be: u16, proto: u8) -> Option<ServiceValue> {
+    // SAFETY: the value is copied out at once; a concurrent update can at worst give a stale
+    // frontend, which the slot lookup below tolerates (missing slot = BACKEND_MISSING).
+    unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, 0)).copied() }
+}
+
+/// Picks a random backend of a frontend with `count > 0` and returns `(id, backend)`.
+#[inline(always)]
+pub fn select_backend(
+    vip_be: u32,
+    port_be: u16,
+    proto: u8,
+    frontend: &ServiceValue,
+) -> Result<(u32, Backend), u32> {
+    if frontend.count == 0 {
+        return Err(drop_reason::NO_BACKEND);
+    }
+    // SAFETY: helper without pointer arguments.
+    let rnd = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    let slot = (rnd % frontend.count as u32) as u16 + 1;
+    // SAFETY: copied out at once, see lookup_frontend.
+    let slot_val = unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, slot)).copied() }
+        .ok_or(drop_reason::BACKEND_MISSING)?;
+    let backend = lookup_backend(slot_val.backend_id).ok_or(drop_reason::BACKEND_MISSING)?;
+    Ok((slot_val.backend_id, backend))
+}
+
+/// Looks up a backend by id.
+#[inline(always)]
+pub fn lookup_backend(id: u32) -> Option<Backend> {
+    // SAFETY: copied out at once.
+    unsafe { BACKENDS.get(id).copied() }
+}

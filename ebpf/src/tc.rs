@@ -1,0 +1,103 @@
+//! tc per-packet service NAT: DNAT of client packets to a backend with conntrack, and
+//! reverse NAT of backend replies, for traffic the socket hooks did not translate.
+//!
+//! One program serves both directions (attach it on ingress and egress): a packet matching a
+//! REPLY conntrack entry gets its source restored to the frontend; a packet addressed to a
+//! frontend gets its destination rewritten to a backend. Everything else passes untouched.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
+use skiff_ebpf_common::{PROTO_UDP, drop_reason};
+
+use crate::{
+    ct,
+    maps::{count_drop, count_traffic, lookup_frontend},
+    packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
+};
+
+/// tc entry point (ingress and egress).
+#[classifier]
+pub fn skiff_tc(ctx: TcContext) -> i32 {
+    match try_tc(&ctx) {
+        Ok(verdict) => verdict,
+        Err(reason) => {
+            count_drop(reason);
+            TC_ACT_SHOT as i32
+        }
+    }
+}
+
+#[inline(always)]
+fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::NotIpv4 => {
+            count_drop(drop_reason::NON_IPV4);
+            return Ok(TC_ACT_OK as i32);
+        }
+        Parsed::NoPorts => return Ok(TC_ACT_OK as i32),
+    };
+    if let Some(reply) = ct::lookup_reply(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+        count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
+        return Ok(TC_ACT_OK as i32);
+    }
+    let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) else {
+        return Ok(TC_ACT_OK as i32);
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0)?;
+    rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
+    count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    Ok(TC_ACT_OK as i32)
+}
+
+/// Which end of the flow a rewrite changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Src,
+    Dst,
+}
+
+/// Rewrites the address and port of one end, fixing the IPv4 and L4 checksums with the
+/// kernel helpers (which also handle CHECKSUM_PARTIAL skbs).
+#[inline(always)]
+fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow,
+    field: Field,
+    new_addr_be: u32,
+    new_port_be: u16,
+) -> Result<(), u32> {
+    let (addr_off, old_addr, port_off, old_port) = match field {
+        Field::Src => (IP_SRC_OFF, flow.saddr_be, flow.l4_off, flow.sport_be),
+        Field::Dst => (IP_DST_OFF, flow.daddr_be, flow.l4_off + 2, flow.dport_be),
+    };
+    let l4_flags = if flow.proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let fail = |_| drop_reason::REWRITE_FAILED;
+    if old_addr != new_addr_be {
+        ctx.l4_csum_replace(
+            flow.csum_off,
+            old_addr as u64,
+            new_addr_be as u64,
+            BPF_F_PSEUDO_HDR as u64 | l4_flags | 4,
+        )
+        .map_err(fail)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, new_addr_be as u64, 4).map_err(fail)?;
+        ctx.store(addr_off, &new_addr_be, 0).map_err(fail)?;
+    }
+    if old_port != new_port_be {
+        ctx.l4_csum_replace(flow.csum_off, old_port as u64, new_port_be as u64, l4_flags | 2)
+            .map_err(fail)?;
+        ctx.store(port_off, &new_port_be, 0).map_err(fail)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+//! `skiff-proxy`: the eBPF service proxy daemon and its map inspection commands.
+
+fn main() {}
