@@ -50,8 +50,12 @@ pub struct Ports {
 
 /// A packet buffer with direct access (tc or XDP).
 pub trait Packet {
+    /// First byte of the directly accessible (linear) data.
     fn start(&self) -> usize;
+    /// End of the directly accessible data.
     fn end(&self) -> usize;
+    /// Length of the whole packet on the wire (for tc, including non-linear parts).
+    fn wire_len(&self) -> usize;
 }
 
 impl Packet for TcContext {
@@ -63,6 +67,10 @@ impl Packet for TcContext {
     fn end(&self) -> usize {
         self.data_end()
     }
+    #[inline(always)]
+    fn wire_len(&self) -> usize {
+        self.len() as usize
+    }
 }
 
 impl Packet for XdpContext {
@@ -73,6 +81,10 @@ impl Packet for XdpContext {
     #[inline(always)]
     fn end(&self) -> usize {
         self.data_end()
+    }
+    #[inline(always)]
+    fn wire_len(&self) -> usize {
+        self.data_end() - self.data()
     }
 }
 
@@ -142,7 +154,7 @@ pub fn parse(p: &impl Packet) -> Result<Parsed, u32> {
     if ihl < size_of::<Ipv4Hdr>() {
         return Err(drop_reason::BAD_LENGTH);
     }
-    let wire_len = p.end() - p.start() - L3_OFF;
+    let wire_len = p.wire_len().saturating_sub(L3_OFF);
     if (tot_len as usize) < ihl || tot_len as usize > wire_len {
         return Err(drop_reason::BAD_LENGTH);
     }

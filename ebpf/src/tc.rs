@@ -18,6 +18,9 @@ use crate::{
     packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
 };
 
+/// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
+const MAX_HEADERS: usize = 94;
+
 /// tc entry point (ingress and egress).
 #[classifier]
 pub fn skiff_tc(ctx: TcContext) -> i32 {
@@ -32,6 +35,12 @@ pub fn skiff_tc(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
+    // Headers may sit partly in non-linear fragments: pull the most they can span
+    // (Ethernet + IPv4 with options + TCP) into the linear area first.
+    let want = (ctx.len() as usize).min(MAX_HEADERS);
+    if ctx.data_end() - ctx.data() < want {
+        ctx.pull_data(want as u32).map_err(|_| drop_reason::TRUNCATED)?;
+    }
     let flow = match parse(ctx)? {
         Parsed::Flow(flow) => flow,
         Parsed::NotIpv4 => {

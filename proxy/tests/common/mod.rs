@@ -1,6 +1,8 @@
 //! Shared test helpers: a per-test bpffs pin directory, packet builders and checksum checks.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;

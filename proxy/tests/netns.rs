@@ -1,0 +1,157 @@
+//! Real TCP and UDP through a ClusterIP in a client/node/backend namespace rig: via the
+//! socket-LB hooks (client process in a test cgroup) and via the tc per-packet path.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use aya::programs::TcAttachType;
+use common::netns::*;
+use common::*;
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
+use skiff_proxy::loader::{Dataplane, cgroup2_root};
+use skiff_proxy::maps::ServiceMaps;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+
+fn services(maps: &mut ServiceMaps) {
+    let backends: Vec<_> = BACKEND_IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (i as u32 + 1, *ip, BACKEND_PORT, false))
+        .collect();
+    put_service(maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 1, &backends);
+    let udp: Vec<_> = backends.iter().map(|(id, ip, p, l)| (id + 10, *ip, *p, *l)).collect();
+    put_service(maps, VIP, 80, PROTO_UDP, CLUSTER_IP, 2, &udp);
+    put_service(maps, EMPTY_VIP, 80, PROTO_TCP, CLUSTER_IP, 3, &[]);
+    put_service(maps, EMPTY_VIP, 80, PROTO_UDP, CLUSTER_IP, 4, &[]);
+}
+
+fn lines(out: &str) -> (String, String) {
+    let peer = out.lines().find_map(|l| l.strip_prefix("peer ")).unwrap_or_default().to_string();
+    let data = out.lines().find_map(|l| l.strip_prefix("data ")).unwrap_or_default().to_string();
+    (peer, data)
+}
+
+#[test]
+fn clusterip_tcp_and_udp_through_socket_lb() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    services(&mut maps);
+    let cg = TestCgroup::new(&cgroup2_root().expect("cgroup2 root"));
+    let _attached = dp.attach_sock_lb(&cg.path).expect("attach socket LB");
+
+    let mut seen = BTreeSet::new();
+    for i in 0..12 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.10", "80", &format!("t{i}")],
+        );
+        let (peer, data) = lines(&out);
+        assert_eq!(peer, "10.96.0.10 80", "getpeername shows the VIP: {out}");
+        let parts: Vec<&str> = data.split('|').collect();
+        assert_eq!(parts.len(), 3, "echo reply: {out}");
+        assert_eq!(parts[1], "10.201.0.2", "client address preserved (no SNAT)");
+        assert_eq!(parts[2], format!("t{i}"));
+        seen.insert(parts[0].to_string());
+    }
+    assert_eq!(seen.len(), 2, "both backends chosen over 12 connections: {seen:?}");
+
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["udp", "10.96.0.10", "80", "u1"]);
+    let (peer, data) = lines(&out);
+    assert_eq!(peer, "10.96.0.10 80", "recvmsg shows the VIP as the source: {out}");
+    assert!(data.ends_with("|10.201.0.2|u1"), "udp echo: {out}");
+
+    // No endpoints: connect() and sendto() are refused at once, counted.
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.11", "80", "x"]);
+    assert_eq!(out.trim(), "refused");
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+
+    // Socket LB does no per-packet NAT: no conntrack entries; counters per service.
+    assert!(maps.conntrack().unwrap().is_empty());
+    let stats = maps.service_stats().unwrap();
+    let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
+    assert_eq!(tcp.1.new_conns, 12);
+}
+
+#[test]
+fn clusterip_tcp_and_udp_through_tc() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    services(&mut maps);
+    // Attach inside the node namespace (interface names resolve there).
+    let (_ingress, _egress) = in_netns(&rig.node, || {
+        let i = dp.attach_tc("n0", TcAttachType::Ingress).expect("attach tc ingress");
+        let e = dp.attach_tc("n0", TcAttachType::Egress).expect("attach tc egress");
+        (i, e)
+    });
+
+    let mut seen = BTreeSet::new();
+    for i in 0..12 {
+        let (peer, data) = in_netns(&rig.client, || {
+            let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5))
+                .expect("connect through tc DNAT");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let peer = s.peer_addr().unwrap();
+            s.write_all(format!("t{i}").as_bytes()).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut data = String::new();
+            if let Err(e) = s.read_to_string(&mut data) {
+                data = format!("ERR {e}");
+            }
+            (peer, data)
+        });
+        if data.starts_with("ERR") {
+            for ns in [&rig.client, &rig.node, &rig.backend] {
+                let o = std::process::Command::new("nsenter")
+                    .arg(format!("--net={}", ns.path().display()))
+                    .args(["nstat", "-az"])
+                    .output()
+                    .unwrap();
+                let t = String::from_utf8_lossy(&o.stdout);
+                eprintln!(
+                    "== {}\n{}",
+                    ns.name,
+                    t.lines().filter(|l| !l.contains(" 0 ")).collect::<Vec<_>>().join("\n")
+                );
+            }
+            eprintln!("ct {:?}", maps.conntrack().unwrap());
+            eprintln!("drops after {:?}", maps.drops().unwrap());
+            panic!("{data}");
+        }
+        assert_eq!(peer, sockaddr(VIP, 80));
+        let parts: Vec<&str> = data.split('|').collect();
+        assert_eq!(parts.len(), 3, "echo reply {data}");
+        assert_eq!(parts[1], "10.201.0.2", "client address preserved");
+        seen.insert(parts[0].to_string());
+    }
+    assert_eq!(seen.len(), 2, "both backends chosen: {seen:?}");
+
+    let (from, data) = in_netns(&rig.client, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send_to(b"u1", sockaddr(VIP, 80)).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, from) = s.recv_from(&mut buf).expect("udp reply through tc revNAT");
+        (from, String::from_utf8_lossy(&buf[..n]).into_owned())
+    });
+    assert_eq!(from, sockaddr(VIP, 80), "UDP reply comes from the VIP");
+    assert!(data.ends_with("|10.201.0.2|u1"), "{data}");
+
+    assert!(!maps.conntrack().unwrap().is_empty(), "per-packet path keeps conntrack");
+    let stats = maps.service_stats().unwrap();
+    let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
+    assert_eq!(tcp.1.new_conns, 12);
+}
