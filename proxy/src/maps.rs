@@ -127,27 +127,41 @@ impl ServiceMaps {
             .map_err(access(map_names::CONNTRACK, "iter"))
     }
 
-    /// Deletes every conntrack and socket-reverse entry pointing at one of `backend_ids`
-    /// (TCP and UDP alike: no stale flows to removed backends). Returns how many went.
-    pub fn purge_backends(&mut self, backend_ids: &[u32], removed: &[Backend]) -> Result<usize> {
+    /// Deletes conntrack entries of removed flows: those of a (rev-nat id, backend id) pair
+    /// in `pairs`, or of any backend in `backend_ids`; and socket-reverse entries pointing at
+    /// a `removed` backend address. TCP and UDP alike: no stale flows to removed backends.
+    /// Returns how many entries went.
+    pub fn purge_flows(
+        &mut self,
+        pairs: &[(u32, u32)],
+        backend_ids: &[u32],
+        removed: &[Backend],
+    ) -> Result<usize> {
         let stale: Vec<CtKey> = self
             .conntrack()?
             .into_iter()
-            .filter(|(_, v)| backend_ids.contains(&v.backend_id))
+            .filter(|(_, v)| {
+                backend_ids.contains(&v.backend_id) || pairs.contains(&(v.rev_nat_id, v.backend_id))
+            })
             .map(|(k, _)| k)
             .collect();
         for k in &stale {
             ignore_missing(self.conntrack.remove(k))
                 .map_err(access(map_names::CONNTRACK, "remove"))?;
         }
-        let socks: Vec<SockRevKey> = self
-            .sock_rev
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| {
-                removed.iter().any(|b| b.ip_be == k.backend_ip_be && b.port_be == k.backend_port_be)
-            })
-            .collect();
+        let socks: Vec<SockRevKey> = if removed.is_empty() {
+            Vec::new()
+        } else {
+            self.sock_rev
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| {
+                    removed
+                        .iter()
+                        .any(|b| b.ip_be == k.backend_ip_be && b.port_be == k.backend_port_be)
+                })
+                .collect()
+        };
         for k in &socks {
             ignore_missing(self.sock_rev.remove(k))
                 .map_err(access(map_names::SOCK_REV, "remove"))?;
