@@ -18,6 +18,12 @@ use crate::{
     packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
 };
 
+// The bindings' integer type for these differs between targets.
+#[allow(clippy::unnecessary_cast)]
+const ACT_OK: i32 = TC_ACT_OK as i32;
+#[allow(clippy::unnecessary_cast)]
+const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
+
 /// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
 const MAX_HEADERS: usize = 94;
 
@@ -28,7 +34,7 @@ pub fn skiff_tc(ctx: TcContext) -> i32 {
         Ok(verdict) => verdict,
         Err(reason) => {
             count_drop(reason);
-            TC_ACT_SHOT as i32
+            ACT_SHOT
         }
     }
 }
@@ -45,9 +51,9 @@ fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
         Parsed::Flow(flow) => flow,
         Parsed::NotIpv4 => {
             count_drop(drop_reason::NON_IPV4);
-            return Ok(TC_ACT_OK as i32);
+            return Ok(ACT_OK);
         }
-        Parsed::NoPorts => return Ok(TC_ACT_OK as i32),
+        Parsed::NoPorts => return Ok(ACT_OK),
     };
     if let Some(reply) = ct::lookup_reply(&flow) {
         if flow.irregular != 0 {
@@ -55,10 +61,10 @@ fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
         }
         rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
         count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
-        return Ok(TC_ACT_OK as i32);
+        return Ok(ACT_OK);
     }
     let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) else {
-        return Ok(TC_ACT_OK as i32);
+        return Ok(ACT_OK);
     };
     if flow.irregular != 0 {
         return Err(flow.irregular);
@@ -66,7 +72,7 @@ fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
     let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0)?;
     rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
     count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
-    Ok(TC_ACT_OK as i32)
+    Ok(ACT_OK)
 }
 
 /// Which end of the flow a rewrite changes.

@@ -123,18 +123,18 @@ fn packet_len(ctx: &XdpContext) -> u64 {
 #[inline(always)]
 fn external_frontend(flow: &Flow) -> Option<(u32, ServiceValue)> {
     const EXTERNAL: u16 = svc_flags::EXTERNAL_IP | svc_flags::LOAD_BALANCER;
-    if let Some(f) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) {
-        if f.flags & EXTERNAL != 0 {
-            return Some((flow.daddr_be, f));
-        }
+    if let Some(f) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto)
+        && f.flags & EXTERNAL != 0
+    {
+        return Some((flow.daddr_be, f));
     }
     let node_ip = node_ip_be();
-    if node_ip != 0 && flow.daddr_be == node_ip {
-        if let Some(f) = lookup_frontend(0, flow.dport_be, flow.proto) {
-            if f.flags & svc_flags::NODE_PORT != 0 {
-                return Some((0, f));
-            }
-        }
+    if node_ip != 0
+        && flow.daddr_be == node_ip
+        && let Some(f) = lookup_frontend(0, flow.dport_be, flow.proto)
+        && f.flags & svc_flags::NODE_PORT != 0
+    {
+        return Some((0, f));
     }
     None
 }

@@ -163,10 +163,10 @@ fn add_service(
         for ip in &lb {
             put(*ip, svc_port, svc_flags::LOAD_BALANCER | ext_flag, &external_backends);
         }
-        if matches!(ty, "NodePort" | "LoadBalancer") {
-            if let Some(np) = port.node_port.and_then(|p| u16::try_from(p).ok()) {
-                put(Ipv4Addr::UNSPECIFIED, np, svc_flags::NODE_PORT | ext_flag, &external_backends);
-            }
+        if matches!(ty, "NodePort" | "LoadBalancer")
+            && let Some(np) = port.node_port.and_then(|p| u16::try_from(p).ok())
+        {
+            put(Ipv4Addr::UNSPECIFIED, np, svc_flags::NODE_PORT | ext_flag, &external_backends);
         }
     }
 }

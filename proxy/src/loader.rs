@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aya::Ebpf;
 use aya::maps::Array;
+use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode,
     cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
@@ -61,6 +62,18 @@ pub enum Error {
         step: &'static str,
         #[source]
         source: Box<aya::maps::MapError>,
+    },
+    #[error("link for {path} is not an fd link")]
+    LinkConvert {
+        path: PathBuf,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    #[error("pinning link at {path}")]
+    PinLink {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
     },
     #[error("opening cgroup {path}")]
     Cgroup {
@@ -198,6 +211,62 @@ impl Dataplane {
         let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
         Ok(XdpAttachment { _link: link })
     }
+}
+
+impl Dataplane {
+    /// Attaches the socket-LB programs to `cgroup` through links pinned in `link_dir`, so they
+    /// stay attached when this process exits (a restart does not interrupt connections).
+    /// Links already pinned there by a previous run are kept as they are. Returns how many
+    /// links were newly attached. `unpin_links` removes them.
+    pub fn attach_sock_lb_pinned(&mut self, cgroup: &Path, link_dir: &Path) -> Result<usize> {
+        std::fs::create_dir_all(link_dir)
+            .map_err(|source| Error::PinDir { path: link_dir.into(), source })?;
+        let file =
+            File::open(cgroup).map_err(|source| Error::Cgroup { path: cgroup.into(), source })?;
+        let mut attached = 0;
+        for name in [
+            prog_names::CONNECT4,
+            prog_names::SENDMSG4,
+            prog_names::RECVMSG4,
+            prog_names::GETPEERNAME4,
+        ] {
+            let pin = link_dir.join(name);
+            if PinnedLink::from_pin(&pin).is_ok() {
+                continue;
+            }
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::MissingProgram { name })?
+                .try_into()
+                .map_err(|e| prog_err(name, "type", e))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| prog_err(name, "load", e))?;
+            }
+            let id = prog
+                .attach(&file, CgroupAttachMode::Single)
+                .map_err(|e| prog_err(name, "attach", e))?;
+            let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+            let fd_link = FdLink::try_from(link)
+                .map_err(|source| Error::LinkConvert { path: pin.clone(), source })?;
+            fd_link.pin(&pin).map_err(|source| Error::PinLink { path: pin.clone(), source })?;
+            attached += 1;
+        }
+        Ok(attached)
+    }
+}
+
+/// Removes the pinned links in `link_dir` (detaching the programs they hold).
+pub fn unpin_links(link_dir: &Path) -> Result<usize> {
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(link_dir) else { return Ok(0) };
+    for e in entries.flatten() {
+        if let Ok(link) = PinnedLink::from_pin(e.path()) {
+            link.unpin().map_err(|source| Error::PinDir { path: e.path(), source })?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// The socket-LB programs attached to a cgroup; detached on drop.

@@ -1,0 +1,188 @@
+//! The proxy library against real pinned maps: a sync programs the maps the programs read,
+//! a restart resumes from the pins without flushing, endpoint removal purges conntrack, and
+//! pinned socket-LB links outlive the process that attached them.
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use aya::{TestRun, TestRunOptions};
+use common::netns::*;
+use common::*;
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use skiff_proxy::desired::{DesiredState, NodeContext, SERVICE_NAME_LABEL, compute};
+use skiff_proxy::loader::{Dataplane, cgroup2_root, unpin_links};
+use skiff_proxy::maps::ServiceMaps;
+use skiff_proxy::sync::ServiceMapSync;
+
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+fn svc(name: &str, ip: &str, proto: &str) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some(ip.into()),
+            ports: Some(vec![ServicePort {
+                name: Some("p".into()),
+                port: 80,
+                protocol: Some(proto.into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn slice(svc: &str, proto: &str, addrs: &[&str]) -> EndpointSlice {
+    EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: ObjectMeta {
+            name: Some(format!("{svc}-abc")),
+            namespace: Some("default".into()),
+            labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
+            ..Default::default()
+        },
+        ports: Some(vec![EndpointPort {
+            name: Some("p".into()),
+            port: Some(8080),
+            protocol: Some(proto.into()),
+            ..Default::default()
+        }]),
+        endpoints: addrs
+            .iter()
+            .map(|a| Endpoint {
+                addresses: vec![a.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+fn desired(proto: &str, addrs: &[&str]) -> DesiredState {
+    let s = svc("web", "10.96.0.10", proto);
+    let e = slice("web", proto, addrs);
+    compute([&s], [&e], &NodeContext::default())
+}
+
+fn tc_run(dp: &mut Dataplane, pkt: &[u8]) -> (u32, Vec<u8>) {
+    let prog = dp.tc_program().unwrap();
+    let mut out = vec![0u8; pkt.len() + 64];
+    let r = prog
+        .test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .unwrap();
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
+}
+
+#[test]
+fn sync_programs_the_maps_and_a_restart_resumes_without_flushing() {
+    let bpffs = BpffsDir::new();
+    let want = desired("TCP", &["10.0.1.1", "10.0.1.2"]);
+    {
+        let _dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+        let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+        let mut state = ServiceMapSync::new();
+        let ops = state.sync(&mut maps, &want).unwrap();
+        assert_eq!(ops, 6, "2 backends + rev-nat + 2 slots + frontend");
+        assert_eq!(maps.services().unwrap().len(), 3);
+        assert_eq!(maps.backends().unwrap().len(), 2);
+    } // the "proxy" exits: programs unloaded, maps stay pinned.
+
+    let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let mut state = ServiceMapSync::resume(&maps).unwrap();
+    assert!(state.plan(&want).ops.is_empty(), "resumed state equals the pinned maps");
+    // The reloaded programs serve the service from the reused maps.
+    let (rc, out) =
+        tc_run(&mut dp, &Pkt::tcp(CLIENT, 40000, Ipv4Addr::new(10, 96, 0, 10), 80).build());
+    assert_eq!(rc, 0);
+    let p = parse_and_verify(&out);
+    assert!(p.dst == Ipv4Addr::new(10, 0, 1, 1) || p.dst == Ipv4Addr::new(10, 0, 1, 2));
+    assert_eq!(p.dport, 8080);
+    // A later change is incremental on top of the resumed state.
+    let ops =
+        state.sync(&mut maps, &desired("TCP", &["10.0.1.1", "10.0.1.2", "10.0.1.3"])).unwrap();
+    assert_eq!(ops, 3, "one backend, one slot, the frontend count");
+}
+
+#[test]
+fn removing_an_endpoint_purges_its_udp_flows() {
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let mut state = ServiceMapSync::new();
+    state.sync(&mut maps, &desired("UDP", &["10.0.1.1", "10.0.1.2"])).unwrap();
+
+    // Open flows until both backends have some.
+    let mut used = std::collections::BTreeMap::new();
+    for port in 5000..5040u16 {
+        let (rc, out) =
+            tc_run(&mut dp, &Pkt::udp(CLIENT, port, Ipv4Addr::new(10, 96, 0, 10), 80).build());
+        assert_eq!(rc, 0);
+        used.insert(port, parse_and_verify(&out).dst);
+    }
+    let gone = Ipv4Addr::new(10, 0, 1, 1);
+    assert!(used.values().any(|d| *d == gone), "some flows went to {gone}");
+
+    state.sync(&mut maps, &desired("UDP", &["10.0.1.2"])).unwrap();
+    let ct = maps.conntrack().unwrap();
+    assert!(
+        ct.iter().all(|(_, v)| v.nat_addr_be != be32(gone) && v.backend_id != 1),
+        "no conntrack entry left for the removed backend"
+    );
+    // Every flow, old ones included, now reaches the remaining backend.
+    for port in 5000..5040u16 {
+        let (_, out) =
+            tc_run(&mut dp, &Pkt::udp(CLIENT, port, Ipv4Addr::new(10, 96, 0, 10), 80).build());
+        assert_eq!(parse_and_verify(&out).dst, Ipv4Addr::new(10, 0, 1, 2), "flow from port {port}");
+    }
+}
+
+#[test]
+fn pinned_socket_lb_links_outlive_the_loader() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let cg = TestCgroup::new(&cgroup2_root().unwrap());
+    let links = bpffs.path().join("links");
+    let want = {
+        let s = svc("web", "10.96.0.10", "TCP");
+        let e = slice("web", "TCP", &["10.201.1.2"]);
+        compute([&s], [&e], &NodeContext::default())
+    };
+    {
+        let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+        assert_eq!(dp.attach_sock_lb_pinned(&cg.path, &links).unwrap(), 4);
+        let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+        ServiceMapSync::new().sync(&mut maps, &want).unwrap();
+    } // loader gone (as if skiff-proxy was killed)
+
+    let out =
+        run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.10", "80", "still"]);
+    assert!(out.contains("peer 10.96.0.10 80"), "service works with no proxy process: {out}");
+    assert!(out.contains("10.201.1.2|10.201.0.2|still"), "{out}");
+
+    // A restarted proxy keeps the pinned links instead of attaching twice.
+    {
+        let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+        assert_eq!(dp.attach_sock_lb_pinned(&cg.path, &links).unwrap(), 0);
+    }
+    assert_eq!(unpin_links(&links).unwrap(), 4, "uninstall detaches all four hooks");
+}
