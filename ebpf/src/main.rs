@@ -8,6 +8,7 @@
 mod ct;
 mod maps;
 mod packet;
+mod reject;
 mod sock;
 mod tc;
 mod xdp;

@@ -6,16 +6,18 @@
 //! frontend gets its destination rewritten to a backend. Everything else passes untouched.
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
+    helpers::{bpf_redirect, bpf_skb_change_tail},
     macros::classifier,
     programs::TcContext,
 };
-use skiff_ebpf_common::{PROTO_UDP, drop_reason};
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
 
 use crate::{
     ct,
     maps::{count_drop, count_traffic, lookup_frontend},
     packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
+    reject,
 };
 
 // The bindings' integer type for these differs between targets.
@@ -27,10 +29,21 @@ const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
 /// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
 const MAX_HEADERS: usize = 94;
 
-/// tc entry point (ingress and egress).
+/// tc entry point for ingress hooks.
 #[classifier]
-pub fn skiff_tc(ctx: TcContext) -> i32 {
-    match try_tc(&ctx) {
+pub fn skiff_tc_ingress(ctx: TcContext) -> i32 {
+    entry(&ctx, false)
+}
+
+/// tc entry point for egress hooks (differs only in where a reject is sent).
+#[classifier]
+pub fn skiff_tc_egress(ctx: TcContext) -> i32 {
+    entry(&ctx, true)
+}
+
+#[inline(always)]
+fn entry(ctx: &TcContext, egress: bool) -> i32 {
+    match try_tc(ctx, egress) {
         Ok(verdict) => verdict,
         Err(reason) => {
             count_drop(reason);
@@ -40,7 +53,7 @@ pub fn skiff_tc(ctx: TcContext) -> i32 {
 }
 
 #[inline(always)]
-fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
+fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
     // Headers may sit partly in non-linear fragments: pull the most they can span
     // (Ethernet + IPv4 with options + TCP) into the linear area first.
     let want = (ctx.len() as usize).min(MAX_HEADERS);
@@ -68,6 +81,10 @@ fn try_tc(ctx: &TcContext) -> Result<i32, u32> {
     };
     if flow.irregular != 0 {
         return Err(flow.irregular);
+    }
+    if frontend.count == 0 && flow.proto == PROTO_TCP {
+        count_drop(drop_reason::NO_BACKEND);
+        return reject_tcp(ctx, &flow, egress);
     }
     let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0)?;
     rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
@@ -115,4 +132,24 @@ fn rewrite(
         ctx.store(port_off, &new_port_be, 0).map_err(fail)?;
     }
     Ok(())
+}
+
+/// Answers a TCP segment to a backend-less frontend with a RST, sent back where the segment
+/// came from: out of the interface on ingress, up the stack on egress.
+#[inline(always)]
+fn reject_tcp(ctx: &TcContext, flow: &Flow, egress: bool) -> Result<i32, u32> {
+    let Some(rst) = reject::rst_numbers(ctx, flow)? else {
+        return Ok(ACT_SHOT);
+    };
+    // SAFETY: helper on this program's own skb.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, reject::RST_FRAME_LEN as u32, 0) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    ctx.pull_data(reject::RST_FRAME_LEN as u32).map_err(|_| drop_reason::REWRITE_FAILED)?;
+    reject::write_rst(ctx, flow, &rst)?;
+    // SAFETY: reads a field of this program's own skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let flags = if egress { BPF_F_INGRESS as u64 } else { 0 };
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(ifindex, flags) } as i32)
 }

@@ -23,6 +23,7 @@ use crate::{
         ETH_LEN, EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
         csum_replace4, parse, ptr_at,
     },
+    reject,
 };
 
 const AF_INET: u8 = 2;
@@ -208,103 +209,23 @@ fn forward_out(ctx: &XdpContext, daddr_be: u32, saddr_be: u32) -> Result<u32, u3
     Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
 }
 
-/// TCP header fields the RST needs.
-#[repr(C)]
-struct TcpHdr {
-    sport_be: u16,
-    dport_be: u16,
-    seq_be: u32,
-    ack_be: u32,
-    off_flags_be: u16,
-    window_be: u16,
-    csum: u16,
-    urg_be: u16,
-}
-
-const TCP_FIN: u16 = 0x01;
-const TCP_SYN: u16 = 0x02;
-const TCP_RST: u16 = 0x04;
-const TCP_ACK: u16 = 0x10;
-
 /// Answers a TCP segment to a backend-less frontend with a RST from the frontend, in place,
 /// and bounces it out of the receiving interface.
 #[inline(always)]
 fn reject_tcp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
-    let tcp: *mut TcpHdr = ptr_at(ctx, flow.l4_off)?;
-    // SAFETY: all pointers bounds-checked above; fields are plain integers.
-    let (seq, ack, flags, payload) = unsafe {
-        let off_flags = u16::from_be((*tcp).off_flags_be);
-        let doff = ((off_flags >> 12) as u32) * 4;
-        let payload = (flow.ip_len as u32).saturating_sub(20 + doff);
-        (u32::from_be((*tcp).seq_be), u32::from_be((*tcp).ack_be), off_flags & 0x3f, payload)
-    };
-    if flags & TCP_RST != 0 {
+    let Some(rst) = reject::rst_numbers(ctx, flow)? else {
         return Ok(xdp_action::XDP_DROP);
-    }
-    let consumed = payload + (flags & TCP_SYN != 0) as u32 + (flags & TCP_FIN != 0) as u32;
-    let (new_seq, new_ack, new_flags) = if flags & TCP_ACK != 0 {
-        (ack, 0u32, TCP_RST)
-    } else {
-        (0u32, seq.wrapping_add(consumed), TCP_RST | TCP_ACK)
     };
-    // SAFETY: as above.
-    unsafe {
-        core::mem::swap(&mut (*eth).dst, &mut (*eth).src);
-        (*ip).saddr_be = flow.daddr_be;
-        (*ip).daddr_be = flow.saddr_be;
-        (*ip).tot_len_be = 40u16.to_be();
-        (*ip).ttl = 64;
-        (*ip).frag_be = 0;
-        (*ip).csum = 0;
-        (*tcp).sport_be = flow.dport_be;
-        (*tcp).dport_be = flow.sport_be;
-        (*tcp).seq_be = new_seq.to_be();
-        (*tcp).ack_be = new_ack.to_be();
-        (*tcp).off_flags_be = ((5u16 << 12) | new_flags).to_be();
-        (*tcp).window_be = 0;
-        (*tcp).urg_be = 0;
-        (*tcp).csum = 0;
-    }
-    // Trim everything past the 40-byte IPv4+TCP reply.
-    let keep = ETH_LEN + 40;
     let len = ctx.data_end() - ctx.data();
-    if len > keep {
+    if len > reject::RST_FRAME_LEN {
         // SAFETY: helper on this program's own context; shrinking only.
-        if unsafe { bpf_xdp_adjust_tail(ctx.as_ptr() as *mut _, -((len - keep) as i32)) } != 0 {
+        let rc = unsafe {
+            bpf_xdp_adjust_tail(ctx.as_ptr() as *mut _, -((len - reject::RST_FRAME_LEN) as i32))
+        };
+        if rc != 0 {
             return Err(drop_reason::REWRITE_FAILED);
         }
     }
-    // Pointers are invalid after adjust_tail: fetch them again.
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
-    let words: *mut [u16; 10] = ptr_at(ctx, L3_OFF)?;
-    let tcp_words: *mut [u16; 10] = ptr_at(ctx, L3_OFF + 20)?;
-    let tcp: *mut TcpHdr = ptr_at(ctx, L3_OFF + 20)?;
-    // SAFETY: bounds-checked above.
-    unsafe {
-        let mut s: u32 = 0;
-        for w in (*words).iter() {
-            s += *w as u32;
-        }
-        (*ip).csum = !fold(s);
-        // Pseudo header: saddr, daddr, zero+proto, TCP length (20).
-        let mut t: u32 = 0;
-        let sa = (*ip).saddr_be;
-        let da = (*ip).daddr_be;
-        t += (sa & 0xffff) + (sa >> 16) + (da & 0xffff) + (da >> 16);
-        t += (PROTO_TCP as u16).to_be() as u32 + 20u16.to_be() as u32;
-        for w in (*tcp_words).iter() {
-            t += *w as u32;
-        }
-        (*tcp).csum = !fold(t);
-    }
+    reject::write_rst(ctx, flow, &rst)?;
     Ok(xdp_action::XDP_TX)
-}
-
-#[inline(always)]
-fn fold(mut s: u32) -> u16 {
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    s as u16
 }

@@ -19,9 +19,6 @@ use skiff_ebpf_common::{Config, map_names, prog_names};
 pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/skiff-ebpf.o"));
 
-/// Name of the tc program (serves ingress and egress).
-pub const TC_PROGRAM: &str = "skiff_tc";
-
 /// Errors of loading and attaching.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -133,9 +130,17 @@ impl Dataplane {
         &mut self.ebpf
     }
 
-    /// Loads (once) and returns the tc program.
+    /// Loads (once) and returns the tc ingress program.
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
-        let name = "skiff_tc";
+        self.tc_program_for(TcAttachType::Ingress)
+    }
+
+    /// Loads (once) and returns the tc program for a direction.
+    pub fn tc_program_for(&mut self, dir: TcAttachType) -> Result<&mut SchedClassifier> {
+        let name = match dir {
+            TcAttachType::Egress => prog_names::TC_EGRESS,
+            _ => prog_names::TC_INGRESS,
+        };
         let prog: &mut SchedClassifier = self
             .ebpf
             .program_mut(name)
@@ -193,8 +198,11 @@ impl Dataplane {
 
     /// Attaches the tc program to `iface` in direction `dir` (TCX on kernels >= 6.6).
     pub fn attach_tc(&mut self, iface: &str, dir: TcAttachType) -> Result<TcAttachment> {
-        let name = "skiff_tc";
-        let prog = self.tc_program()?;
+        let name = match dir {
+            TcAttachType::Egress => prog_names::TC_EGRESS,
+            _ => prog_names::TC_INGRESS,
+        };
+        let prog = self.tc_program_for(dir)?;
         let id = prog.attach(iface, dir).map_err(|e| prog_err(name, "attach", e))?;
         let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
         Ok(TcAttachment { _link: link })

@@ -150,6 +150,15 @@ fn clusterip_tcp_and_udp_through_tc() {
     assert_eq!(from, sockaddr(VIP, 80), "UDP reply comes from the VIP");
     assert!(data.ends_with("|10.201.0.2|u1"), "{data}");
 
+    // No endpoints: the tc path answers the SYN with a RST (refused at once, not a timeout).
+    let refused = in_netns(&rig.client, || {
+        TcpStream::connect_timeout(&sockaddr(EMPTY_VIP, 80), Duration::from_secs(5))
+            .map(|_| ())
+            .map_err(|e| e.kind())
+    });
+    assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+
     assert!(!maps.conntrack().unwrap().is_empty(), "per-packet path keeps conntrack");
     let stats = maps.service_stats().unwrap();
     let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");

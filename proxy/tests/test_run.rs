@@ -14,6 +14,7 @@ use skiff_proxy::maps::ServiceMaps;
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -160,12 +161,24 @@ fn tc_passes_traffic_that_is_not_for_a_service() {
 }
 
 #[test]
-fn tc_service_without_backends_is_dropped_with_reason() {
+fn tc_service_without_backends_rejects_tcp_with_rst_and_drops_udp() {
     let mut r = rig();
     put_service(&mut r.maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 7, &[]);
-    let (rc, _) = r.tc(&Pkt::tcp(CLIENT, 40000, VIP, 80).build());
-    assert_eq!(rc, TC_ACT_SHOT);
+    let mut syn = Pkt::tcp(CLIENT, 40000, VIP, 80);
+    syn.payload = vec![9; 5];
+    let (rc, out) = r.tc(&syn.build());
+    assert_eq!(rc, TC_ACT_REDIRECT, "RST sent back out of the interface");
+    assert_eq!(out.len(), 14 + 40);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (VIP, 80, CLIENT, 40000));
+    assert_eq!(p.tcp_flags, 0x14, "RST|ACK");
+    assert_eq!(p.ack, 1000 + 5 + 1);
+    assert_eq!(&out[0..6], &[0x02, 0, 0, 0, 0, 1], "MACs swapped");
     assert_eq!(r.drops(drop_reason::NO_BACKEND), 1);
+
+    put_service(&mut r.maps, VIP, 53, PROTO_UDP, CLUSTER_IP, 8, &[]);
+    assert_eq!(r.tc(&Pkt::udp(CLIENT, 5000, VIP, 53).build()).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::NO_BACKEND), 2);
 }
 
 #[test]

@@ -45,11 +45,11 @@ pub mod prog_names {
     pub const RECVMSG4: &str = "skiff_recvmsg4";
     /// cgroup/getpeername4: the VIP, not the backend, as the peer.
     pub const GETPEERNAME4: &str = "skiff_getpeername4";
-    /// tc: per-packet DNAT of service traffic leaving a client (attach where client packets
-    /// are seen: the client's egress or the node's ingress).
-    pub const TC_DNAT: &str = "skiff_tc_dnat";
-    /// tc: reverse NAT of backend replies (attach where replies are seen).
-    pub const TC_REVNAT: &str = "skiff_tc_revnat";
+    /// tc ingress: per-packet DNAT of client packets to a backend and reverse NAT of replies
+    /// (one program does both directions; a reject goes back out of the interface).
+    pub const TC_INGRESS: &str = "skiff_tc_ingress";
+    /// tc egress: the same, with rejects delivered up the local stack.
+    pub const TC_EGRESS: &str = "skiff_tc_egress";
     /// XDP: NodePort / ExternalIP / LoadBalancer ingress on node-facing interfaces.
     pub const XDP_NODEPORT: &str = "skiff_xdp_nodeport";
 }
