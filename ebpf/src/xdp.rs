@@ -20,7 +20,7 @@ use crate::{
     ct,
     maps::{count_drop, count_traffic, lookup_frontend, node_ip_be},
     packet::{
-        ETH_LEN, EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
         csum_replace4, parse, ptr_at,
     },
     reject,
