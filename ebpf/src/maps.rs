@@ -14,11 +14,11 @@ use skiff_ebpf_common::{
 /// Service frontends and their backend slots.
 #[map(name = "SKIFF_SERVICES")]
 pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
-    HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+    HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
 /// Backends by id.
 #[map(name = "SKIFF_BACKENDS")]
-pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
 /// Frontend of each rev-nat id.
 #[map(name = "SKIFF_REV_NAT")]
@@ -44,7 +44,7 @@ pub static SERVICE_STATS: PerCpuHashMap<u32, Counters> =
 /// Per-backend counters keyed by backend id.
 #[map(name = "SKIFF_BE_STATS")]
 pub static BACKEND_STATS: PerCpuHashMap<u32, Counters> =
-    PerCpuHashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
 /// Node configuration (one entry).
 #[map(name = "SKIFF_CONFIG")]

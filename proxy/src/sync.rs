@@ -3,12 +3,12 @@
 //! written before the service slots that name them, slots before the frontend's count, and
 //! removals go in reverse (frontend, slots, rev-nat, then flows and backends).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use skiff_ebpf_common::{Backend, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state};
 
-use crate::desired::{BackendAddr, BackendSpec, DesiredState, Frontend};
+use crate::desired::{BackendAddr, BackendSpec, DesiredState, Frontend, FrontendSpec};
 use crate::maps::{self, ServiceMaps};
 
 /// One map write, in the order it must happen.
@@ -33,24 +33,45 @@ pub enum MapOp {
 struct Programmed {
     rev_nat_id: u32,
     flags: u16,
-    /// Backend id of slot i+1.
+    /// The backends it was programmed with (compared with the desired ones).
+    backends: Vec<BackendSpec>,
+    /// Backend id of slot i+1 (may be longer than `backends` after a resume).
     slots: Vec<u32>,
+}
+
+/// A backend in the map and how many frontend slots name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BackendEntry {
+    id: u32,
+    value: Backend,
+    refs: u32,
 }
 
 /// What the maps hold (mirrored in memory), and the id allocators.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceMapSync {
     frontends: BTreeMap<Frontend, Programmed>,
-    backends: BTreeMap<BackendAddr, (u32, Backend)>,
+    backends: HashMap<BackendAddr, BackendEntry>,
+    /// Backends found in the maps that no frontend names (removed by the next plan).
+    orphans: Vec<BackendAddr>,
     next_backend_id: u32,
     next_rev_nat_id: u32,
 }
 
-/// A computed change: the operations and the state they lead to.
+/// The state change a plan leads to, committed once its operations succeeded.
+#[derive(Clone, Debug, Default)]
+struct Delta {
+    frontends: Vec<(Frontend, Option<Programmed>)>,
+    backends: Vec<(BackendAddr, Option<BackendEntry>)>,
+    next_backend_id: u32,
+    next_rev_nat_id: u32,
+}
+
+/// A computed change: the operations, in order, and the state they lead to.
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub ops: Vec<MapOp>,
-    next: ServiceMapSync,
+    delta: Delta,
 }
 
 /// Errors of syncing.
@@ -88,6 +109,18 @@ fn backend_value(b: &BackendSpec) -> Backend {
     }
 }
 
+fn backend_spec(b: &Backend) -> BackendSpec {
+    BackendSpec {
+        addr: BackendAddr {
+            ip: Ipv4Addr::from(u32::from_be(b.ip_be)),
+            port: u16::from_be(b.port_be),
+            proto: b.proto,
+        },
+        terminating: b.state == backend_state::TERMINATING,
+        local: b.flags & backend_flags::LOCAL != 0,
+    }
+}
+
 impl ServiceMapSync {
     /// An empty state (fresh maps).
     pub fn new() -> Self {
@@ -98,13 +131,9 @@ impl ServiceMapSync {
     /// restart reconciles them in place instead of flushing them.
     pub fn resume(maps: &ServiceMaps) -> Result<Self> {
         let mut s = Self::new();
+        let mut by_id: HashMap<u32, Backend> = HashMap::new();
         for (id, b) in maps.backends().map_err(Error::Resume)? {
-            let addr = BackendAddr {
-                ip: Ipv4Addr::from(u32::from_be(b.ip_be)),
-                port: u16::from_be(b.port_be),
-                proto: b.proto,
-            };
-            s.backends.insert(addr, (id, b));
+            by_id.insert(id, b);
             s.next_backend_id = s.next_backend_id.max(id + 1);
         }
         for (k, v) in maps.services().map_err(Error::Resume)? {
@@ -129,6 +158,24 @@ impl ServiceMapSync {
             }
             s.next_rev_nat_id = s.next_rev_nat_id.max(v.rev_nat_id + 1);
         }
+        let mut refs: HashMap<u32, u32> = HashMap::new();
+        for p in s.frontends.values_mut() {
+            for id in &p.slots {
+                if let Some(b) = by_id.get(id) {
+                    p.backends.push(backend_spec(b));
+                    *refs.entry(*id).or_default() += 1;
+                }
+            }
+        }
+        for (id, value) in by_id {
+            let addr = backend_spec(&value).addr;
+            let refs = refs.get(&id).copied().unwrap_or(0);
+            if refs == 0 {
+                s.orphans.push(addr);
+            }
+            s.backends.insert(addr, BackendEntry { id, value, refs });
+        }
+        s.orphans.sort_unstable();
         Ok(s)
     }
 
@@ -137,50 +184,54 @@ impl ServiceMapSync {
         self.frontends.len()
     }
 
-    /// Computes the operations turning the current maps into `desired`. Pure.
+    /// Computes the operations turning the current maps into `desired`. Pure. Work is
+    /// proportional to the frontends that changed (plus one comparison per frontend).
     pub fn plan(&self, desired: &DesiredState) -> Plan {
-        let mut next = Self {
-            frontends: BTreeMap::new(),
-            backends: BTreeMap::new(),
-            next_backend_id: self.next_backend_id.max(1),
-            next_rev_nat_id: self.next_rev_nat_id.max(1),
-        };
-        let mut ops = Vec::new();
+        let mut changed: Vec<(&Frontend, &FrontendSpec, Option<&Programmed>)> = Vec::new();
+        for (f, spec) in &desired.frontends {
+            match self.frontends.get(f) {
+                Some(p) if p.flags == spec.flags && p.backends == spec.backends => {}
+                old => changed.push((f, spec, old)),
+            }
+        }
+        let removed: Vec<(&Frontend, &Programmed)> =
+            self.frontends.iter().filter(|(f, _)| !desired.frontends.contains_key(f)).collect();
 
-        // 1. Backends (new or changed) first.
-        for spec in desired.frontends.values() {
+        let mut next_backend_id = self.next_backend_id.max(1);
+        let mut next_rev_nat_id = self.next_rev_nat_id.max(1);
+        let mut ops = Vec::new();
+        // Backends touched by this plan: their final entry.
+        let mut touched: BTreeMap<BackendAddr, BackendEntry> = BTreeMap::new();
+
+        // 1. New references first: new or changed backends are written before any slot.
+        for (_, spec, _) in &changed {
             for b in &spec.backends {
-                if next.backends.contains_key(&b.addr) {
-                    continue;
-                }
                 let value = backend_value(b);
-                let id = match self.backends.get(&b.addr) {
-                    Some((id, old)) => {
-                        if *old != value {
-                            ops.push(MapOp::PutBackend(*id, value));
-                        }
-                        *id
-                    }
+                let e = touched.entry(b.addr).or_insert_with(|| match self.backends.get(&b.addr) {
+                    Some(e) => *e,
                     None => {
-                        let id = next.next_backend_id;
-                        next.next_backend_id += 1;
-                        ops.push(MapOp::PutBackend(id, value));
-                        id
+                        let id = next_backend_id;
+                        next_backend_id += 1;
+                        BackendEntry { id, value: Backend::default(), refs: 0 }
                     }
-                };
-                next.backends.insert(b.addr, (id, value));
+                });
+                if e.value != value {
+                    e.value = value;
+                    ops.push(MapOp::PutBackend(e.id, value));
+                }
+                e.refs += 1;
             }
         }
 
-        // 2. Frontends: slots, then slot 0, then surplus slots.
+        // 2. Changed frontends: slots, then slot 0, then surplus slots.
         let mut pairs_gone = Vec::new();
-        for (f, spec) in &desired.frontends {
-            let old = self.frontends.get(f);
+        let mut fdelta = Vec::new();
+        for (f, spec, old) in &changed {
             let rev_nat_id = match old {
                 Some(o) => o.rev_nat_id,
                 None => {
-                    let id = next.next_rev_nat_id;
-                    next.next_rev_nat_id += 1;
+                    let id = next_rev_nat_id;
+                    next_rev_nat_id += 1;
                     ops.push(MapOp::PutRevNat(
                         id,
                         RevNat { vip_be: be32(f.ip), port_be: f.port.to_be(), _pad: 0 },
@@ -188,7 +239,7 @@ impl ServiceMapSync {
                     id
                 }
             };
-            let slots: Vec<u32> = spec.backends.iter().map(|b| next.backends[&b.addr].0).collect();
+            let slots: Vec<u32> = spec.backends.iter().map(|b| touched[&b.addr].id).collect();
             let old_slots = old.map(|o| o.slots.as_slice()).unwrap_or(&[]);
             for (i, id) in slots.iter().enumerate() {
                 if old_slots.get(i) != Some(id) {
@@ -198,9 +249,7 @@ impl ServiceMapSync {
                     ));
                 }
             }
-            let changed_front =
-                old.is_none_or(|o| o.flags != spec.flags || o.slots.len() != slots.len());
-            if changed_front {
+            if old.is_none_or(|o| o.flags != spec.flags || o.slots.len() != slots.len()) {
                 ops.push(MapOp::PutService(
                     key(f, 0),
                     ServiceValue {
@@ -215,47 +264,89 @@ impl ServiceMapSync {
                 ops.push(MapOp::RemoveService(key(f, i as u16 + 1)));
             }
             let kept: BTreeSet<u32> = slots.iter().copied().collect();
-            for id in old_slots.iter().filter(|id| !kept.contains(id)) {
+            for id in old_slots.iter().filter(|id| **id != 0 && !kept.contains(id)) {
                 pairs_gone.push((rev_nat_id, *id));
             }
-            next.frontends.insert(*f, Programmed { rev_nat_id, flags: spec.flags, slots });
+            let p = Programmed {
+                rev_nat_id,
+                flags: spec.flags,
+                backends: spec.backends.clone(),
+                slots,
+            };
+            fdelta.push((**f, Some(p)));
         }
 
         // 3. Removed frontends: slot 0 first (stops new selections), then slots, rev-nat.
-        for (f, old) in &self.frontends {
-            if desired.frontends.contains_key(f) {
-                continue;
-            }
+        for (f, old) in &removed {
             ops.push(MapOp::RemoveService(key(f, 0)));
             for i in 0..old.slots.len() {
                 ops.push(MapOp::RemoveService(key(f, i as u16 + 1)));
             }
             ops.push(MapOp::RemoveRevNat(old.rev_nat_id));
-            for id in &old.slots {
+            for id in old.slots.iter().filter(|id| **id != 0) {
                 pairs_gone.push((old.rev_nat_id, *id));
             }
+            fdelta.push((**f, None));
         }
 
-        // 4. Flows of removed pairs/backends, then the backends themselves.
-        let removed: Vec<(u32, Backend)> = self
-            .backends
+        // 4. Dropped references; backends nobody names any more go, after their flows.
+        let old_refs = changed
             .iter()
-            .filter(|(addr, _)| !next.backends.contains_key(addr))
-            .map(|(_, v)| *v)
-            .collect();
-        if !pairs_gone.is_empty() || !removed.is_empty() {
+            .filter_map(|(_, _, old)| *old)
+            .chain(removed.iter().map(|(_, p)| *p))
+            .flat_map(|p| p.backends.iter());
+        for b in old_refs {
+            let e = touched.entry(b.addr).or_insert_with(|| self.backends[&b.addr]);
+            e.refs = e.refs.saturating_sub(1);
+        }
+        for addr in &self.orphans {
+            touched.entry(*addr).or_insert_with(|| self.backends[addr]);
+        }
+        let gone: Vec<(BackendAddr, BackendEntry)> =
+            touched.iter().filter(|(_, e)| e.refs == 0).map(|(a, e)| (*a, *e)).collect();
+        if !pairs_gone.is_empty() || !gone.is_empty() {
             pairs_gone.sort_unstable();
             pairs_gone.dedup();
             ops.push(MapOp::PurgeFlows {
                 pairs: pairs_gone,
-                backend_ids: removed.iter().map(|(id, _)| *id).collect(),
-                removed: removed.iter().map(|(_, b)| *b).collect(),
+                backend_ids: gone.iter().map(|(_, e)| e.id).collect(),
+                removed: gone.iter().map(|(_, e)| e.value).collect(),
             });
         }
-        for (id, _) in &removed {
-            ops.push(MapOp::RemoveBackend(*id));
+        for (_, e) in &gone {
+            ops.push(MapOp::RemoveBackend(e.id));
         }
-        Plan { ops, next }
+        let bdelta = touched.into_iter().map(|(a, e)| (a, (e.refs > 0).then_some(e))).collect();
+        Plan {
+            ops,
+            delta: Delta { frontends: fdelta, backends: bdelta, next_backend_id, next_rev_nat_id },
+        }
+    }
+
+    fn commit(&mut self, delta: Delta) {
+        for (f, p) in delta.frontends {
+            match p {
+                Some(p) => {
+                    self.frontends.insert(f, p);
+                }
+                None => {
+                    self.frontends.remove(&f);
+                }
+            }
+        }
+        for (a, e) in delta.backends {
+            match e {
+                Some(e) => {
+                    self.backends.insert(a, e);
+                }
+                None => {
+                    self.backends.remove(&a);
+                }
+            }
+        }
+        self.orphans.clear();
+        self.next_backend_id = delta.next_backend_id;
+        self.next_rev_nat_id = delta.next_rev_nat_id;
     }
 
     /// Applies a plan to the maps; on success the mirror becomes the plan's state. On error
@@ -276,7 +367,7 @@ impl ServiceMapSync {
             };
             r.map_err(|source| Error::Apply { op: format!("{op:?}"), source })?;
         }
-        *self = plan.next;
+        self.commit(plan.delta);
         Ok(n)
     }
 
@@ -284,12 +375,6 @@ impl ServiceMapSync {
     pub fn sync(&mut self, maps: &mut ServiceMaps, desired: &DesiredState) -> Result<usize> {
         let plan = self.plan(desired);
         self.apply(maps, plan)
-    }
-
-    /// Marks a plan as applied without touching maps (unit tests of the diff logic).
-    #[cfg(test)]
-    fn commit(&mut self, plan: Plan) {
-        *self = plan.next;
     }
 }
 
@@ -341,7 +426,7 @@ mod tests {
         let mut s = ServiceMapSync::new();
         let d = desired(&["10.0.1.1", "10.0.1.2"]);
         let plan = s.plan(&d);
-        s.commit(plan);
+        s.commit(plan.delta);
         assert!(s.plan(&d).ops.is_empty());
     }
 
@@ -349,7 +434,7 @@ mod tests {
     fn adding_an_endpoint_is_incremental() {
         let mut s = ServiceMapSync::new();
         let plan = s.plan(&desired(&["10.0.1.1"]));
-        s.commit(plan);
+        s.commit(plan.delta);
         let plan = s.plan(&desired(&["10.0.1.1", "10.0.1.2"]));
         assert_eq!(kinds(&plan.ops), ["+be2", "+slot2=be2", "+svc0(n=2)"]);
     }
@@ -358,7 +443,7 @@ mod tests {
     fn removing_an_endpoint_shrinks_first_then_purges_and_removes_the_backend() {
         let mut s = ServiceMapSync::new();
         let plan = s.plan(&desired(&["10.0.1.1", "10.0.1.2"]));
-        s.commit(plan);
+        s.commit(plan.delta);
         let plan = s.plan(&desired(&["10.0.1.2"]));
         assert_eq!(
             kinds(&plan.ops),
@@ -370,7 +455,7 @@ mod tests {
     fn removing_a_service_goes_in_reverse_order() {
         let mut s = ServiceMapSync::new();
         let plan = s.plan(&desired(&["10.0.1.1"]));
-        s.commit(plan);
+        s.commit(plan.delta);
         let plan = s.plan(&DesiredState::default());
         assert_eq!(kinds(&plan.ops), ["-slot0", "-slot1", "-rev1", "purge[(1, 1)][1]", "-be1"]);
     }
@@ -379,10 +464,36 @@ mod tests {
     fn ids_are_not_reused_within_a_run() {
         let mut s = ServiceMapSync::new();
         let plan = s.plan(&desired(&["10.0.1.1"]));
-        s.commit(plan);
+        s.commit(plan.delta);
         let plan = s.plan(&DesiredState::default());
-        s.commit(plan);
+        s.commit(plan.delta);
         let plan = s.plan(&desired(&["10.0.1.9"]));
         assert_eq!(kinds(&plan.ops), ["+be2", "+rev2", "+slot1=be2", "+svc0(n=1)"]);
+    }
+
+    #[test]
+    fn a_backend_shared_by_two_services_stays_until_both_drop_it() {
+        let two = |a: &[&str], b: &[&str]| {
+            let s1 = service("a", "10.96.0.1", &[("", 80, "TCP")]);
+            let s2 = service("b", "10.96.0.2", &[("", 80, "TCP")]);
+            let ea: Vec<_> = a.iter().map(|x| (*x, R, R, N, "")).collect();
+            let eb: Vec<_> = b.iter().map(|x| (*x, R, R, N, "")).collect();
+            let sa = slice("a", "a-1", &[("", 8080, "TCP")], &ea);
+            let sb = slice("b", "b-1", &[("", 8080, "TCP")], &eb);
+            compute([&s1, &s2], [&sa, &sb], &NodeContext::default())
+        };
+        let mut s = ServiceMapSync::new();
+        let plan = s.plan(&two(&["10.0.1.1"], &["10.0.1.1"]));
+        assert_eq!(kinds(&plan.ops).iter().filter(|k| k.starts_with("+be")).count(), 1);
+        s.commit(plan.delta);
+        let plan = s.plan(&two(&["10.0.1.1"], &[]));
+        assert!(
+            !kinds(&plan.ops).contains(&"-be1".to_string()),
+            "still used by a: {:?}",
+            kinds(&plan.ops)
+        );
+        s.commit(plan.delta);
+        let plan = s.plan(&two(&[], &[]));
+        assert!(kinds(&plan.ops).contains(&"-be1".to_string()));
     }
 }
