@@ -72,6 +72,12 @@ pub enum Error {
         #[source]
         source: aya::pin::PinError,
     },
+    #[error("writing sysctl {path}")]
+    Sysctl {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("opening cgroup {path}")]
     Cgroup {
         path: PathBuf,
@@ -217,6 +223,12 @@ impl Dataplane {
             Err(_) => prog.attach(iface, XdpMode::Skb).map_err(|e| prog_err(name, "attach", e))?,
         };
         let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+        // Remote NodePort flows are SNATed to the node address in XDP; when the FIB cannot
+        // resolve the next hop yet, the packet goes up the stack with that (local) source,
+        // which the stack would drop as martian. accept_local lets it forward the packet
+        // (and resolve the neighbour for the next ones, which XDP then redirects itself).
+        let sysctl = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"));
+        std::fs::write(&sysctl, "1").map_err(|source| Error::Sysctl { path: sysctl, source })?;
         Ok(XdpAttachment { _link: link })
     }
 }

@@ -164,3 +164,101 @@ fn clusterip_tcp_and_udp_through_tc() {
     let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
     assert_eq!(tcp.1.new_conns, 12);
 }
+
+#[test]
+fn nodeport_through_xdp_to_local_and_remote_backends() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    // The node's address as the client sees it: NodePort frontends and the SNAT source.
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let any = Ipv4Addr::UNSPECIFIED;
+    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
+    put_service(
+        &mut maps,
+        any,
+        30080,
+        PROTO_TCP,
+        np,
+        1,
+        &[(1, BACKEND_IPS[0], BACKEND_PORT, true)],
+    );
+    put_service(
+        &mut maps,
+        any,
+        30081,
+        PROTO_TCP,
+        np,
+        2,
+        &[(2, BACKEND_IPS[1], BACKEND_PORT, false)],
+    );
+    put_service(&mut maps, any, 30082, PROTO_TCP, np, 3, &[]);
+    // XDP on the node's interfaces; the veth peers get it too so that frames redirected
+    // into them are accepted (native XDP on veth). tc egress on n0 reverse-translates the
+    // replies of the local backend.
+    let (_x0, _x1, _tc) = in_netns(&rig.node, || {
+        (
+            dp.attach_xdp("n0").expect("xdp n0"),
+            dp.attach_xdp("n1").expect("xdp n1"),
+            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
+        )
+    });
+    let _xc = in_netns(&rig.client, || {
+        disable_tx_csum("c0");
+        dp.attach_xdp("c0").expect("xdp c0")
+    });
+    let _xb = in_netns(&rig.backend, || {
+        disable_tx_csum("b0");
+        dp.attach_xdp("b0").expect("xdp b0")
+    });
+
+    let talk = |port: u16, msg: &str| -> Result<String, std::io::ErrorKind> {
+        let msg = msg.to_string();
+        in_netns(&rig.client, move || {
+            let mut s = TcpStream::connect_timeout(
+                &sockaddr(NODE_CLIENT_SIDE, port),
+                Duration::from_secs(5),
+            )
+            .map_err(|e| e.kind())?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
+            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+            let mut data = String::new();
+            s.read_to_string(&mut data).map_err(|e| e.kind())?;
+            Ok(data)
+        })
+    };
+    // Local backend: client address preserved.
+    for i in 0..3 {
+        let data = talk(30080, &format!("l{i}")).expect("nodeport to a local backend");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"));
+    }
+    // Remote backend: SNAT to the node address, replies translated back by XDP.
+    for i in 0..3 {
+        let data = match talk(30081, &format!("r{i}")) {
+            Ok(d) => d,
+            Err(e) => {
+                for ns in [&rig.client, &rig.node, &rig.backend] {
+                    let o = std::process::Command::new("nsenter")
+                        .arg(format!("--net={}", ns.path().display()))
+                        .args(["sh", "-c", "nstat -az | grep -v ' 0 '; ip neigh; sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.n1.accept_local net.ipv4.conf.n0.accept_local 2>&1"])
+                        .output()
+                        .unwrap();
+                    eprintln!("== {}\n{}", ns.name, String::from_utf8_lossy(&o.stdout));
+                }
+                eprintln!("drops {:?}\nct {:?}", maps.drops().unwrap(), maps.conntrack().unwrap());
+                panic!("nodeport to a remote backend: {e:?}");
+            }
+        };
+        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
+    }
+    // No endpoints: refused by a RST from XDP.
+    assert_eq!(talk(30082, "x"), Err(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    let stats = maps.service_stats().unwrap();
+    for id in [1, 2] {
+        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
+        assert_eq!(s.1.new_conns, 3, "service {id}");
+    }
+}

@@ -79,6 +79,35 @@ pub fn in_netns<T: Send, F: FnOnce() -> T + Send>(ns: &Netns, f: F) -> T {
     })
 }
 
+/// Turns off TX checksum offload of `iface` in the current thread's namespace, so frames
+/// carry complete L4 checksums as they would arriving from a physical NIC (XDP sees raw
+/// frames; a veth peer with offload leaves only a partial pseudo-header sum).
+pub fn disable_tx_csum(iface: &str) {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    let mut val = EthtoolValue { cmd: ETHTOOL_STXCSUM, data: 0 };
+    // SAFETY: a zeroed ifreq is valid; the name is copied within its bounds; ifru_data points
+    // at `val`, which outlives the ioctl; the socket is closed right after.
+    unsafe {
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(iface.bytes().take(15)) {
+            *d = s as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_data = (&mut val as *mut EthtoolValue).cast();
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let rc = libc::ioctl(fd, SIOCETHTOOL, &mut ifr);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        assert_eq!(rc, 0, "ETHTOOL_STXCSUM off on {iface}: {err}");
+    }
+}
+
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// client (10.201.0.2) — node (10.201.0.1 | 10.201.1.1, forwarding) — backend (10.201.1.2
