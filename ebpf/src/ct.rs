@@ -75,7 +75,7 @@ pub fn forward(
         }
     }
     let (backend_id, backend) =
-        select_backend(frontend_vip_be, flow.dport_be, flow.proto, frontend)?;
+        select_backend(frontend_vip_be, flow.dport_be, flow.proto, frontend, flow.saddr_be as u64)?;
     let snat_addr_be = if backend.flags & backend_flags::LOCAL == 0 { snat_addr_be } else { 0 };
     let t = now();
     let fwd = CtValue {

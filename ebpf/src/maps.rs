@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use skiff_ebpf_common::{
-    Backend, Config, Counters, CtKey, CtValue, RevNat, ServiceKey, ServiceValue, SockRevKey,
-    drop_reason,
+    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, RevNat, ServiceKey,
+    ServiceValue, SockRevKey, drop_reason, svc_flags,
 };
 
 /// Service frontends and their backend slots.
@@ -49,6 +49,10 @@ pub static BACKEND_STATS: PerCpuHashMap<u32, Counters> =
 /// Node configuration (one entry).
 #[map(name = "SKIFF_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+/// sessionAffinity ClientIP: client → backend per frontend.
+#[map(name = "SKIFF_AFFINITY")]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
 
 /// Counts one drop of `reason` (per CPU, no atomics needed).
 #[inline(always)]
@@ -98,16 +102,35 @@ pub fn lookup_frontend(vip_be: u32, port_be: u16, proto: u8) -> Option<ServiceVa
     unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, 0)).copied() }
 }
 
-/// Picks a random backend of a frontend with `count > 0` and returns `(id, backend)`.
+/// Picks a backend of a frontend with `count > 0` and returns `(id, backend)`: the client's
+/// previous one under sessionAffinity (within the timeout), else a random one.
 #[inline(always)]
 pub fn select_backend(
     vip_be: u32,
     port_be: u16,
     proto: u8,
     frontend: &ServiceValue,
+    client_id: u64,
 ) -> Result<(u32, Backend), u32> {
     if frontend.count == 0 {
         return Err(drop_reason::NO_BACKEND);
+    }
+    let affinity = frontend.flags & svc_flags::AFFINITY != 0;
+    let akey = AffinityKey { client_id, rev_nat_id: frontend.rev_nat_id, _pad: 0 };
+    // SAFETY: helper without arguments.
+    let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+    if affinity {
+        // SAFETY: copied out at once.
+        if let Some(a) = unsafe { AFFINITY.get(akey).copied() } {
+            let timeout_ns = frontend.backend_id as u64 * 1_000_000_000;
+            if now.saturating_sub(a.last_used_ns) < timeout_ns
+                && let Some(b) = lookup_backend(a.backend_id)
+            {
+                let v = AffinityValue { backend_id: a.backend_id, _pad: 0, last_used_ns: now };
+                let _ = AFFINITY.insert(akey, v, 0);
+                return Ok((a.backend_id, b));
+            }
+        }
     }
     // SAFETY: helper without pointer arguments.
     let rnd = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
@@ -116,6 +139,11 @@ pub fn select_backend(
     let slot_val = unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, slot)).copied() }
         .ok_or(drop_reason::BACKEND_MISSING)?;
     let backend = lookup_backend(slot_val.backend_id).ok_or(drop_reason::BACKEND_MISSING)?;
+    if affinity {
+        let v = AffinityValue { backend_id: slot_val.backend_id, _pad: 0, last_used_ns: now };
+        // An LRU map: losing an entry only loses stickiness for one client.
+        let _ = AFFINITY.insert(akey, v, 0);
+    }
     Ok((slot_val.backend_id, backend))
 }
 

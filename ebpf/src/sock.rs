@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
@@ -83,7 +83,11 @@ fn try_translate(ctx: &SockAddrContext) -> Result<(), u32> {
     if frontend.flags & SOCK_LB_FLAGS == 0 {
         return Ok(());
     }
-    let (backend_id, backend) = select_backend(vip_be, port_be, proto, &frontend)?;
+    // The source address is not chosen yet at connect(): the network namespace (the pod)
+    // stands for the client under sessionAffinity.
+    // SAFETY: helper on this program's own context.
+    let client_id = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let (backend_id, backend) = select_backend(vip_be, port_be, proto, &frontend, client_id)?;
     // SAFETY: as above; the kernel allows 4-byte writes of user_ip4 and user_port.
     unsafe {
         (*sa).user_ip4 = backend.ip_be;

@@ -51,6 +51,7 @@ fn desired(n: usize) -> DesiredState {
         let spec = FrontendSpec {
             service: format!("default/s{i}:http"),
             flags: svc_flags::CLUSTER_IP,
+            affinity_timeout_s: 0,
             backends,
         };
         d.frontends.insert(Frontend { ip: vip(i), port: 80, proto: PROTO_TCP }, spec.clone());
@@ -180,6 +181,7 @@ fn main() -> Result<()> {
             FrontendSpec {
                 service: "default/identity:http".into(),
                 flags: svc_flags::CLUSTER_IP | svc_flags::EXTERNAL_IP,
+                affinity_timeout_s: 0,
                 backends: vec![BackendSpec {
                     addr: BackendAddr { ip: ident, port: 80, proto: PROTO_TCP },
                     terminating: false,

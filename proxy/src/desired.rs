@@ -47,6 +47,8 @@ pub struct FrontendSpec {
     pub service: String,
     /// `svc_flags::*`.
     pub flags: u16,
+    /// sessionAffinity ClientIP timeout in seconds (with `svc_flags::AFFINITY`), else 0.
+    pub affinity_timeout_s: u32,
     /// Backends, sorted and de-duplicated (stable slot order).
     pub backends: Vec<BackendSpec>,
 }
@@ -116,6 +118,17 @@ fn add_service(
     let slices = by_service.get(&(ns.clone(), name.clone()));
     let etp_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let itp_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    // kube-proxy's default ClientIP timeout: 10800 s (3 h).
+    let affinity_timeout_s = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u32::try_from(t).ok())
+            .unwrap_or(10_800)
+    });
+    let affinity_flag = if affinity_timeout_s.is_some() { svc_flags::AFFINITY } else { 0 };
+    let affinity_timeout_s = affinity_timeout_s.unwrap_or(0);
 
     let mut cluster_ips: BTreeSet<Ipv4Addr> = BTreeSet::new();
     if let Some(ip) = spec.cluster_ip.as_deref().and_then(ipv4) {
@@ -151,7 +164,12 @@ fn add_service(
         let mut put = |ip: Ipv4Addr, port: u16, flags: u16, b: &Vec<BackendSpec>| {
             out.frontends.insert(
                 Frontend { ip, port, proto },
-                FrontendSpec { service: label.clone(), flags, backends: b.clone() },
+                FrontendSpec {
+                    service: label.clone(),
+                    flags: flags | affinity_flag,
+                    affinity_timeout_s,
+                    backends: b.clone(),
+                },
             );
         };
         for ip in &cluster_ips {
@@ -383,5 +401,22 @@ pub(crate) mod tests {
             assert_eq!(ips(s), ["10.0.1.1:8080"], "eTP Local keeps only local backends for {f:?}");
             assert_ne!(s.flags & svc_flags::ETP_LOCAL, 0);
         }
+    }
+
+    #[test]
+    fn session_affinity_client_ip_with_timeout() {
+        use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
+        let mut svc = service("web", "10.96.0.10", &[("", 80, "TCP")]);
+        let spec = svc.spec.as_mut().unwrap();
+        spec.session_affinity = Some("ClientIP".into());
+        let d = compute([&svc], [], &NodeContext::default());
+        let f = &d.frontends[&fe("10.96.0.10", 80, PROTO_TCP)];
+        assert_ne!(f.flags & svc_flags::AFFINITY, 0);
+        assert_eq!(f.affinity_timeout_s, 10_800, "kube-proxy's default");
+        svc.spec.as_mut().unwrap().session_affinity_config = Some(SessionAffinityConfig {
+            client_ip: Some(ClientIPConfig { timeout_seconds: Some(60) }),
+        });
+        let d = compute([&svc], [], &NodeContext::default());
+        assert_eq!(d.frontends[&fe("10.96.0.10", 80, PROTO_TCP)].affinity_timeout_s, 60);
     }
 }

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
 use skiff_ebpf_common::{
-    Backend, Counters, CtKey, CtValue, RevNat, ServiceKey, ServiceValue, SockRevKey, drop_reason,
-    map_names,
+    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, RevNat, ServiceKey,
+    ServiceValue, SockRevKey, drop_reason, map_names,
 };
 
 /// Errors of map access.
@@ -48,6 +48,7 @@ pub struct ServiceMaps {
     rev_nat: HashMap<MapData, u32, RevNat>,
     conntrack: HashMap<MapData, CtKey, CtValue>,
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
+    affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     drops: PerCpuArray<MapData, u64>,
     service_stats: PerCpuHashMap<MapData, u32, Counters>,
     backend_stats: PerCpuHashMap<MapData, u32, Counters>,
@@ -68,6 +69,7 @@ impl ServiceMaps {
             rev_nat: typed!(dir, map_names::REV_NAT),
             conntrack: typed!(dir, map_names::CONNTRACK),
             sock_rev: typed!(dir, map_names::SOCK_REV),
+            affinity: typed!(dir, map_names::AFFINITY),
             drops: typed!(dir, map_names::DROPS),
             service_stats: typed!(dir, map_names::SERVICE_STATS),
             backend_stats: typed!(dir, map_names::BACKEND_STATS),
@@ -166,7 +168,20 @@ impl ServiceMaps {
             ignore_missing(self.sock_rev.remove(k))
                 .map_err(access(map_names::SOCK_REV, "remove"))?;
         }
-        Ok(stale.len() + socks.len())
+        let sticky: Vec<AffinityKey> = self
+            .affinity
+            .iter()
+            .filter_map(|kv| kv.ok())
+            .filter(|(k, v)| {
+                backend_ids.contains(&v.backend_id) || pairs.contains(&(k.rev_nat_id, v.backend_id))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in &sticky {
+            ignore_missing(self.affinity.remove(k))
+                .map_err(access(map_names::AFFINITY, "remove"))?;
+        }
+        Ok(stale.len() + socks.len() + sticky.len())
     }
 
     /// Drop counts summed over CPUs, by reason index.

@@ -33,6 +33,7 @@ pub enum MapOp {
 struct Programmed {
     rev_nat_id: u32,
     flags: u16,
+    affinity_timeout_s: u32,
     /// The backends it was programmed with (compared with the desired ones).
     backends: Vec<BackendSpec>,
     /// Backend id of slot i+1 (may be longer than `backends` after a resume).
@@ -146,6 +147,7 @@ impl ServiceMapSync {
             p.rev_nat_id = v.rev_nat_id;
             if k.slot == 0 {
                 p.flags = v.flags;
+                p.affinity_timeout_s = v.backend_id;
                 if p.slots.len() < v.count as usize {
                     p.slots.resize(v.count as usize, 0);
                 }
@@ -190,7 +192,10 @@ impl ServiceMapSync {
         let mut changed: Vec<(&Frontend, &FrontendSpec, Option<&Programmed>)> = Vec::new();
         for (f, spec) in &desired.frontends {
             match self.frontends.get(f) {
-                Some(p) if p.flags == spec.flags && p.backends == spec.backends => {}
+                Some(p)
+                    if p.flags == spec.flags
+                        && p.affinity_timeout_s == spec.affinity_timeout_s
+                        && p.backends == spec.backends => {}
                 old => changed.push((f, spec, old)),
             }
         }
@@ -249,11 +254,15 @@ impl ServiceMapSync {
                     ));
                 }
             }
-            if old.is_none_or(|o| o.flags != spec.flags || o.slots.len() != slots.len()) {
+            if old.is_none_or(|o| {
+                o.flags != spec.flags
+                    || o.affinity_timeout_s != spec.affinity_timeout_s
+                    || o.slots.len() != slots.len()
+            }) {
                 ops.push(MapOp::PutService(
                     key(f, 0),
                     ServiceValue {
-                        backend_id: 0,
+                        backend_id: spec.affinity_timeout_s,
                         count: slots.len() as u16,
                         flags: spec.flags,
                         rev_nat_id,
@@ -270,6 +279,7 @@ impl ServiceMapSync {
             let p = Programmed {
                 rev_nat_id,
                 flags: spec.flags,
+                affinity_timeout_s: spec.affinity_timeout_s,
                 backends: spec.backends.clone(),
                 slots,
             };

@@ -71,6 +71,28 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
     assert_eq!(peer, "10.96.0.10 80", "recvmsg shows the VIP as the source: {out}");
     assert!(data.ends_with("|10.201.0.2|u1"), "udp echo: {out}");
 
+    // sessionAffinity ClientIP: every connection of this client (its netns) to one backend.
+    let sticky_vip = Ipv4Addr::new(10, 96, 0, 12);
+    let backends: Vec<_> = BACKEND_IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (i as u32 + 21, *ip, BACKEND_PORT, false))
+        .collect();
+    put_service(&mut maps, sticky_vip, 80, PROTO_TCP, CLUSTER_IP, 5, &backends);
+    set_affinity(&mut maps, sticky_vip, 80, PROTO_TCP, 60);
+    let mut sticky = BTreeSet::new();
+    for i in 0..8 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.12", "80", &format!("a{i}")],
+        );
+        let (_, data) = lines(&out);
+        sticky.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert_eq!(sticky.len(), 1, "affinity keeps the client on one backend: {sticky:?}");
+
     // No endpoints: connect() and sendto() are refused at once, counted.
     let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.11", "80", "x"]);
     assert_eq!(out.trim(), "refused");

@@ -325,3 +325,23 @@ fn xdp_malformed_and_foreign_packets() {
     let other = Pkt::tcp(CLIENT, 50000, Ipv4Addr::new(192, 168, 77, 2), 30080).build();
     assert_eq!(r.xdp(&other), (XDP_PASS, other.clone()));
 }
+
+#[test]
+fn tc_session_affinity_keeps_a_client_on_one_backend() {
+    let mut r = rig();
+    let backends: Vec<_> =
+        (1..=4).map(|i| (i as u32, Ipv4Addr::new(10, 0, 1, i), 8080, false)).collect();
+    put_service(&mut r.maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 7, &backends);
+    let mut spread = std::collections::BTreeSet::new();
+    for port in 41000..41020 {
+        spread.insert(parse_and_verify(&r.tc(&Pkt::tcp(CLIENT, port, VIP, 80).build()).1).dst);
+    }
+    assert!(spread.len() > 1, "without affinity new flows spread: {spread:?}");
+
+    set_affinity(&mut r.maps, VIP, 80, PROTO_TCP, 60);
+    let mut sticky = std::collections::BTreeSet::new();
+    for port in 42000..42020 {
+        sticky.insert(parse_and_verify(&r.tc(&Pkt::tcp(CLIENT, port, VIP, 80).build()).1).dst);
+    }
+    assert_eq!(sticky.len(), 1, "one client, one backend under ClientIP affinity: {sticky:?}");
+}

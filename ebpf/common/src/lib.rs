@@ -33,6 +33,8 @@ pub mod map_names {
     pub const BACKEND_STATS: &str = "SKIFF_BE_STATS";
     /// Array of one `Config`.
     pub const CONFIG: &str = "SKIFF_CONFIG";
+    /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
+    pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
 
 /// Program names in the object (the Rust function names of the entry points).
@@ -109,6 +111,8 @@ pub mod svc_flags {
     pub const LOAD_BALANCER: u16 = 1 << 3;
     /// externalTrafficPolicy: Local (only local backends in the slots).
     pub const ETP_LOCAL: u16 = 1 << 4;
+    /// sessionAffinity: ClientIP; slot 0's `backend_id` holds the timeout in seconds.
+    pub const AFFINITY: u16 = 1 << 5;
 }
 
 /// `Backend::state` values.
@@ -157,7 +161,7 @@ impl ServiceKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServiceValue {
-    /// Backend id (slots >= 1); 0 in slot 0.
+    /// Backend id (slots >= 1); in slot 0 the affinity timeout in seconds (with `AFFINITY`).
     pub backend_id: u32,
     /// Number of backend slots (slot 0 only).
     pub count: u16,
@@ -260,6 +264,33 @@ pub struct CtValue {
 }
 const _: () = assert!(size_of::<CtValue>() == 32);
 
+/// Session-affinity key: a client (IPv4 address on the packet paths; network-namespace
+/// cookie on the socket path, where the source address is not known yet) and a frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    /// Client address (network order, zero-extended) or netns cookie.
+    pub client_id: u64,
+    /// The frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 16);
+
+/// Session-affinity value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityValue {
+    /// The backend this client sticks to.
+    pub backend_id: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+    /// Last use, `bpf_ktime_get_ns`.
+    pub last_used_ns: u64,
+}
+const _: () = assert!(size_of::<AffinityValue>() == 16);
+
 /// Socket-LB reverse key: which backend a socket was translated to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -320,4 +351,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityValue {}
 }

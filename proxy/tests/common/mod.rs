@@ -88,6 +88,17 @@ pub fn put_service(
 
 pub const CLUSTER_IP: u16 = svc_flags::CLUSTER_IP;
 
+/// Turns on sessionAffinity ClientIP (timeout in seconds) for a frontend written by
+/// `put_service`.
+pub fn set_affinity(maps: &mut ServiceMaps, vip: Ipv4Addr, port: u16, proto: u8, timeout_s: u32) {
+    let k = ServiceKey::new(be32(vip), port.to_be(), proto, 0);
+    let (_, mut v) =
+        maps.services().unwrap().into_iter().find(|(key, _)| *key == k).expect("frontend written");
+    v.flags |= svc_flags::AFFINITY;
+    v.backend_id = timeout_s;
+    maps.put_service(k, v).unwrap();
+}
+
 /// Options of a crafted packet.
 #[derive(Clone)]
 pub struct Pkt {
