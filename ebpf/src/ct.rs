@@ -3,11 +3,11 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use skiff_ebpf_common::{
-    Backend, CtKey, CtValue, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
+    Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
 };
 
 use crate::{
-    maps::{CONNTRACK, lookup_backend, select_backend},
+    maps::{CONNTRACK, emit_flow, lookup_backend, select_backend},
     packet::Flow,
 };
 
@@ -61,6 +61,7 @@ pub fn forward(
     frontend_vip_be: u32,
     frontend: &ServiceValue,
     snat_addr_be: u32,
+    path: u8,
 ) -> Result<Forward, u32> {
     let fkey = key(flow, ct_dir::FORWARD);
     if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
@@ -112,5 +113,19 @@ pub fn forward(
         last_seen_ns: t,
     };
     CONNTRACK.insert(rkey, rev, 0).map_err(|_| drop_reason::CT_FULL)?;
+    emit_flow(FlowEvent {
+        ts_ns: t,
+        client_addr_be: flow.saddr_be,
+        frontend_addr_be: flow.daddr_be,
+        backend_addr_be: backend.ip_be,
+        rev_nat_id: frontend.rev_nat_id,
+        backend_id,
+        client_port_be: flow.sport_be,
+        frontend_port_be: flow.dport_be,
+        backend_port_be: backend.port_be,
+        proto: flow.proto,
+        path,
+        _pad: 0,
+    });
     Ok(Forward { backend_id, backend, new_conn: true, snat_addr_be })
 }

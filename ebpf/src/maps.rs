@@ -4,11 +4,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, RevNat, ServiceKey,
-    ServiceValue, SockRevKey, drop_reason, svc_flags,
+    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, RevNat,
+    ServiceKey, ServiceValue, SockRevKey, drop_reason, svc_flags,
 };
 
 /// Service frontends and their backend slots.
@@ -53,6 +53,16 @@ pub static CONFIG: Array<Config> = Array::pinned(1, 0);
 /// sessionAffinity ClientIP: client → backend per frontend.
 #[map(name = "SKIFF_AFFINITY")]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
+
+/// New-flow events for `skiff-proxy flows` (256 KiB).
+#[map(name = "SKIFF_FLOWS")]
+pub static FLOWS: RingBuf = RingBuf::pinned(256 * 1024, 0);
+
+/// Emits a new-flow event; a full ring buffer loses the event, never the packet.
+#[inline(always)]
+pub fn emit_flow(ev: FlowEvent) {
+    let _ = FLOWS.output::<FlowEvent>(&ev, 0);
+}
 
 /// Counts one drop of `reason` (per CPU, no atomics needed).
 #[inline(always)]

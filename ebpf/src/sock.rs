@@ -4,13 +4,17 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, RevNat, SockRevKey, svc_flags};
+use skiff_ebpf_common::{
+    FlowEvent, PROTO_TCP, PROTO_UDP, RevNat, SockRevKey, flow_path, svc_flags,
+};
 
-use crate::maps::{SOCK_REV, count_drop, count_traffic, lookup_frontend, select_backend};
+use crate::maps::{
+    SOCK_REV, count_drop, count_traffic, emit_flow, lookup_frontend, select_backend,
+};
 
 const AF_INET: u32 = 2;
 const ECONNREFUSED: i32 = 111;
@@ -105,6 +109,21 @@ fn try_translate(ctx: &SockAddrContext) -> Result<(), u32> {
     // An LRU map: a failed insert only loses the reverse translation of one socket.
     let _ = SOCK_REV.insert(key, value, 0);
     count_traffic(frontend.rev_nat_id, backend_id, 0, true);
+    emit_flow(FlowEvent {
+        // SAFETY: helper without arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        client_addr_be: 0,
+        frontend_addr_be: vip_be,
+        backend_addr_be: backend.ip_be,
+        rev_nat_id: frontend.rev_nat_id,
+        backend_id,
+        client_port_be: 0,
+        frontend_port_be: port_be,
+        backend_port_be: backend.port_be,
+        proto,
+        path: flow_path::SOCKET,
+        _pad: 0,
+    });
     Ok(())
 }
 

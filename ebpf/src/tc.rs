@@ -11,7 +11,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason, flow_path};
 
 use crate::{
     ct,
@@ -86,7 +86,7 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         count_drop(drop_reason::NO_BACKEND);
         return reject_tcp(ctx, &flow, egress);
     }
-    let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0)?;
+    let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0, flow_path::TC)?;
     rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
     count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
     Ok(ACT_OK)

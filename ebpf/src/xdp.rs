@@ -14,7 +14,9 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, svc_flags};
+use skiff_ebpf_common::{
+    PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, flow_path, svc_flags,
+};
 
 use crate::{
     ct,
@@ -94,7 +96,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         return Ok(xdp_action::XDP_DROP);
     }
-    let fwd = ct::forward(&flow, vip_be, &frontend, node_ip_be())?;
+    let fwd = ct::forward(&flow, vip_be, &frontend, node_ip_be(), flow_path::XDP)?;
     rewrite(
         ctx,
         &flow,

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use skiff_ebpf_common::{ct_dir, drop_reason};
+use skiff_ebpf_common::{ct_dir, drop_reason, flow_path};
 use skiff_proxy::daemon::{self, ProxyConfig};
 use skiff_proxy::loader;
-use skiff_proxy::maps::ServiceMaps;
+use skiff_proxy::maps::{FlowReader, ServiceMaps};
 
 #[derive(Parser)]
 #[command(name = "skiff-proxy", about = "skiff eBPF service proxy")]
@@ -47,6 +47,8 @@ enum Cmd {
     },
     /// Print a pinned map (works whether the daemon runs or not).
     Maps { what: MapsWhat },
+    /// Stream new-flow events (one line per new connection/flow) until interrupted.
+    Flows,
     /// Detach the pinned socket-LB links (uninstall).
     Unpin,
 }
@@ -102,6 +104,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Maps { what } => print_maps(&cli.pin_dir, what),
+        Cmd::Flows => stream_flows(&cli.pin_dir).await,
         Cmd::Unpin => {
             let n = loader::unpin_links(&cli.pin_dir.join("links"))?;
             println!("unpinned {n} links");
@@ -200,4 +203,36 @@ fn print_maps(pin_dir: &std::path::Path, what: MapsWhat) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn stream_flows(pin_dir: &std::path::Path) -> Result<()> {
+    let mut reader = FlowReader::open_pinned(pin_dir)
+        .with_context(|| format!("opening the flow ring buffer in {}", pin_dir.display()))?;
+    println!(
+        "{:<6} {:<5} {:<22} {:<22} {:<22} {:>7}",
+        "PATH", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "BE-ID"
+    );
+    loop {
+        while let Some(ev) = reader.next_event() {
+            let path = match ev.path {
+                flow_path::SOCKET => "socket",
+                flow_path::TC => "tc",
+                flow_path::XDP => "xdp",
+                _ => "?",
+            };
+            let client = if ev.client_addr_be == 0 {
+                "-".to_string()
+            } else {
+                format!("{}:{}", ip(ev.client_addr_be), u16::from_be(ev.client_port_be))
+            };
+            println!(
+                "{path:<6} {:<5} {client:<22} {:<22} {:<22} {:>7}",
+                proto(ev.proto),
+                format!("{}:{}", ip(ev.frontend_addr_be), u16::from_be(ev.frontend_port_be)),
+                format!("{}:{}", ip(ev.backend_addr_be), u16::from_be(ev.backend_port_be)),
+                ev.backend_id
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

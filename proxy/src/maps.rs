@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, RevNat, ServiceKey,
+    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, RevNat, ServiceKey,
     ServiceValue, SockRevKey, drop_reason, map_names,
 };
 
@@ -208,6 +208,30 @@ impl ServiceMaps {
     /// Per-backend counters (by backend id), summed over CPUs.
     pub fn backend_stats(&self) -> Result<Vec<(u32, Counters)>> {
         sum_stats(&self.backend_stats).map_err(access(map_names::BACKEND_STATS, "iter"))
+    }
+}
+
+/// Reader of the new-flow ring buffer (`skiff-proxy flows`). One reader at a time: the
+/// kernel ring buffer has a single consumer position.
+pub struct FlowReader {
+    ring: RingBuf<MapData>,
+}
+
+impl FlowReader {
+    /// Opens the ring buffer pinned in `dir`.
+    pub fn open_pinned(dir: &Path) -> Result<Self> {
+        Ok(Self { ring: typed!(dir, map_names::FLOWS) })
+    }
+
+    /// The next pending event, if any (never blocks).
+    pub fn next_event(&mut self) -> Option<FlowEvent> {
+        let item = self.ring.next()?;
+        if item.len() < std::mem::size_of::<FlowEvent>() {
+            return None;
+        }
+        // SAFETY: the item holds at least size_of::<FlowEvent>() bytes written by the kernel
+        // program as a FlowEvent (repr(C), valid for any bit pattern); read unaligned.
+        Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) })
     }
 }
 

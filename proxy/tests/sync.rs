@@ -186,3 +186,29 @@ fn pinned_socket_lb_links_outlive_the_loader() {
     }
     assert_eq!(unpin_links(&links).unwrap(), 4, "uninstall detaches all four hooks");
 }
+
+#[test]
+fn maps_command_prints_the_pinned_maps_without_a_daemon() {
+    let bpffs = BpffsDir::new();
+    {
+        let _dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+        let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+        ServiceMapSync::new().sync(&mut maps, &desired("TCP", &["10.0.1.1"])).unwrap();
+    }
+    let run = |what: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_skiff-proxy"))
+            .arg("--pin-dir")
+            .arg(bpffs.path())
+            .args(["maps", what])
+            .output()
+            .expect("run skiff-proxy");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let services = run("services");
+    assert!(services.contains("10.96.0.10:80"), "{services}");
+    let backends = run("backends");
+    assert!(backends.contains("10.0.1.1:8080"), "{backends}");
+    assert!(run("stats").contains("drops:"));
+    assert!(run("conntrack").contains("PROTO"));
+}

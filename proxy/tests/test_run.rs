@@ -95,6 +95,15 @@ fn tc_dnat_tcp_rewrites_destination_and_records_conntrack() {
     assert_eq!(rep.0.saddr_be, be32(BACKEND));
     assert_eq!(rep.0.daddr_be, be32(CLIENT));
     assert_eq!(rep.1.nat_addr_be, be32(VIP));
+    let mut flows = skiff_proxy::maps::FlowReader::open_pinned(&r._bpffs.path()).unwrap();
+    let ev = flows.next_event().expect("a new-flow event");
+    assert_eq!(
+        (ev.client_addr_be, ev.frontend_addr_be, ev.backend_addr_be),
+        (be32(CLIENT), be32(VIP), be32(BACKEND))
+    );
+    assert_eq!((u16::from_be(ev.frontend_port_be), u16::from_be(ev.backend_port_be)), (80, 8080));
+    assert_eq!((ev.backend_id, ev.rev_nat_id, ev.path), (11, 7, skiff_ebpf_common::flow_path::TC));
+    assert!(flows.next_event().is_none(), "one event per new flow");
     let stats = r.maps.service_stats().unwrap();
     assert_eq!(stats.len(), 1);
     assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (7, 1, 1));
@@ -110,6 +119,7 @@ fn tc_dnat_tcp_rewrites_destination_and_records_conntrack() {
     assert_eq!(parse_and_verify(&out).dst, BACKEND);
     let stats = r.maps.service_stats().unwrap();
     assert_eq!((stats[0].1.packets, stats[0].1.new_conns), (2, 1));
+    assert!(flows.next_event().is_none(), "no event for an established flow");
 }
 
 #[test]

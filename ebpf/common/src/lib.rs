@@ -33,6 +33,8 @@ pub mod map_names {
     pub const BACKEND_STATS: &str = "SKIFF_BE_STATS";
     /// Array of one `Config`.
     pub const CONFIG: &str = "SKIFF_CONFIG";
+    /// Ring buffer of `FlowEvent`s, one per new connection / flow.
+    pub const FLOWS: &str = "SKIFF_FLOWS";
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
@@ -291,6 +293,47 @@ pub struct AffinityValue {
 }
 const _: () = assert!(size_of::<AffinityValue>() == 16);
 
+/// `FlowEvent::path` values: which program translated the flow.
+pub mod flow_path {
+    /// cgroup connect4/sendmsg4 (socket LB; the client address is not known yet: 0).
+    pub const SOCKET: u8 = 1;
+    /// tc per-packet path.
+    pub const TC: u8 = 2;
+    /// XDP NodePort/ExternalIP path.
+    pub const XDP: u8 = 3;
+}
+
+/// A new flow, sent on the `FLOWS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns` at translation.
+    pub ts_ns: u64,
+    /// Client address (0 on the socket path), network order.
+    pub client_addr_be: u32,
+    /// Frontend address, network order.
+    pub frontend_addr_be: u32,
+    /// Chosen backend address, network order.
+    pub backend_addr_be: u32,
+    /// Frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// Chosen backend id.
+    pub backend_id: u32,
+    /// Client port (0 on the socket path), network order.
+    pub client_port_be: u16,
+    /// Frontend port, network order.
+    pub frontend_port_be: u16,
+    /// Backend port, network order.
+    pub backend_port_be: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// `flow_path::*`.
+    pub path: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<FlowEvent>() == 40);
+
 /// Socket-LB reverse key: which backend a socket was translated to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -351,6 +394,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
