@@ -7,7 +7,7 @@ use skiff_ebpf_common::{
 };
 
 use crate::{
-    maps::{CONNTRACK, emit_flow, lookup_backend, select_backend},
+    maps::{CONNTRACK, emit_flow, select_backend},
     packet::Flow,
 };
 
@@ -66,14 +66,20 @@ pub fn forward(
     let fkey = key(flow, ct_dir::FORWARD);
     if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
         // SAFETY: LRU value pointer from the map, read and refreshed at once.
-        let (backend_id, flags) = unsafe {
+        let v = unsafe {
             (*ptr).last_seen_ns = now();
-            ((*ptr).backend_id, (*ptr).flags)
+            *ptr
         };
-        if let Some(backend) = lookup_backend(backend_id) {
-            let snat_addr_be = if flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
-            return Ok(Forward { backend_id, backend, new_conn: false, snat_addr_be });
-        }
+        // The entry carries the backend's address: the proxy purges entries of removed
+        // backends, so no backend lookup is needed on the established-flow path.
+        let backend = Backend {
+            ip_be: v.nat_addr_be,
+            port_be: v.nat_port_be,
+            proto: flow.proto,
+            ..Backend::default()
+        };
+        let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
+        return Ok(Forward { backend_id: v.backend_id, backend, new_conn: false, snat_addr_be });
     }
     let (backend_id, backend) =
         select_backend(frontend_vip_be, flow.dport_be, flow.proto, frontend, flow.saddr_be as u64)?;

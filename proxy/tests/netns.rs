@@ -96,7 +96,9 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
     // No endpoints: connect() and sendto() are refused at once, counted.
     let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.11", "80", "x"]);
     assert_eq!(out.trim(), "refused");
-    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["udp", "10.96.0.11", "80", "x"]);
+    assert_eq!(out.trim(), "refused", "sendto() to a backend-less UDP service is refused");
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
 
     // Socket LB does no per-packet NAT: no conntrack entries; counters per service.
     assert!(maps.conntrack().unwrap().is_empty());
