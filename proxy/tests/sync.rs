@@ -212,3 +212,68 @@ fn maps_command_prints_the_pinned_maps_without_a_daemon() {
     assert!(run("stats").contains("drops:"));
     assert!(run("conntrack").contains("PROTO"));
 }
+
+#[test]
+fn restarting_the_proxy_under_load_loses_nothing() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let cg = TestCgroup::new(&cgroup2_root().unwrap());
+    let pin = bpffs.path();
+    let links = pin.join("links");
+    let links_for_restart = links.clone();
+    let want = {
+        let s = svc("web", "10.96.0.10", "TCP");
+        let e = slice("web", "TCP", &["10.201.1.2", "10.201.1.3"]);
+        compute([&s], [&e], &NodeContext::default())
+    };
+    let mut dp = Dataplane::load(&pin, NODE).unwrap();
+    dp.attach_sock_lb_pinned(&cg.path, &links).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&pin).unwrap();
+    ServiceMapSync::new().sync(&mut maps, &want).unwrap();
+
+    let long = spawn_client_in(
+        &rig.client,
+        &cg.path,
+        CLIENT_PY,
+        &["tcp-long", "10.96.0.10", "80", "0123456789"],
+    );
+    let cg_path = cg.path.clone();
+    // The "proxy" is killed (everything it held is closed) and restarted while clients run.
+    let restart = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(maps);
+        drop(dp);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut dp = Dataplane::load(&pin, NODE).unwrap();
+        let newly = dp.attach_sock_lb_pinned(&cg_path, &links_for_restart).unwrap();
+        let mut maps = ServiceMaps::open_pinned(&pin).unwrap();
+        let mut state = ServiceMapSync::resume(&maps).unwrap();
+        let ops = state.sync(&mut maps, &want).unwrap();
+        (newly, ops, dp)
+    });
+    let mut failures = 0;
+    for i in 0..25 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.10", "80", &format!("n{i}")],
+        );
+        if !out.contains("peer 10.96.0.10 80") || !out.contains(&format!("|10.201.0.2|n{i}")) {
+            failures += 1;
+            eprintln!("connection {i} failed: {out}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    let (newly, ops, _dp) = restart.join().expect("restart thread");
+    assert_eq!(newly, 0, "the restarted proxy reuses the pinned links");
+    assert_eq!(ops, 0, "resync after restart changes nothing");
+    assert_eq!(failures, 0, "new connections during the restart");
+    let out = client_output(long);
+    let sent: usize = out.lines().find_map(|l| l.strip_prefix("sent ")).unwrap().parse().unwrap();
+    let echoed: usize =
+        out.lines().find_map(|l| l.strip_prefix("echoed ")).unwrap().parse().unwrap();
+    assert!(sent > 0 && echoed == sent, "long transfer intact across the restart: {out}");
+    assert_eq!(unpin_links(&links).unwrap(), 4);
+}

@@ -280,9 +280,14 @@ impl Drop for TestCgroup {
     }
 }
 
-/// Runs `/usr/bin/python3 -c SCRIPT args` inside `ns` and inside `cgroup` (joined before
-/// exec, so its very first connect() is seen by the hooks). Returns stdout.
-pub fn run_client_in(ns: &Netns, cgroup: &Path, script: &str, args: &[&str]) -> String {
+/// Spawns `/usr/bin/python3 -c SCRIPT args` inside `ns` and inside `cgroup` (joined before
+/// exec, so its very first connect() is seen by the hooks), stdout piped.
+pub fn spawn_client_in(
+    ns: &Netns,
+    cgroup: &Path,
+    script: &str,
+    args: &[&str],
+) -> std::process::Child {
     use std::os::unix::process::CommandExt;
     let python = Path::new("/usr/bin/python3");
     assert!(
@@ -295,7 +300,11 @@ pub fn run_client_in(ns: &Netns, cgroup: &Path, script: &str, args: &[&str]) -> 
             .unwrap();
     let ns_fd = ns_file.as_raw_fd();
     let mut cmd = Command::new(python);
-    cmd.arg("-c").arg(script).args(args);
+    cmd.arg("-c")
+        .arg(script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     // SAFETY: the closure only makes raw syscalls (open/write/close/setns) on values prepared
     // before fork; it allocates nothing.
     unsafe {
@@ -315,8 +324,14 @@ pub fn run_client_in(ns: &Netns, cgroup: &Path, script: &str, args: &[&str]) -> 
             Ok(())
         });
     }
-    let out = cmd.output().expect("spawn python client");
+    let child = cmd.spawn().expect("spawn python client");
     drop(ns_file);
+    child
+}
+
+/// Waits for a client spawned by `spawn_client_in`, asserts success, returns stdout.
+pub fn client_output(child: std::process::Child) -> String {
+    let out = child.wait_with_output().expect("wait for python client");
     assert!(
         out.status.success(),
         "client failed: {}\n{}",
@@ -326,12 +341,37 @@ pub fn run_client_in(ns: &Netns, cgroup: &Path, script: &str, args: &[&str]) -> 
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The python client: `tcp|udp VIP PORT MSG`; prints `peer IP PORT` and `data ...`, or
-/// `refused` when connect()/sendto() is refused.
+/// Runs the python client to completion; see `spawn_client_in`.
+pub fn run_client_in(ns: &Netns, cgroup: &Path, script: &str, args: &[&str]) -> String {
+    client_output(spawn_client_in(ns, cgroup, script, args))
+}
+
+/// The python client: `tcp|udp|tcp-long VIP PORT MSG`; prints `peer IP PORT` and
+/// `data ...`, or `refused` when connect()/sendto() is refused. `tcp-long` streams MSG
+/// every 10 ms for 2 s before reading the echo, and prints the echoed length.
 pub const CLIENT_PY: &str = r#"
-import socket, sys
+import socket, sys, time
 proto, vip, port, msg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 try:
+    if proto == "tcp-long":
+        s = socket.create_connection((vip, port), timeout=5)
+        peer = s.getpeername()
+        sent = 0
+        end = time.time() + 2.0
+        while time.time() < end:
+            s.sendall(msg.encode()); sent += len(msg)
+            time.sleep(0.01)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            data += d
+        print("peer", peer[0], peer[1])
+        print("sent", sent)
+        print("data", data.decode()[:64])
+        print("echoed", len(data.decode().split("|", 2)[2]))
+        sys.exit(0)
     if proto == "tcp":
         s = socket.create_connection((vip, port), timeout=5)
         peer = s.getpeername()
