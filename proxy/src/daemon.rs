@@ -76,12 +76,11 @@ pub enum Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The running data plane: programs loaded, links held (tc/XDP) or pinned (socket LB).
+/// The running data plane: programs loaded, links pinned under `pin_dir/links` (they stay
+/// attached across restarts; `skiff-proxy unpin` detaches them).
 pub struct RunningDataplane {
     pub dataplane: Dataplane,
     pub maps: ServiceMaps,
-    _tc: Vec<loader::TcAttachment>,
-    _xdp: Vec<loader::XdpAttachment>,
 }
 
 /// Loads the object, pins maps, attaches the programs the config asks for.
@@ -98,17 +97,28 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
         let n = dataplane.attach_sock_lb_pinned(&cgroup, &config.pin_dir.join("links"))?;
         info!(cgroup = %cgroup.display(), newly_attached = n, "socket LB attached");
     }
-    let mut tc = Vec::new();
+    let links = config.pin_dir.join("links");
+    std::fs::create_dir_all(&links)
+        .map_err(|source| loader::Error::PinDir { path: links.clone(), source })?;
     for iface in &config.tc_interfaces {
-        tc.push(dataplane.attach_tc(iface, aya::programs::TcAttachType::Ingress)?);
-        tc.push(dataplane.attach_tc(iface, aya::programs::TcAttachType::Egress)?);
+        for (dir, tag) in [
+            (aya::programs::TcAttachType::Ingress, "ingress"),
+            (aya::programs::TcAttachType::Egress, "egress"),
+        ] {
+            let pin = links.join(format!("tc-{iface}-{tag}"));
+            if !loader::link_pinned(&pin) {
+                dataplane.attach_tc(iface, dir)?.pin(&pin)?;
+            }
+        }
     }
-    let mut xdp = Vec::new();
     for iface in &config.xdp_interfaces {
-        xdp.push(dataplane.attach_xdp(iface)?);
+        let pin = links.join(format!("xdp-{iface}"));
+        if !loader::link_pinned(&pin) {
+            dataplane.attach_xdp(iface)?.pin(&pin)?;
+        }
     }
     let maps = ServiceMaps::open_pinned(&config.pin_dir)?;
-    Ok(RunningDataplane { dataplane, maps, _tc: tc, _xdp: xdp })
+    Ok(RunningDataplane { dataplane, maps })
 }
 
 /// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.

@@ -299,9 +299,37 @@ pub struct TcAttachment {
     _link: SchedClassifierLink,
 }
 
+impl TcAttachment {
+    /// Pins the link at `path`: it stays attached after this process exits.
+    pub fn pin(self, path: &Path) -> Result<()> {
+        pin_fd_link(FdLink::try_from(self._link), path)
+    }
+}
+
 /// The XDP program attached to one interface; detached on drop.
 pub struct XdpAttachment {
     _link: XdpLink,
+}
+
+impl XdpAttachment {
+    /// Pins the link at `path`: it stays attached after this process exits.
+    pub fn pin(self, path: &Path) -> Result<()> {
+        pin_fd_link(FdLink::try_from(self._link), path)
+    }
+}
+
+fn pin_fd_link(
+    link: std::result::Result<FdLink, aya::programs::links::LinkError>,
+    path: &Path,
+) -> Result<()> {
+    let link = link.map_err(|source| Error::LinkConvert { path: path.into(), source })?;
+    link.pin(path).map_err(|source| Error::PinLink { path: path.into(), source })?;
+    Ok(())
+}
+
+/// Whether a link is pinned (and so attached) at `path`.
+pub fn link_pinned(path: &Path) -> bool {
+    PinnedLink::from_pin(path).is_ok()
 }
 
 fn prog_err(name: &'static str, step: &'static str, e: aya::programs::ProgramError) -> Error {

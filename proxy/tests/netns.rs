@@ -286,3 +286,39 @@ fn nodeport_through_xdp_to_local_and_remote_backends() {
         assert_eq!(s.1.new_conns, 3, "service {id}");
     }
 }
+
+#[test]
+fn daemon_dataplane_pins_tc_links_that_outlive_it() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let config = skiff_proxy::daemon::ProxyConfig {
+        node_ip: NODE_CLIENT_SIDE,
+        pin_dir: bpffs.path(),
+        socket_lb: false,
+        tc_interfaces: vec!["n0".into()],
+        ..Default::default()
+    };
+    let started = in_netns(&rig.node, || {
+        skiff_proxy::daemon::start_dataplane(&config).map(|mut r| {
+            services(&mut r.maps);
+            r.dataplane.pin_dir().to_path_buf()
+        })
+    });
+    let pin = started.expect("start the data plane");
+    // The RunningDataplane is gone (the proxy exited): pinned tc links keep serving.
+    let data = in_netns(&rig.client, || {
+        let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"pinned").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut d = String::new();
+        s.read_to_string(&mut d).unwrap();
+        d
+    });
+    assert!(data.ends_with("|10.201.0.2|pinned"), "{data}");
+    // A second start finds the links pinned and attaches nothing twice.
+    let again = in_netns(&rig.node, || skiff_proxy::daemon::start_dataplane(&config).map(|_| ()));
+    again.expect("restart");
+    assert_eq!(skiff_proxy::loader::unpin_links(&pin.join("links")).unwrap(), 2);
+}
