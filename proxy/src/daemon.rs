@@ -40,6 +40,8 @@ pub struct ProxyConfig {
     pub tc_interfaces: Vec<String>,
     /// Node-facing interfaces that get the XDP program (NodePort/ExternalIP/LB).
     pub xdp_interfaces: Vec<String>,
+    /// Where `/metrics` is served; default 127.0.0.1:10249, kube-proxy's metrics address.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
     /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
     pub debounce: Duration,
@@ -55,6 +57,7 @@ impl Default for ProxyConfig {
             cgroup: None,
             tc_interfaces: Vec::new(),
             xdp_interfaces: Vec::new(),
+            metrics_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 10249))),
             debounce: Duration::from_millis(10),
         }
     }
@@ -124,6 +127,14 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
 /// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.
 pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
     let mut running = start_dataplane(&config)?;
+    let _metrics = config.metrics_addr.map(|addr| {
+        let pin_dir = config.pin_dir.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::http::serve_metrics(addr, pin_dir).await {
+                warn!(error = %e, "/metrics not served");
+            }
+        })
+    });
     sync_forever(client, &config, &mut running.maps).await
 }
 
@@ -135,6 +146,7 @@ pub async fn sync_forever(
     maps: &mut ServiceMaps,
 ) -> Result<()> {
     let mut state = ServiceMapSync::resume(maps)?;
+    let mut health = crate::http::HealthCheckServers::default();
     let node = NodeContext { node_name: config.node_name.clone() };
     let (svc_store, svc_writer) = reflector::store::<Service>();
     let (eps_store, eps_writer) = reflector::store::<EndpointSlice>();
@@ -192,6 +204,7 @@ pub async fn sync_forever(
         let desired =
             compute(services.iter().map(|s| s.as_ref()), slices.iter().map(|s| s.as_ref()), &node);
         let ops = state.sync(maps, &desired)?;
+        health.reconcile(&desired.health_checks).await;
         if ops > 0 {
             info!(
                 ops,

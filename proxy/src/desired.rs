@@ -53,10 +53,22 @@ pub struct FrontendSpec {
     pub backends: Vec<BackendSpec>,
 }
 
+/// A healthCheckNodePort to serve (externalTrafficPolicy Local load balancers): external
+/// load balancers send traffic only to nodes answering 200.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `namespace/name`.
+    pub service: String,
+    /// Ready endpoints of the service on this node.
+    pub local_endpoints: usize,
+}
+
 /// Everything the node should serve.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredState {
     pub frontends: BTreeMap<Frontend, FrontendSpec>,
+    /// healthCheckNodePort → what it reports.
+    pub health_checks: BTreeMap<u16, HealthCheck>,
 }
 
 /// Which node this proxy runs on (for locality and traffic policies).
@@ -149,11 +161,13 @@ fn add_service(
         .filter_map(|i| i.ip.as_deref().and_then(ipv4))
         .collect();
 
+    let mut local_endpoints = 0;
     for port in spec.ports.iter().flatten() {
         let Some(proto) = proto_of(port.protocol.as_deref()) else { continue };
         let Ok(svc_port) = u16::try_from(port.port) else { continue };
         let port_name = port.name.clone().unwrap_or_default();
         let backends = backends_for(slices, &port_name, proto, node);
+        local_endpoints = local_endpoints.max(backends.iter().filter(|b| b.local).count());
         let label = format!("{ns}/{name}:{port_name}");
         let local_only = |b: &[BackendSpec]| b.iter().copied().filter(|b| b.local).collect();
         let internal: Vec<BackendSpec> =
@@ -186,6 +200,13 @@ fn add_service(
         {
             put(Ipv4Addr::UNSPECIFIED, np, svc_flags::NODE_PORT | ext_flag, &external_backends);
         }
+    }
+    if etp_local
+        && ty == "LoadBalancer"
+        && let Some(hc) = spec.health_check_node_port.and_then(|p| u16::try_from(p).ok())
+    {
+        out.health_checks
+            .insert(hc, HealthCheck { service: format!("{ns}/{name}"), local_endpoints });
     }
 }
 
@@ -377,6 +398,7 @@ pub(crate) mod tests {
         spec.ports.as_mut().unwrap()[0].node_port = Some(30080);
         spec.external_ips = Some(vec!["192.0.2.10".into()]);
         spec.external_traffic_policy = Some("Local".into());
+        spec.health_check_node_port = Some(32000);
         svc.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
                 ingress: Some(vec![LoadBalancerIngress {
@@ -401,6 +423,8 @@ pub(crate) mod tests {
             assert_eq!(ips(s), ["10.0.1.1:8080"], "eTP Local keeps only local backends for {f:?}");
             assert_ne!(s.flags & svc_flags::ETP_LOCAL, 0);
         }
+        let hc = &d.health_checks[&32000];
+        assert_eq!((hc.service.as_str(), hc.local_endpoints), ("default/web", 1));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod desired;
+pub mod http;
 pub mod loader;
 pub mod maps;
 pub mod sync;

@@ -44,6 +44,9 @@ enum Cmd {
         /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
         #[arg(long = "xdp-iface")]
         xdp_interfaces: Vec<String>,
+        /// Address of /metrics (kube-proxy's default).
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        metrics_addr: std::net::SocketAddr,
     },
     /// Print a pinned map (works whether the daemon runs or not).
     Maps { what: MapsWhat },
@@ -78,6 +81,7 @@ async fn main() -> Result<()> {
             cgroup,
             tc_interfaces,
             xdp_interfaces,
+            metrics_addr,
         } => {
             let client = match kubeconfig {
                 Some(path) => {
@@ -98,6 +102,7 @@ async fn main() -> Result<()> {
                 cgroup,
                 tc_interfaces,
                 xdp_interfaces,
+                metrics_addr: Some(metrics_addr),
                 ..ProxyConfig::default()
             };
             daemon::run(client, config).await?;
