@@ -4,6 +4,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use skiff_ebpf_common::{
     Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
+    flow_hash,
 };
 
 use crate::{
@@ -81,8 +82,14 @@ pub fn forward(
         let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
         return Ok(Forward { backend_id: v.backend_id, backend, new_conn: false, snat_addr_be });
     }
-    let (backend_id, backend) =
-        select_backend(frontend_vip_be, flow.dport_be, flow.proto, frontend, flow.saddr_be as u64)?;
+    let (backend_id, backend) = select_backend(
+        frontend_vip_be,
+        flow.dport_be,
+        flow.proto,
+        frontend,
+        flow.saddr_be as u64,
+        flow_hash(flow.saddr_be, flow.daddr_be, flow.sport_be, flow.dport_be, flow.proto),
+    )?;
     let snat_addr_be = if backend.flags & backend_flags::LOCAL == 0 { snat_addr_be } else { 0 };
     let t = now();
     let fwd = CtValue {

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, RevNat,
-    ServiceKey, ServiceValue, SockRevKey, drop_reason, svc_flags,
+    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
+    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, drop_reason, svc_flags,
 };
 
 /// Service frontends and their backend slots.
@@ -53,6 +53,27 @@ pub static CONFIG: Array<Config> = Array::pinned(1, 0);
 /// sessionAffinity ClientIP: client → backend per frontend.
 #[map(name = "SKIFF_AFFINITY")]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
+
+/// Maglev tables of external frontends, by rev-nat id.
+#[map(name = "SKIFF_MAGLEV")]
+pub static MAGLEV: HashMap<u32, MaglevTable> = HashMap::pinned(16_384, BPF_F_NO_PREALLOC);
+
+/// The backend the frontend's Maglev table assigns to flow hash `hash`.
+#[inline(always)]
+pub fn maglev_backend(rev_nat_id: u32, hash: u32) -> Result<(u32, Backend), u32> {
+    let table = MAGLEV.get_ptr(rev_nat_id).ok_or(drop_reason::BACKEND_MISSING)?;
+    let idx = (hash % MAGLEV_M as u32) as usize;
+    // LLVM knows idx < M and would drop the check the verifier needs: hide the value.
+    // SAFETY: volatile read of a local.
+    let idx = unsafe { core::ptr::read_volatile(&idx) };
+    if idx >= MAGLEV_M {
+        return Err(drop_reason::BACKEND_MISSING);
+    }
+    // SAFETY: map value pointer, idx < MAGLEV_M checked just above.
+    let id = unsafe { (*table).backend_ids[idx] };
+    let backend = lookup_backend(id).ok_or(drop_reason::BACKEND_MISSING)?;
+    Ok((id, backend))
+}
 
 /// New-flow events for `skiff-proxy flows` (256 KiB).
 #[map(name = "SKIFF_FLOWS")]
@@ -113,7 +134,8 @@ pub fn lookup_frontend(vip_be: u32, port_be: u16, proto: u8) -> Option<ServiceVa
 }
 
 /// Picks a backend of a frontend with `count > 0` and returns `(id, backend)`: the client's
-/// previous one under sessionAffinity (within the timeout), else a random one.
+/// previous one under sessionAffinity (within the timeout), else the Maglev choice for
+/// `flow_hash` (external frontends), else a random one.
 #[inline(always)]
 pub fn select_backend(
     vip_be: u32,
@@ -121,6 +143,7 @@ pub fn select_backend(
     proto: u8,
     frontend: &ServiceValue,
     client_id: u64,
+    flow_hash: u32,
 ) -> Result<(u32, Backend), u32> {
     if frontend.count == 0 {
         return Err(drop_reason::NO_BACKEND);
@@ -142,19 +165,25 @@ pub fn select_backend(
             }
         }
     }
-    // SAFETY: helper without pointer arguments.
-    let rnd = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
-    let slot = (rnd % frontend.count as u32) as u16 + 1;
-    // SAFETY: copied out at once, see lookup_frontend.
-    let slot_val = unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, slot)).copied() }
-        .ok_or(drop_reason::BACKEND_MISSING)?;
-    let backend = lookup_backend(slot_val.backend_id).ok_or(drop_reason::BACKEND_MISSING)?;
+    let (backend_id, backend) = if frontend.flags & svc_flags::MAGLEV != 0 {
+        maglev_backend(frontend.rev_nat_id, flow_hash)?
+    } else {
+        // SAFETY: helper without pointer arguments.
+        let rnd = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+        let slot = (rnd % frontend.count as u32) as u16 + 1;
+        // SAFETY: copied out at once, see lookup_frontend.
+        let slot_val =
+            unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, slot)).copied() }
+                .ok_or(drop_reason::BACKEND_MISSING)?;
+        let backend = lookup_backend(slot_val.backend_id).ok_or(drop_reason::BACKEND_MISSING)?;
+        (slot_val.backend_id, backend)
+    };
     if affinity {
-        let v = AffinityValue { backend_id: slot_val.backend_id, _pad: 0, last_used_ns: now };
+        let v = AffinityValue { backend_id, _pad: 0, last_used_ns: now };
         // An LRU map: losing an entry only loses stickiness for one client.
         let _ = AFFINITY.insert(akey, v, 0);
     }
-    Ok((slot_val.backend_id, backend))
+    Ok((backend_id, backend))
 }
 
 /// Looks up a backend by id.

@@ -91,7 +91,8 @@ fn try_translate(ctx: &SockAddrContext) -> Result<(), u32> {
     // stands for the client under sessionAffinity.
     // SAFETY: helper on this program's own context.
     let client_id = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let (backend_id, backend) = select_backend(vip_be, port_be, proto, &frontend, client_id)?;
+    let (backend_id, backend) =
+        select_backend(vip_be, port_be, proto, &frontend, client_id, client_id as u32)?;
     // SAFETY: as above; the kernel allows 4-byte writes of user_ip4 and user_port.
     unsafe {
         (*sa).user_ip4 = backend.ip_be;

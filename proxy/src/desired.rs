@@ -174,7 +174,9 @@ fn add_service(
             if itp_local { local_only(&backends) } else { backends.clone() };
         let external_backends: Vec<BackendSpec> =
             if etp_local { local_only(&backends) } else { backends.clone() };
-        let ext_flag = if etp_local { svc_flags::ETP_LOCAL } else { 0 };
+        // External traffic is spread with Maglev: every node picks the same backend for a
+        // flow (consistent across nodes and resilient to backend changes).
+        let ext_flag = svc_flags::MAGLEV | if etp_local { svc_flags::ETP_LOCAL } else { 0 };
         let mut put = |ip: Ipv4Addr, port: u16, flags: u16, b: &Vec<BackendSpec>| {
             out.frontends.insert(
                 Frontend { ip, port, proto },

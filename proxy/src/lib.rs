@@ -6,5 +6,6 @@ pub mod daemon;
 pub mod desired;
 pub mod http;
 pub mod loader;
+pub mod maglev;
 pub mod maps;
 pub mod sync;

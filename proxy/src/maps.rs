@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, RevNat, ServiceKey,
-    ServiceValue, SockRevKey, drop_reason, map_names,
+    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, MaglevTable, RevNat,
+    ServiceKey, ServiceValue, SockRevKey, drop_reason, map_names,
 };
 
 /// Errors of map access.
@@ -49,6 +49,7 @@ pub struct ServiceMaps {
     conntrack: HashMap<MapData, CtKey, CtValue>,
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    maglev: HashMap<MapData, u32, MaglevTable>,
     drops: PerCpuArray<MapData, u64>,
     service_stats: PerCpuHashMap<MapData, u32, Counters>,
     backend_stats: PerCpuHashMap<MapData, u32, Counters>,
@@ -70,6 +71,7 @@ impl ServiceMaps {
             conntrack: typed!(dir, map_names::CONNTRACK),
             sock_rev: typed!(dir, map_names::SOCK_REV),
             affinity: typed!(dir, map_names::AFFINITY),
+            maglev: typed!(dir, map_names::MAGLEV),
             drops: typed!(dir, map_names::DROPS),
             service_stats: typed!(dir, map_names::SERVICE_STATS),
             backend_stats: typed!(dir, map_names::BACKEND_STATS),
@@ -104,6 +106,16 @@ impl ServiceMaps {
     /// Removes a rev-nat entry (absent is fine).
     pub fn remove_rev_nat(&mut self, id: u32) -> Result<()> {
         ignore_missing(self.rev_nat.remove(&id)).map_err(access(map_names::REV_NAT, "remove"))
+    }
+
+    /// Writes a frontend's Maglev table.
+    pub fn put_maglev(&mut self, rev_nat_id: u32, t: &MaglevTable) -> Result<()> {
+        self.maglev.insert(rev_nat_id, t, 0).map_err(access(map_names::MAGLEV, "insert"))
+    }
+
+    /// Removes a frontend's Maglev table (absent is fine).
+    pub fn remove_maglev(&mut self, rev_nat_id: u32) -> Result<()> {
+        ignore_missing(self.maglev.remove(&rev_nat_id)).map_err(access(map_names::MAGLEV, "remove"))
     }
 
     /// All service slots.

@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
-use skiff_ebpf_common::{Backend, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state};
+use skiff_ebpf_common::{
+    Backend, MaglevTable, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state, svc_flags,
+};
 
 use crate::desired::{BackendAddr, BackendSpec, DesiredState, Frontend, FrontendSpec};
 use crate::maps::{self, ServiceMaps};
@@ -17,6 +19,9 @@ pub enum MapOp {
     PutBackend(u32, Backend),
     PutRevNat(u32, RevNat),
     PutService(ServiceKey, ServiceValue),
+    /// A frontend's Maglev table (written before its slot 0 points traffic at it).
+    PutMaglev(u32, Box<MaglevTable>),
+    RemoveMaglev(u32),
     RemoveService(ServiceKey),
     RemoveRevNat(u32),
     /// Conntrack purge of (rev-nat, backend) pairs and of whole backends.
@@ -254,6 +259,15 @@ impl ServiceMapSync {
                     ));
                 }
             }
+            if spec.flags & svc_flags::MAGLEV != 0 {
+                let named: Vec<(String, u32)> = spec
+                    .backends
+                    .iter()
+                    .zip(&slots)
+                    .map(|(b, id)| (format!("{}:{}", b.addr.ip, b.addr.port), *id))
+                    .collect();
+                ops.push(MapOp::PutMaglev(rev_nat_id, Box::new(crate::maglev::table(&named))));
+            }
             if old.is_none_or(|o| {
                 o.flags != spec.flags
                     || o.affinity_timeout_s != spec.affinity_timeout_s
@@ -271,6 +285,11 @@ impl ServiceMapSync {
             }
             for i in slots.len()..old_slots.len() {
                 ops.push(MapOp::RemoveService(key(f, i as u16 + 1)));
+            }
+            if old.is_some_and(|o| o.flags & svc_flags::MAGLEV != 0)
+                && spec.flags & svc_flags::MAGLEV == 0
+            {
+                ops.push(MapOp::RemoveMaglev(rev_nat_id));
             }
             let kept: BTreeSet<u32> = slots.iter().copied().collect();
             for id in old_slots.iter().filter(|id| **id != 0 && !kept.contains(id)) {
@@ -291,6 +310,9 @@ impl ServiceMapSync {
             ops.push(MapOp::RemoveService(key(f, 0)));
             for i in 0..old.slots.len() {
                 ops.push(MapOp::RemoveService(key(f, i as u16 + 1)));
+            }
+            if old.flags & svc_flags::MAGLEV != 0 {
+                ops.push(MapOp::RemoveMaglev(old.rev_nat_id));
             }
             ops.push(MapOp::RemoveRevNat(old.rev_nat_id));
             for id in old.slots.iter().filter(|id| **id != 0) {
@@ -370,6 +392,8 @@ impl ServiceMapSync {
                 MapOp::PutService(k, v) => maps.put_service(*k, *v),
                 MapOp::RemoveService(k) => maps.remove_service(*k),
                 MapOp::RemoveRevNat(id) => maps.remove_rev_nat(*id),
+                MapOp::PutMaglev(id, t) => maps.put_maglev(*id, t),
+                MapOp::RemoveMaglev(id) => maps.remove_maglev(*id),
                 MapOp::PurgeFlows { pairs, backend_ids, removed } => {
                     maps.purge_flows(pairs, backend_ids, removed).map(|_| ())
                 }
@@ -413,6 +437,8 @@ mod tests {
                 MapOp::PutService(k, v) => format!("+slot{}=be{}", k.slot, v.backend_id),
                 MapOp::RemoveService(k) => format!("-slot{}", k.slot),
                 MapOp::RemoveRevNat(id) => format!("-rev{id}"),
+                MapOp::PutMaglev(id, _) => format!("+maglev{id}"),
+                MapOp::RemoveMaglev(id) => format!("-maglev{id}"),
                 MapOp::PurgeFlows { pairs, backend_ids, .. } => {
                     format!("purge{pairs:?}{backend_ids:?}")
                 }

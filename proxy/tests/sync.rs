@@ -277,3 +277,81 @@ fn restarting_the_proxy_under_load_loses_nothing() {
     assert!(sent > 0 && echoed == sent, "long transfer intact across the restart: {out}");
     assert_eq!(unpin_links(&links).unwrap(), 4);
 }
+
+#[test]
+fn maglev_picks_the_same_backend_on_every_node() {
+    use skiff_ebpf_common::{MAGLEV_M, PROTO_TCP, flow_hash, svc_flags};
+    use skiff_proxy::desired::{BackendAddr, BackendSpec, Frontend, FrontendSpec};
+    let backends: Vec<BackendSpec> = (1..=4)
+        .map(|i| BackendSpec {
+            addr: BackendAddr { ip: Ipv4Addr::new(10, 0, 1, i), port: 8080, proto: PROTO_TCP },
+            terminating: false,
+            local: true,
+        })
+        .collect();
+    let mut want = DesiredState::default();
+    want.frontends.insert(
+        Frontend { ip: Ipv4Addr::UNSPECIFIED, port: 30080, proto: PROTO_TCP },
+        FrontendSpec {
+            service: "default/web:http".into(),
+            flags: svc_flags::NODE_PORT | svc_flags::MAGLEV,
+            affinity_timeout_s: 0,
+            backends: backends.clone(),
+        },
+    );
+    // Two "nodes": separate maps and programs; the second learns its backends in another
+    // order (ids differ), yet both must agree on addresses.
+    let mut reversed = want.clone();
+    reversed.frontends.values_mut().for_each(|f| f.backends.reverse());
+    let mut picks = Vec::new();
+    for d in [&want, &reversed] {
+        let bpffs = BpffsDir::new();
+        let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+        let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+        let mut state = ServiceMapSync::new();
+        // Ids are allocated in desired order: give the second node different ids.
+        if std::ptr::eq(d, &reversed) {
+            let mut dummy = DesiredState::default();
+            let mut f = want.frontends.values().next().unwrap().clone();
+            f.backends = vec![BackendSpec {
+                addr: BackendAddr { ip: Ipv4Addr::new(10, 9, 9, 9), port: 1, proto: PROTO_TCP },
+                terminating: false,
+                local: true,
+            }];
+            dummy
+                .frontends
+                .insert(Frontend { ip: Ipv4Addr::new(10, 96, 9, 9), port: 1, proto: PROTO_TCP }, f);
+            state.sync(&mut maps, &dummy).unwrap();
+        }
+        state.sync(&mut maps, d).unwrap();
+        let mut node_picks = Vec::new();
+        for port in 50000..50050u16 {
+            let pkt = Pkt::tcp(CLIENT, port, NODE, 30080).build();
+            let prog = dp.xdp_program().unwrap();
+            let mut out = vec![0u8; pkt.len() + 64];
+            let r = prog
+                .test_run(TestRunOptions {
+                    data_in: Some(&pkt),
+                    data_out: Some(&mut out),
+                    ..Default::default()
+                })
+                .unwrap();
+            assert_eq!(r.return_value, 2, "XDP_PASS to a local backend");
+            node_picks.push(parse_and_verify(&out[..r.data_size_out as usize]).dst);
+        }
+        picks.push(node_picks);
+    }
+    assert_eq!(picks[0], picks[1], "both nodes choose the same backend for every flow");
+    let distinct: std::collections::BTreeSet<_> = picks[0].iter().collect();
+    assert!(distinct.len() >= 3, "flows spread over the backends: {distinct:?}");
+    // And the choice is the table entry user space computed for the flow hash.
+    let names: Vec<(String, u32)> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (format!("{}:{}", b.addr.ip, b.addr.port), i as u32 + 1))
+        .collect();
+    let t = skiff_proxy::maglev::table(&names);
+    let h = flow_hash(be32(CLIENT), be32(NODE), 50000u16.to_be(), 30080u16.to_be(), PROTO_TCP);
+    let id = t.backend_ids[h as usize % MAGLEV_M];
+    assert_eq!(picks[0][0], Ipv4Addr::new(10, 0, 1, id as u8));
+}

@@ -35,6 +35,8 @@ pub mod map_names {
     pub const CONFIG: &str = "SKIFF_CONFIG";
     /// Ring buffer of `FlowEvent`s, one per new connection / flow.
     pub const FLOWS: &str = "SKIFF_FLOWS";
+    /// `u32` rev-nat id → `MaglevTable`: consistent hashing for external frontends.
+    pub const MAGLEV: &str = "SKIFF_MAGLEV";
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
@@ -115,6 +117,9 @@ pub mod svc_flags {
     pub const ETP_LOCAL: u16 = 1 << 4;
     /// sessionAffinity: ClientIP; slot 0's `backend_id` holds the timeout in seconds.
     pub const AFFINITY: u16 = 1 << 5;
+    /// Backends of external traffic chosen by the frontend's Maglev table (same choice on
+    /// every node for a given flow).
+    pub const MAGLEV: u16 = 1 << 6;
 }
 
 /// `Backend::state` values.
@@ -334,6 +339,37 @@ pub struct FlowEvent {
 }
 const _: () = assert!(size_of::<FlowEvent>() == 40);
 
+/// Size of a Maglev lookup table (prime; Maglev wants M >> backends: fine up to ~100).
+pub const MAGLEV_M: usize = 1021;
+
+/// A frontend's Maglev lookup table: entry i is the backend id for flow hashes h % M == i.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MaglevTable {
+    /// Backend ids.
+    pub backend_ids: [u32; MAGLEV_M],
+    /// Explicit padding to a multiple of 8 bytes, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<MaglevTable>() == 4088);
+
+/// The flow hash Maglev indexes with; shared so user space can predict the choice.
+#[inline(always)]
+pub fn flow_hash(saddr_be: u32, daddr_be: u32, sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for v in [
+        saddr_be as u64,
+        daddr_be as u64,
+        ((sport_be as u64) << 16) | dport_be as u64,
+        proto as u64,
+    ] {
+        h ^= v;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    (h ^ (h >> 32)) as u32
+}
+
 /// Socket-LB reverse key: which backend a socket was translated to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -396,6 +432,8 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::MaglevTable {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
