@@ -249,6 +249,7 @@ impl ServiceMapSync {
                     id
                 }
             };
+            // Every backend of a changed frontend was entered in `touched` in step 1.
             let slots: Vec<u32> = spec.backends.iter().map(|b| touched[&b.addr].id).collect();
             let old_slots = old.map(|o| o.slots.as_slice()).unwrap_or(&[]);
             for (i, id) in slots.iter().enumerate() {
@@ -327,12 +328,19 @@ impl ServiceMapSync {
             .filter_map(|(_, _, old)| *old)
             .chain(removed.iter().map(|(_, p)| *p))
             .flat_map(|p| p.backends.iter());
+        // (Every old reference and orphan is in `self.backends` by construction; a missing
+        // one has nothing left to remove.)
         for b in old_refs {
-            let e = touched.entry(b.addr).or_insert_with(|| self.backends[&b.addr]);
-            e.refs = e.refs.saturating_sub(1);
+            if let Some(e) = touched.get_mut(&b.addr) {
+                e.refs = e.refs.saturating_sub(1);
+            } else if let Some(e) = self.backends.get(&b.addr) {
+                touched.insert(b.addr, BackendEntry { refs: e.refs.saturating_sub(1), ..*e });
+            }
         }
         for addr in &self.orphans {
-            touched.entry(*addr).or_insert_with(|| self.backends[addr]);
+            if let (false, Some(e)) = (touched.contains_key(addr), self.backends.get(addr)) {
+                touched.insert(*addr, *e);
+            }
         }
         let gone: Vec<(BackendAddr, BackendEntry)> =
             touched.iter().filter(|(_, e)| e.refs == 0).map(|(a, e)| (*a, *e)).collect();
