@@ -4,11 +4,14 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{
+        Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, lpm_trie::Key,
+    },
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, drop_reason, svc_flags,
+    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason,
+    svc_flags,
 };
 
 /// Service frontends and their backend slots.
@@ -73,6 +76,23 @@ pub fn maglev_backend(rev_nat_id: u32, hash: u32) -> Result<(u32, Backend), u32>
     let id = unsafe { (*table).backend_ids[idx] };
     let backend = lookup_backend(id).ok_or(drop_reason::BACKEND_MISSING)?;
     Ok((id, backend))
+}
+
+/// loadBalancerSourceRanges of frontends.
+#[map(name = "SKIFF_SRC_RANGES")]
+pub static SOURCE_RANGES: LpmTrie<SourceRangeKey, u32> = LpmTrie::pinned(65_536, 0);
+
+/// Whether `saddr_be` may use the frontend (always, unless it has source ranges).
+#[inline(always)]
+pub fn source_allowed(frontend: &ServiceValue, saddr_be: u32) -> bool {
+    if frontend.flags & svc_flags::SOURCE_RANGES == 0 {
+        return true;
+    }
+    let key = Key::new(
+        64,
+        SourceRangeKey { rev_nat_id_be: frontend.rev_nat_id.to_be(), addr_be: saddr_be },
+    );
+    SOURCE_RANGES.get(key).is_some()
 }
 
 /// New-flow events for `skiff-proxy flows` (256 KiB).

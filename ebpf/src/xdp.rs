@@ -20,7 +20,7 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be},
+    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
     packet::{
         EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
         csum_replace4, parse, ptr_at,
@@ -88,6 +88,9 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
     };
     if flow.irregular != 0 {
         return Err(flow.irregular);
+    }
+    if !source_allowed(&frontend, flow.saddr_be) {
+        return Err(drop_reason::SOURCE_RANGE);
     }
     if frontend.count == 0 {
         count_drop(drop_reason::NO_BACKEND);

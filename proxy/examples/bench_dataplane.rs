@@ -52,6 +52,7 @@ fn desired(n: usize) -> DesiredState {
             service: format!("default/s{i}:http"),
             flags: svc_flags::CLUSTER_IP,
             affinity_timeout_s: 0,
+            source_ranges: Vec::new(),
             backends,
         };
         d.frontends.insert(Frontend { ip: vip(i), port: 80, proto: PROTO_TCP }, spec.clone());
@@ -182,6 +183,7 @@ fn main() -> Result<()> {
                 service: "default/identity:http".into(),
                 flags: svc_flags::CLUSTER_IP | svc_flags::EXTERNAL_IP,
                 affinity_timeout_s: 0,
+                source_ranges: Vec::new(),
                 backends: vec![BackendSpec {
                     addr: BackendAddr { ip: ident, port: 80, proto: PROTO_TCP },
                     terminating: false,

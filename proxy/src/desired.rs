@@ -49,6 +49,8 @@ pub struct FrontendSpec {
     pub flags: u16,
     /// sessionAffinity ClientIP timeout in seconds (with `svc_flags::AFFINITY`), else 0.
     pub affinity_timeout_s: u32,
+    /// loadBalancerSourceRanges (address, prefix length), sorted; empty = everyone.
+    pub source_ranges: Vec<(Ipv4Addr, u8)>,
     /// Backends, sorted and de-duplicated (stable slot order).
     pub backends: Vec<BackendSpec>,
 }
@@ -140,6 +142,18 @@ fn add_service(
             .unwrap_or(10_800)
     });
     let affinity_flag = if affinity_timeout_s.is_some() { svc_flags::AFFINITY } else { 0 };
+    let source_ranges: Vec<(Ipv4Addr, u8)> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .filter_map(|r| {
+            let (a, l) = r.trim().split_once('/').unwrap_or((r.trim(), "32"));
+            let len: u8 = l.parse().ok().filter(|l| *l <= 32)?;
+            Some((ipv4(a)?, len))
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let affinity_timeout_s = affinity_timeout_s.unwrap_or(0);
 
     let mut cluster_ips: BTreeSet<Ipv4Addr> = BTreeSet::new();
@@ -178,12 +192,20 @@ fn add_service(
         // flow (consistent across nodes and resilient to backend changes).
         let ext_flag = svc_flags::MAGLEV | if etp_local { svc_flags::ETP_LOCAL } else { 0 };
         let mut put = |ip: Ipv4Addr, port: u16, flags: u16, b: &Vec<BackendSpec>| {
+            // kube-proxy applies loadBalancerSourceRanges to the load balancer IPs.
+            let ranges = if flags & svc_flags::LOAD_BALANCER != 0 {
+                source_ranges.clone()
+            } else {
+                Vec::new()
+            };
+            let range_flag = if ranges.is_empty() { 0 } else { svc_flags::SOURCE_RANGES };
             out.frontends.insert(
                 Frontend { ip, port, proto },
                 FrontendSpec {
                     service: label.clone(),
-                    flags: flags | affinity_flag,
+                    flags: flags | affinity_flag | range_flag,
                     affinity_timeout_s,
+                    source_ranges: ranges,
                     backends: b.clone(),
                 },
             );
@@ -401,6 +423,7 @@ pub(crate) mod tests {
         spec.external_ips = Some(vec!["192.0.2.10".into()]);
         spec.external_traffic_policy = Some("Local".into());
         spec.health_check_node_port = Some(32000);
+        spec.load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into(), "bogus".into()]);
         svc.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
                 ingress: Some(vec![LoadBalancerIngress {
@@ -425,6 +448,10 @@ pub(crate) mod tests {
             assert_eq!(ips(s), ["10.0.1.1:8080"], "eTP Local keeps only local backends for {f:?}");
             assert_ne!(s.flags & svc_flags::ETP_LOCAL, 0);
         }
+        let lbf = &d.frontends[&fe("198.51.100.7", 80, PROTO_TCP)];
+        assert_eq!(lbf.source_ranges, [("203.0.113.0".parse().unwrap(), 24)]);
+        assert_ne!(lbf.flags & svc_flags::SOURCE_RANGES, 0);
+        assert!(d.frontends[&fe("0.0.0.0", 30080, PROTO_TCP)].source_ranges.is_empty());
         let hc = &d.health_checks[&32000];
         assert_eq!((hc.service.as_str(), hc.local_endpoints), ("default/web", 1));
     }

@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, MaglevTable, RevNat,
-    ServiceKey, ServiceValue, SockRevKey, drop_reason, map_names,
+    ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason, map_names,
 };
 
 /// Errors of map access.
@@ -50,6 +51,7 @@ pub struct ServiceMaps {
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     maglev: HashMap<MapData, u32, MaglevTable>,
+    source_ranges: LpmTrie<MapData, SourceRangeKey, u32>,
     drops: PerCpuArray<MapData, u64>,
     service_stats: PerCpuHashMap<MapData, u32, Counters>,
     backend_stats: PerCpuHashMap<MapData, u32, Counters>,
@@ -72,6 +74,7 @@ impl ServiceMaps {
             sock_rev: typed!(dir, map_names::SOCK_REV),
             affinity: typed!(dir, map_names::AFFINITY),
             maglev: typed!(dir, map_names::MAGLEV),
+            source_ranges: typed!(dir, map_names::SOURCE_RANGES),
             drops: typed!(dir, map_names::DROPS),
             service_stats: typed!(dir, map_names::SERVICE_STATS),
             backend_stats: typed!(dir, map_names::BACKEND_STATS),
@@ -116,6 +119,38 @@ impl ServiceMaps {
     /// Removes a frontend's Maglev table (absent is fine).
     pub fn remove_maglev(&mut self, rev_nat_id: u32) -> Result<()> {
         ignore_missing(self.maglev.remove(&rev_nat_id)).map_err(access(map_names::MAGLEV, "remove"))
+    }
+
+    fn range_key(rev_nat_id: u32, addr: std::net::Ipv4Addr, len: u8) -> LpmKey<SourceRangeKey> {
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len.min(32))) };
+        let addr_be = (u32::from(addr) & mask).to_be();
+        LpmKey::new(
+            32 + u32::from(len.min(32)),
+            SourceRangeKey { rev_nat_id_be: rev_nat_id.to_be(), addr_be },
+        )
+    }
+
+    /// Allows a source range for a frontend.
+    pub fn put_source_range(
+        &mut self,
+        rev_nat_id: u32,
+        addr: std::net::Ipv4Addr,
+        len: u8,
+    ) -> Result<()> {
+        self.source_ranges
+            .insert(&Self::range_key(rev_nat_id, addr, len), 1, 0)
+            .map_err(access(map_names::SOURCE_RANGES, "insert"))
+    }
+
+    /// Removes a source range of a frontend (absent is fine).
+    pub fn remove_source_range(
+        &mut self,
+        rev_nat_id: u32,
+        addr: std::net::Ipv4Addr,
+        len: u8,
+    ) -> Result<()> {
+        ignore_missing(self.source_ranges.remove(&Self::range_key(rev_nat_id, addr, len)))
+            .map_err(access(map_names::SOURCE_RANGES, "remove"))
     }
 
     /// All service slots.

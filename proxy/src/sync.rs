@@ -22,6 +22,9 @@ pub enum MapOp {
     /// A frontend's Maglev table (written before its slot 0 points traffic at it).
     PutMaglev(u32, Box<MaglevTable>),
     RemoveMaglev(u32),
+    /// A loadBalancerSourceRanges entry (rev-nat id, address, prefix length).
+    PutSourceRange(u32, Ipv4Addr, u8),
+    RemoveSourceRange(u32, Ipv4Addr, u8),
     RemoveService(ServiceKey),
     RemoveRevNat(u32),
     /// Conntrack purge of (rev-nat, backend) pairs and of whole backends.
@@ -39,6 +42,7 @@ struct Programmed {
     rev_nat_id: u32,
     flags: u16,
     affinity_timeout_s: u32,
+    source_ranges: Vec<(Ipv4Addr, u8)>,
     /// The backends it was programmed with (compared with the desired ones).
     backends: Vec<BackendSpec>,
     /// Backend id of slot i+1 (may be longer than `backends` after a resume).
@@ -200,6 +204,7 @@ impl ServiceMapSync {
                 Some(p)
                     if p.flags == spec.flags
                         && p.affinity_timeout_s == spec.affinity_timeout_s
+                        && p.source_ranges == spec.source_ranges
                         && p.backends == spec.backends => {}
                 old => changed.push((f, spec, old)),
             }
@@ -260,6 +265,10 @@ impl ServiceMapSync {
                     ));
                 }
             }
+            let old_ranges = old.map(|o| o.source_ranges.as_slice()).unwrap_or(&[]);
+            for (a, l) in spec.source_ranges.iter().filter(|r| !old_ranges.contains(r)) {
+                ops.push(MapOp::PutSourceRange(rev_nat_id, *a, *l));
+            }
             if spec.flags & svc_flags::MAGLEV != 0 {
                 let named: Vec<(String, u32)> = spec
                     .backends
@@ -292,6 +301,9 @@ impl ServiceMapSync {
             {
                 ops.push(MapOp::RemoveMaglev(rev_nat_id));
             }
+            for (a, l) in old_ranges.iter().filter(|r| !spec.source_ranges.contains(r)) {
+                ops.push(MapOp::RemoveSourceRange(rev_nat_id, *a, *l));
+            }
             let kept: BTreeSet<u32> = slots.iter().copied().collect();
             for id in old_slots.iter().filter(|id| **id != 0 && !kept.contains(id)) {
                 pairs_gone.push((rev_nat_id, *id));
@@ -300,6 +312,7 @@ impl ServiceMapSync {
                 rev_nat_id,
                 flags: spec.flags,
                 affinity_timeout_s: spec.affinity_timeout_s,
+                source_ranges: spec.source_ranges.clone(),
                 backends: spec.backends.clone(),
                 slots,
             };
@@ -314,6 +327,9 @@ impl ServiceMapSync {
             }
             if old.flags & svc_flags::MAGLEV != 0 {
                 ops.push(MapOp::RemoveMaglev(old.rev_nat_id));
+            }
+            for (a, l) in &old.source_ranges {
+                ops.push(MapOp::RemoveSourceRange(old.rev_nat_id, *a, *l));
             }
             ops.push(MapOp::RemoveRevNat(old.rev_nat_id));
             for id in old.slots.iter().filter(|id| **id != 0) {
@@ -402,6 +418,8 @@ impl ServiceMapSync {
                 MapOp::RemoveRevNat(id) => maps.remove_rev_nat(*id),
                 MapOp::PutMaglev(id, t) => maps.put_maglev(*id, t),
                 MapOp::RemoveMaglev(id) => maps.remove_maglev(*id),
+                MapOp::PutSourceRange(id, a, l) => maps.put_source_range(*id, *a, *l),
+                MapOp::RemoveSourceRange(id, a, l) => maps.remove_source_range(*id, *a, *l),
                 MapOp::PurgeFlows { pairs, backend_ids, removed } => {
                     maps.purge_flows(pairs, backend_ids, removed).map(|_| ())
                 }
@@ -447,6 +465,8 @@ mod tests {
                 MapOp::RemoveRevNat(id) => format!("-rev{id}"),
                 MapOp::PutMaglev(id, _) => format!("+maglev{id}"),
                 MapOp::RemoveMaglev(id) => format!("-maglev{id}"),
+                MapOp::PutSourceRange(id, a, l) => format!("+range{id}:{a}/{l}"),
+                MapOp::RemoveSourceRange(id, a, l) => format!("-range{id}:{a}/{l}"),
                 MapOp::PurgeFlows { pairs, backend_ids, .. } => {
                     format!("purge{pairs:?}{backend_ids:?}")
                 }

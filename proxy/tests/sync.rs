@@ -296,6 +296,7 @@ fn maglev_picks_the_same_backend_on_every_node() {
             service: "default/web:http".into(),
             flags: svc_flags::NODE_PORT | svc_flags::MAGLEV,
             affinity_timeout_s: 0,
+            source_ranges: Vec::new(),
             backends: backends.clone(),
         },
     );
@@ -354,4 +355,57 @@ fn maglev_picks_the_same_backend_on_every_node() {
     let h = flow_hash(be32(CLIENT), be32(NODE), 50000u16.to_be(), 30080u16.to_be(), PROTO_TCP);
     let id = t.backend_ids[h as usize % MAGLEV_M];
     assert_eq!(picks[0][0], Ipv4Addr::new(10, 0, 1, id as u8));
+}
+
+#[test]
+fn load_balancer_source_ranges_filter_external_clients() {
+    use skiff_ebpf_common::{PROTO_TCP, drop_reason, svc_flags};
+    use skiff_proxy::desired::{BackendAddr, BackendSpec, Frontend, FrontendSpec};
+    let lb = Ipv4Addr::new(198, 51, 100, 7);
+    let spec = |ranges: Vec<(Ipv4Addr, u8)>| {
+        let mut d = DesiredState::default();
+        let flags =
+            svc_flags::LOAD_BALANCER | if ranges.is_empty() { 0 } else { svc_flags::SOURCE_RANGES };
+        d.frontends.insert(
+            Frontend { ip: lb, port: 80, proto: PROTO_TCP },
+            FrontendSpec {
+                service: "default/web:http".into(),
+                flags,
+                affinity_timeout_s: 0,
+                source_ranges: ranges,
+                backends: vec![BackendSpec {
+                    addr: BackendAddr {
+                        ip: Ipv4Addr::new(10, 0, 1, 1),
+                        port: 8080,
+                        proto: PROTO_TCP,
+                    },
+                    terminating: false,
+                    local: true,
+                }],
+            },
+        );
+        d
+    };
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let mut state = ServiceMapSync::new();
+    state.sync(&mut maps, &spec(vec![(Ipv4Addr::new(10, 0, 0, 0), 24)])).unwrap();
+    let mut xdp = |src: Ipv4Addr| {
+        let pkt = Pkt::tcp(src, 40000, lb, 80).build();
+        let prog = dp.xdp_program().unwrap();
+        let mut out = vec![0u8; pkt.len() + 64];
+        prog.test_run(TestRunOptions {
+            data_in: Some(&pkt),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .unwrap()
+        .return_value
+    };
+    assert_eq!(xdp(Ipv4Addr::new(10, 0, 0, 2)), 2, "inside the range: passed to the backend");
+    assert_eq!(xdp(Ipv4Addr::new(10, 9, 0, 2)), 1, "outside the range: dropped");
+    assert_eq!(maps.drop_count(drop_reason::SOURCE_RANGE).unwrap(), 1);
+    state.sync(&mut maps, &spec(vec![])).unwrap();
+    assert_eq!(xdp(Ipv4Addr::new(10, 9, 0, 3)), 2, "ranges removed: everyone allowed");
 }

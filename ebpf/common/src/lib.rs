@@ -37,6 +37,8 @@ pub mod map_names {
     pub const FLOWS: &str = "SKIFF_FLOWS";
     /// `u32` rev-nat id → `MaglevTable`: consistent hashing for external frontends.
     pub const MAGLEV: &str = "SKIFF_MAGLEV";
+    /// LPM trie `SourceRangeKey` (prefix 32 + CIDR length) → `u32` 1: loadBalancerSourceRanges.
+    pub const SOURCE_RANGES: &str = "SKIFF_SRC_RANGES";
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
@@ -82,6 +84,8 @@ pub mod drop_reason {
     pub const NON_IPV4: u32 = 8;
     /// Not an IPv4 version-4 header (version field wrong).
     pub const BAD_VERSION: u32 = 9;
+    /// Source outside the frontend's loadBalancerSourceRanges.
+    pub const SOURCE_RANGE: u32 = 10;
     /// Number of reasons (size of the DROPS array).
     pub const COUNT: u32 = 16;
 
@@ -98,6 +102,7 @@ pub mod drop_reason {
             REWRITE_FAILED => "rewrite-failed",
             NON_IPV4 => "non-ipv4",
             BAD_VERSION => "bad-ip-version",
+            SOURCE_RANGE => "source-range",
             _ => "unknown",
         }
     }
@@ -120,6 +125,8 @@ pub mod svc_flags {
     /// Backends of external traffic chosen by the frontend's Maglev table (same choice on
     /// every node for a given flow).
     pub const MAGLEV: u16 = 1 << 6;
+    /// Only sources in the frontend's `SOURCE_RANGES` entries may use it.
+    pub const SOURCE_RANGES: u16 = 1 << 7;
 }
 
 /// `Backend::state` values.
@@ -339,6 +346,18 @@ pub struct FlowEvent {
 }
 const _: () = assert!(size_of::<FlowEvent>() == 40);
 
+/// Data of the source-range LPM key: the frontend (all 32 bits always matched) then the
+/// client address (matched to the CIDR length).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceRangeKey {
+    /// The frontend's rev-nat id, big-endian so the trie matches it bytewise.
+    pub rev_nat_id_be: u32,
+    /// Client address, network order.
+    pub addr_be: u32,
+}
+const _: () = assert!(size_of::<SourceRangeKey>() == 8);
+
 /// Size of a Maglev lookup table (prime; Maglev wants M >> backends: fine up to ~100).
 pub const MAGLEV_M: usize = 1021;
 
@@ -434,6 +453,8 @@ mod pod {
     unsafe impl aya::Pod for super::FlowEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::MaglevTable {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SourceRangeKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
