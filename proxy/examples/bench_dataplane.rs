@@ -1,7 +1,10 @@
-//! `cargo xtask bench dataplane` (part 1 and the map-programming part 3): ns/packet of the tc
+//! `cargo xtask bench dataplane`. Part 1 (+ map programming of part 3): ns/packet of the tc
 //! and XDP programs through BPF_PROG_TEST_RUN for a hit and a miss at 10, 1k, 10k and 30k
-//! services, and the time to program the maps (full sync, one service added). Runs as root;
-//! maps live in a bpffs mounted on a temp dir for the run.
+//! services, and the time to program the maps (full sync, one service added). Part 2: new
+//! TCP connections/s and connect p99 through a ClusterIP at 10, 1k, 10k services: skiff's
+//! socket LB vs kube-proxy-style iptables rules (target service last) vs a direct connection,
+//! each in fresh namespaces of the same run. Runs as root; maps live in a bpffs mounted on a
+//! temp dir; all traffic stays in namespaces the benchmark creates and deletes.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -115,6 +118,22 @@ fn measure(mut run: impl FnMut(&[u8], &mut [u8]) -> Result<Duration>, pkt: &[u8]
 }
 
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--client") {
+        return connect_client(&args[2..]);
+    }
+    // SKIFF_BENCH_PART=1 or 2 runs one part only.
+    let part = std::env::var("SKIFF_BENCH_PART").unwrap_or_default();
+    if part != "2" {
+        part1()?;
+    }
+    if part != "1" {
+        part2()?;
+    }
+    Ok(())
+}
+
+fn part1() -> Result<()> {
     let mut rows = Vec::new();
     for n in [10usize, 1_000, 10_000, 30_000] {
         let dir = tempfile::tempdir()?;
@@ -281,5 +300,299 @@ fn main() -> Result<()> {
         })
         .collect();
     std::fs::write(out_dir.join("dataplane.json"), format!("[{}]\n", json.join(",")))?;
+    Ok(())
+}
+
+// ---- part 2: new TCP connections/s and connect p99 through a ClusterIP --------------------
+
+const CONNS: usize = 2_000;
+const BACKEND: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 1);
+
+/// `--client IP PORT COUNT`: COUNT sequential connects; prints `conns_per_s p99_us`.
+fn connect_client(args: &[String]) -> Result<()> {
+    let ip: Ipv4Addr = args[0].parse()?;
+    let port: u16 = args[1].parse()?;
+    let count: usize = args[2].parse()?;
+    let mut lat = Vec::with_capacity(count);
+    let start = Instant::now();
+    for _ in 0..count {
+        let t = Instant::now();
+        let mut s = std::net::TcpStream::connect((ip, port))?;
+        lat.push(t.elapsed());
+        // The server closes first: no TIME_WAIT here, ports stay available.
+        let mut b = [0u8; 1];
+        let _ = std::io::Read::read(&mut s, &mut b);
+    }
+    let total = start.elapsed();
+    lat.sort_unstable();
+    let p99 = lat[(count * 99 / 100).min(count - 1)];
+    println!("{:.0} {:.1}", count as f64 / total.as_secs_f64(), p99.as_secs_f64() * 1e6);
+    Ok(())
+}
+
+struct Netns(String);
+impl Netns {
+    fn new(name: &str) -> Result<Self> {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        ensure!(
+            Command::new("ip").args(["netns", "add", name]).status()?.success(),
+            "ip netns add"
+        );
+        Ok(Self(name.into()))
+    }
+    fn path(&self) -> std::path::PathBuf {
+        std::path::Path::new("/run/netns").join(&self.0)
+    }
+    fn ip(&self, args: &[&str]) -> Result<()> {
+        ensure!(
+            Command::new("ip").arg("-n").arg(&self.0).args(args).status()?.success(),
+            "ip {args:?}"
+        );
+        Ok(())
+    }
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        use std::io::Write;
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", self.path().display()))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(input) = stdin {
+            child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        ensure!(out.status.success(), "{args:?} failed");
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+fn enter(path: &std::path::Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    // SAFETY: setns on a valid namespace fd, on a dedicated thread.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    ensure!(rc == 0, "setns: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// Runs the client (this binary with `--client`) in `ns`, optionally inside `cgroup`.
+fn run_client(
+    ns: &Netns,
+    cgroup: Option<&std::path::Path>,
+    ip: Ipv4Addr,
+    port: u16,
+) -> Result<(f64, f64)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let ns_file = std::fs::File::open(ns.path())?;
+    let ns_fd = ns_file.as_raw_fd();
+    let procs = cgroup
+        .map(|c| {
+            std::ffi::CString::new(c.join("cgroup.procs").as_os_str().as_encoded_bytes().to_vec())
+        })
+        .transpose()?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["--client", &ip.to_string(), &port.to_string(), &CONNS.to_string()]);
+    // SAFETY: only raw syscalls on values prepared before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(p) = &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
+            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output()?;
+    drop(ns_file);
+    ensure!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace().map(|v| v.parse::<f64>());
+    Ok((it.next().context("rate")??, it.next().context("p99")??))
+}
+
+/// kube-proxy-style rules: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* DNAT, target last.
+fn iptables_rules(n: usize) -> String {
+    let mut r = String::from("*nat\n:KUBE-SERVICES - [0:0]\n");
+    for i in 0..n {
+        r += &format!(":KUBE-SVC-{i} - [0:0]\n:KUBE-SEP-{i} - [0:0]\n");
+    }
+    r += "-A OUTPUT -j KUBE-SERVICES\n";
+    for i in 0..n {
+        r += &format!(
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-{i}\n",
+            vip(i)
+        );
+        r += &format!(
+            "-A KUBE-SVC-{i} -m statistic --mode random --probability 1.0 -j KUBE-SEP-{i}\n"
+        );
+        r += &format!("-A KUBE-SEP-{i} -p tcp -m tcp -j DNAT --to-destination {BACKEND}:8080\n");
+    }
+    r += "COMMIT\n";
+    r
+}
+
+/// A fresh client/backend namespace pair with an accept-and-close server: every
+/// measurement gets its own, so conntrack and TIME_WAIT state never leak between modes.
+struct ConnectRig {
+    client: Netns,
+    _backend: Netns,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    server: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl ConnectRig {
+    fn new(tag: &str) -> Result<Self> {
+        let client = Netns::new(&format!("skb-c-{tag}"))?;
+        let backend = Netns::new(&format!("skb-b-{tag}"))?;
+        client.ip(&[
+            "link", "add", "c0", "type", "veth", "peer", "name", "b0", "netns", &backend.0,
+        ])?;
+        client.ip(&["addr", "add", "10.202.0.2/24", "dev", "c0"])?;
+        client.ip(&["link", "set", "c0", "up"])?;
+        client.ip(&["link", "set", "lo", "up"])?;
+        // Service addresses route to the backend side (only reached untranslated by mistake).
+        client.ip(&["route", "add", "10.96.0.0/16", "via", "10.202.0.1"])?;
+        backend.ip(&["addr", "add", "10.202.0.1/24", "dev", "b0"])?;
+        backend.ip(&["link", "set", "b0", "up"])?;
+        backend.ip(&["link", "set", "lo", "up"])?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = backend.path();
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || -> Result<()> {
+            enter(&path)?;
+            let l = std::net::TcpListener::bind((BACKEND, 8080))?;
+            l.set_nonblocking(true)?;
+            tx.send(())?;
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((s, _)) => drop(s),
+                    Err(_) => std::thread::sleep(Duration::from_micros(20)),
+                }
+            }
+            Ok(())
+        });
+        rx.recv()?;
+        Ok(Self { client, _backend: backend, stop, server: Some(server) })
+    }
+}
+
+impl Drop for ConnectRig {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(s) = self.server.take() {
+            let _ = s.join();
+        }
+    }
+}
+
+fn part2() -> Result<()> {
+    let tag = std::process::id();
+    let cg_root = skiff_proxy::loader::cgroup2_root()?;
+    let cg = cg_root.join(format!("skiff-bench-{tag}"));
+    std::fs::create_dir_all(&cg)?;
+    let mut rows = Vec::new();
+    let result = (|| -> Result<()> {
+        for n in [10usize, 1_000, 10_000] {
+            let target = vip(n - 1);
+            let direct = {
+                let rig = ConnectRig::new(&format!("{tag}-{n}-d"))?;
+                run_client(&rig.client, None, BACKEND, 8080)?
+            };
+            let ipt = {
+                let rig = ConnectRig::new(&format!("{tag}-{n}-i"))?;
+                rig.client.run(&["iptables-restore"], Some(&iptables_rules(n)))?;
+                run_client(&rig.client, None, target, 80)?
+            };
+            let dir = tempfile::tempdir()?;
+            let st = Command::new("mount").args(["-t", "bpf", "bpf"]).arg(dir.path()).status()?;
+            ensure!(st.success(), "mount bpffs");
+            let bpffs = Bpffs(dir);
+            let pin = bpffs.0.path().join("skiff");
+            let mut dp = Dataplane::load(&pin, NODE)?;
+            let mut maps = ServiceMaps::open_pinned(&pin)?;
+            let mut d = DesiredState::default();
+            for i in 0..n {
+                d.frontends.insert(
+                    Frontend { ip: vip(i), port: 80, proto: PROTO_TCP },
+                    FrontendSpec {
+                        service: format!("default/s{i}:http"),
+                        flags: svc_flags::CLUSTER_IP,
+                        affinity_timeout_s: 0,
+                        source_ranges: Vec::new(),
+                        backends: vec![BackendSpec {
+                            addr: BackendAddr { ip: BACKEND, port: 8080, proto: PROTO_TCP },
+                            terminating: false,
+                            local: true,
+                        }],
+                    },
+                );
+            }
+            ServiceMapSync::new().sync(&mut maps, &d)?;
+            let att = dp.attach_sock_lb(&cg)?;
+            let skiff = {
+                let rig = ConnectRig::new(&format!("{tag}-{n}-s"))?;
+                run_client(&rig.client, Some(&cg), target, 80)?
+            };
+            drop(att);
+            drop(maps);
+            drop(dp);
+            rows.push((n, direct, ipt, skiff));
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir(&cg);
+    result?;
+    println!();
+    println!(
+        "part 2: new TCP connections/s and connect p99 through a ClusterIP ({CONNS} sequential connects; same run, same rig)"
+    );
+    println!(
+        "{:>9} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>13} {:>13}",
+        "services",
+        "direct c/s",
+        "iptables c/s",
+        "skiff c/s",
+        "dir p99",
+        "ipt p99",
+        "skf p99",
+        "iptables/dir",
+        "skiff/dir"
+    );
+    let mut json = Vec::new();
+    for (n, d, i, s) in &rows {
+        println!(
+            "{n:>9} {:>12.0} {:>12.0} {:>12.0} {:>7.0}us {:>7.0}us {:>7.0}us {:>12.2}x {:>12.2}x",
+            d.0,
+            i.0,
+            s.0,
+            d.1,
+            i.1,
+            s.1,
+            d.0 / i.0,
+            d.0 / s.0
+        );
+        json.push(format!(
+            "{{\"services\":{n},\"direct_cps\":{:.0},\"iptables_cps\":{:.0},\"skiff_cps\":{:.0},\"direct_p99_us\":{:.1},\"iptables_p99_us\":{:.1},\"skiff_p99_us\":{:.1}}}",
+            d.0, i.0, s.0, d.1, i.1, s.1
+        ));
+    }
+    println!("(ratios are slowdowns against the direct connection: 1.00x = the floor)");
+    let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(out_dir.join("dataplane-connect.json"), format!("[{}]\n", json.join(",")))?;
     Ok(())
 }
