@@ -1,5 +1,6 @@
-//! Rejecting a connection to a frontend without backends: the TCP segment is turned, in
-//! place, into a RST from the frontend back to the client (never a silent drop).
+//! Rejecting a connection to a frontend without backends, never a silent drop: a TCP segment
+//! is turned, in place, into a RST from the frontend back to the client; a UDP datagram into
+//! an ICMP port-unreachable quoting it.
 
 use skiff_ebpf_common::PROTO_TCP;
 
@@ -101,6 +102,52 @@ pub fn write_rst(p: &impl Packet, flow: &Flow, rst: &Rst) -> Result<(), u32> {
             t += *w as u32;
         }
         (*tcp).csum = !fold(t);
+    }
+    Ok(())
+}
+
+/// Ethernet + IPv4 + ICMP (8) + quoted IPv4 header (20) + quoted 8 bytes of L4.
+pub const ICMP_FRAME_LEN: usize = 14 + 20 + 8 + 20 + 8;
+/// Bytes to insert between Ethernet and the original IPv4 header for the ICMP reply.
+pub const ICMP_ROOM: usize = 28;
+
+/// Writes an ICMP port-unreachable into a buffer laid out as
+/// `[Ethernet 14][room 28][original IPv4 20][original L4 >= 8]` and trimmed to
+/// `ICMP_FRAME_LEN`: the new IPv4 and ICMP headers fill the room, the original headers
+/// stay as the quote.
+#[inline(always)]
+pub fn write_icmp_unreachable(p: &impl Packet, flow: &Flow) -> Result<(), u32> {
+    let eth: *mut EthHdr = ptr_at(p, 0)?;
+    let ip: *mut Ipv4Hdr = ptr_at(p, L3_OFF)?;
+    let icmp: *mut [u16; 4] = ptr_at(p, L3_OFF + 20)?;
+    let ip_words: *mut [u16; 10] = ptr_at(p, L3_OFF)?;
+    let icmp_words: *mut [u16; 18] = ptr_at(p, L3_OFF + 20)?;
+    // SAFETY: all pointers bounds-checked above.
+    unsafe {
+        core::mem::swap(&mut (*eth).dst, &mut (*eth).src);
+        (*eth).proto_be = 0x0800u16.to_be();
+        (*ip).version_ihl = 0x45;
+        (*ip).tos = 0;
+        (*ip).tot_len_be = ((ICMP_FRAME_LEN - 14) as u16).to_be();
+        (*ip).id_be = 0;
+        (*ip).frag_be = 0;
+        (*ip).ttl = 64;
+        (*ip).proto = 1;
+        (*ip).csum = 0;
+        (*ip).saddr_be = flow.daddr_be;
+        (*ip).daddr_be = flow.saddr_be;
+        // type 3 (destination unreachable), code 3 (port unreachable), checksum, unused.
+        (*icmp) = [u16::from_ne_bytes([3, 3]), 0, 0, 0];
+        let mut s: u32 = 0;
+        for w in (*ip_words).iter() {
+            s += *w as u32;
+        }
+        (*ip).csum = !fold(s);
+        let mut t: u32 = 0;
+        for w in (*icmp_words).iter() {
+            t += *w as u32;
+        }
+        (*icmp)[1] = !fold(t);
     }
     Ok(())
 }

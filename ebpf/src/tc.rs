@@ -6,8 +6,11 @@
 //! frontend gets its destination rewritten to a backend. Everything else passes untouched.
 
 use aya_ebpf::{
-    bindings::{BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_redirect, bpf_skb_change_tail},
+    bindings::{
+        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT,
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+    },
+    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail},
     macros::classifier,
     programs::TcContext,
 };
@@ -82,9 +85,12 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
     if flow.irregular != 0 {
         return Err(flow.irregular);
     }
-    if frontend.count == 0 && flow.proto == PROTO_TCP {
+    if frontend.count == 0 {
         count_drop(drop_reason::NO_BACKEND);
-        return reject_tcp(ctx, &flow, egress);
+        if flow.proto == PROTO_TCP {
+            return reject_tcp(ctx, &flow, egress);
+        }
+        return reject_udp(ctx, &flow, egress);
     }
     let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0, flow_path::TC)?;
     rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
@@ -147,6 +153,29 @@ fn reject_tcp(ctx: &TcContext, flow: &Flow, egress: bool) -> Result<i32, u32> {
     }
     ctx.pull_data(reject::RST_FRAME_LEN as u32).map_err(|_| drop_reason::REWRITE_FAILED)?;
     reject::write_rst(ctx, flow, &rst)?;
+    // SAFETY: reads a field of this program's own skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let flags = if egress { BPF_F_INGRESS as u64 } else { 0 };
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(ifindex, flags) } as i32)
+}
+
+/// Answers a UDP datagram to a backend-less frontend with an ICMP port-unreachable, sent
+/// back where it came from.
+#[inline(always)]
+fn reject_udp(ctx: &TcContext, flow: &Flow, egress: bool) -> Result<i32, u32> {
+    // Room between Ethernet and IPv4 for the new IPv4 + ICMP headers, then trim the quote.
+    // SAFETY: helpers on this program's own skb.
+    unsafe {
+        if bpf_skb_adjust_room(ctx.skb.skb, reject::ICMP_ROOM as i32, BPF_ADJ_ROOM_MAC, 0) != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+        if bpf_skb_change_tail(ctx.skb.skb, reject::ICMP_FRAME_LEN as u32, 0) != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+    }
+    ctx.pull_data(reject::ICMP_FRAME_LEN as u32).map_err(|_| drop_reason::REWRITE_FAILED)?;
+    reject::write_icmp_unreachable(ctx, flow)?;
     // SAFETY: reads a field of this program's own skb.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let flags = if egress { BPF_F_INGRESS as u64 } else { 0 };

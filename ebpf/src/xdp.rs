@@ -10,7 +10,9 @@ use core::mem::{size_of, zeroed};
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_tail},
+    helpers::{
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
+    },
     macros::xdp,
     programs::XdpContext,
 };
@@ -97,7 +99,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         if flow.proto == PROTO_TCP {
             return reject_tcp(ctx, &flow);
         }
-        return Ok(xdp_action::XDP_DROP);
+        return reject_udp(ctx, &flow);
     }
     let fwd = ct::forward(&flow, vip_be, &frontend, node_ip_be(), flow_path::XDP)?;
     rewrite(
@@ -232,5 +234,31 @@ fn reject_tcp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
         }
     }
     reject::write_rst(ctx, flow, &rst)?;
+    Ok(xdp_action::XDP_TX)
+}
+
+/// Answers a UDP datagram to a backend-less frontend with an ICMP port-unreachable (XDP_TX).
+#[inline(always)]
+fn reject_udp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
+    // Grow at the front, move Ethernet there: [eth][room 28][orig IPv4][orig UDP...].
+    // SAFETY: helper on this program's own context.
+    if unsafe { bpf_xdp_adjust_head(ctx.as_ptr() as *mut _, -(reject::ICMP_ROOM as i32)) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let new_eth: *mut [u8; 14] = ptr_at(ctx, 0)?;
+    let old_eth: *mut [u8; 14] = ptr_at(ctx, reject::ICMP_ROOM)?;
+    // SAFETY: both bounds-checked; non-overlapping (28 bytes apart, 14 long).
+    unsafe { *new_eth = *old_eth };
+    let len = ctx.data_end() - ctx.data();
+    if len > reject::ICMP_FRAME_LEN {
+        // SAFETY: helper on this program's own context; shrinking only.
+        let rc = unsafe {
+            bpf_xdp_adjust_tail(ctx.as_ptr() as *mut _, -((len - reject::ICMP_FRAME_LEN) as i32))
+        };
+        if rc != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+    }
+    reject::write_icmp_unreachable(ctx, flow)?;
     Ok(xdp_action::XDP_TX)
 }

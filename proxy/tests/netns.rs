@@ -31,6 +31,21 @@ fn services(maps: &mut ServiceMaps) {
     put_service(maps, EMPTY_VIP, 80, PROTO_UDP, CLUSTER_IP, 4, &[]);
 }
 
+/// Sends a datagram on a connected UDP socket and returns the error the receive gets.
+fn udp_refused(ns: &Netns, ip: Ipv4Addr, port: u16) -> std::io::ErrorKind {
+    in_netns(ns, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.connect(sockaddr(ip, port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.send(b"anyone?").unwrap();
+        let mut buf = [0u8; 64];
+        match s.recv(&mut buf) {
+            Ok(n) => panic!("unexpected reply of {n} bytes"),
+            Err(e) => e.kind(),
+        }
+    })
+}
+
 fn lines(out: &str) -> (String, String) {
     let peer = out.lines().find_map(|l| l.strip_prefix("peer ")).unwrap_or_default().to_string();
     let data = out.lines().find_map(|l| l.strip_prefix("data ")).unwrap_or_default().to_string();
@@ -182,6 +197,9 @@ fn clusterip_tcp_and_udp_through_tc() {
     });
     assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused));
     assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    // ... and a UDP datagram with an ICMP port unreachable (a connected socket sees it).
+    assert_eq!(udp_refused(&rig.client, EMPTY_VIP, 80), std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
 
     assert!(!maps.conntrack().unwrap().is_empty(), "per-packet path keeps conntrack");
     let stats = maps.service_stats().unwrap();
@@ -218,6 +236,7 @@ fn nodeport_through_xdp_to_local_and_remote_backends() {
         &[(2, BACKEND_IPS[1], BACKEND_PORT, false)],
     );
     put_service(&mut maps, any, 30082, PROTO_TCP, np, 3, &[]);
+    put_service(&mut maps, any, 30083, PROTO_UDP, np, 4, &[]);
     // XDP on the node's interfaces; the veth peers get it too so that frames redirected
     // into them are accepted (native XDP on veth). tc egress on n0 reverse-translates the
     // replies of the local backend.
@@ -280,6 +299,12 @@ fn nodeport_through_xdp_to_local_and_remote_backends() {
     // No endpoints: refused by a RST from XDP.
     assert_eq!(talk(30082, "x"), Err(std::io::ErrorKind::ConnectionRefused));
     assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    assert_eq!(
+        udp_refused(&rig.client, NODE_CLIENT_SIDE, 30083),
+        std::io::ErrorKind::ConnectionRefused,
+        "ICMP port unreachable from XDP"
+    );
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
     let stats = maps.service_stats().unwrap();
     for id in [1, 2] {
         let s = stats.iter().find(|(i, _)| *i == id).expect("counted");

@@ -171,7 +171,7 @@ fn tc_passes_traffic_that_is_not_for_a_service() {
 }
 
 #[test]
-fn tc_service_without_backends_rejects_tcp_with_rst_and_drops_udp() {
+fn tc_service_without_backends_rejects_tcp_with_rst_and_udp_with_icmp() {
     let mut r = rig();
     put_service(&mut r.maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 7, &[]);
     let mut syn = Pkt::tcp(CLIENT, 40000, VIP, 80);
@@ -187,7 +187,11 @@ fn tc_service_without_backends_rejects_tcp_with_rst_and_drops_udp() {
     assert_eq!(r.drops(drop_reason::NO_BACKEND), 1);
 
     put_service(&mut r.maps, VIP, 53, PROTO_UDP, CLUSTER_IP, 8, &[]);
-    assert_eq!(r.tc(&Pkt::udp(CLIENT, 5000, VIP, 53).build()).0, TC_ACT_SHOT);
+    let mut dgram = Pkt::udp(CLIENT, 5000, VIP, 53);
+    dgram.payload = vec![7; 100];
+    let (rc, out) = r.tc(&dgram.build());
+    assert_eq!(rc, TC_ACT_REDIRECT, "ICMP sent back out of the interface");
+    assert_icmp_port_unreachable(&out, VIP, CLIENT, 5000, 53);
     assert_eq!(r.drops(drop_reason::NO_BACKEND), 2);
 }
 
@@ -304,7 +308,7 @@ fn xdp_nodeport_without_backends_answers_tcp_with_rst() {
     assert_eq!(p.ack, 1000 + 10 + 1, "acks the SYN and its payload");
     assert_eq!(r.drops(drop_reason::NO_BACKEND), 1);
 
-    // UDP to a backend-less NodePort: dropped and counted.
+    // UDP to a backend-less NodePort: ICMP port unreachable, counted.
     put_service(
         &mut r.maps,
         Ipv4Addr::UNSPECIFIED,
@@ -314,7 +318,9 @@ fn xdp_nodeport_without_backends_answers_tcp_with_rst() {
         10,
         &[],
     );
-    assert_eq!(r.xdp(&Pkt::udp(CLIENT, 5000, NODE, 30053).build()).0, XDP_DROP);
+    let (rc, out) = r.xdp(&Pkt::udp(CLIENT, 5000, NODE, 30053).build());
+    assert_eq!(rc, XDP_TX, "ICMP port unreachable bounced back");
+    assert_icmp_port_unreachable(&out, NODE, CLIENT, 5000, 30053);
     assert_eq!(r.drops(drop_reason::NO_BACKEND), 2);
 }
 

@@ -276,3 +276,35 @@ pub fn pin_path(b: &BpffsDir) -> PathBuf {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Asserts `p` is an ICMP port-unreachable from `from` to `to` quoting a UDP datagram
+/// `to:sport → from:dport`, with valid IPv4 and ICMP checksums.
+pub fn assert_icmp_port_unreachable(
+    p: &[u8],
+    from: Ipv4Addr,
+    to: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+) {
+    assert_eq!(p.len(), 14 + 20 + 8 + 20 + 8, "ICMP frame length");
+    assert_eq!(&p[12..14], &[8, 0], "IPv4 ethertype");
+    let ip = &p[14..34];
+    assert_eq!(checksum(ip, 0), 0, "outer IPv4 checksum");
+    assert_eq!(ip[9], 1, "ICMP");
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 56, "outer total length");
+    assert_eq!(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]), from);
+    assert_eq!(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]), to);
+    let icmp = &p[34..];
+    assert_eq!((icmp[0], icmp[1]), (3, 3), "destination/port unreachable");
+    assert_eq!(checksum(icmp, 0), 0, "ICMP checksum");
+    let quoted = &icmp[8..28];
+    assert_eq!(Ipv4Addr::new(quoted[12], quoted[13], quoted[14], quoted[15]), to, "quoted source");
+    assert_eq!(
+        Ipv4Addr::new(quoted[16], quoted[17], quoted[18], quoted[19]),
+        from,
+        "quoted destination"
+    );
+    let l4 = &icmp[28..36];
+    assert_eq!(u16::from_be_bytes([l4[0], l4[1]]), sport);
+    assert_eq!(u16::from_be_bytes([l4[2], l4[3]]), dport);
+}
