@@ -108,6 +108,22 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
     }
     assert_eq!(sticky.len(), 1, "affinity keeps the client on one backend: {sticky:?}");
 
+    // Hairpin: a backend reaching its own service lands on a backend (itself included)
+    // through the socket LB, with no NAT to undo.
+    let mut hairpin = BTreeSet::new();
+    for i in 0..8 {
+        let out = run_client_in(
+            &rig.backend,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.10", "80", &format!("h{i}")],
+        );
+        let (peer, data) = lines(&out);
+        assert_eq!(peer, "10.96.0.10 80", "{out}");
+        hairpin.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert!(hairpin.contains("10.201.1.2") || hairpin.contains("10.201.1.3"), "{hairpin:?}");
+
     // No endpoints: connect() and sendto() are refused at once, counted.
     let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.11", "80", "x"]);
     assert_eq!(out.trim(), "refused");
@@ -119,7 +135,7 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
     assert!(maps.conntrack().unwrap().is_empty());
     let stats = maps.service_stats().unwrap();
     let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
-    assert_eq!(tcp.1.new_conns, 12);
+    assert_eq!(tcp.1.new_conns, 12 + 8, "client and hairpin connections");
 }
 
 #[test]
