@@ -1,9 +1,10 @@
 //! tc per-packet service NAT: DNAT of client packets to a backend with conntrack, and
 //! reverse NAT of backend replies, for traffic the socket hooks did not translate.
 //!
-//! One program serves both directions (attach it on ingress and egress): a packet matching a
-//! REPLY conntrack entry gets its source restored to the frontend; a packet addressed to a
-//! frontend gets its destination rewritten to a backend. Everything else passes untouched.
+//! One program serves both directions (attach it on ingress and egress): a packet addressed
+//! to a frontend gets its destination rewritten to a backend; otherwise a packet matching a
+//! REPLY conntrack entry gets its source restored to the frontend. Everything else passes
+//! untouched.
 
 use aya_ebpf::{
     bindings::{
@@ -71,15 +72,15 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         }
         Parsed::NoPorts => return Ok(ACT_OK),
     };
-    if let Some(reply) = ct::lookup_reply(&flow) {
-        if flow.irregular != 0 {
-            return Err(flow.irregular);
-        }
-        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
-        count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
-        return Ok(ACT_OK);
-    }
+    // Frontend first: forward packets (the common case) then need no reply lookup.
     let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) else {
+        if let Some(reply) = ct::lookup_reply(&flow) {
+            if flow.irregular != 0 {
+                return Err(flow.irregular);
+            }
+            rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+            count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
+        }
         return Ok(ACT_OK);
     };
     if flow.irregular != 0 {
