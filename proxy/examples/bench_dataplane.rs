@@ -27,7 +27,15 @@ const ENDPOINTS: usize = 10;
 struct Bpffs(tempfile::TempDir);
 impl Drop for Bpffs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
+        // A busy mount (programs still being released) gets retried, then lazily detached:
+        // the temp dir must never stay mounted.
+        for _ in 0..10 {
+            if Command::new("umount").arg(self.0.path()).status().is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
     }
 }
 

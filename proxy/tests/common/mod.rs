@@ -40,7 +40,15 @@ impl BpffsDir {
 
 impl Drop for BpffsDir {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
+        // A busy mount (programs still being released) gets retried, then lazily detached:
+        // the temp dir must never stay mounted.
+        for _ in 0..10 {
+            if Command::new("umount").arg(self.dir.path()).status().is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
     }
 }
 
