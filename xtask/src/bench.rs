@@ -12,7 +12,16 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
     match name {
         "apiserver" => apiserver(root),
         "cni" => crate::cni::bench(root),
-        other => bail!("unknown benchmark {other:?} (known: apiserver, cni)"),
+        // proxy/examples/bench_dataplane.rs: BPF_PROG_TEST_RUN ns/packet and map programming.
+        "dataplane" => run(cargo().current_dir(root).args([
+            "run",
+            "--release",
+            "-p",
+            "skiff-proxy",
+            "--example",
+            "bench_dataplane",
+        ])),
+        other => bail!("unknown benchmark {other:?} (known: apiserver, cni, dataplane)"),
     }
 }
 

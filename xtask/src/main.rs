@@ -5,6 +5,7 @@
 
 mod bench;
 mod cni;
+mod ebpf;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +40,15 @@ enum Cmd {
     },
     /// Run the whole test suite (Rust, real kubectl, Python client).
     Test,
+    /// Build the eBPF object (ebpf/ for bpfel-unknown-none) and print its path.
+    BuildEbpf {
+        /// Optimised release profile (the dev profile is optimised too; see xtask/src/ebpf.rs).
+        #[arg(long)]
+        release: bool,
+        /// First install llvm-22-dev, zlib1g-dev, rust-src and bpf-linker 0.13.0.
+        #[arg(long)]
+        install: bool,
+    },
     /// Run a benchmark and print its figures (JSON under target/bench/).
     Bench { name: String },
 }
@@ -51,6 +61,14 @@ fn main() -> Result<()> {
         Cmd::Up { data_dir, listen } => up(&root, &data_dir, &listen),
         Cmd::Down { data_dir } => down(&data_dir),
         Cmd::Test => test(&root),
+        Cmd::BuildEbpf { release, install } => {
+            if install {
+                ebpf::ensure_toolchain()?;
+            }
+            let obj = ebpf::build_ebpf(&root, release)?;
+            println!("{}", obj.display());
+            Ok(())
+        }
         Cmd::Bench { name } => bench::run_bench(&root, &name),
     }
 }

@@ -28,6 +28,8 @@ const PIP_PACKAGES: &[&str] = &["kubernetes==33.1.0", "pytest"];
 
 pub fn all(root: &Path) -> Result<()> {
     apt(APT_PACKAGES)?;
+    // llvm-22-dev, zlib1g-dev, rust-src and bpf-linker 0.13 for the eBPF build.
+    crate::ebpf::ensure_toolchain()?;
     python_venv(root)?;
     Ok(())
 }

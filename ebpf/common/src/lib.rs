@@ -1,2 +1,462 @@
 //! Map keys and values shared by the eBPF programs (`ebpf/`) and the proxy (`proxy/`).
+//!
+//! Every type is `#[repr(C)]`, `Copy`, with explicit `_pad` fields and its size asserted, so
+//! the kernel side and the user side agree byte for byte. Byte order is named in the field:
+//! `*_be` fields hold network byte order exactly as they appear in packets and in
+//! `bpf_sock_addr`; everything else is host order.
 #![no_std]
+
+use core::mem::size_of;
+
+/// IP protocol numbers used as `proto` in keys.
+pub const PROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const PROTO_UDP: u8 = 17;
+
+/// Names of the maps in the object, shared so the loader and the programs cannot drift.
+pub mod map_names {
+    /// `ServiceKey` → `ServiceValue` (slot 0 = frontend, slots 1..=count = backends).
+    pub const SERVICES: &str = "SKIFF_SERVICES";
+    /// `u32` backend id → `Backend`.
+    pub const BACKENDS: &str = "SKIFF_BACKENDS";
+    /// `u32` rev-nat id → `RevNat` (the frontend a backend reply must appear to come from).
+    pub const REV_NAT: &str = "SKIFF_REV_NAT";
+    /// `CtKey` → `CtValue`, LRU: per-packet NAT connection tracking (tc and XDP paths).
+    pub const CONNTRACK: &str = "SKIFF_CT";
+    /// `SockRevKey` → `RevNat`, LRU: socket-LB reverse translation for recvmsg/getpeername.
+    pub const SOCK_REV: &str = "SKIFF_SOCK_REV";
+    /// Per-CPU array indexed by `drop_reason::*` of `u64` counts.
+    pub const DROPS: &str = "SKIFF_DROPS";
+    /// Per-CPU hash `u32` rev-nat id → `Counters` (per service frontend).
+    pub const SERVICE_STATS: &str = "SKIFF_SVC_STATS";
+    /// Per-CPU hash `u32` backend id → `Counters`.
+    pub const BACKEND_STATS: &str = "SKIFF_BE_STATS";
+    /// Array of one `Config`.
+    pub const CONFIG: &str = "SKIFF_CONFIG";
+    /// Ring buffer of `FlowEvent`s, one per new connection / flow.
+    pub const FLOWS: &str = "SKIFF_FLOWS";
+    /// `u32` rev-nat id → `MaglevTable`: consistent hashing for external frontends.
+    pub const MAGLEV: &str = "SKIFF_MAGLEV";
+    /// LPM trie `SourceRangeKey` (prefix 32 + CIDR length) → `u32` 1: loadBalancerSourceRanges.
+    pub const SOURCE_RANGES: &str = "SKIFF_SRC_RANGES";
+    /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
+    pub const AFFINITY: &str = "SKIFF_AFFINITY";
+}
+
+/// Program names in the object (the Rust function names of the entry points).
+pub mod prog_names {
+    /// cgroup/connect4: socket-LB at connect() time (TCP and connected UDP).
+    pub const CONNECT4: &str = "skiff_connect4";
+    /// cgroup/sendmsg4: socket-LB for unconnected UDP sends.
+    pub const SENDMSG4: &str = "skiff_sendmsg4";
+    /// cgroup/recvmsg4: reverse translation of UDP reply sources.
+    pub const RECVMSG4: &str = "skiff_recvmsg4";
+    /// cgroup/getpeername4: the VIP, not the backend, as the peer.
+    pub const GETPEERNAME4: &str = "skiff_getpeername4";
+    /// tc ingress: per-packet DNAT of client packets to a backend and reverse NAT of replies
+    /// (one program does both directions; a reject goes back out of the interface).
+    pub const TC_INGRESS: &str = "skiff_tc_ingress";
+    /// tc egress: the same, with rejects delivered up the local stack.
+    pub const TC_EGRESS: &str = "skiff_tc_egress";
+    /// XDP: NodePort / ExternalIP / LoadBalancer ingress on node-facing interfaces.
+    pub const XDP_NODEPORT: &str = "skiff_xdp_nodeport";
+}
+
+/// Why a packet or a connect() was refused. Indices into the `DROPS` per-CPU array.
+pub mod drop_reason {
+    /// Packet shorter than the headers it claims (Ethernet, IPv4, TCP/UDP).
+    pub const TRUNCATED: u32 = 0;
+    /// IPv4 header with options (IHL != 5): not handled by the fast path.
+    pub const IP_OPTIONS: u32 = 1;
+    /// IPv4 fragment addressed to a service (ports not in every fragment).
+    pub const FRAGMENT: u32 = 2;
+    /// IPv4 total length inconsistent with the buffer or the header length.
+    pub const BAD_LENGTH: u32 = 3;
+    /// The service exists but has no backend: rejected (RST/ICMP/ECONNREFUSED).
+    pub const NO_BACKEND: u32 = 4;
+    /// The service points at a backend id missing from the backend map.
+    pub const BACKEND_MISSING: u32 = 5;
+    /// Conntrack insert failed.
+    pub const CT_FULL: u32 = 6;
+    /// A checksum or header rewrite helper failed.
+    pub const REWRITE_FAILED: u32 = 7;
+    /// Not IPv4 on a path that only carries IPv4 service traffic (counted, passed).
+    pub const NON_IPV4: u32 = 8;
+    /// Not an IPv4 version-4 header (version field wrong).
+    pub const BAD_VERSION: u32 = 9;
+    /// Source outside the frontend's loadBalancerSourceRanges.
+    pub const SOURCE_RANGE: u32 = 10;
+    /// Number of reasons (size of the DROPS array).
+    pub const COUNT: u32 = 16;
+
+    /// Human name of a reason for `skiff-proxy maps stats`.
+    pub fn name(reason: u32) -> &'static str {
+        match reason {
+            TRUNCATED => "truncated",
+            IP_OPTIONS => "ip-options",
+            FRAGMENT => "fragment",
+            BAD_LENGTH => "bad-length",
+            NO_BACKEND => "no-backend",
+            BACKEND_MISSING => "backend-missing",
+            CT_FULL => "conntrack-full",
+            REWRITE_FAILED => "rewrite-failed",
+            NON_IPV4 => "non-ipv4",
+            BAD_VERSION => "bad-ip-version",
+            SOURCE_RANGE => "source-range",
+            _ => "unknown",
+        }
+    }
+}
+
+/// `ServiceValue::flags` bits.
+pub mod svc_flags {
+    /// A ClusterIP frontend (socket LB and tc path).
+    pub const CLUSTER_IP: u16 = 1 << 0;
+    /// A NodePort frontend (key `vip_be` = 0: any node address).
+    pub const NODE_PORT: u16 = 1 << 1;
+    /// An ExternalIP frontend.
+    pub const EXTERNAL_IP: u16 = 1 << 2;
+    /// A LoadBalancer ingress IP frontend.
+    pub const LOAD_BALANCER: u16 = 1 << 3;
+    /// externalTrafficPolicy: Local (only local backends in the slots).
+    pub const ETP_LOCAL: u16 = 1 << 4;
+    /// sessionAffinity: ClientIP; slot 0's `backend_id` holds the timeout in seconds.
+    pub const AFFINITY: u16 = 1 << 5;
+    /// Backends of external traffic chosen by the frontend's Maglev table (same choice on
+    /// every node for a given flow).
+    pub const MAGLEV: u16 = 1 << 6;
+    /// Only sources in the frontend's `SOURCE_RANGES` entries may use it.
+    pub const SOURCE_RANGES: u16 = 1 << 7;
+}
+
+/// `Backend::state` values.
+pub mod backend_state {
+    /// Ready endpoint.
+    pub const ACTIVE: u8 = 0;
+    /// Terminating endpoint used because no ready one exists.
+    pub const TERMINATING: u8 = 1;
+}
+
+/// `Backend::flags` bits.
+pub mod backend_flags {
+    /// The backend runs on this node (XDP delivers locally instead of forwarding).
+    pub const LOCAL: u8 = 1 << 0;
+}
+
+/// Service map key (after Cilium `lb4_key`). Slot 0 is the frontend; slots `1..=count`
+/// name the backends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// Frontend address (ClusterIP, ExternalIP, LB IP; 0 for NodePort), network order.
+    pub vip_be: u32,
+    /// Frontend port, network order.
+    pub port_be: u16,
+    /// Backend slot: 0 = frontend, 1..=count = backend.
+    pub slot: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// Reserved for scopes (external/internal traffic policy); 0 today.
+    pub scope: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<ServiceKey>() == 12);
+
+impl ServiceKey {
+    /// Key of `slot` for a frontend.
+    pub const fn new(vip_be: u32, port_be: u16, proto: u8, slot: u16) -> Self {
+        Self { vip_be, port_be, slot, proto, scope: 0, _pad: [0; 2] }
+    }
+}
+
+/// Service map value. For slot 0: `count` backends, `rev_nat_id`, `flags`. For slot N:
+/// `backend_id` of the N-th backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceValue {
+    /// Backend id (slots >= 1); in slot 0 the affinity timeout in seconds (with `AFFINITY`).
+    pub backend_id: u32,
+    /// Number of backend slots (slot 0 only).
+    pub count: u16,
+    /// `svc_flags::*` (slot 0 only).
+    pub flags: u16,
+    /// Reverse-NAT id of this frontend (all slots, so a slot alone identifies it).
+    pub rev_nat_id: u32,
+}
+const _: () = assert!(size_of::<ServiceValue>() == 12);
+
+/// Backend map value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Backend {
+    /// Backend (pod) address, network order.
+    pub ip_be: u32,
+    /// Backend (target) port, network order.
+    pub port_be: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// `backend_state::*`.
+    pub state: u8,
+    /// `backend_flags::*`.
+    pub flags: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<Backend>() == 12);
+
+/// Reverse-NAT value: the frontend a backend's reply must appear to come from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RevNat {
+    /// Frontend address, network order.
+    pub vip_be: u32,
+    /// Frontend port, network order.
+    pub port_be: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<RevNat>() == 8);
+
+/// `CtKey::dir` values.
+pub mod ct_dir {
+    /// Client → frontend (value: chosen backend).
+    pub const FORWARD: u8 = 0;
+    /// Backend → client (value: frontend to restore as the source).
+    pub const REPLY: u8 = 1;
+}
+
+/// Conntrack key: the tuple as seen on the wire in the given direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    /// Source address, network order.
+    pub saddr_be: u32,
+    /// Destination address, network order.
+    pub daddr_be: u32,
+    /// Source port, network order.
+    pub sport_be: u16,
+    /// Destination port, network order.
+    pub dport_be: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// `ct_dir::*`.
+    pub dir: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<CtKey>() == 16);
+
+/// `CtValue::flags` bits.
+pub mod ct_flags {
+    /// The forward path also rewrote the source to the node address (remote NodePort).
+    pub const SNAT: u16 = 1 << 0;
+}
+
+/// Conntrack value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtValue {
+    /// Chosen backend (both directions, so the proxy can purge flows of a removed backend).
+    pub backend_id: u32,
+    /// Frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// FORWARD: backend address; REPLY: frontend address to restore. Network order.
+    pub nat_addr_be: u32,
+    /// FORWARD: backend port; REPLY: frontend port to restore. Network order.
+    pub nat_port_be: u16,
+    /// `ct_flags::*`.
+    pub flags: u16,
+    /// The original client address (restored as the destination of SNATed replies).
+    pub client_addr_be: u32,
+    /// The original client port, network order.
+    pub client_port_be: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+    /// Last packet seen, `bpf_ktime_get_ns`.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(size_of::<CtValue>() == 32);
+
+/// Session-affinity key: a client (IPv4 address on the packet paths; network-namespace
+/// cookie on the socket path, where the source address is not known yet) and a frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    /// Client address (network order, zero-extended) or netns cookie.
+    pub client_id: u64,
+    /// The frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 16);
+
+/// Session-affinity value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityValue {
+    /// The backend this client sticks to.
+    pub backend_id: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+    /// Last use, `bpf_ktime_get_ns`.
+    pub last_used_ns: u64,
+}
+const _: () = assert!(size_of::<AffinityValue>() == 16);
+
+/// `FlowEvent::path` values: which program translated the flow.
+pub mod flow_path {
+    /// cgroup connect4/sendmsg4 (socket LB; the client address is not known yet: 0).
+    pub const SOCKET: u8 = 1;
+    /// tc per-packet path.
+    pub const TC: u8 = 2;
+    /// XDP NodePort/ExternalIP path.
+    pub const XDP: u8 = 3;
+}
+
+/// A new flow, sent on the `FLOWS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns` at translation.
+    pub ts_ns: u64,
+    /// Client address (0 on the socket path), network order.
+    pub client_addr_be: u32,
+    /// Frontend address, network order.
+    pub frontend_addr_be: u32,
+    /// Chosen backend address, network order.
+    pub backend_addr_be: u32,
+    /// Frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// Chosen backend id.
+    pub backend_id: u32,
+    /// Client port (0 on the socket path), network order.
+    pub client_port_be: u16,
+    /// Frontend port, network order.
+    pub frontend_port_be: u16,
+    /// Backend port, network order.
+    pub backend_port_be: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// `flow_path::*`.
+    pub path: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<FlowEvent>() == 40);
+
+/// Data of the source-range LPM key: the frontend (all 32 bits always matched) then the
+/// client address (matched to the CIDR length).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceRangeKey {
+    /// The frontend's rev-nat id, big-endian so the trie matches it bytewise.
+    pub rev_nat_id_be: u32,
+    /// Client address, network order.
+    pub addr_be: u32,
+}
+const _: () = assert!(size_of::<SourceRangeKey>() == 8);
+
+/// Size of a Maglev lookup table (prime; Maglev wants M >> backends: fine up to ~100).
+pub const MAGLEV_M: usize = 1021;
+
+/// A frontend's Maglev lookup table: entry i is the backend id for flow hashes h % M == i.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MaglevTable {
+    /// Backend ids.
+    pub backend_ids: [u32; MAGLEV_M],
+    /// Explicit padding to a multiple of 8 bytes, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<MaglevTable>() == 4088);
+
+/// The flow hash Maglev indexes with; shared so user space can predict the choice.
+#[inline(always)]
+pub fn flow_hash(saddr_be: u32, daddr_be: u32, sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for v in [
+        saddr_be as u64,
+        daddr_be as u64,
+        ((sport_be as u64) << 16) | dport_be as u64,
+        proto as u64,
+    ] {
+        h ^= v;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    (h ^ (h >> 32)) as u32
+}
+
+/// Socket-LB reverse key: which backend a socket was translated to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockRevKey {
+    /// Socket cookie (`bpf_get_socket_cookie`).
+    pub cookie: u64,
+    /// Backend address, network order.
+    pub backend_ip_be: u32,
+    /// Backend port, network order.
+    pub backend_port_be: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevKey>() == 16);
+
+/// Per-service and per-backend counters (per CPU; user space sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Counters {
+    /// Packets translated (tc/XDP) or sends translated (socket LB).
+    pub packets: u64,
+    /// Bytes of those packets.
+    pub bytes: u64,
+    /// New connections (connect()s or new conntrack entries).
+    pub new_conns: u64,
+}
+const _: () = assert!(size_of::<Counters>() == 24);
+
+/// Data-plane configuration (array map of one entry, written by the proxy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// This node's address used for NodePort and as the SNAT source, network order.
+    pub node_ip_be: u32,
+    /// Non-zero: emit debug logs (reserved).
+    pub debug: u32,
+}
+const _: () = assert!(size_of::<Config>() == 8);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type below is #[repr(C)], Copy, has explicit padding (no implicit holes,
+    // checked by the size asserts) and is valid for any bit pattern.
+    unsafe impl aya::Pod for super::ServiceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ServiceValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Backend {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RevNat {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CtKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CtValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SockRevKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Counters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::MaglevTable {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SourceRangeKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityValue {}
+}

@@ -1,0 +1,144 @@
+//! Connection tracking for the per-packet paths: a FORWARD entry pins a client flow to its
+//! backend, a REPLY entry tells the reverse path which frontend (and client) to restore.
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use skiff_ebpf_common::{
+    Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
+    flow_hash,
+};
+
+use crate::{
+    maps::{CONNTRACK, emit_flow, select_backend},
+    packet::Flow,
+};
+
+/// The key of `flow` as seen on the wire in direction `dir`.
+#[inline(always)]
+pub fn key(flow: &Flow, dir: u8) -> CtKey {
+    CtKey {
+        saddr_be: flow.saddr_be,
+        daddr_be: flow.daddr_be,
+        sport_be: flow.sport_be,
+        dport_be: flow.dport_be,
+        proto: flow.proto,
+        dir,
+        _pad: [0; 2],
+    }
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The REPLY entry matching `flow`, refreshed, if any.
+#[inline(always)]
+pub fn lookup_reply(flow: &Flow) -> Option<CtValue> {
+    let ptr = CONNTRACK.get_ptr_mut(key(flow, ct_dir::REPLY))?;
+    // SAFETY: LRU value pointer from the map; last_seen is advisory, races are harmless.
+    unsafe {
+        (*ptr).last_seen_ns = now();
+        Some(*ptr)
+    }
+}
+
+/// Where a forward packet goes: the backend and whether this packet opened the flow.
+pub struct Forward {
+    pub backend_id: u32,
+    pub backend: Backend,
+    pub new_conn: bool,
+    /// Non-zero: also rewrite the source to this address (remote NodePort backend).
+    pub snat_addr_be: u32,
+}
+
+/// Finds the flow's backend in conntrack (if it still exists) or selects one and records
+/// the FORWARD and REPLY entries. `frontend_vip_be` is the frontend's key address (0 for
+/// NodePort). With `snat_addr_be` != 0, flows to backends not on this
+/// node are SNATed to it (their replies are then addressed to that address).
+#[inline(always)]
+pub fn forward(
+    flow: &Flow,
+    frontend_vip_be: u32,
+    frontend: &ServiceValue,
+    snat_addr_be: u32,
+    path: u8,
+) -> Result<Forward, u32> {
+    let fkey = key(flow, ct_dir::FORWARD);
+    if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
+        // SAFETY: LRU value pointer from the map, read and refreshed at once.
+        let v = unsafe {
+            (*ptr).last_seen_ns = now();
+            *ptr
+        };
+        // The entry carries the backend's address: the proxy purges entries of removed
+        // backends, so no backend lookup is needed on the established-flow path.
+        let backend = Backend {
+            ip_be: v.nat_addr_be,
+            port_be: v.nat_port_be,
+            proto: flow.proto,
+            ..Backend::default()
+        };
+        let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
+        return Ok(Forward { backend_id: v.backend_id, backend, new_conn: false, snat_addr_be });
+    }
+    let (backend_id, backend) = select_backend(
+        frontend_vip_be,
+        flow.dport_be,
+        flow.proto,
+        frontend,
+        flow.saddr_be as u64,
+        flow_hash(flow.saddr_be, flow.daddr_be, flow.sport_be, flow.dport_be, flow.proto),
+    )?;
+    let snat_addr_be = if backend.flags & backend_flags::LOCAL == 0 { snat_addr_be } else { 0 };
+    let t = now();
+    let fwd = CtValue {
+        backend_id,
+        rev_nat_id: frontend.rev_nat_id,
+        nat_addr_be: backend.ip_be,
+        nat_port_be: backend.port_be,
+        flags: if snat_addr_be != 0 { ct_flags::SNAT } else { 0 },
+        client_addr_be: flow.saddr_be,
+        client_port_be: flow.sport_be,
+        _pad: 0,
+        last_seen_ns: t,
+    };
+    CONNTRACK.insert(fkey, fwd, 0).map_err(|_| drop_reason::CT_FULL)?;
+    let reply_daddr = if snat_addr_be != 0 { snat_addr_be } else { flow.saddr_be };
+    let rkey = CtKey {
+        saddr_be: backend.ip_be,
+        daddr_be: reply_daddr,
+        sport_be: backend.port_be,
+        dport_be: flow.sport_be,
+        proto: flow.proto,
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    };
+    let rev = CtValue {
+        backend_id,
+        rev_nat_id: frontend.rev_nat_id,
+        nat_addr_be: flow.daddr_be,
+        nat_port_be: flow.dport_be,
+        flags: fwd.flags,
+        client_addr_be: flow.saddr_be,
+        client_port_be: flow.sport_be,
+        _pad: 0,
+        last_seen_ns: t,
+    };
+    CONNTRACK.insert(rkey, rev, 0).map_err(|_| drop_reason::CT_FULL)?;
+    emit_flow(FlowEvent {
+        ts_ns: t,
+        client_addr_be: flow.saddr_be,
+        frontend_addr_be: flow.daddr_be,
+        backend_addr_be: backend.ip_be,
+        rev_nat_id: frontend.rev_nat_id,
+        backend_id,
+        client_port_be: flow.sport_be,
+        frontend_port_be: flow.dport_be,
+        backend_port_be: backend.port_be,
+        proto: flow.proto,
+        path,
+        _pad: 0,
+    });
+    Ok(Forward { backend_id, backend, new_conn: true, snat_addr_be })
+}

@@ -1,0 +1,214 @@
+//! The maps every program shares, pinned by name (the loader gives the pin directory) so a
+//! restarted proxy reuses them; plus the counter helpers that write to them.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{
+        Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, lpm_trie::Key,
+    },
+};
+use skiff_ebpf_common::{
+    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
+    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason,
+    svc_flags,
+};
+
+/// Service frontends and their backend slots.
+#[map(name = "SKIFF_SERVICES")]
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+/// Backends by id.
+#[map(name = "SKIFF_BACKENDS")]
+pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+/// Frontend of each rev-nat id.
+#[map(name = "SKIFF_REV_NAT")]
+pub static REV_NAT: HashMap<u32, RevNat> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Per-packet NAT connection tracking.
+#[map(name = "SKIFF_CT")]
+pub static CONNTRACK: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65_536, 0);
+
+/// Socket-LB reverse translation (socket cookie + backend → frontend).
+#[map(name = "SKIFF_SOCK_REV")]
+pub static SOCK_REV: LruHashMap<SockRevKey, RevNat> = LruHashMap::pinned(65_536, 0);
+
+/// Drops by reason.
+#[map(name = "SKIFF_DROPS")]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(drop_reason::COUNT, 0);
+
+/// Per-service counters keyed by rev-nat id.
+#[map(name = "SKIFF_SVC_STATS")]
+pub static SERVICE_STATS: PerCpuHashMap<u32, Counters> =
+    PerCpuHashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Per-backend counters keyed by backend id.
+#[map(name = "SKIFF_BE_STATS")]
+pub static BACKEND_STATS: PerCpuHashMap<u32, Counters> =
+    PerCpuHashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+/// Node configuration (one entry).
+#[map(name = "SKIFF_CONFIG")]
+pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+/// sessionAffinity ClientIP: client → backend per frontend.
+#[map(name = "SKIFF_AFFINITY")]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
+
+/// Maglev tables of external frontends, by rev-nat id.
+#[map(name = "SKIFF_MAGLEV")]
+pub static MAGLEV: HashMap<u32, MaglevTable> = HashMap::pinned(16_384, BPF_F_NO_PREALLOC);
+
+/// The backend the frontend's Maglev table assigns to flow hash `hash`.
+#[inline(always)]
+pub fn maglev_backend(rev_nat_id: u32, hash: u32) -> Result<(u32, Backend), u32> {
+    let table = MAGLEV.get_ptr(rev_nat_id).ok_or(drop_reason::BACKEND_MISSING)?;
+    let idx = (hash % MAGLEV_M as u32) as usize;
+    // LLVM knows idx < M and would drop the check the verifier needs: hide the value.
+    // SAFETY: volatile read of a local.
+    let idx = unsafe { core::ptr::read_volatile(&idx) };
+    if idx >= MAGLEV_M {
+        return Err(drop_reason::BACKEND_MISSING);
+    }
+    // SAFETY: map value pointer, idx < MAGLEV_M checked just above.
+    let id = unsafe { (*table).backend_ids[idx] };
+    let backend = lookup_backend(id).ok_or(drop_reason::BACKEND_MISSING)?;
+    Ok((id, backend))
+}
+
+/// loadBalancerSourceRanges of frontends.
+#[map(name = "SKIFF_SRC_RANGES")]
+pub static SOURCE_RANGES: LpmTrie<SourceRangeKey, u32> = LpmTrie::pinned(65_536, 0);
+
+/// Whether `saddr_be` may use the frontend (always, unless it has source ranges).
+#[inline(always)]
+pub fn source_allowed(frontend: &ServiceValue, saddr_be: u32) -> bool {
+    if frontend.flags & svc_flags::SOURCE_RANGES == 0 {
+        return true;
+    }
+    let key = Key::new(
+        64,
+        SourceRangeKey { rev_nat_id_be: frontend.rev_nat_id.to_be(), addr_be: saddr_be },
+    );
+    SOURCE_RANGES.get(key).is_some()
+}
+
+/// New-flow events for `skiff-proxy flows` (256 KiB).
+#[map(name = "SKIFF_FLOWS")]
+pub static FLOWS: RingBuf = RingBuf::pinned(256 * 1024, 0);
+
+/// Emits a new-flow event; a full ring buffer loses the event, never the packet.
+#[inline(always)]
+pub fn emit_flow(ev: FlowEvent) {
+    let _ = FLOWS.output::<FlowEvent>(&ev, 0);
+}
+
+/// Counts one drop of `reason` (per CPU, no atomics needed).
+#[inline(always)]
+pub fn count_drop(reason: u32) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Adds one packet of `bytes` (and a new connection if `new_conn`) to both counters.
+#[inline(always)]
+pub fn count_traffic(rev_nat_id: u32, backend_id: u32, bytes: u64, new_conn: bool) {
+    bump(&SERVICE_STATS, rev_nat_id, bytes, new_conn);
+    bump(&BACKEND_STATS, backend_id, bytes, new_conn);
+}
+
+#[inline(always)]
+fn bump(map: &PerCpuHashMap<u32, Counters>, key: u32, bytes: u64, new_conn: bool) {
+    let add = Counters { packets: 1, bytes, new_conns: new_conn as u64 };
+    match map.get_ptr_mut(key) {
+        Some(c) => {
+            // SAFETY: per-CPU value, only this CPU writes it while the program runs.
+            unsafe {
+                (*c).packets += add.packets;
+                (*c).bytes += add.bytes;
+                (*c).new_conns += add.new_conns;
+            }
+        }
+        None => {
+            let _ = map.insert(key, add, 0);
+        }
+    }
+}
+
+/// This node's address (network order), 0 when unset.
+#[inline(always)]
+pub fn node_ip_be() -> u32 {
+    CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Looks up the frontend (slot 0) of `vip:port/proto`.
+#[inline(always)]
+pub fn lookup_frontend(vip_be: u32, port_be: u16, proto: u8) -> Option<ServiceValue> {
+    // SAFETY: the value is copied out at once; a concurrent update can at worst give a stale
+    // frontend, which the slot lookup below tolerates (missing slot = BACKEND_MISSING).
+    unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, 0)).copied() }
+}
+
+/// Picks a backend of a frontend with `count > 0` and returns `(id, backend)`: the client's
+/// previous one under sessionAffinity (within the timeout), else the Maglev choice for
+/// `flow_hash` (external frontends), else a random one.
+#[inline(always)]
+pub fn select_backend(
+    vip_be: u32,
+    port_be: u16,
+    proto: u8,
+    frontend: &ServiceValue,
+    client_id: u64,
+    flow_hash: u32,
+) -> Result<(u32, Backend), u32> {
+    if frontend.count == 0 {
+        return Err(drop_reason::NO_BACKEND);
+    }
+    let affinity = frontend.flags & svc_flags::AFFINITY != 0;
+    let akey = AffinityKey { client_id, rev_nat_id: frontend.rev_nat_id, _pad: 0 };
+    // SAFETY: helper without arguments.
+    let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+    if affinity {
+        // SAFETY: copied out at once.
+        if let Some(a) = unsafe { AFFINITY.get(akey).copied() } {
+            let timeout_ns = frontend.backend_id as u64 * 1_000_000_000;
+            if now.saturating_sub(a.last_used_ns) < timeout_ns
+                && let Some(b) = lookup_backend(a.backend_id)
+            {
+                let v = AffinityValue { backend_id: a.backend_id, _pad: 0, last_used_ns: now };
+                let _ = AFFINITY.insert(akey, v, 0);
+                return Ok((a.backend_id, b));
+            }
+        }
+    }
+    let (backend_id, backend) = if frontend.flags & svc_flags::MAGLEV != 0 {
+        maglev_backend(frontend.rev_nat_id, flow_hash)?
+    } else {
+        // SAFETY: helper without pointer arguments.
+        let rnd = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+        let slot = (rnd % frontend.count as u32) as u16 + 1;
+        // SAFETY: copied out at once, see lookup_frontend.
+        let slot_val =
+            unsafe { SERVICES.get(ServiceKey::new(vip_be, port_be, proto, slot)).copied() }
+                .ok_or(drop_reason::BACKEND_MISSING)?;
+        let backend = lookup_backend(slot_val.backend_id).ok_or(drop_reason::BACKEND_MISSING)?;
+        (slot_val.backend_id, backend)
+    };
+    if affinity {
+        let v = AffinityValue { backend_id, _pad: 0, last_used_ns: now };
+        // An LRU map: losing an entry only loses stickiness for one client.
+        let _ = AFFINITY.insert(akey, v, 0);
+    }
+    Ok((backend_id, backend))
+}
+
+/// Looks up a backend by id.
+#[inline(always)]
+pub fn lookup_backend(id: u32) -> Option<Backend> {
+    // SAFETY: copied out at once.
+    unsafe { BACKENDS.get(id).copied() }
+}

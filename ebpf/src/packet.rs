@@ -1,0 +1,223 @@
+//! Packet access and parsing shared by the tc and XDP programs: bounds-checked `ptr_at`,
+//! Ethernet/IPv4/TCP/UDP parsing into a `Flow`, and incremental checksum arithmetic.
+
+use core::mem::size_of;
+
+use aya_ebpf::programs::{TcContext, XdpContext};
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
+
+/// Ethernet header length.
+pub const ETH_LEN: usize = 14;
+/// Offset of the IPv4 header (right after Ethernet).
+pub const L3_OFF: usize = ETH_LEN;
+/// Offset of the IPv4 header checksum.
+pub const IP_CSUM_OFF: usize = L3_OFF + 10;
+/// Offset of the IPv4 source address.
+pub const IP_SRC_OFF: usize = L3_OFF + 12;
+/// Offset of the IPv4 destination address.
+pub const IP_DST_OFF: usize = L3_OFF + 16;
+const ETH_P_IP: u16 = 0x0800;
+
+/// Ethernet header.
+#[repr(C)]
+pub struct EthHdr {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub proto_be: u16,
+}
+
+/// IPv4 header without options.
+#[repr(C)]
+pub struct Ipv4Hdr {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub tot_len_be: u16,
+    pub id_be: u16,
+    pub frag_be: u16,
+    pub ttl: u8,
+    pub proto: u8,
+    pub csum: u16,
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+}
+
+/// The first four bytes of TCP and UDP.
+#[repr(C)]
+pub struct Ports {
+    pub sport_be: u16,
+    pub dport_be: u16,
+}
+
+/// A packet buffer with direct access (tc or XDP).
+pub trait Packet {
+    /// First byte of the directly accessible (linear) data.
+    fn start(&self) -> usize;
+    /// End of the directly accessible data.
+    fn end(&self) -> usize;
+    /// Length of the whole packet on the wire (for tc, including non-linear parts).
+    fn wire_len(&self) -> usize;
+}
+
+impl Packet for TcContext {
+    #[inline(always)]
+    fn start(&self) -> usize {
+        self.data()
+    }
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.data_end()
+    }
+    #[inline(always)]
+    fn wire_len(&self) -> usize {
+        self.len() as usize
+    }
+}
+
+impl Packet for XdpContext {
+    #[inline(always)]
+    fn start(&self) -> usize {
+        self.data()
+    }
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.data_end()
+    }
+    #[inline(always)]
+    fn wire_len(&self) -> usize {
+        self.data_end() - self.data()
+    }
+}
+
+/// A pointer to a `T` at `off`, or `TRUNCATED` when the packet is too short.
+#[inline(always)]
+pub fn ptr_at<T>(p: &impl Packet, off: usize) -> Result<*mut T, u32> {
+    let start = p.start();
+    if start + off + size_of::<T>() > p.end() {
+        return Err(drop_reason::TRUNCATED);
+    }
+    Ok((start + off) as *mut T)
+}
+
+/// A TCP or UDP IPv4 flow as parsed from a packet.
+#[derive(Clone, Copy)]
+pub struct Flow {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// Offset of the L4 header.
+    pub l4_off: usize,
+    /// Offset of the L4 checksum.
+    pub csum_off: usize,
+    /// 0, or the drop reason to apply if this packet turns out to be service traffic
+    /// (IP options, first fragment): such packets are never translated.
+    pub irregular: u32,
+    /// IPv4 total length.
+    pub ip_len: u16,
+}
+
+/// What the parser found.
+pub enum Parsed {
+    /// Not an IPv4 frame (ARP, IPv6): passed untouched, counted.
+    NotIpv4,
+    /// IPv4 but no ports to translate (other protocols, non-first fragments).
+    NoPorts,
+    /// A TCP/UDP flow.
+    Flow(Flow),
+}
+
+/// Parses Ethernet + IPv4 + the L4 ports; malformed headers are errors (drop reasons).
+#[inline(always)]
+pub fn parse(p: &impl Packet) -> Result<Parsed, u32> {
+    let eth: *mut EthHdr = ptr_at(p, 0)?;
+    // SAFETY: ptr_at checked the bounds.
+    if u16::from_be(unsafe { (*eth).proto_be }) != ETH_P_IP {
+        return Ok(Parsed::NotIpv4);
+    }
+    let ip: *mut Ipv4Hdr = ptr_at(p, L3_OFF)?;
+    // SAFETY: ptr_at checked the bounds.
+    let (vihl, tot_len, frag, proto, saddr_be, daddr_be) = unsafe {
+        (
+            (*ip).version_ihl,
+            u16::from_be((*ip).tot_len_be),
+            u16::from_be((*ip).frag_be),
+            (*ip).proto,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    if vihl >> 4 != 4 {
+        return Err(drop_reason::BAD_VERSION);
+    }
+    let ihl = ((vihl & 0x0f) as usize) * 4;
+    if ihl < size_of::<Ipv4Hdr>() {
+        return Err(drop_reason::BAD_LENGTH);
+    }
+    let wire_len = p.wire_len().saturating_sub(L3_OFF);
+    if (tot_len as usize) < ihl || tot_len as usize > wire_len {
+        return Err(drop_reason::BAD_LENGTH);
+    }
+    let (l4_len, csum_in_l4) = match proto {
+        PROTO_TCP => (20usize, 16usize),
+        PROTO_UDP => (8usize, 6usize),
+        _ => return Ok(Parsed::NoPorts),
+    };
+    if frag & 0x1fff != 0 {
+        return Ok(Parsed::NoPorts);
+    }
+    let mut irregular = 0;
+    if frag & 0x2000 != 0 {
+        irregular = drop_reason::FRAGMENT;
+    }
+    if ihl != size_of::<Ipv4Hdr>() {
+        irregular = drop_reason::IP_OPTIONS;
+    }
+    let l4_off = L3_OFF + ihl;
+    if (tot_len as usize) < ihl + l4_len {
+        return Err(drop_reason::BAD_LENGTH);
+    }
+    // The whole fixed L4 header must be present (ports and checksum).
+    let _: *mut [u8; 8] = ptr_at(p, l4_off)?;
+    if proto == PROTO_TCP {
+        let _: *mut [u8; 20] = ptr_at(p, l4_off)?;
+    }
+    let ports: *mut Ports = ptr_at(p, l4_off)?;
+    // SAFETY: ptr_at checked the bounds.
+    let (sport_be, dport_be) = unsafe { ((*ports).sport_be, (*ports).dport_be) };
+    Ok(Parsed::Flow(Flow {
+        saddr_be,
+        daddr_be,
+        sport_be,
+        dport_be,
+        proto,
+        l4_off,
+        csum_off: l4_off + csum_in_l4,
+        irregular,
+        ip_len: tot_len,
+    }))
+}
+
+#[inline(always)]
+fn fold(mut s: u32) -> u16 {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+/// RFC 1624 incremental update of a checksum for a 32-bit field change. All values are the
+/// raw memory representation (network order read as native), consistently.
+#[inline(always)]
+pub fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
+    let mut s = (!csum) as u32;
+    s += (!old & 0xffff) + (!old >> 16);
+    s += (new & 0xffff) + (new >> 16);
+    !fold(s)
+}
+
+/// RFC 1624 incremental update for a 16-bit field change.
+#[inline(always)]
+pub fn csum_replace2(csum: u16, old: u16, new: u16) -> u16 {
+    let s = (!csum) as u32 + (!old) as u32 + new as u32;
+    !fold(s)
+}

@@ -1,0 +1,185 @@
+//! tc per-packet service NAT: DNAT of client packets to a backend with conntrack, and
+//! reverse NAT of backend replies, for traffic the socket hooks did not translate.
+//!
+//! One program serves both directions (attach it on ingress and egress): a packet addressed
+//! to a frontend gets its destination rewritten to a backend; otherwise a packet matching a
+//! REPLY conntrack entry gets its source restored to the frontend. Everything else passes
+//! untouched.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT,
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+    },
+    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail},
+    macros::classifier,
+    programs::TcContext,
+};
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason, flow_path};
+
+use crate::{
+    ct,
+    maps::{count_drop, count_traffic, lookup_frontend},
+    packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
+    reject,
+};
+
+// The bindings' integer type for these differs between targets.
+#[allow(clippy::unnecessary_cast)]
+const ACT_OK: i32 = TC_ACT_OK as i32;
+#[allow(clippy::unnecessary_cast)]
+const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
+
+/// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
+const MAX_HEADERS: usize = 94;
+
+/// tc entry point for ingress hooks.
+#[classifier]
+pub fn skiff_tc_ingress(ctx: TcContext) -> i32 {
+    entry(&ctx, false)
+}
+
+/// tc entry point for egress hooks (differs only in where a reject is sent).
+#[classifier]
+pub fn skiff_tc_egress(ctx: TcContext) -> i32 {
+    entry(&ctx, true)
+}
+
+#[inline(always)]
+fn entry(ctx: &TcContext, egress: bool) -> i32 {
+    match try_tc(ctx, egress) {
+        Ok(verdict) => verdict,
+        Err(reason) => {
+            count_drop(reason);
+            ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
+    // Headers may sit partly in non-linear fragments: pull the most they can span
+    // (Ethernet + IPv4 with options + TCP) into the linear area first.
+    let want = (ctx.len() as usize).min(MAX_HEADERS);
+    if ctx.data_end() - ctx.data() < want {
+        ctx.pull_data(want as u32).map_err(|_| drop_reason::TRUNCATED)?;
+    }
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::NotIpv4 => {
+            count_drop(drop_reason::NON_IPV4);
+            return Ok(ACT_OK);
+        }
+        Parsed::NoPorts => return Ok(ACT_OK),
+    };
+    // Frontend first: forward packets (the common case) then need no reply lookup.
+    let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) else {
+        if let Some(reply) = ct::lookup_reply(&flow) {
+            if flow.irregular != 0 {
+                return Err(flow.irregular);
+            }
+            rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+            count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
+        }
+        return Ok(ACT_OK);
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    if frontend.count == 0 {
+        count_drop(drop_reason::NO_BACKEND);
+        if flow.proto == PROTO_TCP {
+            return reject_tcp(ctx, &flow, egress);
+        }
+        return reject_udp(ctx, &flow, egress);
+    }
+    let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0, flow_path::TC)?;
+    rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
+    count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    Ok(ACT_OK)
+}
+
+/// Which end of the flow a rewrite changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Src,
+    Dst,
+}
+
+/// Rewrites the address and port of one end, fixing the IPv4 and L4 checksums with the
+/// kernel helpers (which also handle CHECKSUM_PARTIAL skbs).
+#[inline(always)]
+fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow,
+    field: Field,
+    new_addr_be: u32,
+    new_port_be: u16,
+) -> Result<(), u32> {
+    let (addr_off, old_addr, port_off, old_port) = match field {
+        Field::Src => (IP_SRC_OFF, flow.saddr_be, flow.l4_off, flow.sport_be),
+        Field::Dst => (IP_DST_OFF, flow.daddr_be, flow.l4_off + 2, flow.dport_be),
+    };
+    let l4_flags = if flow.proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let fail = |_| drop_reason::REWRITE_FAILED;
+    if old_addr != new_addr_be {
+        ctx.l4_csum_replace(
+            flow.csum_off,
+            old_addr as u64,
+            new_addr_be as u64,
+            BPF_F_PSEUDO_HDR as u64 | l4_flags | 4,
+        )
+        .map_err(fail)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, new_addr_be as u64, 4).map_err(fail)?;
+        ctx.store(addr_off, &new_addr_be, 0).map_err(fail)?;
+    }
+    if old_port != new_port_be {
+        ctx.l4_csum_replace(flow.csum_off, old_port as u64, new_port_be as u64, l4_flags | 2)
+            .map_err(fail)?;
+        ctx.store(port_off, &new_port_be, 0).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Answers a TCP segment to a backend-less frontend with a RST, sent back where the segment
+/// came from: out of the interface on ingress, up the stack on egress.
+#[inline(always)]
+fn reject_tcp(ctx: &TcContext, flow: &Flow, egress: bool) -> Result<i32, u32> {
+    let Some(rst) = reject::rst_numbers(ctx, flow)? else {
+        return Ok(ACT_SHOT);
+    };
+    // SAFETY: helper on this program's own skb.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, reject::RST_FRAME_LEN as u32, 0) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    ctx.pull_data(reject::RST_FRAME_LEN as u32).map_err(|_| drop_reason::REWRITE_FAILED)?;
+    reject::write_rst(ctx, flow, &rst)?;
+    // SAFETY: reads a field of this program's own skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let flags = if egress { BPF_F_INGRESS as u64 } else { 0 };
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(ifindex, flags) } as i32)
+}
+
+/// Answers a UDP datagram to a backend-less frontend with an ICMP port-unreachable, sent
+/// back where it came from.
+#[inline(always)]
+fn reject_udp(ctx: &TcContext, flow: &Flow, egress: bool) -> Result<i32, u32> {
+    // Room between Ethernet and IPv4 for the new IPv4 + ICMP headers, then trim the quote.
+    // SAFETY: helpers on this program's own skb.
+    unsafe {
+        if bpf_skb_adjust_room(ctx.skb.skb, reject::ICMP_ROOM as i32, BPF_ADJ_ROOM_MAC, 0) != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+        if bpf_skb_change_tail(ctx.skb.skb, reject::ICMP_FRAME_LEN as u32, 0) != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+    }
+    ctx.pull_data(reject::ICMP_FRAME_LEN as u32).map_err(|_| drop_reason::REWRITE_FAILED)?;
+    reject::write_icmp_unreachable(ctx, flow)?;
+    // SAFETY: reads a field of this program's own skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let flags = if egress { BPF_F_INGRESS as u64 } else { 0 };
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(ifindex, flags) } as i32)
+}

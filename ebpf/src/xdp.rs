@@ -1,0 +1,264 @@
+//! XDP on node-facing interfaces: NodePort, ExternalIP and LoadBalancer-ingress frontends
+//! are DNATed to a backend. A local backend is delivered through the stack (XDP_PASS; its
+//! replies are reverse-translated by the tc program on the way out); a remote backend also
+//! gets its source rewritten to the node address (SNAT) and is forwarded, and its replies,
+//! arriving here, are translated back and returned to the client. A TCP connection to a
+//! frontend without backends is answered with a RST (XDP_TX), never black-holed.
+
+use core::mem::{size_of, zeroed};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
+    helpers::{
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
+    },
+    macros::xdp,
+    programs::XdpContext,
+};
+use skiff_ebpf_common::{
+    PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, flow_path, svc_flags,
+};
+
+use crate::{
+    ct,
+    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
+    packet::{
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, parse, ptr_at,
+    },
+    reject,
+};
+
+const AF_INET: u8 = 2;
+
+/// XDP entry point.
+#[xdp]
+pub fn skiff_xdp_nodeport(ctx: XdpContext) -> u32 {
+    match try_xdp(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            count_drop(reason);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+#[inline(always)]
+fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::NotIpv4 => {
+            count_drop(drop_reason::NON_IPV4);
+            return Ok(xdp_action::XDP_PASS);
+        }
+        Parsed::NoPorts => return Ok(xdp_action::XDP_PASS),
+    };
+    // A reply of a remote backend to a SNATed NodePort flow.
+    if let Some(reply) = ct::lookup_reply(&flow) {
+        if reply.flags & ct_flags::SNAT == 0 {
+            return Ok(xdp_action::XDP_PASS);
+        }
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        rewrite(
+            ctx,
+            &flow,
+            IP_SRC_OFF,
+            flow.saddr_be,
+            reply.nat_addr_be,
+            0,
+            flow.sport_be,
+            reply.nat_port_be,
+        )?;
+        rewrite(
+            ctx,
+            &flow,
+            IP_DST_OFF,
+            flow.daddr_be,
+            reply.client_addr_be,
+            2,
+            flow.dport_be,
+            reply.client_port_be,
+        )?;
+        count_traffic(reply.rev_nat_id, reply.backend_id, packet_len(ctx), false);
+        return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
+    }
+    let Some((vip_be, frontend)) = external_frontend(&flow) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    if !source_allowed(&frontend, flow.saddr_be) {
+        return Err(drop_reason::SOURCE_RANGE);
+    }
+    if frontend.count == 0 {
+        count_drop(drop_reason::NO_BACKEND);
+        if flow.proto == PROTO_TCP {
+            return reject_tcp(ctx, &flow);
+        }
+        return reject_udp(ctx, &flow);
+    }
+    let fwd = ct::forward(&flow, vip_be, &frontend, node_ip_be(), flow_path::XDP)?;
+    rewrite(
+        ctx,
+        &flow,
+        IP_DST_OFF,
+        flow.daddr_be,
+        fwd.backend.ip_be,
+        2,
+        flow.dport_be,
+        fwd.backend.port_be,
+    )?;
+    count_traffic(frontend.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
+    if fwd.snat_addr_be == 0 {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let node_ip = fwd.snat_addr_be;
+    rewrite(ctx, &flow, IP_SRC_OFF, flow.saddr_be, node_ip, 0, flow.sport_be, flow.sport_be)?;
+    forward_out(ctx, fwd.backend.ip_be, node_ip)
+}
+
+#[inline(always)]
+fn packet_len(ctx: &XdpContext) -> u64 {
+    (ctx.data_end() - ctx.data()) as u64
+}
+
+/// The frontend an external packet addresses: an ExternalIP/LB IP by address, or a NodePort
+/// on this node's address; with the frontend's key address.
+#[inline(always)]
+fn external_frontend(flow: &Flow) -> Option<(u32, ServiceValue)> {
+    const EXTERNAL: u16 = svc_flags::EXTERNAL_IP | svc_flags::LOAD_BALANCER;
+    if let Some(f) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto)
+        && f.flags & EXTERNAL != 0
+    {
+        return Some((flow.daddr_be, f));
+    }
+    let node_ip = node_ip_be();
+    if node_ip != 0
+        && flow.daddr_be == node_ip
+        && let Some(f) = lookup_frontend(0, flow.dport_be, flow.proto)
+        && f.flags & svc_flags::NODE_PORT != 0
+    {
+        return Some((0, f));
+    }
+    None
+}
+
+/// Rewrites one address (at `addr_off`) and its port (at L4 + `port_in_l4`), updating the
+/// IPv4 and L4 checksums incrementally (a zero UDP checksum stays "none").
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rewrite(
+    ctx: &XdpContext,
+    flow: &Flow,
+    addr_off: usize,
+    old_addr: u32,
+    new_addr: u32,
+    port_in_l4: usize,
+    old_port: u16,
+    new_port: u16,
+) -> Result<(), u32> {
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    let addr: *mut u32 = ptr_at(ctx, addr_off)?;
+    let port: *mut u16 = ptr_at(ctx, flow.l4_off + port_in_l4)?;
+    let l4_csum: *mut u16 = ptr_at(ctx, flow.csum_off)?;
+    // SAFETY: all four pointers were bounds-checked by ptr_at just above.
+    unsafe {
+        (*ip).csum = csum_replace4((*ip).csum, old_addr, new_addr);
+        *addr = new_addr;
+        *port = new_port;
+        let c = *l4_csum;
+        if !(flow.proto == PROTO_UDP && c == 0) {
+            let mut c = csum_replace4(c, old_addr, new_addr);
+            c = csum_replace2(c, old_port, new_port);
+            if flow.proto == PROTO_UDP && c == 0 {
+                c = 0xffff;
+            }
+            *l4_csum = c;
+        }
+    }
+    Ok(())
+}
+
+/// Sends the rewritten packet towards `daddr_be` through the FIB (new MACs, redirect);
+/// falls back to the stack when the FIB cannot resolve the next hop yet.
+#[inline(always)]
+fn forward_out(ctx: &XdpContext, daddr_be: u32, saddr_be: u32) -> Result<u32, u32> {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = saddr_be;
+    params.__bindgen_anon_4.ipv4_dst = daddr_be;
+    // SAFETY: ctx is a live xdp_md; ingress_ifindex reads its field.
+    params.ifindex = ctx.ingress_ifindex() as u32;
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
+}
+
+/// Answers a TCP segment to a backend-less frontend with a RST from the frontend, in place,
+/// and bounces it out of the receiving interface.
+#[inline(always)]
+fn reject_tcp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
+    let Some(rst) = reject::rst_numbers(ctx, flow)? else {
+        return Ok(xdp_action::XDP_DROP);
+    };
+    let len = ctx.data_end() - ctx.data();
+    if len > reject::RST_FRAME_LEN {
+        // SAFETY: helper on this program's own context; shrinking only.
+        let rc = unsafe {
+            bpf_xdp_adjust_tail(ctx.as_ptr() as *mut _, -((len - reject::RST_FRAME_LEN) as i32))
+        };
+        if rc != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+    }
+    reject::write_rst(ctx, flow, &rst)?;
+    Ok(xdp_action::XDP_TX)
+}
+
+/// Answers a UDP datagram to a backend-less frontend with an ICMP port-unreachable (XDP_TX).
+#[inline(always)]
+fn reject_udp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
+    // Grow at the front, move Ethernet there: [eth][room 28][orig IPv4][orig UDP...].
+    // SAFETY: helper on this program's own context.
+    if unsafe { bpf_xdp_adjust_head(ctx.as_ptr() as *mut _, -(reject::ICMP_ROOM as i32)) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let new_eth: *mut [u8; 14] = ptr_at(ctx, 0)?;
+    let old_eth: *mut [u8; 14] = ptr_at(ctx, reject::ICMP_ROOM)?;
+    // SAFETY: both bounds-checked; non-overlapping (28 bytes apart, 14 long).
+    unsafe { *new_eth = *old_eth };
+    let len = ctx.data_end() - ctx.data();
+    if len > reject::ICMP_FRAME_LEN {
+        // SAFETY: helper on this program's own context; shrinking only.
+        let rc = unsafe {
+            bpf_xdp_adjust_tail(ctx.as_ptr() as *mut _, -((len - reject::ICMP_FRAME_LEN) as i32))
+        };
+        if rc != 0 {
+            return Err(drop_reason::REWRITE_FAILED);
+        }
+    }
+    reject::write_icmp_unreachable(ctx, flow)?;
+    Ok(xdp_action::XDP_TX)
+}

@@ -1,0 +1,220 @@
+//! The proxy daemon: load and attach the data plane (maps and links pinned, so a restart
+//! interrupts nothing), resume from the pinned maps, then keep them in sync with Services and
+//! EndpointSlices watched through kube-rs (skiff-server or any Kubernetes apiserver).
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::{info, info_span, warn};
+
+use crate::desired::{NodeContext, compute};
+use crate::loader::{self, Dataplane};
+use crate::maps::{self, ServiceMaps};
+use crate::sync::{self, ServiceMapSync};
+
+/// Configuration of the proxy. See `Default` for the defaults and why.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    /// This node's name (endpoint locality, traffic policies).
+    pub node_name: String,
+    /// This node's address: NodePort frontends and the SNAT source.
+    pub node_ip: Ipv4Addr,
+    /// bpffs directory holding maps (and `links/`); default `/sys/fs/bpf/skiff`, where
+    /// bpftool and `skiff-proxy maps` find them.
+    pub pin_dir: PathBuf,
+    /// Attach the socket-LB hooks (default true: like Cilium's kube-proxy replacement, it
+    /// removes per-packet NAT for in-cluster traffic).
+    pub socket_lb: bool,
+    /// cgroup v2 directory for the socket-LB hooks; default: the cgroup v2 root from
+    /// mountinfo, so every process on the node is covered.
+    pub cgroup: Option<PathBuf>,
+    /// Interfaces that get the tc program on ingress and egress (per-packet path).
+    pub tc_interfaces: Vec<String>,
+    /// Node-facing interfaces that get the XDP program (NodePort/ExternalIP/LB).
+    pub xdp_interfaces: Vec<String>,
+    /// Where `/metrics` is served; default 127.0.0.1:10249, kube-proxy's metrics address.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
+    /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
+    pub debounce: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            node_name: String::new(),
+            node_ip: Ipv4Addr::UNSPECIFIED,
+            pin_dir: PathBuf::from("/sys/fs/bpf/skiff"),
+            socket_lb: true,
+            cgroup: None,
+            tc_interfaces: Vec::new(),
+            xdp_interfaces: Vec::new(),
+            metrics_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 10249))),
+            debounce: Duration::from_millis(10),
+        }
+    }
+}
+
+/// Errors of the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading or attaching the data plane")]
+    Dataplane(#[from] loader::Error),
+    #[error("opening the pinned maps")]
+    Maps(#[from] maps::Error),
+    #[error("syncing the maps")]
+    Sync(#[from] sync::Error),
+    #[error("watch stream of {kind} ended")]
+    WatchEnded { kind: &'static str },
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The running data plane: programs loaded, links pinned under `pin_dir/links` (they stay
+/// attached across restarts; `skiff-proxy unpin` detaches them).
+pub struct RunningDataplane {
+    pub dataplane: Dataplane,
+    pub maps: ServiceMaps,
+}
+
+/// Loads the object, pins maps, attaches the programs the config asks for.
+pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
+    if let Some(parent) = config.pin_dir.parent() {
+        loader::ensure_bpffs(parent)?;
+    }
+    let mut dataplane = Dataplane::load(&config.pin_dir, config.node_ip)?;
+    if config.socket_lb {
+        let cgroup = match &config.cgroup {
+            Some(c) => c.clone(),
+            None => loader::cgroup2_root()?,
+        };
+        let n = dataplane.attach_sock_lb_pinned(&cgroup, &config.pin_dir.join("links"))?;
+        info!(cgroup = %cgroup.display(), newly_attached = n, "socket LB attached");
+    }
+    let links = config.pin_dir.join("links");
+    std::fs::create_dir_all(&links)
+        .map_err(|source| loader::Error::PinDir { path: links.clone(), source })?;
+    for iface in &config.tc_interfaces {
+        for (dir, tag) in [
+            (aya::programs::TcAttachType::Ingress, "ingress"),
+            (aya::programs::TcAttachType::Egress, "egress"),
+        ] {
+            let pin = links.join(format!("tc-{iface}-{tag}"));
+            if !loader::link_pinned(&pin) {
+                dataplane.attach_tc(iface, dir)?.pin(&pin)?;
+            }
+        }
+    }
+    for iface in &config.xdp_interfaces {
+        let pin = links.join(format!("xdp-{iface}"));
+        if !loader::link_pinned(&pin) {
+            dataplane.attach_xdp(iface)?.pin(&pin)?;
+        }
+    }
+    let maps = ServiceMaps::open_pinned(&config.pin_dir)?;
+    Ok(RunningDataplane { dataplane, maps })
+}
+
+/// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.
+pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
+    let mut running = start_dataplane(&config)?;
+    let _metrics = config.metrics_addr.map(|addr| {
+        let pin_dir = config.pin_dir.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::http::serve_metrics(addr, pin_dir).await {
+                warn!(error = %e, "/metrics not served");
+            }
+        })
+    });
+    sync_forever(client, &config, &mut running.maps).await
+}
+
+/// Watches Services and EndpointSlices and keeps `maps` in sync (level-triggered: every
+/// sync recomputes the whole desired state from the reflector stores and applies the diff).
+pub async fn sync_forever(
+    client: Client,
+    config: &ProxyConfig,
+    maps: &mut ServiceMaps,
+) -> Result<()> {
+    let mut state = ServiceMapSync::resume(maps)?;
+    let mut health = crate::http::HealthCheckServers::default();
+    let node = NodeContext { node_name: config.node_name.clone() };
+    let (svc_store, svc_writer) = reflector::store::<Service>();
+    let (eps_store, eps_writer) = reflector::store::<EndpointSlice>();
+    let changed = Arc::new(Notify::new());
+    let svc_stream = reflector(
+        svc_writer,
+        watcher(Api::<Service>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff();
+    let eps_stream = reflector(
+        eps_writer,
+        watcher(Api::<EndpointSlice>::all(client), watcher::Config::default()),
+    )
+    .default_backoff();
+    let drive = |kind: &'static str, stream: futures::stream::BoxStream<'static, bool>| {
+        let changed = changed.clone();
+        tokio::spawn(async move {
+            let mut stream = stream;
+            while let Some(ok) = stream.next().await {
+                if ok {
+                    changed.notify_one();
+                }
+            }
+            warn!(kind, "watch stream ended");
+            changed.notify_one();
+        })
+    };
+    let svc_task = drive(
+        "Service",
+        svc_stream
+            .map(|e| e.map_err(|err| warn!(error = %err, "Service watch error")).is_ok())
+            .boxed(),
+    );
+    let eps_task = drive(
+        "EndpointSlice",
+        eps_stream
+            .map(|e| e.map_err(|err| warn!(error = %err, "EndpointSlice watch error")).is_ok())
+            .boxed(),
+    );
+    // Never sync from a half-listed cache: that would delete live entries after a restart.
+    let _ = svc_store.wait_until_ready().await;
+    let _ = eps_store.wait_until_ready().await;
+    loop {
+        if svc_task.is_finished() {
+            return Err(Error::WatchEnded { kind: "Service" });
+        }
+        if eps_task.is_finished() {
+            return Err(Error::WatchEnded { kind: "EndpointSlice" });
+        }
+        let span = info_span!("map_sync");
+        let _g = span.enter();
+        let t = Instant::now();
+        let services = svc_store.state();
+        let slices = eps_store.state();
+        let desired =
+            compute(services.iter().map(|s| s.as_ref()), slices.iter().map(|s| s.as_ref()), &node);
+        let ops = state.sync(maps, &desired)?;
+        health.reconcile(&desired.health_checks).await;
+        if ops > 0 {
+            info!(
+                ops,
+                frontends = state.frontend_count(),
+                elapsed_us = t.elapsed().as_micros() as u64,
+                "maps synced"
+            );
+        }
+        drop(_g);
+        changed.notified().await;
+        tokio::time::sleep(config.debounce).await;
+    }
+}

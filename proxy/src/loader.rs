@@ -1,0 +1,397 @@
+//! Loading the embedded eBPF object with its maps pinned in a bpffs directory, and attaching
+//! its programs (socket LB on a cgroup, tc on an interface, XDP on an interface) behind RAII
+//! guards that detach on drop.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use aya::Ebpf;
+use aya::maps::Array;
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{
+    CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode,
+    cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
+};
+use skiff_ebpf_common::{Config, map_names, prog_names};
+
+/// The eBPF object built by `build.rs` (empty when built with `SKIFF_EBPF_STUB=1`).
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/skiff-ebpf.o"));
+
+/// Errors of loading and attaching.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the proxy was built with SKIFF_EBPF_STUB=1: no eBPF object embedded")]
+    StubObject,
+    #[error("creating pin directory {path}")]
+    PinDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mounting bpffs at {path}")]
+    MountBpffs {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object (maps pinned in {pin_dir})")]
+    Load {
+        pin_dir: PathBuf,
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
+    #[error("program {name} missing from the object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name} missing from the object")]
+    MissingMap { name: &'static str },
+    #[error("program {name}: {step}")]
+    Program {
+        name: &'static str,
+        step: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("map {name}: {step}")]
+    Map {
+        name: &'static str,
+        step: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    #[error("link for {path} is not an fd link")]
+    LinkConvert {
+        path: PathBuf,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    #[error("pinning link at {path}")]
+    PinLink {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("writing sysctl {path}")]
+    Sysctl {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("opening cgroup {path}")]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading /proc/self/mountinfo")]
+    MountInfo(#[source] std::io::Error),
+    #[error("no cgroup2 mount in /proc/self/mountinfo")]
+    NoCgroup2,
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The loaded data plane: programs loaded (not attached) and maps pinned in `pin_dir`.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+}
+
+impl Dataplane {
+    /// Loads the embedded object; maps already pinned in `pin_dir` (a bpffs directory) are
+    /// reused, others are created and pinned there. `node_ip` goes into the config map.
+    pub fn load(pin_dir: &Path, node_ip: Ipv4Addr) -> Result<Self> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(Error::StubObject);
+        }
+        std::fs::create_dir_all(pin_dir)
+            .map_err(|source| Error::PinDir { path: pin_dir.into(), source })?;
+        let ebpf = aya::EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(EBPF_OBJECT)
+            .map_err(|source| Error::Load { pin_dir: pin_dir.into(), source: Box::new(source) })?;
+        let mut dp = Self { ebpf, pin_dir: pin_dir.into() };
+        dp.set_config(Config { node_ip_be: u32::from(node_ip).to_be(), debug: 0 })?;
+        Ok(dp)
+    }
+
+    /// The directory the maps are pinned in.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Writes the node configuration map.
+    pub fn set_config(&mut self, config: Config) -> Result<()> {
+        let name = map_names::CONFIG;
+        let map = self.ebpf.map_mut(name).ok_or(Error::MissingMap { name })?;
+        let mut arr: Array<_, Config> =
+            Array::try_from(map).map_err(|e| map_err(name, "open", e))?;
+        arr.set(0, config, 0).map_err(|e| map_err(name, "set", e))
+    }
+
+    /// The underlying aya object (tests use it for `test_run`).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// Loads (once) and returns the tc ingress program.
+    pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
+        self.tc_program_for(TcAttachType::Ingress)
+    }
+
+    /// Loads (once) and returns the tc program for a direction.
+    pub fn tc_program_for(&mut self, dir: TcAttachType) -> Result<&mut SchedClassifier> {
+        let name = match dir {
+            TcAttachType::Egress => prog_names::TC_EGRESS,
+            _ => prog_names::TC_INGRESS,
+        };
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(Error::MissingProgram { name })?
+            .try_into()
+            .map_err(|e| prog_err(name, "type", e))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| prog_err(name, "load", e))?;
+        }
+        Ok(prog)
+    }
+
+    /// Loads (once) and returns the XDP program.
+    pub fn xdp_program(&mut self) -> Result<&mut Xdp> {
+        let name = prog_names::XDP_NODEPORT;
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(Error::MissingProgram { name })?
+            .try_into()
+            .map_err(|e| prog_err(name, "type", e))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| prog_err(name, "load", e))?;
+        }
+        Ok(prog)
+    }
+
+    /// Attaches the four socket-LB programs to the cgroup v2 directory `cgroup`.
+    pub fn attach_sock_lb(&mut self, cgroup: &Path) -> Result<SockLbAttachment> {
+        let file =
+            File::open(cgroup).map_err(|source| Error::Cgroup { path: cgroup.into(), source })?;
+        let mut links = Vec::new();
+        for name in [
+            prog_names::CONNECT4,
+            prog_names::SENDMSG4,
+            prog_names::RECVMSG4,
+            prog_names::GETPEERNAME4,
+        ] {
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::MissingProgram { name })?
+                .try_into()
+                .map_err(|e| prog_err(name, "type", e))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| prog_err(name, "load", e))?;
+            }
+            let id = prog
+                .attach(&file, CgroupAttachMode::Single)
+                .map_err(|e| prog_err(name, "attach", e))?;
+            links.push(prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?);
+        }
+        Ok(SockLbAttachment { _links: links })
+    }
+
+    /// Attaches the tc program to `iface` in direction `dir` (TCX on kernels >= 6.6).
+    pub fn attach_tc(&mut self, iface: &str, dir: TcAttachType) -> Result<TcAttachment> {
+        let name = match dir {
+            TcAttachType::Egress => prog_names::TC_EGRESS,
+            _ => prog_names::TC_INGRESS,
+        };
+        let prog = self.tc_program_for(dir)?;
+        let id = prog.attach(iface, dir).map_err(|e| prog_err(name, "attach", e))?;
+        let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+        Ok(TcAttachment { _link: link })
+    }
+
+    /// Attaches the XDP program to `iface` (native mode first, generic as fallback).
+    pub fn attach_xdp(&mut self, iface: &str) -> Result<XdpAttachment> {
+        let name = prog_names::XDP_NODEPORT;
+        let prog = self.xdp_program()?;
+        let id = match prog.attach(iface, XdpMode::Driver) {
+            Ok(id) => id,
+            Err(_) => prog.attach(iface, XdpMode::Skb).map_err(|e| prog_err(name, "attach", e))?,
+        };
+        let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+        // Remote NodePort flows are SNATed to the node address in XDP; when the FIB cannot
+        // resolve the next hop yet, the packet goes up the stack with that (local) source,
+        // which the stack would drop as martian. accept_local lets it forward the packet
+        // (and resolve the neighbour for the next ones, which XDP then redirects itself).
+        let sysctl = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"));
+        std::fs::write(&sysctl, "1").map_err(|source| Error::Sysctl { path: sysctl, source })?;
+        Ok(XdpAttachment { _link: link })
+    }
+}
+
+impl Dataplane {
+    /// Attaches the socket-LB programs to `cgroup` through links pinned in `link_dir`, so they
+    /// stay attached when this process exits (a restart does not interrupt connections).
+    /// Links already pinned there by a previous run are kept as they are. Returns how many
+    /// links were newly attached. `unpin_links` removes them.
+    pub fn attach_sock_lb_pinned(&mut self, cgroup: &Path, link_dir: &Path) -> Result<usize> {
+        std::fs::create_dir_all(link_dir)
+            .map_err(|source| Error::PinDir { path: link_dir.into(), source })?;
+        let file =
+            File::open(cgroup).map_err(|source| Error::Cgroup { path: cgroup.into(), source })?;
+        let mut attached = 0;
+        for name in [
+            prog_names::CONNECT4,
+            prog_names::SENDMSG4,
+            prog_names::RECVMSG4,
+            prog_names::GETPEERNAME4,
+        ] {
+            let pin = link_dir.join(name);
+            if PinnedLink::from_pin(&pin).is_ok() {
+                continue;
+            }
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::MissingProgram { name })?
+                .try_into()
+                .map_err(|e| prog_err(name, "type", e))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| prog_err(name, "load", e))?;
+            }
+            let id = prog
+                .attach(&file, CgroupAttachMode::Single)
+                .map_err(|e| prog_err(name, "attach", e))?;
+            let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+            let fd_link = FdLink::try_from(link)
+                .map_err(|source| Error::LinkConvert { path: pin.clone(), source })?;
+            fd_link.pin(&pin).map_err(|source| Error::PinLink { path: pin.clone(), source })?;
+            attached += 1;
+        }
+        Ok(attached)
+    }
+}
+
+/// Removes the pinned links in `link_dir` (detaching the programs they hold).
+pub fn unpin_links(link_dir: &Path) -> Result<usize> {
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(link_dir) else { return Ok(0) };
+    for e in entries.flatten() {
+        if let Ok(link) = PinnedLink::from_pin(e.path()) {
+            link.unpin().map_err(|source| Error::PinDir { path: e.path(), source })?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The socket-LB programs attached to a cgroup; detached on drop.
+pub struct SockLbAttachment {
+    _links: Vec<CgroupSockAddrLink>,
+}
+
+/// The tc program attached to one interface and direction; detached on drop.
+pub struct TcAttachment {
+    _link: SchedClassifierLink,
+}
+
+impl TcAttachment {
+    /// Pins the link at `path`: it stays attached after this process exits.
+    pub fn pin(self, path: &Path) -> Result<()> {
+        pin_fd_link(FdLink::try_from(self._link), path)
+    }
+}
+
+/// The XDP program attached to one interface; detached on drop.
+pub struct XdpAttachment {
+    _link: XdpLink,
+}
+
+impl XdpAttachment {
+    /// Pins the link at `path`: it stays attached after this process exits.
+    pub fn pin(self, path: &Path) -> Result<()> {
+        pin_fd_link(FdLink::try_from(self._link), path)
+    }
+}
+
+fn pin_fd_link(
+    link: std::result::Result<FdLink, aya::programs::links::LinkError>,
+    path: &Path,
+) -> Result<()> {
+    let link = link.map_err(|source| Error::LinkConvert { path: path.into(), source })?;
+    link.pin(path).map_err(|source| Error::PinLink { path: path.into(), source })?;
+    Ok(())
+}
+
+/// Whether a link is pinned (and so attached) at `path`.
+pub fn link_pinned(path: &Path) -> bool {
+    PinnedLink::from_pin(path).is_ok()
+}
+
+fn prog_err(name: &'static str, step: &'static str, e: aya::programs::ProgramError) -> Error {
+    Error::Program { name, step, source: Box::new(e) }
+}
+
+fn map_err(name: &'static str, step: &'static str, e: aya::maps::MapError) -> Error {
+    Error::Map { name, step, source: Box::new(e) }
+}
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo (never hard-coded: `/sys/fs/cgroup`
+/// on unified hosts, `/sys/fs/cgroup/unified` on hybrid ones).
+pub fn cgroup2_root() -> Result<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
+    parse_cgroup2_root(&info).ok_or(Error::NoCgroup2)
+}
+
+fn parse_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        let fstype = post.split_whitespace().next()?;
+        (fstype == "cgroup2").then(|| pre.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
+
+/// Mounts bpffs at `dir` unless a bpffs is already mounted there.
+pub fn ensure_bpffs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::PinDir { path: dir.into(), source })?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
+    let mounted = info.lines().any(|l| {
+        l.split_once(" - ").is_some_and(|(pre, post)| {
+            post.starts_with("bpf ")
+                && pre.split_whitespace().nth(4) == Some(&*dir.to_string_lossy())
+        })
+    });
+    if mounted {
+        return Ok(());
+    }
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    let target = c(dir);
+    // SAFETY: all pointers are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(c"bpf".as_ptr(), target.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(Error::MountBpffs {
+            path: dir.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_in_mountinfo() {
+        let info = "25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro\n\
+                    26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(parse_cgroup2_root(info), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(parse_cgroup2_root("1 2 0:1 / / rw - ext4 /dev/x rw\n"), None);
+    }
+}

@@ -1,0 +1,243 @@
+//! `skiff-proxy`: the eBPF service proxy daemon (kube-proxy replacement) and the commands
+//! that show its pinned maps to people.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use skiff_ebpf_common::{ct_dir, drop_reason, flow_path};
+use skiff_proxy::daemon::{self, ProxyConfig};
+use skiff_proxy::loader;
+use skiff_proxy::maps::{FlowReader, ServiceMaps};
+
+#[derive(Parser)]
+#[command(name = "skiff-proxy", about = "skiff eBPF service proxy")]
+struct Cli {
+    /// bpffs directory of the pinned maps and links.
+    #[arg(long, global = true, default_value = "/sys/fs/bpf/skiff")]
+    pin_dir: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Load and attach the data plane and keep it in sync with the cluster.
+    Run {
+        #[arg(long)]
+        node_name: String,
+        #[arg(long)]
+        node_ip: Ipv4Addr,
+        /// kubeconfig (default: in-cluster or $KUBECONFIG / ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Do not attach the socket-LB hooks (per-packet tc path only).
+        #[arg(long)]
+        no_socket_lb: bool,
+        /// cgroup v2 directory for the socket LB (default: the cgroup v2 root).
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// Interfaces for the tc per-packet path (repeatable).
+        #[arg(long = "tc-iface")]
+        tc_interfaces: Vec<String>,
+        /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
+        #[arg(long = "xdp-iface")]
+        xdp_interfaces: Vec<String>,
+        /// Address of /metrics (kube-proxy's default).
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        metrics_addr: std::net::SocketAddr,
+    },
+    /// Print a pinned map (works whether the daemon runs or not).
+    Maps { what: MapsWhat },
+    /// Stream new-flow events (one line per new connection/flow) until interrupted.
+    Flows,
+    /// Detach the pinned socket-LB links (uninstall).
+    Unpin,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MapsWhat {
+    Services,
+    Backends,
+    Conntrack,
+    Stats,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Run {
+            node_name,
+            node_ip,
+            kubeconfig,
+            no_socket_lb,
+            cgroup,
+            tc_interfaces,
+            xdp_interfaces,
+            metrics_addr,
+        } => {
+            let client = match kubeconfig {
+                Some(path) => {
+                    let kc = kube::config::Kubeconfig::read_from(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                        .await
+                        .context("kubeconfig")?;
+                    kube::Client::try_from(cfg)?
+                }
+                None => kube::Client::try_default().await.context("kube client")?,
+            };
+            let config = ProxyConfig {
+                node_name,
+                node_ip,
+                pin_dir: cli.pin_dir,
+                socket_lb: !no_socket_lb,
+                cgroup,
+                tc_interfaces,
+                xdp_interfaces,
+                metrics_addr: Some(metrics_addr),
+                ..ProxyConfig::default()
+            };
+            daemon::run(client, config).await?;
+            Ok(())
+        }
+        Cmd::Maps { what } => print_maps(&cli.pin_dir, what),
+        Cmd::Flows => stream_flows(&cli.pin_dir).await,
+        Cmd::Unpin => {
+            let n = loader::unpin_links(&cli.pin_dir.join("links"))?;
+            println!("unpinned {n} links");
+            Ok(())
+        }
+    }
+}
+
+fn ip(be: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from_be(be))
+}
+
+fn proto(p: u8) -> &'static str {
+    match p {
+        6 => "TCP",
+        17 => "UDP",
+        _ => "?",
+    }
+}
+
+fn print_maps(pin_dir: &std::path::Path, what: MapsWhat) -> Result<()> {
+    let maps = ServiceMaps::open_pinned(pin_dir)
+        .with_context(|| format!("opening maps pinned in {}", pin_dir.display()))?;
+    match what {
+        MapsWhat::Services => {
+            let mut rows = maps.services()?;
+            rows.sort_by_key(|(k, _)| {
+                (u32::from_be(k.vip_be), u16::from_be(k.port_be), k.proto, k.slot)
+            });
+            println!(
+                "{:<22} {:<5} {:>4}  {:<10} {:>7} {:>5} {:>6}",
+                "FRONTEND", "PROTO", "SLOT", "BACKEND", "REV-NAT", "COUNT", "FLAGS"
+            );
+            for (k, v) in rows {
+                let fe = format!("{}:{}", ip(k.vip_be), u16::from_be(k.port_be));
+                let be = if k.slot == 0 { "-".to_string() } else { v.backend_id.to_string() };
+                println!(
+                    "{fe:<22} {:<5} {:>4}  {be:<10} {:>7} {:>5} {:>#6x}",
+                    proto(k.proto),
+                    k.slot,
+                    v.rev_nat_id,
+                    v.count,
+                    v.flags
+                );
+            }
+        }
+        MapsWhat::Backends => {
+            let mut rows = maps.backends()?;
+            rows.sort_by_key(|(id, _)| *id);
+            println!(
+                "{:>6}  {:<22} {:<5} {:<11} {:<5}",
+                "ID", "ADDRESS", "PROTO", "STATE", "LOCAL"
+            );
+            for (id, b) in rows {
+                let addr = format!("{}:{}", ip(b.ip_be), u16::from_be(b.port_be));
+                let state = if b.state == 0 { "active" } else { "terminating" };
+                println!(
+                    "{id:>6}  {addr:<22} {:<5} {state:<11} {:<5}",
+                    proto(b.proto),
+                    b.flags & 1 == 1
+                );
+            }
+        }
+        MapsWhat::Conntrack => {
+            println!(
+                "{:<5} {:<6} {:<22} {:<22} {:<22} {:>7}",
+                "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT", "BACKEND"
+            );
+            for (k, v) in maps.conntrack()? {
+                let dir = if k.dir == ct_dir::FORWARD { "fwd" } else { "reply" };
+                println!(
+                    "{:<5} {dir:<6} {:<22} {:<22} {:<22} {:>7}",
+                    proto(k.proto),
+                    format!("{}:{}", ip(k.saddr_be), u16::from_be(k.sport_be)),
+                    format!("{}:{}", ip(k.daddr_be), u16::from_be(k.dport_be)),
+                    format!("{}:{}", ip(v.nat_addr_be), u16::from_be(v.nat_port_be)),
+                    v.backend_id
+                );
+            }
+        }
+        MapsWhat::Stats => {
+            println!("drops:");
+            for (reason, n) in maps.drops()? {
+                if n > 0 {
+                    println!("  {:<16} {n}", drop_reason::name(reason));
+                }
+            }
+            println!("services (rev-nat id: packets bytes new-conns):");
+            for (id, c) in maps.service_stats()? {
+                println!("  {id:>6}: {} {} {}", c.packets, c.bytes, c.new_conns);
+            }
+            println!("backends (id: packets bytes new-conns):");
+            for (id, c) in maps.backend_stats()? {
+                println!("  {id:>6}: {} {} {}", c.packets, c.bytes, c.new_conns);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn stream_flows(pin_dir: &std::path::Path) -> Result<()> {
+    let mut reader = FlowReader::open_pinned(pin_dir)
+        .with_context(|| format!("opening the flow ring buffer in {}", pin_dir.display()))?;
+    println!(
+        "{:<6} {:<5} {:<22} {:<22} {:<22} {:>7}",
+        "PATH", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "BE-ID"
+    );
+    loop {
+        while let Some(ev) = reader.next_event() {
+            let path = match ev.path {
+                flow_path::SOCKET => "socket",
+                flow_path::TC => "tc",
+                flow_path::XDP => "xdp",
+                _ => "?",
+            };
+            let client = if ev.client_addr_be == 0 {
+                "-".to_string()
+            } else {
+                format!("{}:{}", ip(ev.client_addr_be), u16::from_be(ev.client_port_be))
+            };
+            println!(
+                "{path:<6} {:<5} {client:<22} {:<22} {:<22} {:>7}",
+                proto(ev.proto),
+                format!("{}:{}", ip(ev.frontend_addr_be), u16::from_be(ev.frontend_port_be)),
+                format!("{}:{}", ip(ev.backend_addr_be), u16::from_be(ev.backend_port_be)),
+                ev.backend_id
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,308 @@
+//! Typed user-space access to the pinned data-plane maps: writes of service/backend entries,
+//! conntrack purges, and the reads behind `skiff-proxy maps ...`.
+
+use std::path::{Path, PathBuf};
+
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use skiff_ebpf_common::{
+    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, MaglevTable, RevNat,
+    ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason, map_names,
+};
+
+/// Errors of map access.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening pinned map {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    #[error("map {name}: {step}")]
+    Access {
+        name: &'static str,
+        step: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn access(name: &'static str, step: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
+    move |e| Error::Access { name, step, source: Box::new(e) }
+}
+
+fn open(dir: &Path, name: &'static str) -> Result<Map> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| Error::Open { path: path.clone(), source: Box::new(e) })?;
+    Map::from_map_data(data).map_err(|e| Error::Open { path, source: Box::new(e) })
+}
+
+/// The data-plane maps, opened from their pins.
+pub struct ServiceMaps {
+    services: HashMap<MapData, ServiceKey, ServiceValue>,
+    backends: HashMap<MapData, u32, Backend>,
+    rev_nat: HashMap<MapData, u32, RevNat>,
+    conntrack: HashMap<MapData, CtKey, CtValue>,
+    sock_rev: HashMap<MapData, SockRevKey, RevNat>,
+    affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    maglev: HashMap<MapData, u32, MaglevTable>,
+    source_ranges: LpmTrie<MapData, SourceRangeKey, u32>,
+    drops: PerCpuArray<MapData, u64>,
+    service_stats: PerCpuHashMap<MapData, u32, Counters>,
+    backend_stats: PerCpuHashMap<MapData, u32, Counters>,
+}
+
+macro_rules! typed {
+    ($dir:expr, $name:expr) => {
+        open($dir, $name)?.try_into().map_err(access($name, "type"))?
+    };
+}
+
+impl ServiceMaps {
+    /// Opens every map pinned in `dir` (by the loader, or by a previous proxy run).
+    pub fn open_pinned(dir: &Path) -> Result<Self> {
+        Ok(Self {
+            services: typed!(dir, map_names::SERVICES),
+            backends: typed!(dir, map_names::BACKENDS),
+            rev_nat: typed!(dir, map_names::REV_NAT),
+            conntrack: typed!(dir, map_names::CONNTRACK),
+            sock_rev: typed!(dir, map_names::SOCK_REV),
+            affinity: typed!(dir, map_names::AFFINITY),
+            maglev: typed!(dir, map_names::MAGLEV),
+            source_ranges: typed!(dir, map_names::SOURCE_RANGES),
+            drops: typed!(dir, map_names::DROPS),
+            service_stats: typed!(dir, map_names::SERVICE_STATS),
+            backend_stats: typed!(dir, map_names::BACKEND_STATS),
+        })
+    }
+
+    /// Writes a backend.
+    pub fn put_backend(&mut self, id: u32, b: Backend) -> Result<()> {
+        self.backends.insert(id, b, 0).map_err(access(map_names::BACKENDS, "insert"))
+    }
+
+    /// Removes a backend (absent is fine).
+    pub fn remove_backend(&mut self, id: u32) -> Result<()> {
+        ignore_missing(self.backends.remove(&id)).map_err(access(map_names::BACKENDS, "remove"))
+    }
+
+    /// Writes a service slot.
+    pub fn put_service(&mut self, k: ServiceKey, v: ServiceValue) -> Result<()> {
+        self.services.insert(k, v, 0).map_err(access(map_names::SERVICES, "insert"))
+    }
+
+    /// Removes a service slot (absent is fine).
+    pub fn remove_service(&mut self, k: ServiceKey) -> Result<()> {
+        ignore_missing(self.services.remove(&k)).map_err(access(map_names::SERVICES, "remove"))
+    }
+
+    /// Writes a rev-nat entry.
+    pub fn put_rev_nat(&mut self, id: u32, v: RevNat) -> Result<()> {
+        self.rev_nat.insert(id, v, 0).map_err(access(map_names::REV_NAT, "insert"))
+    }
+
+    /// Removes a rev-nat entry (absent is fine).
+    pub fn remove_rev_nat(&mut self, id: u32) -> Result<()> {
+        ignore_missing(self.rev_nat.remove(&id)).map_err(access(map_names::REV_NAT, "remove"))
+    }
+
+    /// Writes a frontend's Maglev table.
+    pub fn put_maglev(&mut self, rev_nat_id: u32, t: &MaglevTable) -> Result<()> {
+        self.maglev.insert(rev_nat_id, t, 0).map_err(access(map_names::MAGLEV, "insert"))
+    }
+
+    /// Removes a frontend's Maglev table (absent is fine).
+    pub fn remove_maglev(&mut self, rev_nat_id: u32) -> Result<()> {
+        ignore_missing(self.maglev.remove(&rev_nat_id)).map_err(access(map_names::MAGLEV, "remove"))
+    }
+
+    fn range_key(rev_nat_id: u32, addr: std::net::Ipv4Addr, len: u8) -> LpmKey<SourceRangeKey> {
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len.min(32))) };
+        let addr_be = (u32::from(addr) & mask).to_be();
+        LpmKey::new(
+            32 + u32::from(len.min(32)),
+            SourceRangeKey { rev_nat_id_be: rev_nat_id.to_be(), addr_be },
+        )
+    }
+
+    /// Allows a source range for a frontend.
+    pub fn put_source_range(
+        &mut self,
+        rev_nat_id: u32,
+        addr: std::net::Ipv4Addr,
+        len: u8,
+    ) -> Result<()> {
+        self.source_ranges
+            .insert(&Self::range_key(rev_nat_id, addr, len), 1, 0)
+            .map_err(access(map_names::SOURCE_RANGES, "insert"))
+    }
+
+    /// Removes a source range of a frontend (absent is fine).
+    pub fn remove_source_range(
+        &mut self,
+        rev_nat_id: u32,
+        addr: std::net::Ipv4Addr,
+        len: u8,
+    ) -> Result<()> {
+        ignore_missing(self.source_ranges.remove(&Self::range_key(rev_nat_id, addr, len)))
+            .map_err(access(map_names::SOURCE_RANGES, "remove"))
+    }
+
+    /// All service slots.
+    pub fn services(&self) -> Result<Vec<(ServiceKey, ServiceValue)>> {
+        self.services.iter().collect::<Result<_, _>>().map_err(access(map_names::SERVICES, "iter"))
+    }
+
+    /// All backends.
+    pub fn backends(&self) -> Result<Vec<(u32, Backend)>> {
+        self.backends.iter().collect::<Result<_, _>>().map_err(access(map_names::BACKENDS, "iter"))
+    }
+
+    /// All rev-nat entries.
+    pub fn rev_nats(&self) -> Result<Vec<(u32, RevNat)>> {
+        self.rev_nat.iter().collect::<Result<_, _>>().map_err(access(map_names::REV_NAT, "iter"))
+    }
+
+    /// All conntrack entries.
+    pub fn conntrack(&self) -> Result<Vec<(CtKey, CtValue)>> {
+        self.conntrack
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(access(map_names::CONNTRACK, "iter"))
+    }
+
+    /// Deletes conntrack entries of removed flows: those of a (rev-nat id, backend id) pair
+    /// in `pairs`, or of any backend in `backend_ids`; and socket-reverse entries pointing at
+    /// a `removed` backend address. TCP and UDP alike: no stale flows to removed backends.
+    /// Returns how many entries went.
+    pub fn purge_flows(
+        &mut self,
+        pairs: &[(u32, u32)],
+        backend_ids: &[u32],
+        removed: &[Backend],
+    ) -> Result<usize> {
+        let stale: Vec<CtKey> = self
+            .conntrack()?
+            .into_iter()
+            .filter(|(_, v)| {
+                backend_ids.contains(&v.backend_id) || pairs.contains(&(v.rev_nat_id, v.backend_id))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in &stale {
+            ignore_missing(self.conntrack.remove(k))
+                .map_err(access(map_names::CONNTRACK, "remove"))?;
+        }
+        let socks: Vec<SockRevKey> = if removed.is_empty() {
+            Vec::new()
+        } else {
+            self.sock_rev
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| {
+                    removed
+                        .iter()
+                        .any(|b| b.ip_be == k.backend_ip_be && b.port_be == k.backend_port_be)
+                })
+                .collect()
+        };
+        for k in &socks {
+            ignore_missing(self.sock_rev.remove(k))
+                .map_err(access(map_names::SOCK_REV, "remove"))?;
+        }
+        let sticky: Vec<AffinityKey> = self
+            .affinity
+            .iter()
+            .filter_map(|kv| kv.ok())
+            .filter(|(k, v)| {
+                backend_ids.contains(&v.backend_id) || pairs.contains(&(k.rev_nat_id, v.backend_id))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in &sticky {
+            ignore_missing(self.affinity.remove(k))
+                .map_err(access(map_names::AFFINITY, "remove"))?;
+        }
+        Ok(stale.len() + socks.len() + sticky.len())
+    }
+
+    /// Drop counts summed over CPUs, by reason index.
+    pub fn drops(&self) -> Result<Vec<(u32, u64)>> {
+        let mut out = Vec::new();
+        for reason in 0..drop_reason::COUNT {
+            let per_cpu = self.drops.get(&reason, 0).map_err(access(map_names::DROPS, "get"))?;
+            out.push((reason, per_cpu.iter().sum()));
+        }
+        Ok(out)
+    }
+
+    /// Drop count of one reason, summed over CPUs.
+    pub fn drop_count(&self, reason: u32) -> Result<u64> {
+        let per_cpu = self.drops.get(&reason, 0).map_err(access(map_names::DROPS, "get"))?;
+        Ok(per_cpu.iter().sum())
+    }
+
+    /// Per-service counters (by rev-nat id), summed over CPUs.
+    pub fn service_stats(&self) -> Result<Vec<(u32, Counters)>> {
+        sum_stats(&self.service_stats).map_err(access(map_names::SERVICE_STATS, "iter"))
+    }
+
+    /// Per-backend counters (by backend id), summed over CPUs.
+    pub fn backend_stats(&self) -> Result<Vec<(u32, Counters)>> {
+        sum_stats(&self.backend_stats).map_err(access(map_names::BACKEND_STATS, "iter"))
+    }
+}
+
+/// Reader of the new-flow ring buffer (`skiff-proxy flows`). One reader at a time: the
+/// kernel ring buffer has a single consumer position.
+pub struct FlowReader {
+    ring: RingBuf<MapData>,
+}
+
+impl FlowReader {
+    /// Opens the ring buffer pinned in `dir`.
+    pub fn open_pinned(dir: &Path) -> Result<Self> {
+        Ok(Self { ring: typed!(dir, map_names::FLOWS) })
+    }
+
+    /// The next pending event, if any (never blocks).
+    pub fn next_event(&mut self) -> Option<FlowEvent> {
+        let item = self.ring.next()?;
+        if item.len() < std::mem::size_of::<FlowEvent>() {
+            return None;
+        }
+        // SAFETY: the item holds at least size_of::<FlowEvent>() bytes written by the kernel
+        // program as a FlowEvent (repr(C), valid for any bit pattern); read unaligned.
+        Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) })
+    }
+}
+
+fn sum_stats(
+    map: &PerCpuHashMap<MapData, u32, Counters>,
+) -> Result<Vec<(u32, Counters)>, aya::maps::MapError> {
+    let mut out = Vec::new();
+    for item in map.iter() {
+        let (k, per_cpu) = item?;
+        let mut c = Counters::default();
+        for v in per_cpu.iter() {
+            c.packets += v.packets;
+            c.bytes += v.bytes;
+            c.new_conns += v.new_conns;
+        }
+        out.push((k, c));
+    }
+    out.sort_by_key(|(k, _)| *k);
+    Ok(out)
+}
+
+fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+    match r {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,365 @@
+//! Real TCP and UDP through a ClusterIP in a client/node/backend namespace rig: via the
+//! socket-LB hooks (client process in a test cgroup) and via the tc per-packet path.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use aya::programs::TcAttachType;
+use common::netns::*;
+use common::*;
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
+use skiff_proxy::loader::{Dataplane, cgroup2_root};
+use skiff_proxy::maps::ServiceMaps;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+
+fn services(maps: &mut ServiceMaps) {
+    let backends: Vec<_> = BACKEND_IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (i as u32 + 1, *ip, BACKEND_PORT, false))
+        .collect();
+    put_service(maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 1, &backends);
+    let udp: Vec<_> = backends.iter().map(|(id, ip, p, l)| (id + 10, *ip, *p, *l)).collect();
+    put_service(maps, VIP, 80, PROTO_UDP, CLUSTER_IP, 2, &udp);
+    put_service(maps, EMPTY_VIP, 80, PROTO_TCP, CLUSTER_IP, 3, &[]);
+    put_service(maps, EMPTY_VIP, 80, PROTO_UDP, CLUSTER_IP, 4, &[]);
+}
+
+/// Sends a datagram on a connected UDP socket and returns the error the receive gets.
+fn udp_refused(ns: &Netns, ip: Ipv4Addr, port: u16) -> std::io::ErrorKind {
+    in_netns(ns, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.connect(sockaddr(ip, port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.send(b"anyone?").unwrap();
+        let mut buf = [0u8; 64];
+        match s.recv(&mut buf) {
+            Ok(n) => panic!("unexpected reply of {n} bytes"),
+            Err(e) => e.kind(),
+        }
+    })
+}
+
+fn lines(out: &str) -> (String, String) {
+    let peer = out.lines().find_map(|l| l.strip_prefix("peer ")).unwrap_or_default().to_string();
+    let data = out.lines().find_map(|l| l.strip_prefix("data ")).unwrap_or_default().to_string();
+    (peer, data)
+}
+
+#[test]
+fn clusterip_tcp_and_udp_through_socket_lb() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    services(&mut maps);
+    let cg = TestCgroup::new(&cgroup2_root().expect("cgroup2 root"));
+    let _attached = dp.attach_sock_lb(&cg.path).expect("attach socket LB");
+
+    let mut seen = BTreeSet::new();
+    for i in 0..12 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.10", "80", &format!("t{i}")],
+        );
+        let (peer, data) = lines(&out);
+        assert_eq!(peer, "10.96.0.10 80", "getpeername shows the VIP: {out}");
+        let parts: Vec<&str> = data.split('|').collect();
+        assert_eq!(parts.len(), 3, "echo reply: {out}");
+        assert_eq!(parts[1], "10.201.0.2", "client address preserved (no SNAT)");
+        assert_eq!(parts[2], format!("t{i}"));
+        seen.insert(parts[0].to_string());
+    }
+    assert_eq!(seen.len(), 2, "both backends chosen over 12 connections: {seen:?}");
+
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["udp", "10.96.0.10", "80", "u1"]);
+    let (peer, data) = lines(&out);
+    assert_eq!(peer, "10.96.0.10 80", "recvmsg shows the VIP as the source: {out}");
+    assert!(data.ends_with("|10.201.0.2|u1"), "udp echo: {out}");
+
+    // sessionAffinity ClientIP: every connection of this client (its netns) to one backend.
+    let sticky_vip = Ipv4Addr::new(10, 96, 0, 12);
+    let backends: Vec<_> = BACKEND_IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (i as u32 + 21, *ip, BACKEND_PORT, false))
+        .collect();
+    put_service(&mut maps, sticky_vip, 80, PROTO_TCP, CLUSTER_IP, 5, &backends);
+    set_affinity(&mut maps, sticky_vip, 80, PROTO_TCP, 60);
+    let mut sticky = BTreeSet::new();
+    for i in 0..8 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.12", "80", &format!("a{i}")],
+        );
+        let (_, data) = lines(&out);
+        sticky.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert_eq!(sticky.len(), 1, "affinity keeps the client on one backend: {sticky:?}");
+
+    // Hairpin: a backend reaching its own service lands on a backend (itself included)
+    // through the socket LB, with no NAT to undo.
+    let mut hairpin = BTreeSet::new();
+    for i in 0..8 {
+        let out = run_client_in(
+            &rig.backend,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.10", "80", &format!("h{i}")],
+        );
+        let (peer, data) = lines(&out);
+        assert_eq!(peer, "10.96.0.10 80", "{out}");
+        hairpin.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert!(hairpin.contains("10.201.1.2") || hairpin.contains("10.201.1.3"), "{hairpin:?}");
+
+    // No endpoints: connect() and sendto() are refused at once, counted.
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["tcp", "10.96.0.11", "80", "x"]);
+    assert_eq!(out.trim(), "refused");
+    let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["udp", "10.96.0.11", "80", "x"]);
+    assert_eq!(out.trim(), "refused", "sendto() to a backend-less UDP service is refused");
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
+
+    // Socket LB does no per-packet NAT: no conntrack entries; counters per service.
+    assert!(maps.conntrack().unwrap().is_empty());
+    let stats = maps.service_stats().unwrap();
+    let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
+    assert_eq!(tcp.1.new_conns, 12 + 8, "client and hairpin connections");
+}
+
+#[test]
+fn clusterip_tcp_and_udp_through_tc() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    services(&mut maps);
+    // Attach inside the node namespace (interface names resolve there).
+    let (_ingress, _egress) = in_netns(&rig.node, || {
+        let i = dp.attach_tc("n0", TcAttachType::Ingress).expect("attach tc ingress");
+        let e = dp.attach_tc("n0", TcAttachType::Egress).expect("attach tc egress");
+        (i, e)
+    });
+
+    let mut seen = BTreeSet::new();
+    for i in 0..12 {
+        let (peer, data) = in_netns(&rig.client, || {
+            let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5))
+                .expect("connect through tc DNAT");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let peer = s.peer_addr().unwrap();
+            s.write_all(format!("t{i}").as_bytes()).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut data = String::new();
+            if let Err(e) = s.read_to_string(&mut data) {
+                data = format!("ERR {e}");
+            }
+            (peer, data)
+        });
+        if data.starts_with("ERR") {
+            for ns in [&rig.client, &rig.node, &rig.backend] {
+                let o = std::process::Command::new("nsenter")
+                    .arg(format!("--net={}", ns.path().display()))
+                    .args(["nstat", "-az"])
+                    .output()
+                    .unwrap();
+                let t = String::from_utf8_lossy(&o.stdout);
+                eprintln!(
+                    "== {}\n{}",
+                    ns.name,
+                    t.lines().filter(|l| !l.contains(" 0 ")).collect::<Vec<_>>().join("\n")
+                );
+            }
+            eprintln!("ct {:?}", maps.conntrack().unwrap());
+            eprintln!("drops after {:?}", maps.drops().unwrap());
+            panic!("{data}");
+        }
+        assert_eq!(peer, sockaddr(VIP, 80));
+        let parts: Vec<&str> = data.split('|').collect();
+        assert_eq!(parts.len(), 3, "echo reply {data}");
+        assert_eq!(parts[1], "10.201.0.2", "client address preserved");
+        seen.insert(parts[0].to_string());
+    }
+    assert_eq!(seen.len(), 2, "both backends chosen: {seen:?}");
+
+    let (from, data) = in_netns(&rig.client, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send_to(b"u1", sockaddr(VIP, 80)).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, from) = s.recv_from(&mut buf).expect("udp reply through tc revNAT");
+        (from, String::from_utf8_lossy(&buf[..n]).into_owned())
+    });
+    assert_eq!(from, sockaddr(VIP, 80), "UDP reply comes from the VIP");
+    assert!(data.ends_with("|10.201.0.2|u1"), "{data}");
+
+    // No endpoints: the tc path answers the SYN with a RST (refused at once, not a timeout).
+    let refused = in_netns(&rig.client, || {
+        TcpStream::connect_timeout(&sockaddr(EMPTY_VIP, 80), Duration::from_secs(5))
+            .map(|_| ())
+            .map_err(|e| e.kind())
+    });
+    assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    // ... and a UDP datagram with an ICMP port unreachable (a connected socket sees it).
+    assert_eq!(udp_refused(&rig.client, EMPTY_VIP, 80), std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
+
+    assert!(!maps.conntrack().unwrap().is_empty(), "per-packet path keeps conntrack");
+    let stats = maps.service_stats().unwrap();
+    let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
+    assert_eq!(tcp.1.new_conns, 12);
+}
+
+#[test]
+fn nodeport_through_xdp_to_local_and_remote_backends() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    // The node's address as the client sees it: NodePort frontends and the SNAT source.
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let any = Ipv4Addr::UNSPECIFIED;
+    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
+    put_service(
+        &mut maps,
+        any,
+        30080,
+        PROTO_TCP,
+        np,
+        1,
+        &[(1, BACKEND_IPS[0], BACKEND_PORT, true)],
+    );
+    put_service(
+        &mut maps,
+        any,
+        30081,
+        PROTO_TCP,
+        np,
+        2,
+        &[(2, BACKEND_IPS[1], BACKEND_PORT, false)],
+    );
+    put_service(&mut maps, any, 30082, PROTO_TCP, np, 3, &[]);
+    put_service(&mut maps, any, 30083, PROTO_UDP, np, 4, &[]);
+    // XDP on the node's interfaces; the veth peers get it too so that frames redirected
+    // into them are accepted (native XDP on veth). tc egress on n0 reverse-translates the
+    // replies of the local backend.
+    let (_x0, _x1, _tc) = in_netns(&rig.node, || {
+        (
+            dp.attach_xdp("n0").expect("xdp n0"),
+            dp.attach_xdp("n1").expect("xdp n1"),
+            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
+        )
+    });
+    let _xc = in_netns(&rig.client, || {
+        disable_tx_csum("c0");
+        dp.attach_xdp("c0").expect("xdp c0")
+    });
+    let _xb = in_netns(&rig.backend, || {
+        disable_tx_csum("b0");
+        dp.attach_xdp("b0").expect("xdp b0")
+    });
+
+    let talk = |port: u16, msg: &str| -> Result<String, std::io::ErrorKind> {
+        let msg = msg.to_string();
+        in_netns(&rig.client, move || {
+            let mut s = TcpStream::connect_timeout(
+                &sockaddr(NODE_CLIENT_SIDE, port),
+                Duration::from_secs(5),
+            )
+            .map_err(|e| e.kind())?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
+            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+            let mut data = String::new();
+            s.read_to_string(&mut data).map_err(|e| e.kind())?;
+            Ok(data)
+        })
+    };
+    // Local backend: client address preserved.
+    for i in 0..3 {
+        let data = talk(30080, &format!("l{i}")).expect("nodeport to a local backend");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"));
+    }
+    // Remote backend: SNAT to the node address, replies translated back by XDP.
+    for i in 0..3 {
+        let data = match talk(30081, &format!("r{i}")) {
+            Ok(d) => d,
+            Err(e) => {
+                for ns in [&rig.client, &rig.node, &rig.backend] {
+                    let o = std::process::Command::new("nsenter")
+                        .arg(format!("--net={}", ns.path().display()))
+                        .args(["sh", "-c", "nstat -az | grep -v ' 0 '; ip neigh; sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.n1.accept_local net.ipv4.conf.n0.accept_local 2>&1"])
+                        .output()
+                        .unwrap();
+                    eprintln!("== {}\n{}", ns.name, String::from_utf8_lossy(&o.stdout));
+                }
+                eprintln!("drops {:?}\nct {:?}", maps.drops().unwrap(), maps.conntrack().unwrap());
+                panic!("nodeport to a remote backend: {e:?}");
+            }
+        };
+        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
+    }
+    // No endpoints: refused by a RST from XDP.
+    assert_eq!(talk(30082, "x"), Err(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    assert_eq!(
+        udp_refused(&rig.client, NODE_CLIENT_SIDE, 30083),
+        std::io::ErrorKind::ConnectionRefused,
+        "ICMP port unreachable from XDP"
+    );
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
+    let stats = maps.service_stats().unwrap();
+    for id in [1, 2] {
+        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
+        assert_eq!(s.1.new_conns, 3, "service {id}");
+    }
+}
+
+#[test]
+fn daemon_dataplane_pins_tc_links_that_outlive_it() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let config = skiff_proxy::daemon::ProxyConfig {
+        node_ip: NODE_CLIENT_SIDE,
+        pin_dir: bpffs.path(),
+        socket_lb: false,
+        tc_interfaces: vec!["n0".into()],
+        ..Default::default()
+    };
+    let started = in_netns(&rig.node, || {
+        skiff_proxy::daemon::start_dataplane(&config).map(|mut r| {
+            services(&mut r.maps);
+            r.dataplane.pin_dir().to_path_buf()
+        })
+    });
+    let pin = started.expect("start the data plane");
+    // The RunningDataplane is gone (the proxy exited): pinned tc links keep serving.
+    let data = in_netns(&rig.client, || {
+        let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"pinned").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut d = String::new();
+        s.read_to_string(&mut d).unwrap();
+        d
+    });
+    assert!(data.ends_with("|10.201.0.2|pinned"), "{data}");
+    // A second start finds the links pinned and attaches nothing twice.
+    let again = in_netns(&rig.node, || skiff_proxy::daemon::start_dataplane(&config).map(|_| ()));
+    again.expect("restart");
+    assert_eq!(skiff_proxy::loader::unpin_links(&pin.join("links")).unwrap(), 2);
+}

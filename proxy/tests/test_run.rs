@@ -1,0 +1,363 @@
+//! BPF_PROG_TEST_RUN on crafted packets: the tc and XDP programs' verdicts, rewritten
+//! addresses and ports, checksums, conntrack/counter map state, and malformed input.
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use aya::TestRun;
+use aya::TestRunOptions;
+use common::*;
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, drop_reason, svc_flags};
+use skiff_proxy::loader::Dataplane;
+use skiff_proxy::maps::ServiceMaps;
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const BACKEND: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 5);
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+
+struct Rig {
+    dp: Dataplane,
+    maps: ServiceMaps,
+    _bpffs: BpffsDir,
+}
+
+fn rig() -> Rig {
+    let bpffs = BpffsDir::new();
+    let dp = Dataplane::load(&bpffs.path(), NODE).expect("load the eBPF object");
+    let maps = ServiceMaps::open_pinned(&bpffs.path()).expect("open pinned maps");
+    Rig { dp, maps, _bpffs: bpffs }
+}
+
+impl Rig {
+    fn tc(&mut self, pkt: &[u8]) -> (u32, Vec<u8>) {
+        let prog = self.dp.tc_program().expect("tc program loads (verifier)");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .unwrap_or_else(|e| {
+                panic!("BPF_PROG_TEST_RUN tc on {} bytes {pkt:02x?}: {e}", pkt.len())
+            });
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
+    fn xdp(&mut self, pkt: &[u8]) -> (u32, Vec<u8>) {
+        let prog = self.dp.xdp_program().expect("xdp program loads (verifier)");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN xdp");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
+    fn drops(&self, reason: u32) -> u64 {
+        self.maps.drop_count(reason).unwrap()
+    }
+
+    fn one_service(&mut self, proto: u8) {
+        put_service(&mut self.maps, VIP, 80, proto, CLUSTER_IP, 7, &[(11, BACKEND, 8080, false)]);
+    }
+}
+
+#[test]
+fn tc_dnat_tcp_rewrites_destination_and_records_conntrack() {
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 40000, VIP, 80).build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (CLIENT, 40000), "source untouched");
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080), "destination DNATed to the backend");
+    let ct = r.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 2, "forward and reply entries: {ct:?}");
+    let fwd = ct.iter().find(|(k, _)| k.dir == ct_dir::FORWARD).expect("forward entry");
+    assert_eq!(fwd.1.backend_id, 11);
+    let rep = ct.iter().find(|(k, _)| k.dir == ct_dir::REPLY).expect("reply entry");
+    assert_eq!(rep.0.saddr_be, be32(BACKEND));
+    assert_eq!(rep.0.daddr_be, be32(CLIENT));
+    assert_eq!(rep.1.nat_addr_be, be32(VIP));
+    let mut flows = skiff_proxy::maps::FlowReader::open_pinned(&r._bpffs.path()).unwrap();
+    let ev = flows.next_event().expect("a new-flow event");
+    assert_eq!(
+        (ev.client_addr_be, ev.frontend_addr_be, ev.backend_addr_be),
+        (be32(CLIENT), be32(VIP), be32(BACKEND))
+    );
+    assert_eq!((u16::from_be(ev.frontend_port_be), u16::from_be(ev.backend_port_be)), (80, 8080));
+    assert_eq!((ev.backend_id, ev.rev_nat_id, ev.path), (11, 7, skiff_ebpf_common::flow_path::TC));
+    assert!(flows.next_event().is_none(), "one event per new flow");
+    let stats = r.maps.service_stats().unwrap();
+    assert_eq!(stats.len(), 1);
+    assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (7, 1, 1));
+    let be = r.maps.backend_stats().unwrap();
+    assert_eq!((be[0].0, be[0].1.new_conns), (11, 1));
+
+    // The second packet of the flow follows conntrack (not a new connection).
+    let mut ack = Pkt::tcp(CLIENT, 40000, VIP, 80);
+    ack.tcp_flags = 0x10;
+    ack.payload = b"GET / HTTP/1.0\r\n\r\n".to_vec();
+    let (rc, out) = r.tc(&ack.build());
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(parse_and_verify(&out).dst, BACKEND);
+    let stats = r.maps.service_stats().unwrap();
+    assert_eq!((stats[0].1.packets, stats[0].1.new_conns), (2, 1));
+    assert!(flows.next_event().is_none(), "no event for an established flow");
+}
+
+#[test]
+fn tc_reverse_nat_restores_the_frontend_on_replies() {
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let (rc, _) = r.tc(&Pkt::tcp(CLIENT, 40001, VIP, 80).build());
+    assert_eq!(rc, TC_ACT_OK);
+    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 40001);
+    reply.tcp_flags = 0x12;
+    reply.payload = vec![7; 33];
+    let (rc, out) = r.tc(&reply.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (VIP, 80), "reply source restored to the VIP");
+    assert_eq!((p.dst, p.dport), (CLIENT, 40001));
+}
+
+#[test]
+fn tc_dnat_udp_with_and_without_checksum() {
+    let mut r = rig();
+    r.one_service(PROTO_UDP);
+    let (rc, out) = r.tc(&Pkt::udp(CLIENT, 5353, VIP, 80).build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.dst, p.dport, p.proto), (BACKEND, 8080, PROTO_UDP));
+
+    let mut zero = Pkt::udp(CLIENT, 5354, VIP, 80);
+    zero.udp_zero_csum = true;
+    let (rc, out) = r.tc(&zero.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    assert_eq!(&out[14 + 20 + 6..14 + 20 + 8], &[0, 0], "a zero UDP checksum stays zero");
+}
+
+#[test]
+fn tc_passes_traffic_that_is_not_for_a_service() {
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let pkt = Pkt::tcp(CLIENT, 40000, Ipv4Addr::new(10, 0, 9, 9), 80).build();
+    let (rc, out) = r.tc(&pkt);
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(out, pkt, "unrelated packet unchanged");
+    // Same VIP, other port: not a frontend.
+    let pkt = Pkt::tcp(CLIENT, 40000, VIP, 81).build();
+    assert_eq!(r.tc(&pkt), (TC_ACT_OK, pkt));
+    assert!(r.maps.conntrack().unwrap().is_empty());
+}
+
+#[test]
+fn tc_service_without_backends_rejects_tcp_with_rst_and_udp_with_icmp() {
+    let mut r = rig();
+    put_service(&mut r.maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 7, &[]);
+    let mut syn = Pkt::tcp(CLIENT, 40000, VIP, 80);
+    syn.payload = vec![9; 5];
+    let (rc, out) = r.tc(&syn.build());
+    assert_eq!(rc, TC_ACT_REDIRECT, "RST sent back out of the interface");
+    assert_eq!(out.len(), 14 + 40);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (VIP, 80, CLIENT, 40000));
+    assert_eq!(p.tcp_flags, 0x14, "RST|ACK");
+    assert_eq!(p.ack, 1000 + 5 + 1);
+    assert_eq!(&out[0..6], &[0x02, 0, 0, 0, 0, 1], "MACs swapped");
+    assert_eq!(r.drops(drop_reason::NO_BACKEND), 1);
+
+    put_service(&mut r.maps, VIP, 53, PROTO_UDP, CLUSTER_IP, 8, &[]);
+    let mut dgram = Pkt::udp(CLIENT, 5000, VIP, 53);
+    dgram.payload = vec![7; 100];
+    let (rc, out) = r.tc(&dgram.build());
+    assert_eq!(rc, TC_ACT_REDIRECT, "ICMP sent back out of the interface");
+    assert_icmp_port_unreachable(&out, VIP, CLIENT, 5000, 53);
+    assert_eq!(r.drops(drop_reason::NO_BACKEND), 2);
+}
+
+#[test]
+fn tc_malformed_packets_are_dropped_with_counted_reasons() {
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let good = Pkt::tcp(CLIENT, 40000, VIP, 80);
+
+    // (A buffer shorter than an IPv4 header is refused by the kernel's skb test_run itself;
+    // the XDP test covers the TRUNCATED reason.)
+    let pkt = good.build();
+
+    // Truncated TCP header (IP total length still claims it).
+    let mut short = pkt.clone();
+    short.truncate(14 + 20 + 10);
+    assert_eq!(r.tc(&short).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::BAD_LENGTH), 1, "total length beyond the buffer");
+
+    // IP options on service traffic.
+    let mut opts = good.clone();
+    opts.ip_options = 4;
+    assert_eq!(r.tc(&opts.build()).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::IP_OPTIONS), 1);
+
+    // First fragment (MF set) of service traffic.
+    let mut frag = good.clone();
+    frag.frag = 0x2000;
+    assert_eq!(r.tc(&frag.build()).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::FRAGMENT), 1);
+
+    // Total length smaller than the headers.
+    let mut bad = pkt.clone();
+    bad[14 + 2..14 + 4].copy_from_slice(&10u16.to_be_bytes());
+    assert_eq!(r.tc(&bad).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::BAD_LENGTH), 2);
+
+    // IPv4 ethertype with a version-6 header.
+    let mut v6 = pkt.clone();
+    v6[14] = 0x65;
+    assert_eq!(r.tc(&v6).0, TC_ACT_SHOT);
+    assert_eq!(r.drops(drop_reason::BAD_VERSION), 1);
+
+    // Not IPv4 at all (ARP): passed untouched, counted.
+    let mut arp = pkt.clone();
+    arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    assert_eq!(r.tc(&arp), (TC_ACT_OK, arp.clone()));
+    assert_eq!(r.drops(drop_reason::NON_IPV4), 1);
+
+    assert!(r.maps.conntrack().unwrap().is_empty(), "no malformed packet created a flow");
+}
+
+fn nodeport(r: &mut Rig, local: bool) {
+    put_service(
+        &mut r.maps,
+        Ipv4Addr::UNSPECIFIED,
+        30080,
+        PROTO_TCP,
+        svc_flags::NODE_PORT,
+        9,
+        &[(21, BACKEND, 8080, local)],
+    );
+}
+
+#[test]
+fn xdp_nodeport_to_local_backend_is_dnated_and_passed() {
+    let mut r = rig();
+    nodeport(&mut r, true);
+    let (rc, out) = r.xdp(&Pkt::tcp(CLIENT, 50000, NODE, 30080).build());
+    assert_eq!(rc, XDP_PASS, "drops: {:?}", r.maps.drops().unwrap());
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (CLIENT, 50000), "client IP kept for local backends");
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    // The reply (seen by tc on the way out) is reverse-translated to node:nodeport.
+    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50000);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.tc(&reply.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (NODE, 30080));
+}
+
+#[test]
+fn xdp_nodeport_to_remote_backend_is_snated_to_the_node() {
+    let mut r = rig();
+    nodeport(&mut r, false);
+    let (rc, out) = r.xdp(&Pkt::tcp(CLIENT, 50001, NODE, 30080).build());
+    assert!(rc == XDP_PASS || rc == XDP_REDIRECT, "forwarded, got {rc}");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (NODE, 50001), "SNAT to the node address");
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    // The backend's reply arrives at the node and goes back to the client from node:nodeport.
+    let mut reply = Pkt::tcp(BACKEND, 8080, NODE, 50001);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.xdp(&reply.build());
+    assert!(rc == XDP_PASS || rc == XDP_REDIRECT, "forwarded, got {rc}");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (NODE, 30080));
+    assert_eq!((p.dst, p.dport), (CLIENT, 50001));
+}
+
+#[test]
+fn xdp_nodeport_without_backends_answers_tcp_with_rst() {
+    let mut r = rig();
+    put_service(&mut r.maps, Ipv4Addr::UNSPECIFIED, 30080, PROTO_TCP, svc_flags::NODE_PORT, 9, &[]);
+    let mut syn = Pkt::tcp(CLIENT, 50002, NODE, 30080);
+    syn.payload = vec![1; 10];
+    let (rc, out) = r.xdp(&syn.build());
+    assert_eq!(rc, XDP_TX);
+    assert_eq!(out.len(), 14 + 40, "RST trimmed to headers");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 30080, CLIENT, 50002));
+    assert_eq!(p.tcp_flags, 0x14, "RST|ACK");
+    assert_eq!(p.ack, 1000 + 10 + 1, "acks the SYN and its payload");
+    assert_eq!(r.drops(drop_reason::NO_BACKEND), 1);
+
+    // UDP to a backend-less NodePort: ICMP port unreachable, counted.
+    put_service(
+        &mut r.maps,
+        Ipv4Addr::UNSPECIFIED,
+        30053,
+        PROTO_UDP,
+        svc_flags::NODE_PORT,
+        10,
+        &[],
+    );
+    let (rc, out) = r.xdp(&Pkt::udp(CLIENT, 5000, NODE, 30053).build());
+    assert_eq!(rc, XDP_TX, "ICMP port unreachable bounced back");
+    assert_icmp_port_unreachable(&out, NODE, CLIENT, 5000, 30053);
+    assert_eq!(r.drops(drop_reason::NO_BACKEND), 2);
+}
+
+#[test]
+fn xdp_malformed_and_foreign_packets() {
+    let mut r = rig();
+    nodeport(&mut r, true);
+    let pkt = Pkt::tcp(CLIENT, 50000, NODE, 30080).build();
+    assert_eq!(r.xdp(&pkt[..20]).0, XDP_DROP, "truncated IPv4");
+    assert_eq!(r.drops(drop_reason::TRUNCATED), 1);
+    let mut opts = Pkt::tcp(CLIENT, 50000, NODE, 30080);
+    opts.ip_options = 8;
+    assert_eq!(r.xdp(&opts.build()).0, XDP_DROP);
+    assert_eq!(r.drops(drop_reason::IP_OPTIONS), 1);
+    // Other node ports and other addresses pass untouched.
+    let other = Pkt::tcp(CLIENT, 50000, NODE, 22).build();
+    assert_eq!(r.xdp(&other), (XDP_PASS, other.clone()));
+    let other = Pkt::tcp(CLIENT, 50000, Ipv4Addr::new(192, 168, 77, 2), 30080).build();
+    assert_eq!(r.xdp(&other), (XDP_PASS, other.clone()));
+}
+
+#[test]
+fn tc_session_affinity_keeps_a_client_on_one_backend() {
+    let mut r = rig();
+    let backends: Vec<_> =
+        (1..=4).map(|i| (i as u32, Ipv4Addr::new(10, 0, 1, i), 8080, false)).collect();
+    put_service(&mut r.maps, VIP, 80, PROTO_TCP, CLUSTER_IP, 7, &backends);
+    let mut spread = std::collections::BTreeSet::new();
+    for port in 41000..41020 {
+        spread.insert(parse_and_verify(&r.tc(&Pkt::tcp(CLIENT, port, VIP, 80).build()).1).dst);
+    }
+    assert!(spread.len() > 1, "without affinity new flows spread: {spread:?}");
+
+    set_affinity(&mut r.maps, VIP, 80, PROTO_TCP, 60);
+    let mut sticky = std::collections::BTreeSet::new();
+    for port in 42000..42020 {
+        sticky.insert(parse_and_verify(&r.tc(&Pkt::tcp(CLIENT, port, VIP, 80).build()).1).dst);
+    }
+    assert_eq!(sticky.len(), 1, "one client, one backend under ClientIP affinity: {sticky:?}");
+}
