@@ -27,13 +27,16 @@ impl EventType {
     }
 }
 
+/// (namespace, involved uid, reason, message): what makes two events "the same".
+type EventKey = (String, String, String, String);
+
 /// Records Events for one component ("default-scheduler", "deployment-controller", ...).
 pub struct EventRecorder {
     client: Client,
     component: String,
     host: Option<String>,
     /// (namespace, involved uid, reason, message) → (event name, count) for aggregation.
-    seen: Mutex<HashMap<(String, String, String, String), (String, i32)>>,
+    seen: Mutex<HashMap<EventKey, (String, i32)>>,
 }
 
 impl EventRecorder {
