@@ -1,0 +1,539 @@
+//! Scenario tests of the workload controllers against the real apiserver in memory, with a
+//! "kubelet stand-in" that binds pending pods (to the node a DaemonSet pod's affinity names,
+//! else round robin), marks bound pods Running and Ready (or Succeeded/Failed for pods
+//! labelled `test.skiff/outcome`), and removes terminating pods with gracePeriodSeconds=0.
+//! Pods annotated `test.skiff/kubelet: ignore` are left alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::{Context, ControllerConfig, pods};
+use crate::apiserver::ApiServer;
+use crate::store::memory::MemoryStore;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Harness {
+    client: Client,
+    _api: Arc<ApiServer>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+impl Harness {
+    async fn start(nodes: &[&str]) -> Harness {
+        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver starts");
+        let client = api.client();
+        for n in nodes {
+            add_node(&client, n, &[]).await;
+        }
+        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let controllers = AbortOnDrop(tokio::spawn(super::run_workloads(ctx)));
+        let kubelet = AbortOnDrop(tokio::spawn(kubelet_stand_in(client.clone())));
+        Harness { client, _api: api, _tasks: vec![controllers, kubelet] }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn pods(&self) -> Vec<Pod> {
+        self.api::<Pod>().list(&ListParams::default()).await.expect("list pods").items
+    }
+}
+
+async fn add_node(client: &Client, name: &str, labels: &[(&str, &str)]) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node json");
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+}
+
+/// Wait until `f` holds, polling the API.
+async fn wait_for<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn daemon_node(pod: &Pod) -> Option<String> {
+    let terms = pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?;
+    terms.node_selector_terms.iter().flat_map(|t| t.match_fields.iter().flatten()).find_map(|f| {
+        (f.key == "metadata.name" && f.operator == "In")
+            .then(|| f.values.as_ref()?.first().cloned())
+            .flatten()
+    })
+}
+
+async fn kubelet_stand_in(client: Client) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let next = Arc::new(AtomicUsize::new(0));
+    let stream = watcher(pods, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Ok(Some(pod)) = stream.try_next().await {
+        if pod.annotations().get("test.skiff/kubelet").map(String::as_str) == Some("ignore") {
+            continue;
+        }
+        let client = client.clone();
+        let nodes = nodes.clone();
+        let next = next.clone();
+        tokio::spawn(async move {
+            let api: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
+            let name = pod.name_any();
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            if pods::is_terminating(&pod) {
+                let _ = api
+                    .delete(
+                        &name,
+                        &DeleteParams { grace_period_seconds: Some(0), ..Default::default() },
+                    )
+                    .await;
+            } else if node.is_empty() {
+                let target = match daemon_node(&pod) {
+                    Some(n) => n,
+                    None => {
+                        let all = nodes
+                            .list(&ListParams::default())
+                            .await
+                            .map(|l| l.items)
+                            .unwrap_or_default();
+                        if all.is_empty() {
+                            return;
+                        }
+                        all[next.fetch_add(1, Ordering::Relaxed) % all.len()].name_any()
+                    }
+                };
+                let binding = Binding {
+                    metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+                    target: ObjectReference {
+                        kind: Some("Node".into()),
+                        name: Some(target),
+                        ..Default::default()
+                    },
+                };
+                let _: Result<serde_json::Value, _> = api
+                    .create_subresource("binding", &name, &PostParams::default(), &binding)
+                    .await;
+            } else if pods::phase(&pod) == "Pending" {
+                let status = match pod.labels().get("test.skiff/outcome").map(String::as_str) {
+                    Some("succeed") => json!({"phase": "Succeeded"}),
+                    Some("fail") => json!({"phase": "Failed"}),
+                    _ => json!({
+                        "phase": "Running",
+                        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": pods::now()}],
+                        "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": "", "started": true}],
+                    }),
+                };
+                let _ = api
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"status": status})),
+                    )
+                    .await;
+            }
+        });
+    }
+}
+
+fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": image}]},
+            },
+        },
+    }))
+    .expect("deployment json")
+}
+
+fn deploy_done(d: &Deployment, replicas: i32) -> bool {
+    let Some(s) = d.status.as_ref() else { return false };
+    let progressing = s.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.status == "True"
+            && c.reason.as_deref() == Some("NewReplicaSetAvailable")
+    });
+    let available =
+        s.conditions.iter().flatten().any(|c| c.type_ == "Available" && c.status == "True");
+    s.observed_generation == d.metadata.generation
+        && s.updated_replicas == Some(replicas)
+        && s.available_replicas == Some(replicas)
+        && s.replicas == Some(replicas)
+        && progressing
+        && available
+}
+
+async fn wait_deploy_done(h: &Harness, name: &str, replicas: i32) {
+    let api = h.api::<Deployment>();
+    wait_for(&format!("deployment {name} complete"), || async {
+        api.get(name).await.is_ok_and(|d| deploy_done(&d, replicas))
+    })
+    .await;
+}
+
+fn image_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn deployment_of_three_becomes_three_ready_pods_and_available() {
+    let h = Harness::start(&["n1", "n2", "n3"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 3, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 3).await;
+    let d = h.api::<Deployment>().get("web").await.unwrap();
+    assert_eq!(d.annotations().get(super::deployment::REVISION).map(String::as_str), Some("1"));
+    let rss = h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rss.len(), 1, "one replicaset");
+    let rs = &rss[0];
+    let hash = rs.labels().get("pod-template-hash").expect("pod-template-hash label").clone();
+    assert_eq!(rs.name_any(), format!("web-{hash}"));
+    assert_eq!(
+        rs.annotations().get("deployment.kubernetes.io/desired-replicas").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        rs.annotations().get("deployment.kubernetes.io/max-replicas").map(String::as_str),
+        Some("4")
+    );
+    assert_eq!(pods::controller_ref(&rs.metadata).map(|r| r.uid.clone()), d.metadata.uid.clone());
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert_eq!(live.len(), 3);
+    for p in &live {
+        assert!(pods::is_ready(p), "pod {} ready", p.name_any());
+        assert!(p.name_any().starts_with(&format!("web-{hash}-")));
+        assert_eq!(p.labels().get("pod-template-hash"), Some(&hash));
+        let r = pods::controller_ref(&p.metadata).expect("controller ref");
+        assert_eq!((r.kind.as_str(), r.block_owner_deletion), ("ReplicaSet", Some(true)));
+    }
+    let nodes: std::collections::BTreeSet<_> =
+        live.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+    assert_eq!(nodes.len(), 3, "spread by the stand-in binder");
+}
+
+/// Watches the pods of `app` and records the fewest ready, non-terminating ones seen at
+/// any moment.
+fn watch_min_ready(client: Client, app: &str) -> (Arc<Mutex<usize>>, AbortOnDrop) {
+    let min = Arc::new(Mutex::new(usize::MAX));
+    let m = min.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("app={app}"));
+    let task = tokio::spawn(async move {
+        let mut state: HashMap<String, bool> = HashMap::new();
+        // Only count once a (re)list is complete: mid-list the state is partial.
+        let mut listed = false;
+        let mut stream = std::pin::pin!(watcher(api, cfg));
+        while let Ok(Some(ev)) = stream.try_next().await {
+            match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    state.insert(p.name_any(), pods::is_ready(&p) && !pods::is_terminating(&p));
+                }
+                watcher::Event::Delete(p) => {
+                    state.remove(&p.name_any());
+                }
+                watcher::Event::Init => {
+                    state.clear();
+                    listed = false;
+                }
+                watcher::Event::InitDone => listed = true,
+            }
+            if !listed {
+                continue;
+            }
+            let ready = state.values().filter(|r| **r).count();
+            let mut g = m.lock().unwrap();
+            *g = (*g).min(ready);
+        }
+    });
+    (min, AbortOnDrop(task))
+}
+
+async fn set_image(h: &Harness, name: &str, image: &str) {
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}});
+    h.api::<Deployment>()
+        .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn rolling_update_keeps_min_available_then_rollback() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 4, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 4).await;
+    let (min_ready, _watch) = watch_min_ready(h.client.clone(), "web");
+    // Let the watcher see the initial state.
+    wait_for("watcher primed", || async { *min_ready.lock().unwrap() != usize::MAX }).await;
+    set_image(&h, "web", "nginx:2").await;
+    wait_deploy_done(&h, "web", 4).await;
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(|p| image_of(p) == "nginx:2"), "only new pods remain");
+    let min = *min_ready.lock().unwrap();
+    assert!(min >= 3, "ready pods fell to {min} (< replicas - maxUnavailable = 3)");
+    let d = h.api::<Deployment>().get("web").await.unwrap();
+    assert_eq!(d.annotations().get(super::deployment::REVISION).map(String::as_str), Some("2"));
+    let new_hash = live[0].labels().get("pod-template-hash").cloned();
+    assert!(live.iter().all(|p| p.labels().get("pod-template-hash") == new_hash.as_ref()));
+
+    // `kubectl rollout undo` as kubectl >= 1.27 does it: the template of revision 1's RS.
+    let rss = h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rss.len(), 2);
+    let rev1 = rss
+        .iter()
+        .find(|rs| {
+            rs.annotations().get(super::deployment::REVISION).map(String::as_str) == Some("1")
+        })
+        .expect("revision 1 kept in history");
+    let mut template = rev1.spec.as_ref().unwrap().template.clone().unwrap();
+    template.metadata.as_mut().unwrap().labels.as_mut().unwrap().remove("pod-template-hash");
+    // (kubectl sends a JSON patch replacing /spec/template; a merge patch of the whole
+    // template is equivalent here: only the container list differs.)
+    let patch = json!({"spec": {"template": template}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 4).await;
+    let rs = h.api::<ReplicaSet>().get(&rev1.name_any()).await.unwrap();
+    assert_eq!(rs.annotations().get(super::deployment::REVISION).map(String::as_str), Some("3"));
+    assert_eq!(
+        rs.annotations().get(super::deployment::REVISION_HISTORY).map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(rs.spec.as_ref().unwrap().replicas, Some(4));
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert!(live.iter().all(|p| image_of(p) == "nginx:1"), "rolled back to nginx:1");
+    assert!(*min_ready.lock().unwrap() >= 3, "availability kept during the rollback too");
+}
+
+#[tokio::test]
+async fn paused_deployment_does_not_roll() {
+    let h = Harness::start(&["n1"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 2, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 2).await;
+    let pause = json!({"spec": {"paused": true}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .unwrap();
+    set_image(&h, "web", "nginx:2").await;
+    let api = h.api::<Deployment>();
+    wait_for("paused deployment observed", || async {
+        api.get("web").await.is_ok_and(|d| {
+            d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+                && d.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c.type_ == "Progressing" && c.reason.as_deref() == Some("DeploymentPaused")
+                    })
+                })
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items.len(),
+        1,
+        "no new RS"
+    );
+    assert!(h.pods().await.iter().all(|p| image_of(p) == "nginx:1"));
+    let resume = json!({"spec": {"paused": false}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 2).await;
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert!(live.iter().all(|p| image_of(p) == "nginx:2"), "resumed deployment rolled");
+}
+
+#[tokio::test]
+async fn recreate_deployment_replaces_all_pods() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("db", 2, "pg:1");
+    d.spec.as_mut().unwrap().strategy =
+        serde_json::from_value(json!({"type": "Recreate"})).unwrap();
+    h.api::<Deployment>().create(&PostParams::default(), &d).await.unwrap();
+    wait_deploy_done(&h, "db", 2).await;
+    let (min_ready, _w) = watch_min_ready(h.client.clone(), "db");
+    set_image(&h, "db", "pg:2").await;
+    wait_deploy_done(&h, "db", 2).await;
+    assert_eq!(*min_ready.lock().unwrap(), 0, "Recreate takes all old pods down first");
+    assert!(h.pods().await.iter().all(|p| image_of(p) == "pg:2"));
+}
+
+fn replicaset(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }))
+    .expect("replicaset json")
+}
+
+fn rs_settled(rs: &ReplicaSet, replicas: i32) -> bool {
+    rs.status.as_ref().is_some_and(|s| {
+        s.replicas == replicas
+            && s.ready_replicas == Some(replicas)
+            && s.available_replicas == Some(replicas)
+            && s.fully_labeled_replicas == Some(replicas)
+            && s.observed_generation == rs.metadata.generation
+    })
+}
+
+#[tokio::test]
+async fn replicaset_adopts_orphans_and_deletes_in_upstream_order() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let pods_api = h.api::<Pod>();
+    // A matching orphan, already running.
+    let orphan: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "orphan", "labels": {"app": "rs"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    pods_api.create(&PostParams::default(), &orphan).await.unwrap();
+    wait_for("orphan ready", || async {
+        pods_api.get("orphan").await.is_ok_and(|p| pods::is_ready(&p))
+    })
+    .await;
+
+    let rs_api = h.api::<ReplicaSet>();
+    rs_api.create(&PostParams::default(), &replicaset("rs", 3)).await.unwrap();
+    wait_for("rs of 3", || async { rs_api.get("rs").await.is_ok_and(|rs| rs_settled(&rs, 3)) })
+        .await;
+    let rs = rs_api.get("rs").await.unwrap();
+    let adopted = pods_api.get("orphan").await.unwrap();
+    assert_eq!(
+        pods::controller_ref(&adopted.metadata).map(|r| r.uid.clone()),
+        rs.metadata.uid.clone(),
+        "orphan adopted"
+    );
+    assert_eq!(
+        h.pods().await.iter().filter(|p| pods::is_active(p)).count(),
+        3,
+        "adopted pod counts: only 2 created"
+    );
+
+    // One owned pod turns not ready; an unscheduled orphan appears (the stand-in leaves it).
+    let victim = h.pods().await.into_iter().find(|p| p.name_any() != "orphan").unwrap().name_any();
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods_api
+        .patch_status(&victim, &PatchParams::default(), &Patch::Merge(&not_ready))
+        .await
+        .unwrap();
+    let pending: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "unscheduled", "labels": {"app": "rs"}, "annotations": {"test.skiff/kubelet": "ignore"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    pods_api.create(&PostParams::default(), &pending).await.unwrap();
+    // Adopted, then one too many: the unscheduled pod goes first.
+    wait_for("unscheduled pod deleted", || async { pods_api.get("unscheduled").await.is_err() })
+        .await;
+    // Scale to 2: the not-ready pod goes next, the ready ones stay.
+    let scale = json!({"spec": {"replicas": 2}});
+    rs_api.patch("rs", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_for("not-ready pod deleted", || async { pods_api.get(&victim).await.is_err() }).await;
+    wait_for("rs of 2", || async {
+        rs_api.get("rs").await.is_ok_and(|rs| rs.status.as_ref().is_some_and(|s| s.replicas == 2))
+    })
+    .await;
+    assert!(pods_api.get("orphan").await.is_ok(), "ready pods kept");
+
+    // Relabelled pod: released, and replaced.
+    let relabel = json!({"metadata": {"labels": {"app": "other"}}});
+    pods_api.patch("orphan", &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
+    wait_for("released", || async {
+        pods_api.get("orphan").await.is_ok_and(|p| pods::controller_ref(&p.metadata).is_none())
+    })
+    .await;
+    wait_for("replacement", || async { rs_api.get("rs").await.is_ok_and(|rs| rs_settled(&rs, 2)) })
+        .await;
+    let owned = h
+        .pods()
+        .await
+        .into_iter()
+        .filter(|p| p.labels().get("app").map(String::as_str) == Some("rs"))
+        .filter(pods::is_active)
+        .count();
+    assert_eq!(owned, 2);
+}
+
+#[allow(dead_code)]
+fn unused_types(_: (DaemonSet, StatefulSet, Job)) {}
+
+#[allow(dead_code)]
+async fn stream_unused(s: impl futures::Stream<Item = ()>) {
+    s.for_each(|_| async {}).await;
+}
