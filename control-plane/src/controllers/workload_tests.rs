@@ -530,6 +530,89 @@ async fn replicaset_adopts_orphans_and_deletes_in_upstream_order() {
     assert_eq!(owned, 2);
 }
 
+async fn add_tainted_node(client: &Client, name: &str) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node json");
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+}
+
+fn ds_settled(ds: &DaemonSet, n: i32) -> bool {
+    ds.status.as_ref().is_some_and(|s| {
+        s.desired_number_scheduled == n
+            && s.current_number_scheduled == n
+            && s.number_ready == n
+            && s.number_available == Some(n)
+            && s.updated_number_scheduled == Some(n)
+            && s.observed_generation == ds.metadata.generation
+    })
+}
+
+#[tokio::test]
+async fn daemonset_covers_new_nodes_and_rolls() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<DaemonSet>();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("daemonset on 2 nodes", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 2))
+    })
+    .await;
+    add_node(&h.client, "n3", &[]).await;
+    add_tainted_node(&h.client, "gpu1").await;
+    wait_for("daemonset on 3 nodes", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+    })
+    .await;
+    let nodes_of = |pods: Vec<Pod>| {
+        let mut v: Vec<String> = pods
+            .into_iter()
+            .filter(pods::is_active)
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(nodes_of(h.pods().await), ["n1", "n2", "n3"], "one pod per untainted node");
+    let pod = h.pods().await.into_iter().next().unwrap();
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    assert!(tolerations.iter().any(|t| t.key.as_deref() == Some("node.kubernetes.io/unreachable")));
+
+    // Rolling update with maxUnavailable 1: never fewer than 2 ready daemons.
+    let (min_ready, _w) = watch_min_ready(h.client.clone(), "agent");
+    wait_for("watcher primed", || async { *min_ready.lock().unwrap() != usize::MAX }).await;
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "agent:2"}]}}}});
+    api.patch("agent", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    wait_for("daemonset rolled", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+            && h.pods()
+                .await
+                .iter()
+                .filter(|p| pods::is_active(p))
+                .all(|p| image_of(p) == "agent:2")
+    })
+    .await;
+    assert_eq!(nodes_of(h.pods().await), ["n1", "n2", "n3"]);
+    let min = *min_ready.lock().unwrap();
+    assert!(min >= 2, "ready daemons fell to {min}");
+}
+
 #[allow(dead_code)]
 fn unused_types(_: (DaemonSet, StatefulSet, Job)) {}
 
