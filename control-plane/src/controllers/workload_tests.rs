@@ -613,6 +613,129 @@ async fn daemonset_covers_new_nodes_and_rolls() {
     assert!(min >= 2, "ready daemons fell to {min}");
 }
 
+fn job(name: &str, completions: i32, parallelism: i32, backoff: i32, outcome: &str) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "completions": completions,
+            "parallelism": parallelism,
+            "backoffLimit": backoff,
+            "template": {
+                "metadata": {"labels": {"test.skiff/outcome": outcome}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }))
+    .expect("job json")
+}
+
+fn job_condition(j: &Job, type_: &str) -> Option<String> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")?
+        .reason
+        .clone()
+}
+
+/// Counts the most pods of a job that were active at once.
+fn watch_max_active(client: Client, job: &str) -> (Arc<Mutex<usize>>, AbortOnDrop) {
+    let max = Arc::new(Mutex::new(0));
+    let m = max.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+    let task = tokio::spawn(async move {
+        let mut state: HashMap<String, bool> = HashMap::new();
+        let mut stream = std::pin::pin!(watcher(api, cfg));
+        while let Ok(Some(ev)) = stream.try_next().await {
+            match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    state.insert(p.name_any(), pods::is_active(&p));
+                }
+                watcher::Event::Delete(p) => {
+                    state.remove(&p.name_any());
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+            let active = state.values().filter(|a| **a).count();
+            let mut g = m.lock().unwrap();
+            *g = (*g).max(active);
+        }
+    });
+    (max, AbortOnDrop(task))
+}
+
+#[tokio::test]
+async fn job_completes_with_completions_and_parallelism() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let (max_active, _w) = watch_max_active(h.client.clone(), "ok");
+    let api = h.api::<Job>();
+    api.create(&PostParams::default(), &job("ok", 3, 2, 6, "succeed")).await.unwrap();
+    wait_for("job complete", || async {
+        api.get("ok").await.is_ok_and(|j| job_condition(&j, "Complete").is_some())
+    })
+    .await;
+    let j = api.get("ok").await.unwrap();
+    let s = j.status.clone().unwrap();
+    assert_eq!((s.succeeded, s.failed, s.active), (Some(3), Some(0), Some(0)));
+    assert!(s.start_time.is_some() && s.completion_time.is_some());
+    assert_eq!(job_condition(&j, "SuccessCriteriaMet").as_deref(), Some("CompletionsReached"));
+    assert_eq!(job_condition(&j, "Complete").as_deref(), Some("CompletionsReached"));
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 3, "exactly completions pods were created");
+    assert!(pods.iter().all(|p| p.labels().contains_key("batch.kubernetes.io/controller-uid")));
+    assert!(*max_active.lock().unwrap() <= 2, "parallelism respected");
+}
+
+#[tokio::test]
+async fn job_fails_after_backoff_limit_and_deadline() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    api.create(&PostParams::default(), &job("bad", 1, 1, 2, "fail")).await.unwrap();
+    wait_for("job failed", || async {
+        api.get("bad").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    let j = api.get("bad").await.unwrap();
+    assert_eq!(job_condition(&j, "FailureTarget").as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(job_condition(&j, "Failed").as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(
+        j.status.as_ref().and_then(|s| s.failed),
+        Some(3),
+        "backoffLimit 2: the third failure fails it"
+    );
+    assert!(j.status.as_ref().unwrap().completion_time.is_none());
+    assert_eq!(h.pods().await.len(), 3, "restartPolicy Never: a new pod per failure");
+
+    // activeDeadlineSeconds: pods that never finish (the stand-in ignores them).
+    let mut slow = job("slow", 1, 1, 6, "run");
+    slow.spec.as_mut().unwrap().active_deadline_seconds = Some(1);
+    slow.spec.as_mut().unwrap().ttl_seconds_after_finished = Some(1);
+    slow.spec.as_mut().unwrap().template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    api.create(&PostParams::default(), &slow).await.unwrap();
+    wait_for("deadline exceeded", || async {
+        api.get("slow")
+            .await
+            .is_ok_and(|j| job_condition(&j, "Failed").as_deref() == Some("DeadlineExceeded"))
+    })
+    .await;
+    let pods = h.pods().await;
+    assert!(
+        !pods.iter().any(|p| p.labels().get("batch.kubernetes.io/job-name").map(String::as_str)
+            == Some("slow")
+            && pods::is_active(p)),
+        "active pods of a failed job are deleted"
+    );
+    // ttlSecondsAfterFinished: the finished job is deleted (foreground, as upstream).
+    wait_for("job deleted after ttl", || async {
+        api.get("slow").await.map_or(true, |j| j.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+}
+
 #[allow(dead_code)]
 fn unused_types(_: (DaemonSet, StatefulSet, Job)) {}
 
