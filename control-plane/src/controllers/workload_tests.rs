@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
@@ -736,10 +736,107 @@ async fn job_fails_after_backoff_limit_and_deadline() {
     .await;
 }
 
-#[allow(dead_code)]
-fn unused_types(_: (DaemonSet, StatefulSet, Job)) {}
+#[derive(Default)]
+struct StsLog {
+    created: Vec<String>,
+    terminating: Vec<String>,
+    /// Pods created while a lower ordinal was not Running and Ready.
+    early: Vec<String>,
+}
 
-#[allow(dead_code)]
-async fn stream_unused(s: impl futures::Stream<Item = ()>) {
-    s.for_each(|_| async {}).await;
+/// Records creation and termination order of the pods of a StatefulSet.
+fn watch_sts(client: Client, app: &str) -> (Arc<Mutex<StsLog>>, AbortOnDrop) {
+    let log = Arc::new(Mutex::new(StsLog::default()));
+    let l = log.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("app={app}"));
+    let app = app.to_string();
+    let task = tokio::spawn(async move {
+        let mut ready: BTreeMap<i32, bool> = BTreeMap::new();
+        let mut stream = std::pin::pin!(watcher(api, cfg).applied_objects());
+        while let Ok(Some(p)) = stream.try_next().await {
+            let Some(o) = super::statefulset::ordinal(&app, &p.name_any()) else { continue };
+            let mut g = l.lock().unwrap();
+            if !g.created.contains(&p.name_any()) && !pods::is_terminating(&p) {
+                if (0..o).any(|lower| ready.get(&lower) != Some(&true)) {
+                    g.early.push(p.name_any());
+                }
+                g.created.push(p.name_any());
+            }
+            if pods::is_terminating(&p) && !g.terminating.contains(&p.name_any()) {
+                g.terminating.push(p.name_any());
+            }
+            ready.insert(
+                o,
+                pods::phase(&p) == "Running" && pods::is_ready(&p) && !pods::is_terminating(&p),
+            );
+        }
+    });
+    (log, AbortOnDrop(task))
+}
+
+fn sts_settled(s: &StatefulSet, n: i32) -> bool {
+    s.status.as_ref().is_some_and(|st| {
+        st.replicas == n
+            && st.ready_replicas == Some(n)
+            && st.updated_replicas == Some(n)
+            && st.current_revision == st.update_revision
+            && st.observed_generation == s.metadata.generation
+    })
+}
+
+#[tokio::test]
+async fn statefulset_orders_creation_scale_down_and_update() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let (log, _w) = watch_sts(h.client.clone(), "db");
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {"containers": [{"name": "c", "image": "db:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.unwrap();
+    wait_for("3 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 3)) })
+        .await;
+    {
+        let g = log.lock().unwrap();
+        assert_eq!(g.created, ["db-0", "db-1", "db-2"]);
+        assert!(g.early.is_empty(), "created before the previous ordinal was ready: {:?}", g.early);
+    }
+    let p = h.api::<Pod>().get("db-1").await.unwrap();
+    assert_eq!(p.spec.as_ref().unwrap().hostname.as_deref(), Some("db-1"));
+    assert_eq!(p.spec.as_ref().unwrap().subdomain.as_deref(), Some("db"));
+    assert_eq!(
+        p.labels().get("statefulset.kubernetes.io/pod-name").map(String::as_str),
+        Some("db-1")
+    );
+    assert!(p.labels().get("controller-revision-hash").is_some_and(|h| h.starts_with("db-")));
+
+    // Rolling update: 2, 1, 0.
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "db:2"}]}}}});
+    api.patch("db", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    wait_for("updated", || async {
+        api.get("db").await.is_ok_and(|s| sts_settled(&s, 3))
+            && h.pods().await.iter().filter(|p| pods::is_active(p)).all(|p| image_of(p) == "db:2")
+    })
+    .await;
+    assert_eq!(log.lock().unwrap().terminating, ["db-2", "db-1", "db-0"], "reverse ordinal update");
+
+    // Scale down to 1: 2 goes first, then 1.
+    log.lock().unwrap().terminating.clear();
+    let scale = json!({"spec": {"replicas": 1}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_for("1 member", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 1)) }).await;
+    wait_for("pods gone", || async { h.pods().await.len() == 1 }).await;
+    assert_eq!(log.lock().unwrap().terminating, ["db-2", "db-1"]);
+    assert_eq!(h.pods().await[0].name_any(), "db-0");
 }
