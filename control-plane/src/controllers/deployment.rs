@@ -520,23 +520,23 @@ impl Reconcile {
         let new_rs = (replicas_of(&rss[ni]), available_of(&rss[ni]));
         let targets = scale_down_old(replicas, unavailable, new_rs, &old);
         let mut t = targets.into_iter();
-        for i in 0..rss.len() {
+        for (i, rs) in rss.iter_mut().enumerate() {
             if i == ni {
                 continue;
             }
             if let Some(to) = t.next()
-                && to != replicas_of(&rss[i])
+                && to != replicas_of(rs)
             {
-                self.scale(&mut rss[i], to).await?;
+                self.scale(rs, to).await?;
             }
         }
         Ok(())
     }
 
     async fn recreate(&self, rss: &mut [ReplicaSet], ni: usize) -> Result<(), Error> {
-        for i in 0..rss.len() {
-            if i != ni && replicas_of(&rss[i]) > 0 {
-                self.scale(&mut rss[i], 0).await?;
+        for (i, rs) in rss.iter_mut().enumerate() {
+            if i != ni && replicas_of(rs) > 0 {
+                self.scale(rs, 0).await?;
             }
         }
         // Wait until the old pods are gone (old ReplicaSets report no replicas).

@@ -236,10 +236,12 @@ where
             }
             Some(_) => {}
             None => {
-                if matches && !owner_deleting && pod.meta().deletion_timestamp.is_none() {
-                    if let Some(p) = adopt(api, owner, &pod).await? {
-                        claimed.push(p);
-                    }
+                if matches
+                    && !owner_deleting
+                    && pod.meta().deletion_timestamp.is_none()
+                    && let Some(p) = adopt(api, owner, &pod).await?
+                {
+                    claimed.push(p);
                 }
             }
         }
@@ -383,7 +385,7 @@ mod tests {
 
     #[test]
     fn deletion_order_follows_active_pods_ranking() {
-        let mut pods = vec![
+        let mut pods = [
             pod("old-ready", "n1", "Running", Some(100), 10),
             pod("new-ready", "n1", "Running", Some(200), 20),
             pod("running-not-ready", "n1", "Running", None, 5),
