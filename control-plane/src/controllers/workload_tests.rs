@@ -840,3 +840,76 @@ async fn statefulset_orders_creation_scale_down_and_update() {
     assert_eq!(log.lock().unwrap().terminating, ["db-2", "db-1"]);
     assert_eq!(h.pods().await[0].name_any(), "db-0");
 }
+
+#[tokio::test]
+async fn history_limit_events_and_progress_deadline() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("web", 1, "v:1");
+    d.spec.as_mut().unwrap().revision_history_limit = Some(1);
+    h.api::<Deployment>().create(&PostParams::default(), &d).await.unwrap();
+    wait_deploy_done(&h, "web", 1).await;
+    for image in ["v:2", "v:3"] {
+        set_image(&h, "web", image).await;
+        wait_deploy_done(&h, "web", 1).await;
+    }
+    let rss = h.api::<ReplicaSet>();
+    wait_for("old replicasets beyond the history limit deleted", || async {
+        rss.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == 2)
+    })
+    .await;
+    let revisions: std::collections::BTreeSet<String> = rss
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|rs| rs.annotations().get(super::deployment::REVISION).cloned())
+        .collect();
+    assert_eq!(revisions, ["2".to_string(), "3".to_string()].into(), "revision 1 cleaned up");
+    let events = h
+        .api::<k8s_openapi::api::core::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("ScalingReplicaSet")
+            && e.message.as_deref().is_some_and(|m| m.starts_with("Scaled up replica set web-"))),
+        "ScalingReplicaSet events recorded"
+    );
+
+    // Pods that never become ready: the rollout times out after progressDeadlineSeconds.
+    let mut stuck = deployment("stuck", 1, "v:1");
+    let spec = stuck.spec.as_mut().unwrap();
+    spec.progress_deadline_seconds = Some(1);
+    spec.template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    let api = h.api::<Deployment>();
+    api.create(&PostParams::default(), &stuck).await.unwrap();
+    wait_for("ProgressDeadlineExceeded", || async {
+        api.get("stuck").await.is_ok_and(|d| {
+            d.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "Progressing"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                })
+            })
+        })
+    })
+    .await;
+    let d = api.get("stuck").await.unwrap();
+    let available = d
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Available")
+        .cloned();
+    // 1 replica, maxUnavailable 1: minimum availability is 0, so Available stays True.
+    assert_eq!(available.map(|c| c.status).as_deref(), Some("True"));
+    assert_eq!(d.status.as_ref().unwrap().unavailable_replicas, Some(1));
+}
