@@ -46,9 +46,25 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The current time as the API types carry it.
+/// The current time as the API types carry it (the wall clock).
+#[cfg(not(test))]
 pub fn now() -> Timestamp {
     Timestamp::now()
+}
+
+/// In unit tests: tokio's clock, anchored at the wall clock on first use, so that
+/// `tokio::time::pause` moves availability, deadlines and TTLs too.
+#[cfg(test)]
+pub fn now() -> Timestamp {
+    static ANCHOR: std::sync::OnceLock<(Timestamp, std::time::Instant)> =
+        std::sync::OnceLock::new();
+    let (wall, mono) = *ANCHOR.get_or_init(|| (Timestamp::now(), std::time::Instant::now()));
+    let t = tokio::time::Instant::now().into_std();
+    let d = match t.checked_duration_since(mono) {
+        Some(ahead) => SignedDuration::try_from(ahead).unwrap_or(SignedDuration::ZERO),
+        None => -SignedDuration::try_from(mono.duration_since(t)).unwrap_or(SignedDuration::ZERO),
+    };
+    wall + d
 }
 
 /// Whether `labels` satisfy `selector` (matchLabels and matchExpressions, as

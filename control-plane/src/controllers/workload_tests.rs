@@ -231,7 +231,7 @@ fn image_of(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deployment_of_three_becomes_three_ready_pods_and_available() {
     let h = Harness::start(&["n1", "n2", "n3"]).await;
     h.api::<Deployment>()
@@ -315,7 +315,7 @@ async fn set_image(h: &Harness, name: &str, image: &str) {
         .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rolling_update_keeps_min_available_then_rollback() {
     let h = Harness::start(&["n1", "n2"]).await;
     h.api::<Deployment>()
@@ -369,7 +369,7 @@ async fn rolling_update_keeps_min_available_then_rollback() {
     assert!(*min_ready.lock().unwrap() >= 3, "availability kept during the rollback too");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn paused_deployment_does_not_roll() {
     let h = Harness::start(&["n1"]).await;
     h.api::<Deployment>()
@@ -412,7 +412,7 @@ async fn paused_deployment_does_not_roll() {
     assert!(live.iter().all(|p| image_of(p) == "nginx:2"), "resumed deployment rolled");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn recreate_deployment_replaces_all_pods() {
     let h = Harness::start(&["n1"]).await;
     let mut d = deployment("db", 2, "pg:1");
@@ -452,7 +452,7 @@ fn rs_settled(rs: &ReplicaSet, replicas: i32) -> bool {
     })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn replicaset_adopts_orphans_and_deletes_in_upstream_order() {
     let h = Harness::start(&["n1", "n2"]).await;
     let pods_api = h.api::<Pod>();
@@ -554,7 +554,7 @@ fn ds_settled(ds: &DaemonSet, n: i32) -> bool {
     })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn daemonset_covers_new_nodes_and_rolls() {
     let h = Harness::start(&["n1", "n2"]).await;
     let ds: DaemonSet = serde_json::from_value(json!({
@@ -667,7 +667,7 @@ fn watch_max_active(client: Client, job: &str) -> (Arc<Mutex<usize>>, AbortOnDro
     (max, AbortOnDrop(task))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn job_completes_with_completions_and_parallelism() {
     let h = Harness::start(&["n1", "n2"]).await;
     let (max_active, _w) = watch_max_active(h.client.clone(), "ok");
@@ -689,7 +689,7 @@ async fn job_completes_with_completions_and_parallelism() {
     assert!(*max_active.lock().unwrap() <= 2, "parallelism respected");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn job_fails_after_backoff_limit_and_deadline() {
     let h = Harness::start(&["n1"]).await;
     let api = h.api::<Job>();
@@ -785,7 +785,7 @@ fn sts_settled(s: &StatefulSet, n: i32) -> bool {
     })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn statefulset_orders_creation_scale_down_and_update() {
     let h = Harness::start(&["n1", "n2"]).await;
     let (log, _w) = watch_sts(h.client.clone(), "db");
@@ -841,7 +841,7 @@ async fn statefulset_orders_creation_scale_down_and_update() {
     assert_eq!(h.pods().await[0].name_any(), "db-0");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn history_limit_events_and_progress_deadline() {
     let h = Harness::start(&["n1"]).await;
     let mut d = deployment("web", 1, "v:1");
