@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub store: StoreConfig,
     pub api: ApiConfig,
+    /// Run the controllers in process (over the apiserver's in-memory client). `None` keeps
+    /// skiff-server a bare apiserver (what the API tests expect).
+    pub controllers: Option<crate::controllers::ControllerConfig>,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +44,7 @@ impl Default for ServerConfig {
             listen: "0.0.0.0:6443".parse().expect("valid default address"),
             store: StoreConfig::Embedded,
             api: ApiConfig::default(),
+            controllers: None,
         }
     }
 }
@@ -101,6 +105,9 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, config.api.clone()).await?;
     api.spawn_compactor(config.api.compaction_interval);
+    if let Some(cc) = config.controllers.clone() {
+        tokio::spawn(crate::controllers::run(api.client(), cc));
+    }
 
     let host = if config.listen.ip().is_unspecified() {
         "127.0.0.1".to_string()

@@ -8,7 +8,16 @@ use std::time::Duration;
 
 use kube::Client;
 
+pub mod daemonset;
+pub mod deployment;
 pub mod events;
+pub mod hash;
+pub mod job;
+pub mod pods;
+pub mod replicaset;
+pub mod statefulset;
+#[cfg(test)]
+mod workload_tests;
 
 use crate::apiserver::alloc::Cidr;
 
@@ -50,6 +59,17 @@ pub struct Context {
 /// Run every controller until the future is dropped.
 pub async fn run(client: Client, config: ControllerConfig) {
     let ctx = Arc::new(Context { client, config });
-    let _ = ctx;
-    futures::future::pending::<()>().await;
+    run_workloads(ctx).await;
+}
+
+/// The workload controllers (ReplicaSet, Deployment, DaemonSet, Job, StatefulSet), until
+/// the future is dropped.
+pub async fn run_workloads(ctx: Arc<Context>) {
+    tokio::join!(
+        replicaset::run(ctx.clone()),
+        deployment::run(ctx.clone()),
+        daemonset::run(ctx.clone()),
+        job::run(ctx.clone()),
+        statefulset::run(ctx.clone()),
+    );
 }

@@ -1,0 +1,450 @@
+//! The DaemonSet controller: one pod per eligible node (nodeSelector, required node affinity,
+//! NoSchedule/NoExecute taints against the pod's tolerations plus the default daemon
+//! tolerations), rolling update bounded by maxUnavailable, and status.
+//!
+//! Pods are created as upstream does since 1.12: unbound, with a required node affinity
+//! `matchFields metadata.name In [<node>]` replacing the template's required terms, so the
+//! scheduler binds them (and accounts their resources). The pods' `controller-revision-hash`
+//! label is computed from the template (`hash::compute_hash`); ControllerRevisions are not
+//! written. maxSurge is not implemented (maxUnavailable only).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::core::v1::{
+    Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
+    PodTemplateSpec, Taint, Toleration,
+};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info_span, warn};
+
+use super::Context;
+use super::deployment::scaled_value;
+use super::events::{EventRecorder, EventType};
+use super::hash::{self, CONTROLLER_REVISION_HASH};
+use super::pods::{self, PodName};
+
+/// Errors of one DaemonSet reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listing nodes")]
+    ListNodes {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("managing the pods of daemonset {ds}")]
+    Pods {
+        ds: String,
+        #[source]
+        source: pods::Error,
+    },
+    #[error("updating the status of daemonset {ds}")]
+    Status {
+        ds: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+struct Ctx {
+    client: Client,
+    recorder: EventRecorder,
+}
+
+/// Run the DaemonSet controller until the future is dropped.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let controller =
+        Controller::new(Api::<DaemonSet>::all(client.clone()), watcher::Config::default());
+    let store = controller.store();
+    let cctx = Arc::new(Ctx {
+        recorder: EventRecorder::new(client.clone(), "daemonset-controller"),
+        client: client.clone(),
+    });
+    controller
+        .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        // Any node change may change which nodes should run which daemons.
+        .watches(Api::<Node>::all(client), watcher::Config::default(), move |_node: Node| {
+            store.state().iter().map(|ds| ObjectRef::from_obj(ds.as_ref())).collect::<Vec<_>>()
+        })
+        .run(reconcile, error_policy, cctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn error_policy(ds: Arc<DaemonSet>, error: &Error, _: Arc<Ctx>) -> Action {
+    warn!(daemonset = %ds.name_any(), error = %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// The tolerations every daemon pod gets (`AddOrUpdateDaemonPodTolerations`).
+pub fn default_tolerations(host_network: bool) -> Vec<Toleration> {
+    let t = |key: &str, effect: &str| Toleration {
+        key: Some(key.into()),
+        operator: Some("Exists".into()),
+        effect: Some(effect.into()),
+        ..Default::default()
+    };
+    let mut v = vec![
+        t("node.kubernetes.io/not-ready", "NoExecute"),
+        t("node.kubernetes.io/unreachable", "NoExecute"),
+        t("node.kubernetes.io/disk-pressure", "NoSchedule"),
+        t("node.kubernetes.io/memory-pressure", "NoSchedule"),
+        t("node.kubernetes.io/pid-pressure", "NoSchedule"),
+        t("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ];
+    if host_network {
+        v.push(t("node.kubernetes.io/network-unavailable", "NoSchedule"));
+    }
+    v
+}
+
+fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
+    if let Some(e) = tol.effect.as_deref()
+        && !e.is_empty()
+        && e != taint.effect
+    {
+        return false;
+    }
+    let key = tol.key.as_deref().unwrap_or("");
+    match tol.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => key.is_empty() || key == taint.key,
+        _ => {
+            key == taint.key
+                && tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+    }
+}
+
+fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&String>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) = (
+                value.and_then(|v| v.parse::<i64>().ok()),
+                values.first().and_then(|b| b.parse::<i64>().ok()),
+            ) else {
+                return false;
+            };
+            if r.operator == "Gt" { v > bound } else { v < bound }
+        }
+        _ => false,
+    }
+}
+
+fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let name = node.name_any();
+    exprs.iter().all(|r| requirement_matches(r, node.labels().get(&r.key)))
+        && fields.iter().all(|r| r.key == "metadata.name" && requirement_matches(r, Some(&name)))
+}
+
+/// `NodeShouldRunDaemonPod`: selector, required affinity and taints.
+pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
+    let Some(spec) = template.spec.as_ref() else {
+        return false;
+    };
+    if let Some(sel) = &spec.node_selector
+        && sel.iter().any(|(k, v)| node.labels().get(k) != Some(v))
+    {
+        return false;
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    if let Some(req) = required
+        && !req.node_selector_terms.iter().any(|t| term_matches(t, node))
+    {
+        return false;
+    }
+    let mut tolerations = spec.tolerations.clone().unwrap_or_default();
+    tolerations.extend(default_tolerations(spec.host_network == Some(true)));
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|taint| tolerations.iter().any(|tol| tolerates(tol, taint)))
+}
+
+/// The node a daemon pod is for: its nodeName, or the node its affinity pins it to.
+pub fn target_node(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    if let Some(n) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
+        return Some(n.clone());
+    }
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    terms.iter().flat_map(|t| t.match_fields.iter().flatten()).find_map(|f| {
+        (f.key == "metadata.name" && f.operator == "In")
+            .then(|| f.values.as_ref()?.first().cloned())
+            .flatten()
+    })
+}
+
+/// The template for `node`: required node affinity replaced by `metadata.name In [node]`,
+/// default daemon tolerations added.
+fn template_for_node(template: &PodTemplateSpec, node: &str) -> PodTemplateSpec {
+    let mut t = template.clone();
+    let spec = t.spec.get_or_insert_with(Default::default);
+    let affinity = spec.affinity.get_or_insert_with(Affinity::default);
+    let na = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    na.required_during_scheduling_ignored_during_execution = Some(NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".into(),
+                operator: "In".into(),
+                values: Some(vec![node.to_string()]),
+            }]),
+        }],
+    });
+    let mut tolerations = spec.tolerations.clone().unwrap_or_default();
+    for d in default_tolerations(spec.host_network == Some(true)) {
+        if !tolerations.iter().any(|t| t.key == d.key && t.effect == d.effect) {
+            tolerations.push(d);
+        }
+    }
+    spec.tolerations = Some(tolerations);
+    t
+}
+
+async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = ds.namespace().unwrap_or_default();
+    let span = info_span!("reconcile", daemonset = %format!("{ns}/{}", ds.name_any()));
+    reconcile_inner(ds, ctx).instrument(span).await
+}
+
+async fn reconcile_inner(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = ds.namespace().unwrap_or_default();
+    let name = ds.name_any();
+    let perr = |source| Error::Pods { ds: name.clone(), source };
+    let spec = ds.spec.clone().unwrap_or_default();
+    let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let nodes = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| Error::ListNodes { source })?
+        .items;
+    let all = pods::list_pods(&pod_api, &ns).await.map_err(perr)?;
+    let owned =
+        pods::claim(&pod_api, ds.as_ref(), Some(&spec.selector), all).await.map_err(perr)?;
+    let collision = ds.status.as_ref().and_then(|s| s.collision_count);
+    let hash = hash::compute_hash(&spec.template, collision);
+    let min_ready = spec.min_ready_seconds.unwrap_or(0);
+    let now = pods::now();
+
+    // node → its pods (terminating ones apart: they are on their way out).
+    let mut by_node: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
+    let mut to_delete: Vec<&Pod> = Vec::new();
+    for p in &owned {
+        if pods::is_terminating(p) {
+            continue;
+        }
+        match target_node(p) {
+            Some(n) => by_node.entry(n).or_default().push(p),
+            None => to_delete.push(p),
+        }
+    }
+    let mut to_create: Vec<String> = Vec::new();
+    let mut status = DaemonSetStatus {
+        observed_generation: ds.metadata.generation,
+        collision_count: collision,
+        conditions: ds.status.as_ref().and_then(|s| s.conditions.clone()),
+        ..Default::default()
+    };
+    let (mut available, mut updated, mut ready) = (0, 0, 0);
+    let mut old_available: Vec<&Pod> = Vec::new();
+    let mut unavailable = 0;
+    for node in &nodes {
+        let node_name = node.name_any();
+        let mut here = by_node.remove(&node_name).unwrap_or_default();
+        if !should_run(&spec.template, node) {
+            if !here.is_empty() {
+                status.number_misscheduled += 1;
+            }
+            to_delete.extend(here);
+            continue;
+        }
+        status.desired_number_scheduled += 1;
+        // Failed pods are replaced; of several, the oldest stays.
+        let (failed, mut active): (Vec<&Pod>, Vec<&Pod>) =
+            here.drain(..).partition(|p| pods::phase(p) == "Failed");
+        to_delete.extend(failed);
+        active.sort_by_key(|p| (p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.name_any()));
+        if active.len() > 1 {
+            to_delete.extend(active.split_off(1));
+        }
+        let Some(pod) = active.first() else {
+            to_create.push(node_name);
+            unavailable += 1;
+            continue;
+        };
+        status.current_number_scheduled += 1;
+        let is_new = pod.labels().get(CONTROLLER_REVISION_HASH) == Some(&hash);
+        let is_available = pods::is_available(pod, min_ready, now);
+        ready += i32::from(pods::is_ready(pod));
+        available += i32::from(is_available);
+        updated += i32::from(is_new);
+        if !is_available {
+            unavailable += 1;
+        }
+        if !is_new {
+            if is_available {
+                old_available.push(pod);
+            } else {
+                // An old pod that is not available anyway goes at once.
+                to_delete.push(pod);
+            }
+        }
+    }
+    // Pods for nodes that no longer exist.
+    to_delete.extend(by_node.into_values().flatten());
+
+    let rolling =
+        spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate")
+            == "RollingUpdate";
+    if rolling && ds.metadata.deletion_timestamp.is_none() {
+        let ru = spec.update_strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
+        let max_unavailable = scaled_value(
+            ru.and_then(|r| r.max_unavailable.as_ref()),
+            status.desired_number_scheduled,
+            true,
+            "1",
+        )
+        .max(1);
+        for pod in old_available {
+            if unavailable >= max_unavailable {
+                break;
+            }
+            to_delete.push(pod);
+            unavailable += 1;
+        }
+    }
+
+    if ds.metadata.deletion_timestamp.is_none() {
+        for pod in &to_delete {
+            pods::delete_pod(&pod_api, pod).await.map_err(perr)?;
+            let msg = format!("Deleted pod: {}", pod.name_any());
+            ctx.recorder.record(ds.as_ref(), EventType::Normal, "SuccessfulDelete", &msg).await;
+        }
+        let generation = ds.metadata.generation.unwrap_or(0).to_string();
+        for node in &to_create {
+            let template = template_for_node(&spec.template, node);
+            let labels = [
+                (CONTROLLER_REVISION_HASH, hash.as_str()),
+                ("pod-template-generation", generation.as_str()),
+            ];
+            let pod = pods::pod_from_template(
+                ds.as_ref(),
+                &template,
+                PodName::Generate(&format!("{name}-")),
+                &labels,
+            );
+            if let Some(p) = pods::create_pod(&pod_api, &name, &pod).await.map_err(perr)? {
+                let msg = format!("Created pod: {}", p.name_any());
+                ctx.recorder.record(ds.as_ref(), EventType::Normal, "SuccessfulCreate", &msg).await;
+            }
+        }
+    }
+
+    status.number_ready = ready;
+    status.number_available = Some(available);
+    status.number_unavailable = Some((status.desired_number_scheduled - available).max(0));
+    status.updated_number_scheduled = Some(updated);
+    if ds.status.as_ref() != Some(&status) {
+        let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({"status": status});
+        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),
+            Err(source) => return Err(Error::Status { ds: name, source }),
+        }
+    }
+    let next = owned.iter().filter_map(|p| pods::until_available(p, min_ready, now)).min();
+    Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -> Node {
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}}),
+        )
+        .unwrap()
+    }
+
+    fn template(spec: serde_json::Value) -> PodTemplateSpec {
+        serde_json::from_value(json!({"spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn eligibility_follows_selector_affinity_and_taints() {
+        let base = json!({"containers": [{"name": "c"}]});
+        let plain = node("a", json!({"disk": "ssd"}), json!([]));
+        let tainted = node(
+            "b",
+            json!({}),
+            json!([{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]),
+        );
+        let not_ready = node(
+            "c",
+            json!({}),
+            json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]),
+        );
+        let soft = node("d", json!({}), json!([{"key": "k", "effect": "PreferNoSchedule"}]));
+        let t = template(base.clone());
+        assert!(should_run(&t, &plain));
+        assert!(!should_run(&t, &tainted));
+        assert!(should_run(&t, &not_ready), "default tolerations cover not-ready");
+        assert!(should_run(&t, &soft), "PreferNoSchedule does not prevent daemons");
+        let tol = template(
+            json!({"containers": [{"name": "c"}], "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "x"}]}),
+        );
+        assert!(should_run(&tol, &tainted));
+        let sel = template(json!({"containers": [{"name": "c"}], "nodeSelector": {"disk": "ssd"}}));
+        assert!(should_run(&sel, &plain));
+        assert!(!should_run(&sel, &not_ready));
+        let aff = template(
+            json!({"containers": [{"name": "c"}], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "NotIn", "values": ["ssd"]}]}]}}}}),
+        );
+        assert!(!should_run(&aff, &plain));
+        assert!(should_run(&aff, &soft));
+    }
+
+    #[test]
+    fn pods_are_pinned_by_affinity() {
+        let t = template(json!({"containers": [{"name": "c"}]}));
+        let pinned = template_for_node(&t, "n7");
+        let pod = Pod { spec: pinned.spec, ..Default::default() };
+        assert_eq!(target_node(&pod).as_deref(), Some("n7"));
+        assert!(pod.spec.as_ref().unwrap().node_name.is_none(), "the scheduler binds daemon pods");
+    }
+}

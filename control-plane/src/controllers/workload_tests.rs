@@ -1,0 +1,915 @@
+//! Scenario tests of the workload controllers against the real apiserver in memory, with a
+//! "kubelet stand-in" that binds pending pods (to the node a DaemonSet pod's affinity names,
+//! else round robin), marks bound pods Running and Ready (or Succeeded/Failed for pods
+//! labelled `test.skiff/outcome`), and removes terminating pods with gracePeriodSeconds=0.
+//! Pods annotated `test.skiff/kubelet: ignore` are left alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::{Context, ControllerConfig, pods};
+use crate::apiserver::ApiServer;
+use crate::store::memory::MemoryStore;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Harness {
+    client: Client,
+    _api: Arc<ApiServer>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+impl Harness {
+    async fn start(nodes: &[&str]) -> Harness {
+        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver starts");
+        let client = api.client();
+        for n in nodes {
+            add_node(&client, n, &[]).await;
+        }
+        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let controllers = AbortOnDrop(tokio::spawn(super::run_workloads(ctx)));
+        let kubelet = AbortOnDrop(tokio::spawn(kubelet_stand_in(client.clone())));
+        Harness { client, _api: api, _tasks: vec![controllers, kubelet] }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn pods(&self) -> Vec<Pod> {
+        self.api::<Pod>().list(&ListParams::default()).await.expect("list pods").items
+    }
+}
+
+async fn add_node(client: &Client, name: &str, labels: &[(&str, &str)]) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node json");
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+}
+
+/// Wait until `f` holds, polling the API.
+async fn wait_for<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn daemon_node(pod: &Pod) -> Option<String> {
+    let terms = pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?;
+    terms.node_selector_terms.iter().flat_map(|t| t.match_fields.iter().flatten()).find_map(|f| {
+        (f.key == "metadata.name" && f.operator == "In")
+            .then(|| f.values.as_ref()?.first().cloned())
+            .flatten()
+    })
+}
+
+async fn kubelet_stand_in(client: Client) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let next = Arc::new(AtomicUsize::new(0));
+    let stream = watcher(pods, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Ok(Some(pod)) = stream.try_next().await {
+        if pod.annotations().get("test.skiff/kubelet").map(String::as_str) == Some("ignore") {
+            continue;
+        }
+        let client = client.clone();
+        let nodes = nodes.clone();
+        let next = next.clone();
+        tokio::spawn(async move {
+            let api: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
+            let name = pod.name_any();
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            if pods::is_terminating(&pod) {
+                let _ = api
+                    .delete(
+                        &name,
+                        &DeleteParams { grace_period_seconds: Some(0), ..Default::default() },
+                    )
+                    .await;
+            } else if node.is_empty() {
+                let target = match daemon_node(&pod) {
+                    Some(n) => n,
+                    None => {
+                        let all = nodes
+                            .list(&ListParams::default())
+                            .await
+                            .map(|l| l.items)
+                            .unwrap_or_default();
+                        if all.is_empty() {
+                            return;
+                        }
+                        all[next.fetch_add(1, Ordering::Relaxed) % all.len()].name_any()
+                    }
+                };
+                let binding = Binding {
+                    metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+                    target: ObjectReference {
+                        kind: Some("Node".into()),
+                        name: Some(target),
+                        ..Default::default()
+                    },
+                };
+                let _: Result<serde_json::Value, _> = api
+                    .create_subresource("binding", &name, &PostParams::default(), &binding)
+                    .await;
+            } else if pods::phase(&pod) == "Pending" {
+                let status = match pod.labels().get("test.skiff/outcome").map(String::as_str) {
+                    Some("succeed") => json!({"phase": "Succeeded"}),
+                    Some("fail") => json!({"phase": "Failed"}),
+                    _ => json!({
+                        "phase": "Running",
+                        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": pods::now()}],
+                        "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": "", "started": true}],
+                    }),
+                };
+                let _ = api
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"status": status})),
+                    )
+                    .await;
+            }
+        });
+    }
+}
+
+fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": image}]},
+            },
+        },
+    }))
+    .expect("deployment json")
+}
+
+fn deploy_done(d: &Deployment, replicas: i32) -> bool {
+    let Some(s) = d.status.as_ref() else { return false };
+    let progressing = s.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.status == "True"
+            && c.reason.as_deref() == Some("NewReplicaSetAvailable")
+    });
+    let available =
+        s.conditions.iter().flatten().any(|c| c.type_ == "Available" && c.status == "True");
+    s.observed_generation == d.metadata.generation
+        && s.updated_replicas == Some(replicas)
+        && s.available_replicas == Some(replicas)
+        && s.replicas == Some(replicas)
+        && progressing
+        && available
+}
+
+async fn wait_deploy_done(h: &Harness, name: &str, replicas: i32) {
+    let api = h.api::<Deployment>();
+    wait_for(&format!("deployment {name} complete"), || async {
+        api.get(name).await.is_ok_and(|d| deploy_done(&d, replicas))
+    })
+    .await;
+}
+
+fn image_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn deployment_of_three_becomes_three_ready_pods_and_available() {
+    let h = Harness::start(&["n1", "n2", "n3"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 3, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 3).await;
+    let d = h.api::<Deployment>().get("web").await.unwrap();
+    assert_eq!(d.annotations().get(super::deployment::REVISION).map(String::as_str), Some("1"));
+    let rss = h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rss.len(), 1, "one replicaset");
+    let rs = &rss[0];
+    let hash = rs.labels().get("pod-template-hash").expect("pod-template-hash label").clone();
+    assert_eq!(rs.name_any(), format!("web-{hash}"));
+    assert_eq!(
+        rs.annotations().get("deployment.kubernetes.io/desired-replicas").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        rs.annotations().get("deployment.kubernetes.io/max-replicas").map(String::as_str),
+        Some("4")
+    );
+    assert_eq!(pods::controller_ref(&rs.metadata).map(|r| r.uid.clone()), d.metadata.uid.clone());
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert_eq!(live.len(), 3);
+    for p in &live {
+        assert!(pods::is_ready(p), "pod {} ready", p.name_any());
+        assert!(p.name_any().starts_with(&format!("web-{hash}-")));
+        assert_eq!(p.labels().get("pod-template-hash"), Some(&hash));
+        let r = pods::controller_ref(&p.metadata).expect("controller ref");
+        assert_eq!((r.kind.as_str(), r.block_owner_deletion), ("ReplicaSet", Some(true)));
+    }
+    let nodes: std::collections::BTreeSet<_> =
+        live.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+    assert_eq!(nodes.len(), 3, "spread by the stand-in binder");
+}
+
+/// Watches the pods of `app` and records the fewest ready, non-terminating ones seen at
+/// any moment.
+fn watch_min_ready(client: Client, app: &str) -> (Arc<Mutex<usize>>, AbortOnDrop) {
+    let min = Arc::new(Mutex::new(usize::MAX));
+    let m = min.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("app={app}"));
+    let task = tokio::spawn(async move {
+        let mut state: HashMap<String, bool> = HashMap::new();
+        // Only count once a (re)list is complete: mid-list the state is partial.
+        let mut listed = false;
+        let mut stream = std::pin::pin!(watcher(api, cfg));
+        while let Ok(Some(ev)) = stream.try_next().await {
+            match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    state.insert(p.name_any(), pods::is_ready(&p) && !pods::is_terminating(&p));
+                }
+                watcher::Event::Delete(p) => {
+                    state.remove(&p.name_any());
+                }
+                watcher::Event::Init => {
+                    state.clear();
+                    listed = false;
+                }
+                watcher::Event::InitDone => listed = true,
+            }
+            if !listed {
+                continue;
+            }
+            let ready = state.values().filter(|r| **r).count();
+            let mut g = m.lock().unwrap();
+            *g = (*g).min(ready);
+        }
+    });
+    (min, AbortOnDrop(task))
+}
+
+async fn set_image(h: &Harness, name: &str, image: &str) {
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}});
+    h.api::<Deployment>()
+        .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn rolling_update_keeps_min_available_then_rollback() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 4, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 4).await;
+    let (min_ready, _watch) = watch_min_ready(h.client.clone(), "web");
+    // Let the watcher see the initial state.
+    wait_for("watcher primed", || async { *min_ready.lock().unwrap() != usize::MAX }).await;
+    set_image(&h, "web", "nginx:2").await;
+    wait_deploy_done(&h, "web", 4).await;
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(|p| image_of(p) == "nginx:2"), "only new pods remain");
+    let min = *min_ready.lock().unwrap();
+    assert!(min >= 3, "ready pods fell to {min} (< replicas - maxUnavailable = 3)");
+    let d = h.api::<Deployment>().get("web").await.unwrap();
+    assert_eq!(d.annotations().get(super::deployment::REVISION).map(String::as_str), Some("2"));
+    let new_hash = live[0].labels().get("pod-template-hash").cloned();
+    assert!(live.iter().all(|p| p.labels().get("pod-template-hash") == new_hash.as_ref()));
+
+    // `kubectl rollout undo` as kubectl >= 1.27 does it: the template of revision 1's RS.
+    let rss = h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rss.len(), 2);
+    let rev1 = rss
+        .iter()
+        .find(|rs| {
+            rs.annotations().get(super::deployment::REVISION).map(String::as_str) == Some("1")
+        })
+        .expect("revision 1 kept in history");
+    let mut template = rev1.spec.as_ref().unwrap().template.clone().unwrap();
+    template.metadata.as_mut().unwrap().labels.as_mut().unwrap().remove("pod-template-hash");
+    // (kubectl sends a JSON patch replacing /spec/template; a merge patch of the whole
+    // template is equivalent here: only the container list differs.)
+    let patch = json!({"spec": {"template": template}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 4).await;
+    let rs = h.api::<ReplicaSet>().get(&rev1.name_any()).await.unwrap();
+    assert_eq!(rs.annotations().get(super::deployment::REVISION).map(String::as_str), Some("3"));
+    assert_eq!(
+        rs.annotations().get(super::deployment::REVISION_HISTORY).map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(rs.spec.as_ref().unwrap().replicas, Some(4));
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert!(live.iter().all(|p| image_of(p) == "nginx:1"), "rolled back to nginx:1");
+    assert!(*min_ready.lock().unwrap() >= 3, "availability kept during the rollback too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn paused_deployment_does_not_roll() {
+    let h = Harness::start(&["n1"]).await;
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 2, "nginx:1"))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 2).await;
+    let pause = json!({"spec": {"paused": true}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .unwrap();
+    set_image(&h, "web", "nginx:2").await;
+    let api = h.api::<Deployment>();
+    wait_for("paused deployment observed", || async {
+        api.get("web").await.is_ok_and(|d| {
+            d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+                && d.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c.type_ == "Progressing" && c.reason.as_deref() == Some("DeploymentPaused")
+                    })
+                })
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        h.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items.len(),
+        1,
+        "no new RS"
+    );
+    assert!(h.pods().await.iter().all(|p| image_of(p) == "nginx:1"));
+    let resume = json!({"spec": {"paused": false}});
+    h.api::<Deployment>()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .unwrap();
+    wait_deploy_done(&h, "web", 2).await;
+    let live: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+    assert!(live.iter().all(|p| image_of(p) == "nginx:2"), "resumed deployment rolled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn recreate_deployment_replaces_all_pods() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("db", 2, "pg:1");
+    d.spec.as_mut().unwrap().strategy =
+        serde_json::from_value(json!({"type": "Recreate"})).unwrap();
+    h.api::<Deployment>().create(&PostParams::default(), &d).await.unwrap();
+    wait_deploy_done(&h, "db", 2).await;
+    let (min_ready, _w) = watch_min_ready(h.client.clone(), "db");
+    set_image(&h, "db", "pg:2").await;
+    wait_deploy_done(&h, "db", 2).await;
+    assert_eq!(*min_ready.lock().unwrap(), 0, "Recreate takes all old pods down first");
+    assert!(h.pods().await.iter().all(|p| image_of(p) == "pg:2"));
+}
+
+fn replicaset(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }))
+    .expect("replicaset json")
+}
+
+fn rs_settled(rs: &ReplicaSet, replicas: i32) -> bool {
+    rs.status.as_ref().is_some_and(|s| {
+        s.replicas == replicas
+            && s.ready_replicas == Some(replicas)
+            && s.available_replicas == Some(replicas)
+            && s.fully_labeled_replicas == Some(replicas)
+            && s.observed_generation == rs.metadata.generation
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn replicaset_adopts_orphans_and_deletes_in_upstream_order() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let pods_api = h.api::<Pod>();
+    // A matching orphan, already running.
+    let orphan: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "orphan", "labels": {"app": "rs"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    pods_api.create(&PostParams::default(), &orphan).await.unwrap();
+    wait_for("orphan ready", || async {
+        pods_api.get("orphan").await.is_ok_and(|p| pods::is_ready(&p))
+    })
+    .await;
+
+    let rs_api = h.api::<ReplicaSet>();
+    rs_api.create(&PostParams::default(), &replicaset("rs", 3)).await.unwrap();
+    wait_for("rs of 3", || async { rs_api.get("rs").await.is_ok_and(|rs| rs_settled(&rs, 3)) })
+        .await;
+    let rs = rs_api.get("rs").await.unwrap();
+    let adopted = pods_api.get("orphan").await.unwrap();
+    assert_eq!(
+        pods::controller_ref(&adopted.metadata).map(|r| r.uid.clone()),
+        rs.metadata.uid.clone(),
+        "orphan adopted"
+    );
+    assert_eq!(
+        h.pods().await.iter().filter(|p| pods::is_active(p)).count(),
+        3,
+        "adopted pod counts: only 2 created"
+    );
+
+    // One owned pod turns not ready; an unscheduled orphan appears (the stand-in leaves it).
+    let victim = h.pods().await.into_iter().find(|p| p.name_any() != "orphan").unwrap().name_any();
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods_api
+        .patch_status(&victim, &PatchParams::default(), &Patch::Merge(&not_ready))
+        .await
+        .unwrap();
+    let pending: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "unscheduled", "labels": {"app": "rs"}, "annotations": {"test.skiff/kubelet": "ignore"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    pods_api.create(&PostParams::default(), &pending).await.unwrap();
+    // Adopted, then one too many: the unscheduled pod goes first.
+    wait_for("unscheduled pod deleted", || async { pods_api.get("unscheduled").await.is_err() })
+        .await;
+    // Scale to 2: the not-ready pod goes next, the ready ones stay.
+    let scale = json!({"spec": {"replicas": 2}});
+    rs_api.patch("rs", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_for("not-ready pod deleted", || async { pods_api.get(&victim).await.is_err() }).await;
+    wait_for("rs of 2", || async {
+        rs_api.get("rs").await.is_ok_and(|rs| rs.status.as_ref().is_some_and(|s| s.replicas == 2))
+    })
+    .await;
+    assert!(pods_api.get("orphan").await.is_ok(), "ready pods kept");
+
+    // Relabelled pod: released, and replaced.
+    let relabel = json!({"metadata": {"labels": {"app": "other"}}});
+    pods_api.patch("orphan", &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
+    wait_for("released", || async {
+        pods_api.get("orphan").await.is_ok_and(|p| pods::controller_ref(&p.metadata).is_none())
+    })
+    .await;
+    wait_for("replacement", || async { rs_api.get("rs").await.is_ok_and(|rs| rs_settled(&rs, 2)) })
+        .await;
+    let owned = h
+        .pods()
+        .await
+        .into_iter()
+        .filter(|p| p.labels().get("app").map(String::as_str) == Some("rs"))
+        .filter(pods::is_active)
+        .count();
+    assert_eq!(owned, 2);
+}
+
+async fn add_tainted_node(client: &Client, name: &str) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node json");
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+}
+
+fn ds_settled(ds: &DaemonSet, n: i32) -> bool {
+    ds.status.as_ref().is_some_and(|s| {
+        s.desired_number_scheduled == n
+            && s.current_number_scheduled == n
+            && s.number_ready == n
+            && s.number_available == Some(n)
+            && s.updated_number_scheduled == Some(n)
+            && s.observed_generation == ds.metadata.generation
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn daemonset_covers_new_nodes_and_rolls() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<DaemonSet>();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("daemonset on 2 nodes", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 2))
+    })
+    .await;
+    add_node(&h.client, "n3", &[]).await;
+    add_tainted_node(&h.client, "gpu1").await;
+    wait_for("daemonset on 3 nodes", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+    })
+    .await;
+    let nodes_of = |pods: Vec<Pod>| {
+        let mut v: Vec<String> = pods
+            .into_iter()
+            .filter(pods::is_active)
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(nodes_of(h.pods().await), ["n1", "n2", "n3"], "one pod per untainted node");
+    let pod = h.pods().await.into_iter().next().unwrap();
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    assert!(tolerations.iter().any(|t| t.key.as_deref() == Some("node.kubernetes.io/unreachable")));
+
+    // Rolling update with maxUnavailable 1: never fewer than 2 ready daemons.
+    let (min_ready, _w) = watch_min_ready(h.client.clone(), "agent");
+    wait_for("watcher primed", || async { *min_ready.lock().unwrap() != usize::MAX }).await;
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "agent:2"}]}}}});
+    api.patch("agent", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    wait_for("daemonset rolled", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+            && h.pods()
+                .await
+                .iter()
+                .filter(|p| pods::is_active(p))
+                .all(|p| image_of(p) == "agent:2")
+    })
+    .await;
+    assert_eq!(nodes_of(h.pods().await), ["n1", "n2", "n3"]);
+    let min = *min_ready.lock().unwrap();
+    assert!(min >= 2, "ready daemons fell to {min}");
+}
+
+fn job(name: &str, completions: i32, parallelism: i32, backoff: i32, outcome: &str) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "completions": completions,
+            "parallelism": parallelism,
+            "backoffLimit": backoff,
+            "template": {
+                "metadata": {"labels": {"test.skiff/outcome": outcome}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }))
+    .expect("job json")
+}
+
+fn job_condition(j: &Job, type_: &str) -> Option<String> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")?
+        .reason
+        .clone()
+}
+
+/// Counts the most pods of a job that were active at once.
+fn watch_max_active(client: Client, job: &str) -> (Arc<Mutex<usize>>, AbortOnDrop) {
+    let max = Arc::new(Mutex::new(0));
+    let m = max.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+    let task = tokio::spawn(async move {
+        let mut state: HashMap<String, bool> = HashMap::new();
+        let mut stream = std::pin::pin!(watcher(api, cfg));
+        while let Ok(Some(ev)) = stream.try_next().await {
+            match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    state.insert(p.name_any(), pods::is_active(&p));
+                }
+                watcher::Event::Delete(p) => {
+                    state.remove(&p.name_any());
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+            let active = state.values().filter(|a| **a).count();
+            let mut g = m.lock().unwrap();
+            *g = (*g).max(active);
+        }
+    });
+    (max, AbortOnDrop(task))
+}
+
+#[tokio::test(start_paused = true)]
+async fn job_completes_with_completions_and_parallelism() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let (max_active, _w) = watch_max_active(h.client.clone(), "ok");
+    let api = h.api::<Job>();
+    api.create(&PostParams::default(), &job("ok", 3, 2, 6, "succeed")).await.unwrap();
+    wait_for("job complete", || async {
+        api.get("ok").await.is_ok_and(|j| job_condition(&j, "Complete").is_some())
+    })
+    .await;
+    let j = api.get("ok").await.unwrap();
+    let s = j.status.clone().unwrap();
+    assert_eq!((s.succeeded, s.failed, s.active), (Some(3), Some(0), Some(0)));
+    assert!(s.start_time.is_some() && s.completion_time.is_some());
+    assert_eq!(job_condition(&j, "SuccessCriteriaMet").as_deref(), Some("CompletionsReached"));
+    assert_eq!(job_condition(&j, "Complete").as_deref(), Some("CompletionsReached"));
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 3, "exactly completions pods were created");
+    assert!(pods.iter().all(|p| p.labels().contains_key("batch.kubernetes.io/controller-uid")));
+    assert!(*max_active.lock().unwrap() <= 2, "parallelism respected");
+}
+
+#[tokio::test(start_paused = true)]
+async fn job_fails_after_backoff_limit_and_deadline() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    api.create(&PostParams::default(), &job("bad", 1, 1, 2, "fail")).await.unwrap();
+    wait_for("job failed", || async {
+        api.get("bad").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    let j = api.get("bad").await.unwrap();
+    assert_eq!(job_condition(&j, "FailureTarget").as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(job_condition(&j, "Failed").as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(
+        j.status.as_ref().and_then(|s| s.failed),
+        Some(3),
+        "backoffLimit 2: the third failure fails it"
+    );
+    assert!(j.status.as_ref().unwrap().completion_time.is_none());
+    assert_eq!(h.pods().await.len(), 3, "restartPolicy Never: a new pod per failure");
+
+    // activeDeadlineSeconds: pods that never finish (the stand-in ignores them).
+    let mut slow = job("slow", 1, 1, 6, "run");
+    slow.spec.as_mut().unwrap().active_deadline_seconds = Some(1);
+    slow.spec.as_mut().unwrap().ttl_seconds_after_finished = Some(1);
+    slow.spec.as_mut().unwrap().template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    api.create(&PostParams::default(), &slow).await.unwrap();
+    wait_for("deadline exceeded", || async {
+        api.get("slow")
+            .await
+            .is_ok_and(|j| job_condition(&j, "Failed").as_deref() == Some("DeadlineExceeded"))
+    })
+    .await;
+    let pods = h.pods().await;
+    assert!(
+        !pods.iter().any(|p| p.labels().get("batch.kubernetes.io/job-name").map(String::as_str)
+            == Some("slow")
+            && pods::is_active(p)),
+        "active pods of a failed job are deleted"
+    );
+    // ttlSecondsAfterFinished: the finished job is deleted (foreground, as upstream).
+    wait_for("job deleted after ttl", || async {
+        api.get("slow").await.map_or(true, |j| j.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+}
+
+#[derive(Default)]
+struct StsLog {
+    created: Vec<String>,
+    terminating: Vec<String>,
+    /// Pods created while a lower ordinal was not Running and Ready.
+    early: Vec<String>,
+}
+
+/// Records creation and termination order of the pods of a StatefulSet.
+fn watch_sts(client: Client, app: &str) -> (Arc<Mutex<StsLog>>, AbortOnDrop) {
+    let log = Arc::new(Mutex::new(StsLog::default()));
+    let l = log.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("app={app}"));
+    let app = app.to_string();
+    let task = tokio::spawn(async move {
+        let mut ready: BTreeMap<i32, bool> = BTreeMap::new();
+        let mut stream = std::pin::pin!(watcher(api, cfg).applied_objects());
+        while let Ok(Some(p)) = stream.try_next().await {
+            let Some(o) = super::statefulset::ordinal(&app, &p.name_any()) else { continue };
+            let mut g = l.lock().unwrap();
+            if !g.created.contains(&p.name_any()) && !pods::is_terminating(&p) {
+                if (0..o).any(|lower| ready.get(&lower) != Some(&true)) {
+                    g.early.push(p.name_any());
+                }
+                g.created.push(p.name_any());
+            }
+            if pods::is_terminating(&p) && !g.terminating.contains(&p.name_any()) {
+                g.terminating.push(p.name_any());
+            }
+            ready.insert(
+                o,
+                pods::phase(&p) == "Running" && pods::is_ready(&p) && !pods::is_terminating(&p),
+            );
+        }
+    });
+    (log, AbortOnDrop(task))
+}
+
+fn sts_settled(s: &StatefulSet, n: i32) -> bool {
+    s.status.as_ref().is_some_and(|st| {
+        st.replicas == n
+            && st.ready_replicas == Some(n)
+            && st.updated_replicas == Some(n)
+            && st.current_revision == st.update_revision
+            && st.observed_generation == s.metadata.generation
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn statefulset_orders_creation_scale_down_and_update() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let (log, _w) = watch_sts(h.client.clone(), "db");
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {"containers": [{"name": "c", "image": "db:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.unwrap();
+    wait_for("3 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 3)) })
+        .await;
+    {
+        let g = log.lock().unwrap();
+        assert_eq!(g.created, ["db-0", "db-1", "db-2"]);
+        assert!(g.early.is_empty(), "created before the previous ordinal was ready: {:?}", g.early);
+    }
+    let p = h.api::<Pod>().get("db-1").await.unwrap();
+    assert_eq!(p.spec.as_ref().unwrap().hostname.as_deref(), Some("db-1"));
+    assert_eq!(p.spec.as_ref().unwrap().subdomain.as_deref(), Some("db"));
+    assert_eq!(
+        p.labels().get("statefulset.kubernetes.io/pod-name").map(String::as_str),
+        Some("db-1")
+    );
+    assert!(p.labels().get("controller-revision-hash").is_some_and(|h| h.starts_with("db-")));
+
+    // Rolling update: 2, 1, 0.
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "db:2"}]}}}});
+    api.patch("db", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    wait_for("updated", || async {
+        api.get("db").await.is_ok_and(|s| sts_settled(&s, 3))
+            && h.pods().await.iter().filter(|p| pods::is_active(p)).all(|p| image_of(p) == "db:2")
+    })
+    .await;
+    assert_eq!(log.lock().unwrap().terminating, ["db-2", "db-1", "db-0"], "reverse ordinal update");
+
+    // Scale down to 1: 2 goes first, then 1.
+    log.lock().unwrap().terminating.clear();
+    let scale = json!({"spec": {"replicas": 1}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_for("1 member", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 1)) }).await;
+    wait_for("pods gone", || async { h.pods().await.len() == 1 }).await;
+    assert_eq!(log.lock().unwrap().terminating, ["db-2", "db-1"]);
+    assert_eq!(h.pods().await[0].name_any(), "db-0");
+}
+
+#[tokio::test(start_paused = true)]
+async fn history_limit_events_and_progress_deadline() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("web", 1, "v:1");
+    d.spec.as_mut().unwrap().revision_history_limit = Some(1);
+    h.api::<Deployment>().create(&PostParams::default(), &d).await.unwrap();
+    wait_deploy_done(&h, "web", 1).await;
+    for image in ["v:2", "v:3"] {
+        set_image(&h, "web", image).await;
+        wait_deploy_done(&h, "web", 1).await;
+    }
+    let rss = h.api::<ReplicaSet>();
+    wait_for("old replicasets beyond the history limit deleted", || async {
+        rss.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == 2)
+    })
+    .await;
+    let revisions: std::collections::BTreeSet<String> = rss
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|rs| rs.annotations().get(super::deployment::REVISION).cloned())
+        .collect();
+    assert_eq!(revisions, ["2".to_string(), "3".to_string()].into(), "revision 1 cleaned up");
+    let events = h
+        .api::<k8s_openapi::api::core::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("ScalingReplicaSet")
+            && e.message.as_deref().is_some_and(|m| m.starts_with("Scaled up replica set web-"))),
+        "ScalingReplicaSet events recorded"
+    );
+
+    // Pods that never become ready: the rollout times out after progressDeadlineSeconds.
+    let mut stuck = deployment("stuck", 1, "v:1");
+    let spec = stuck.spec.as_mut().unwrap();
+    spec.progress_deadline_seconds = Some(1);
+    spec.template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    let api = h.api::<Deployment>();
+    api.create(&PostParams::default(), &stuck).await.unwrap();
+    wait_for("ProgressDeadlineExceeded", || async {
+        api.get("stuck").await.is_ok_and(|d| {
+            d.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "Progressing"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                })
+            })
+        })
+    })
+    .await;
+    let d = api.get("stuck").await.unwrap();
+    let available = d
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Available")
+        .cloned();
+    // 1 replica, maxUnavailable 1: minimum availability is 0, so Available stays True.
+    assert_eq!(available.map(|c| c.status).as_deref(), Some("True"));
+    assert_eq!(d.status.as_ref().unwrap().unavailable_replicas, Some(1));
+}
