@@ -8,7 +8,12 @@ use std::time::Duration;
 
 use kube::Client;
 
+pub mod endpoints;
+pub mod endpointslice;
 pub mod events;
+pub mod informer;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 use crate::apiserver::alloc::Cidr;
 
@@ -26,6 +31,10 @@ pub struct ControllerConfig {
     pub node_cidr_mask: u8,
     /// How long Events live (upstream `--event-ttl` 1 h).
     pub event_ttl: Duration,
+    /// The address the apiserver serves on, written into the `kubernetes` Service's
+    /// Endpoints/EndpointSlice (upstream `--advertise-address`/`--secure-port`); `None`
+    /// leaves them alone.
+    pub apiserver_endpoint: Option<(String, u16)>,
 }
 
 impl Default for ControllerConfig {
@@ -36,6 +45,7 @@ impl Default for ControllerConfig {
             cluster_cidr: Cidr::parse("10.244.0.0/16"),
             node_cidr_mask: 24,
             event_ttl: Duration::from_secs(3600),
+            apiserver_endpoint: None,
         }
     }
 }
@@ -50,6 +60,8 @@ pub struct Context {
 /// Run every controller until the future is dropped.
 pub async fn run(client: Client, config: ControllerConfig) {
     let ctx = Arc::new(Context { client, config });
-    let _ = ctx;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(endpointslice::run(ctx.clone()));
+    while tasks.join_next().await.is_some() {}
     futures::future::pending::<()>().await;
 }
