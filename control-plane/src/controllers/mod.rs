@@ -12,6 +12,8 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod events;
 pub mod informer;
+pub mod node_ipam;
+pub mod node_lifecycle;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -62,6 +64,13 @@ pub async fn run(client: Client, config: ControllerConfig) {
     let ctx = Arc::new(Context { client, config });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(endpointslice::run(ctx.clone()));
+    tasks.spawn(node_lifecycle::run(ctx.clone()));
+    let ipam = ctx.clone();
+    tasks.spawn(async move {
+        if let Err(e) = node_ipam::run(ipam).await {
+            tracing::error!(error = %e, "node IPAM controller stopped");
+        }
+    });
     while tasks.join_next().await.is_some() {}
     futures::future::pending::<()>().await;
 }
