@@ -12,6 +12,7 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod events;
 pub mod informer;
+pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 #[cfg(test)]
@@ -65,6 +66,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(endpointslice::run(ctx.clone()));
     tasks.spawn(node_lifecycle::run(ctx.clone()));
+    tasks.spawn(namespace::run(ctx.clone()));
     let ipam = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = node_ipam::run(ipam).await {
