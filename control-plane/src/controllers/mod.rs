@@ -11,6 +11,7 @@ use kube::Client;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod events;
+pub mod garbage_collector;
 pub mod informer;
 pub mod namespace;
 pub mod node_ipam;
@@ -67,6 +68,12 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(endpointslice::run(ctx.clone()));
     tasks.spawn(node_lifecycle::run(ctx.clone()));
     tasks.spawn(namespace::run(ctx.clone()));
+    let gc = ctx.clone();
+    tasks.spawn(async move {
+        if let Err(e) = garbage_collector::run(gc).await {
+            tracing::error!(error = %e, "garbage collector stopped");
+        }
+    });
     let ipam = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = node_ipam::run(ipam).await {
