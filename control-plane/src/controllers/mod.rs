@@ -10,12 +10,14 @@ use kube::Client;
 
 pub mod endpoints;
 pub mod endpointslice;
+pub mod event_ttl;
 pub mod events;
 pub mod garbage_collector;
 pub mod informer;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod serviceaccount;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -68,6 +70,8 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(endpointslice::run(ctx.clone()));
     tasks.spawn(node_lifecycle::run(ctx.clone()));
     tasks.spawn(namespace::run(ctx.clone()));
+    tasks.spawn(serviceaccount::run(ctx.clone()));
+    tasks.spawn(event_ttl::run(ctx.clone()));
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {
