@@ -59,6 +59,9 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// (namespace, pod) → the Services that selected the pod when last seen.
+type PodServices = HashMap<(String, String), Vec<ObjectRef<Service>>>;
+
 struct SliceCtx {
     ctx: Arc<Context>,
     pods: Store<Pod>,
@@ -88,7 +91,7 @@ pub async fn run(ctx: Arc<Context>) {
     });
     let svc_store = services.clone();
     // Which services each pod last mapped to, so a relabelled pod also triggers the old ones.
-    let last: Arc<Mutex<HashMap<(String, String), Vec<ObjectRef<Service>>>>> = Default::default();
+    let last: Arc<Mutex<PodServices>> = Default::default();
     let pods = informer(Api::<Pod>::all(client.clone()), watcher::Config::default(), tx.clone(), {
         move |c| {
             let (pod, deleted) = match c {

@@ -186,11 +186,8 @@ pub fn toleration_time(pod: &Pod, taints: &[Taint], default: Duration) -> Option
             matching
                 .iter()
                 .map(|t| t.toleration_seconds.map(|s| Duration::from_secs(s.max(0) as u64)))
-                .fold(Some(Duration::ZERO), |acc, d| match (acc, d) {
-                    // The most permissive matching toleration wins.
-                    (_, None) | (None, _) => None,
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                })
+                // The most permissive matching toleration wins (None = forever).
+                .try_fold(Duration::ZERO, |acc, d| d.map(|d| acc.max(d)))
         };
         if let Some(d) = d {
             min = Some(min.map_or(d, |m: Duration| m.min(d)));
