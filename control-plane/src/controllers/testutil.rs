@@ -18,13 +18,14 @@ pub async fn api() -> (Arc<ApiServer>, Client) {
     (api, client)
 }
 
-/// Poll `f` (every 50 ms of tokio time, which also works with paused time) until true.
+/// Poll `f` (every 50 ms of tokio time, which also works with paused time) until true,
+/// for at most 120 s (generous: CI machines are shared).
 pub async fn wait_for<F, Fut>(what: &str, f: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..600 {
+    for _ in 0..2400 {
         if f().await {
             return;
         }
