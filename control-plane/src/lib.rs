@@ -7,4 +7,5 @@ pub mod machinery;
 pub mod pki;
 pub mod scheduler;
 pub mod server;
+pub mod simnodes;
 pub mod store;

@@ -77,7 +77,7 @@ pub async fn resource(
             let obj = bind(server, rt, ns, name, &query, &headers, &body).await?;
             Ok(json_response(StatusCode::CREATED, &obj))
         }
-        (Verb::Update, Some(name), sub @ (None | Some("status"))) => {
+        (Verb::Update, Some(name), sub @ (None | Some("status") | Some("finalize"))) => {
             let (obj, code, warnings) =
                 update(server, rt, ns, name, sub, &query, &headers, &body).await?;
             Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
@@ -823,6 +823,17 @@ fn prepare_update(
     old: &Value,
 ) -> ApiResult<Option<(Change, Option<super::alloc::Reservation>)>> {
     let Writer { manager, sub, track, .. } = w;
+    if sub == Some("finalize") {
+        // namespaces/finalize changes `spec.finalizers` and nothing else.
+        let finalizers = new.pointer("/spec/finalizers").cloned();
+        new = old.clone();
+        if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            match finalizers {
+                Some(f) => spec.insert("finalizers".into(), f),
+                None => spec.remove("finalizers"),
+            };
+        }
+    }
     {
         let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
         let meta = meta_mut(&mut new);
@@ -912,8 +923,10 @@ fn prepare_update(
         return Err(invalid(rt, name, errs));
     }
     // Terminating and no finalizers left: the object goes away.
-    let finalizers_empty =
-        new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty());
+    let finalizers_empty = new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
+            // A Namespace also waits for its `spec.finalizers` (removed through /finalize).
+            && (rt.kind() != "Namespace"
+                || new.pointer("/spec/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty()));
     let grace_pending = rt.kind() == "Pod"
         && rt.group().is_empty()
         && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0)

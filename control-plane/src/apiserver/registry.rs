@@ -117,6 +117,9 @@ const STATUS: SubresourceDesc = SubresourceDesc {
     version: "",
     verbs: &["get", "patch", "update"],
 };
+/// namespaces/finalize: the only way to change a Namespace's `spec.finalizers`.
+const FINALIZE: SubresourceDesc =
+    SubresourceDesc { name: "finalize", kind: "", group: "", version: "", verbs: &["update"] };
 const SCALE: SubresourceDesc = SubresourceDesc {
     name: "scale",
     kind: "Scale",
@@ -174,7 +177,7 @@ pub fn builtin() -> Vec<ResourceType> {
                     false,
                     &["ns"],
                     &[],
-                    &[STATUS],
+                    &[STATUS, FINALIZE],
                 )
             },
             normalize: normalize::<core::v1::Namespace>,

@@ -82,6 +82,8 @@ pub fn parse(method: &Method, path: &str, watch_param: bool) -> ApiResult<Option
         other => (other, false),
     };
     let (namespace, rest) = match rest {
+        // The namespace's own subresources, as upstream's RequestInfoFactory special-cases.
+        ["namespaces", _, "status" | "finalize"] => (None, rest),
         ["namespaces", ns, tail @ ..] if !tail.is_empty() => (Some(ns.to_string()), tail),
         other => (None, other),
     };

@@ -10,12 +10,23 @@ use kube::Client;
 
 pub mod daemonset;
 pub mod deployment;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod event_ttl;
 pub mod events;
+pub mod garbage_collector;
 pub mod hash;
+pub mod informer;
 pub mod job;
+pub mod namespace;
+pub mod node_ipam;
+pub mod node_lifecycle;
 pub mod pods;
 pub mod replicaset;
+pub mod serviceaccount;
 pub mod statefulset;
+#[cfg(test)]
+pub(crate) mod testutil;
 #[cfg(test)]
 mod workload_tests;
 
@@ -35,6 +46,10 @@ pub struct ControllerConfig {
     pub node_cidr_mask: u8,
     /// How long Events live (upstream `--event-ttl` 1 h).
     pub event_ttl: Duration,
+    /// The address the apiserver serves on, written into the `kubernetes` Service's
+    /// Endpoints/EndpointSlice (upstream `--advertise-address`/`--secure-port`); `None`
+    /// leaves them alone.
+    pub apiserver_endpoint: Option<(String, u16)>,
 }
 
 impl Default for ControllerConfig {
@@ -45,6 +60,7 @@ impl Default for ControllerConfig {
             cluster_cidr: Cidr::parse("10.244.0.0/16"),
             node_cidr_mask: 24,
             event_ttl: Duration::from_secs(3600),
+            apiserver_endpoint: None,
         }
     }
 }
@@ -59,7 +75,27 @@ pub struct Context {
 /// Run every controller until the future is dropped.
 pub async fn run(client: Client, config: ControllerConfig) {
     let ctx = Arc::new(Context { client, config });
-    run_workloads(ctx).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(run_workloads(ctx.clone()));
+    tasks.spawn(endpointslice::run(ctx.clone()));
+    tasks.spawn(node_lifecycle::run(ctx.clone()));
+    tasks.spawn(namespace::run(ctx.clone()));
+    tasks.spawn(serviceaccount::run(ctx.clone()));
+    tasks.spawn(event_ttl::run(ctx.clone()));
+    let gc = ctx.clone();
+    tasks.spawn(async move {
+        if let Err(e) = garbage_collector::run(gc).await {
+            tracing::error!(error = %e, "garbage collector stopped");
+        }
+    });
+    let ipam = ctx.clone();
+    tasks.spawn(async move {
+        if let Err(e) = node_ipam::run(ipam).await {
+            tracing::error!(error = %e, "node IPAM controller stopped");
+        }
+    });
+    while tasks.join_next().await.is_some() {}
+    futures::future::pending::<()>().await;
 }
 
 /// The workload controllers (ReplicaSet, Deployment, DaemonSet, Job, StatefulSet), until

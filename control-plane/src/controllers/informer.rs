@@ -1,0 +1,127 @@
+//! Watch plumbing shared by the lifecycle controllers: a kube-runtime reflector (watch →
+//! store) on its own task whose events are turned into reconcile requests by a mapper, and
+//! the driver that runs kube-runtime's `applier` over such a request channel with a
+//! per-key exponential retry.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config as ControllerRunConfig, applier};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::Instrument;
+
+/// What a watch saw.
+pub enum Change<'a, K> {
+    Applied(&'a K),
+    Deleted(&'a K),
+}
+
+/// Start a reflector of `api` on its own task; each applied/deleted object is handed to
+/// `map`, whose requests go to `tx`. Returns the store (ready once the first list is in).
+pub fn informer<K, R, F>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    tx: UnboundedSender<ObjectRef<R>>,
+    mut map: F,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Resource<DynamicType = ()> + 'static,
+    F: FnMut(Change<'_, K>) -> Vec<ObjectRef<R>> + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, cfg)).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let refs = match &ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    map(Change::Applied(o))
+                }
+                Ok(watcher::Event::Delete(o)) => map(Change::Deleted(o)),
+                Ok(_) => Vec::new(),
+                Err(e) => {
+                    tracing::debug!(error = %e, kind = %K::kind(&()), "watch error");
+                    Vec::new()
+                }
+            };
+            for r in refs {
+                if tx.send(r).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    reader
+}
+
+/// Per-key exponential retry after failed reconciles (5 ms doubling up to 1000 s, as
+/// client-go's default controller rate limiter), reset on success.
+#[derive(Default)]
+pub struct Retries {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Retries {
+    pub fn failed(&self, key: &str) -> Action {
+        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = (*n + 1).min(20);
+        let delay = Duration::from_millis(5u64 << *n).min(Duration::from_secs(1000));
+        Action::requeue(delay)
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// Run kube-runtime's applier: requests from `rx` for objects in `store` are reconciled
+/// (one at a time per key, de-duplicated); failures are retried with [`Retries`].
+pub async fn run_applier<K, Ctx, Fut, E>(
+    name: &'static str,
+    store: Store<K>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<K>>,
+    ctx: Arc<Ctx>,
+    reconcile: impl Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let retries = Arc::new(Retries::default());
+    let r2 = retries.clone();
+    let queue = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    let reconciler = move |obj: Arc<K>, ctx: Arc<Ctx>| {
+        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        let fut = reconcile(obj, ctx);
+        let retries = r2.clone();
+        Box::pin(async move {
+            let span = tracing::debug_span!("reconcile", controller = name, object = %key);
+            let out = fut.instrument(span).await;
+            if out.is_ok() {
+                retries.succeeded(&key);
+            }
+            out
+        })
+    };
+    let error_policy = move |obj: Arc<K>, err: &E, _ctx: Arc<Ctx>| {
+        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        tracing::warn!(controller = name, object = %key, error = %err, "reconcile failed");
+        retries.failed(&key)
+    };
+    let _ = store.wait_until_ready().await;
+    applier(reconciler, error_policy, ctx, store, queue, ControllerRunConfig::default())
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}

@@ -1,0 +1,434 @@
+//! The node lifecycle controller: watches node Leases (kube-node-lease) and Node status;
+//! a node not heard from for `node_monitor_grace_period` gets Ready=Unknown
+//! (NodeStatusUnknown), nodes not Ready get the `node.kubernetes.io/unreachable` /
+//! `not-ready` NoSchedule and NoExecute taints (removed when Ready again), their pods are
+//! marked Ready=False at once (so endpoints drop them) and evicted once their toleration of
+//! the NoExecute taint runs out (the taint-eviction controller's job upstream).
+//!
+//! Staleness is measured on the controller's own monotonic clock (when it last saw the
+//! Lease change), as upstream's `nodeHealthData.probeTimestamp`, so skewed node clocks do
+//! not matter and tests can use paused time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Context;
+use super::events::{EventRecorder, EventType};
+use super::informer::{Change, informer};
+
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("marking node {node} status unknown")]
+    NodeStatus {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("updating the taints of node {node}")]
+    Taints {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("marking pod {pod} not ready")]
+    PodNotReady {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("evicting pod {pod}")]
+    Evict {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Per node: the last Lease renewTime / Ready heartbeat seen and when it was seen.
+struct Health {
+    renew: Option<String>,
+    heartbeat: Option<String>,
+    probe: Instant,
+}
+
+struct Monitor {
+    client: Client,
+    grace: Duration,
+    default_toleration: Duration,
+    nodes: Store<Node>,
+    leases: Store<Lease>,
+    pods: Store<Pod>,
+    health: HashMap<String, Health>,
+    /// When each NoExecute taint (node, key) was first seen.
+    taint_seen: HashMap<(String, String), Instant>,
+    recorder: EventRecorder,
+}
+
+/// The node monitor period (upstream `--node-monitor-period` 5 s).
+pub const MONITOR_PERIOD: Duration = Duration::from_secs(5);
+
+/// Run the node lifecycle controller until dropped.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let (tx, mut rx) = mpsc::unbounded_channel::<ObjectRef<Node>>();
+    let nodes =
+        informer(Api::<Node>::all(client.clone()), watcher::Config::default(), tx.clone(), {
+            |c| match c {
+                Change::Applied(n) => vec![ObjectRef::from_obj(n)],
+                Change::Deleted(_) => Vec::new(),
+            }
+        });
+    let leases = informer(
+        Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE),
+        watcher::Config::default(),
+        tx.clone(),
+        |_| Vec::new(),
+    );
+    let pods = informer(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields("spec.nodeName!="),
+        tx,
+        |_| Vec::new(),
+    );
+    let _ = nodes.wait_until_ready().await;
+    let _ = leases.wait_until_ready().await;
+    let _ = pods.wait_until_ready().await;
+    let mut m = Monitor {
+        recorder: EventRecorder::new(client.clone(), "node-controller"),
+        client,
+        grace: ctx.config.node_monitor_grace_period,
+        default_toleration: ctx.config.default_toleration,
+        nodes,
+        leases,
+        pods,
+        health: HashMap::new(),
+        taint_seen: HashMap::new(),
+    };
+    let mut tick = tokio::time::interval(MONITOR_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            Some(_) = rx.recv() => {
+                // Node changes (Ready reported again): act promptly, coalescing bursts.
+                while rx.try_recv().is_ok() {}
+            }
+        }
+        m.monitor().await;
+    }
+}
+
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
+}
+
+/// The taints a node's Ready status calls for: (key, effect) pairs.
+pub fn desired_taints(ready: Option<&str>) -> Vec<(&'static str, &'static str)> {
+    match ready {
+        Some("True") => Vec::new(),
+        Some("False") => vec![(TAINT_NOT_READY, "NoSchedule"), (TAINT_NOT_READY, "NoExecute")],
+        _ => vec![(TAINT_UNREACHABLE, "NoSchedule"), (TAINT_UNREACHABLE, "NoExecute")],
+    }
+}
+
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
+    }
+    match t.key.as_deref().unwrap_or("") {
+        "" => t.operator.as_deref() == Some("Exists"),
+        key if key != taint.key => false,
+        _ => match t.operator.as_deref().unwrap_or("Equal") {
+            "Exists" => true,
+            _ => t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+        },
+    }
+}
+
+/// How long a pod may stay on a node with these NoExecute taints: `None` when some taint
+/// is not tolerated (evict now, unless `default` applies: pods with no toleration at all for
+/// the lifecycle taints get `default`, as the DefaultTolerationSeconds admission would
+/// have given them), `Some(None)` forever, `Some(Some(d))` for `d` after the taint.
+pub fn toleration_time(pod: &Pod, taints: &[Taint], default: Duration) -> Option<Option<Duration>> {
+    let tolerations: &[Toleration] =
+        pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
+    let mut min: Option<Duration> = None;
+    for taint in taints.iter().filter(|t| t.effect == "NoExecute") {
+        let matching: Vec<&Toleration> =
+            tolerations.iter().filter(|t| tolerates(t, taint)).collect();
+        let d = if matching.is_empty() {
+            if taint.key == TAINT_UNREACHABLE || taint.key == TAINT_NOT_READY {
+                Some(default)
+            } else {
+                return None;
+            }
+        } else {
+            matching
+                .iter()
+                .map(|t| t.toleration_seconds.map(|s| Duration::from_secs(s.max(0) as u64)))
+                // The most permissive matching toleration wins (None = forever).
+                .try_fold(Duration::ZERO, |acc, d| d.map(|d| acc.max(d)))
+        };
+        if let Some(d) = d {
+            min = Some(min.map_or(d, |m: Duration| m.min(d)));
+        }
+    }
+    Some(min)
+}
+
+impl Monitor {
+    async fn monitor(&mut self) {
+        let now = Instant::now();
+        let nodes = self.nodes.state();
+        self.health.retain(|n, _| nodes.iter().any(|x| x.name_any() == *n));
+        self.taint_seen.retain(|(n, _), _| nodes.iter().any(|x| x.name_any() == *n));
+        for node in nodes {
+            if let Err(e) = self.monitor_node(&node, now).await {
+                tracing::warn!(node = %node.name_any(), error = %e, "node lifecycle");
+            }
+        }
+    }
+
+    async fn monitor_node(&mut self, node: &Node, now: Instant) -> Result<()> {
+        let name = node.name_any();
+        let renew = self
+            .leases
+            .get(&ObjectRef::new(&name).within(LEASE_NAMESPACE))
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| format!("{:?}", t.0)));
+        let ready = ready_condition(node);
+        let heartbeat =
+            ready.and_then(|c| c.last_heartbeat_time.as_ref().map(|t| format!("{:?}", t.0)));
+        let h = self.health.entry(name.clone()).or_insert(Health {
+            renew: renew.clone(),
+            heartbeat: heartbeat.clone(),
+            probe: now,
+        });
+        if h.renew != renew || h.heartbeat != heartbeat {
+            h.renew = renew;
+            h.heartbeat = heartbeat;
+            h.probe = now;
+        }
+        let stale = now.duration_since(h.probe) > self.grace;
+        let mut status = ready.map(|c| c.status.clone());
+        if stale && status.as_deref() != Some("Unknown") {
+            self.mark_unknown(node).await?;
+            self.recorder
+                .record(
+                    node,
+                    EventType::Normal,
+                    "NodeNotReady",
+                    &format!("Node {name} status is now: NodeNotReady"),
+                )
+                .await;
+            status = Some("Unknown".into());
+        }
+        if status.is_none() {
+            // Not reported yet and not stale: nothing to judge.
+            return Ok(());
+        }
+        self.reconcile_taints(node, status.as_deref(), now).await?;
+        if status.as_deref() != Some("True") {
+            self.mark_pods_not_ready(&name).await?;
+        }
+        self.evict(node, now).await
+    }
+
+    async fn mark_unknown(&self, node: &Node) -> Result<()> {
+        let name = node.name_any();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let mut conditions: Vec<NodeCondition> =
+            node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        if !conditions.iter().any(|c| c.type_ == "Ready") {
+            conditions.push(NodeCondition { type_: "Ready".into(), ..Default::default() });
+        }
+        for c in &mut conditions {
+            if c.status != "Unknown" {
+                c.last_transition_time = Some(now.clone());
+            }
+            c.status = "Unknown".into();
+            c.reason = Some("NodeStatusUnknown".into());
+            c.message = Some("Kubelet stopped posting node status.".into());
+        }
+        let patch = json!({"metadata": {"resourceVersion": node.resource_version()},
+                           "status": {"conditions": conditions}});
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Err(source) => Err(Error::NodeStatus { node: name, source }),
+        }
+    }
+
+    async fn reconcile_taints(
+        &mut self,
+        node: &Node,
+        ready: Option<&str>,
+        now: Instant,
+    ) -> Result<()> {
+        let name = node.name_any();
+        let current: Vec<Taint> =
+            node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let want = desired_taints(ready);
+        let lifecycle = |t: &Taint| t.key == TAINT_UNREACHABLE || t.key == TAINT_NOT_READY;
+        let mut next: Vec<Taint> = current
+            .iter()
+            .filter(|t| !lifecycle(t) || want.contains(&(t.key.as_str(), t.effect.as_str())))
+            .cloned()
+            .collect();
+        for (key, effect) in &want {
+            if !next.iter().any(|t| t.key == *key && t.effect == *effect) {
+                next.push(Taint {
+                    key: key.to_string(),
+                    effect: effect.to_string(),
+                    time_added: (*effect == "NoExecute")
+                        .then(|| Time(k8s_openapi::jiff::Timestamp::now())),
+                    value: None,
+                });
+            }
+        }
+        // Remember when each NoExecute taint appeared (from its timeAdded if it predates us).
+        for t in next.iter().filter(|t| t.effect == "NoExecute") {
+            self.taint_seen.entry((name.clone(), t.key.clone())).or_insert_with(|| {
+                let age = t
+                    .time_added
+                    .as_ref()
+                    .map(|ta| k8s_openapi::jiff::Timestamp::now().duration_since(ta.0))
+                    .and_then(|d| Duration::try_from(d).ok())
+                    .unwrap_or_default();
+                now.checked_sub(age).unwrap_or(now)
+            });
+        }
+        self.taint_seen.retain(|(n, k), _| {
+            *n != name || next.iter().any(|t| t.key == *k && t.effect == "NoExecute")
+        });
+        if next == current {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"resourceVersion": node.resource_version()},
+                           "spec": {"taints": next}});
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Err(source) => Err(Error::Taints { node: name, source }),
+        }
+    }
+
+    fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .collect()
+    }
+
+    /// Upstream `MarkPodsNotReady`: Ready=False on every pod of the node.
+    async fn mark_pods_not_ready(&self, node: &str) -> Result<()> {
+        for pod in self.pods_on(node) {
+            let conds = pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+            let Some(i) = conds.iter().position(|c| c.type_ == "Ready") else { continue };
+            if conds[i].status != "True" {
+                continue;
+            }
+            let mut conds = conds;
+            conds[i].status = "False".into();
+            conds[i].reason = Some("NodeNotReady".into());
+            conds[i].message = Some(format!("Node {node} is not ready"));
+            conds[i].last_transition_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+            let ns = pod.namespace().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            let patch = json!({"metadata": {"resourceVersion": pod.resource_version()},
+                               "status": {"conditions": conds}});
+            match api
+                .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(source) => {
+                    return Err(Error::PodNotReady {
+                        pod: format!("{ns}/{}", pod.name_any()),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Evict (gracefully delete) pods whose toleration of the node's NoExecute taints ran out.
+    async fn evict(&self, node: &Node, now: Instant) -> Result<()> {
+        let name = node.name_any();
+        let taints: Vec<Taint> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.effect == "NoExecute")
+            .collect();
+        if taints.is_empty() {
+            return Ok(());
+        }
+        let since = taints
+            .iter()
+            .filter_map(|t| self.taint_seen.get(&(name.clone(), t.key.clone())))
+            .max()
+            .copied()
+            .unwrap_or(now);
+        for pod in self.pods_on(&name) {
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let due = match toleration_time(&pod, &taints, self.default_toleration) {
+                None => true,
+                Some(None) => false,
+                Some(Some(d)) => now.duration_since(since) >= d,
+            };
+            if !due {
+                continue;
+            }
+            let ns = pod.namespace().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            self.recorder
+                .record(
+                    pod.as_ref(),
+                    EventType::Normal,
+                    "TaintManagerEviction",
+                    "Marking for deletion Pod",
+                )
+                .await;
+            match api.delete(&pod.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(source) => {
+                    return Err(Error::Evict { pod: format!("{ns}/{}", pod.name_any()), source });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

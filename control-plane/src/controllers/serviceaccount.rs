@@ -1,0 +1,108 @@
+//! The ServiceAccount controller: a `default` ServiceAccount in every active namespace,
+//! recreated when deleted (upstream serviceaccounts-controller).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+
+use super::Context;
+use super::informer::{Change, informer, run_applier};
+
+pub const DEFAULT_NAME: &str = "default";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("creating the default ServiceAccount in {namespace}")]
+    Create {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Run the ServiceAccount controller until dropped.
+pub async fn run(ctx: Arc<Context>) {
+    let (tx, rx) = mpsc::unbounded_channel::<ObjectRef<Namespace>>();
+    let namespaces = informer(
+        Api::<Namespace>::all(ctx.client.clone()),
+        watcher::Config::default(),
+        tx.clone(),
+        |c| match c {
+            Change::Applied(ns) => vec![ObjectRef::from_obj(ns)],
+            Change::Deleted(_) => Vec::new(),
+        },
+    );
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={DEFAULT_NAME}"));
+    let _sas = informer(Api::<ServiceAccount>::all(ctx.client.clone()), cfg, tx, |c| match c {
+        Change::Deleted(sa) => {
+            sa.namespace().map(|ns| vec![ObjectRef::new(&ns)]).unwrap_or_default()
+        }
+        Change::Applied(_) => Vec::new(),
+    });
+    run_applier("serviceaccount", namespaces, rx, ctx, |ns, ctx| async move {
+        reconcile(&ns, &ctx).await
+    })
+    .await;
+}
+
+async fn reconcile(ns: &Namespace, ctx: &Context) -> Result<Action, Error> {
+    let terminating = ns.metadata.deletion_timestamp.is_some()
+        || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
+    if terminating {
+        return Ok(Action::await_change());
+    }
+    let name = ns.name_any();
+    let api: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), &name);
+    let sa = ServiceAccount {
+        metadata: ObjectMeta { name: Some(DEFAULT_NAME.into()), ..Default::default() },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &sa).await {
+        Ok(_) => Ok(Action::await_change()),
+        // Exists already, or the namespace is going away.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 403 || e.code == 404 => {
+            Ok(Action::await_change())
+        }
+        Err(source) => Err(Error::Create { namespace: name, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::DeleteParams;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controllers::ControllerConfig;
+    use crate::controllers::testutil::{api, wait_for};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_namespace_gets_a_default_service_account() {
+        let (_s, client) = api().await;
+        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctl = tokio::spawn(run(ctx));
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": "team-a"}})).expect("ns");
+        namespaces.create(&PostParams::default(), &ns).await.expect("ns");
+        for n in ["default", "kube-system", "team-a"] {
+            let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), n);
+            wait_for(&format!("default SA in {n}"), || async {
+                sas.get_opt(DEFAULT_NAME).await.expect("get").is_some()
+            })
+            .await;
+        }
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "team-a");
+        sas.delete(DEFAULT_NAME, &DeleteParams::default()).await.expect("delete");
+        wait_for("recreated", || async { sas.get_opt(DEFAULT_NAME).await.expect("get").is_some() })
+            .await;
+        ctl.abort();
+    }
+}

@@ -1,0 +1,46 @@
+//! Test rig shared by the controller tests: an apiserver in memory and small builders.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use serde_json::json;
+
+use crate::apiserver::ApiServer;
+use crate::store::memory::MemoryStore;
+
+pub async fn api() -> (Arc<ApiServer>, Client) {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    (api, client)
+}
+
+/// Poll `f` (every 50 ms of tokio time, which also works with paused time) until true,
+/// for at most 120 s (generous: CI machines are shared).
+pub async fn wait_for<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..2400 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A pod in `default` with labels app=`app`, one container with a named port `http`:8080.
+pub fn pod(name: &str, app: &str, node: Option<&str>) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+    .expect("pod")
+}

@@ -1,0 +1,217 @@
+//! The cluster-lifecycle controllers together (`controllers::run`) against the apiserver in
+//! memory with simulated nodes: node loss, namespace deletion with garbage collection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use skiff_control_plane::apiserver::ApiServer;
+use skiff_control_plane::controllers::{self, ControllerConfig};
+use skiff_control_plane::simnodes::{SimConfig, SimulatedNodes};
+use skiff_control_plane::store::memory::MemoryStore;
+
+async fn wait_for<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..2400 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The apiserver, simulated nodes and every lifecycle controller; aborted on drop.
+struct Cluster {
+    _api: Arc<ApiServer>,
+    client: Client,
+    sim: SimulatedNodes,
+    controllers: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.controllers.abort();
+    }
+}
+
+async fn cluster(nodes: usize) -> Cluster {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let sim = SimulatedNodes::start(client.clone(), SimConfig::default().with_count(nodes))
+        .await
+        .expect("simulated nodes");
+    let config = ControllerConfig {
+        // Endpoints may not hold loopback addresses (validation), so a documentation address.
+        apiserver_endpoint: Some(("192.0.2.1".into(), 6443)),
+        ..Default::default()
+    };
+    let controllers = tokio::spawn(controllers::run(client.clone(), config));
+    Cluster { _api: api, client, sim, controllers }
+}
+
+fn pod(ns: &str, name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+    .expect("pod")
+}
+
+fn service(ns: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]}
+    }))
+    .expect("service")
+}
+
+fn ready_ips(slices: &[EndpointSlice]) -> Vec<String> {
+    let mut ips: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .flat_map(|e| e.addresses.clone())
+        .collect();
+    ips.sort();
+    ips
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_loss_marks_not_ready_drops_endpoints_and_evicts() {
+    let c = cluster(3).await;
+    let pp = PostParams::default();
+    Api::<Service>::namespaced(c.client.clone(), "default")
+        .create(&pp, &service("default"))
+        .await
+        .expect("service");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    for i in 0..3 {
+        pods.create(&pp, &pod("default", &format!("web-{i}"), &format!("sim-node-{i}")))
+            .await
+            .expect("pod");
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "default");
+    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    wait_for("3 ready endpoints", || async {
+        ready_ips(&slices.list(&lp).await.expect("slices").items).len() == 3
+    })
+    .await;
+    let lost_ip = pods.get("web-2").await.expect("pod").status.and_then(|s| s.pod_ip).expect("ip");
+
+    c.sim.stop_node("sim-node-2").expect("stop");
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let ready = |n: Node| {
+        n.status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status)
+    };
+    wait_for("sim-node-2 NotReady", || async {
+        ready(nodes.get("sim-node-2").await.expect("node")).as_deref() == Some("Unknown")
+    })
+    .await;
+    let taints = nodes.get("sim-node-2").await.expect("node").spec.and_then(|s| s.taints);
+    assert!(
+        taints
+            .iter()
+            .flatten()
+            .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoExecute"),
+        "{taints:?}"
+    );
+    wait_for("endpoints drop the lost pod", || async {
+        let ips = ready_ips(&slices.list(&lp).await.expect("slices").items);
+        ips.len() == 2 && !ips.contains(&lost_ip)
+    })
+    .await;
+    let eps: Api<Endpoints> = Api::namespaced(c.client.clone(), "default");
+    wait_for("legacy endpoints: lost pod not ready", || async {
+        let e = eps.get("web").await.expect("endpoints");
+        let subsets = e.subsets.unwrap_or_default();
+        subsets.iter().flat_map(|s| s.not_ready_addresses.iter().flatten()).any(|a| a.ip == lost_ip)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(240)).await;
+    assert!(
+        pods.get("web-2").await.expect("pod").metadata.deletion_timestamp.is_none(),
+        "evicted before the 300 s toleration ran out"
+    );
+    wait_for("lost pod evicted after its 300 s toleration", || async {
+        pods.get("web-2").await.expect("pod").metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    for p in ["web-0", "web-1"] {
+        assert!(pods.get(p).await.expect("pod").metadata.deletion_timestamp.is_none(), "{p}");
+    }
+    // Every node got a podCIDR; the kubernetes Service names the apiserver.
+    for n in nodes.list(&ListParams::default()).await.expect("nodes").items {
+        assert!(n.spec.and_then(|s| s.pod_cidr).is_some_and(|c| c.starts_with("10.244.")));
+    }
+    wait_for("kubernetes endpoints", || async {
+        eps.get_opt("kubernetes").await.expect("get").is_some_and(|e| {
+            e.subsets
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|s| s.addresses.iter().flatten())
+                .any(|a| a.ip == "192.0.2.1")
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_deletion_cascades_with_the_garbage_collector_running() {
+    let c = cluster(2).await;
+    let pp = PostParams::default();
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "shop"}})).expect("ns");
+    namespaces.create(&pp, &ns).await.expect("ns");
+    Api::<Service>::namespaced(c.client.clone(), "shop")
+        .create(&pp, &service("shop"))
+        .await
+        .expect("svc");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "shop");
+    pods.create(&pp, &pod("shop", "web-0", "sim-node-0")).await.expect("pod");
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), "shop");
+    let owner: ConfigMap = cms
+        .create(&pp, &serde_json::from_value(json!({"metadata": {"name": "owner"}})).expect("cm"))
+        .await
+        .expect("owner");
+    let dep = json!({"metadata": {"name": "dep", "ownerReferences": [{"apiVersion": "v1",
+        "kind": "ConfigMap", "name": "owner", "uid": owner.uid().expect("uid")}]}});
+    cms.create(&pp, &serde_json::from_value(dep).expect("cm")).await.expect("dep");
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(c.client.clone(), "shop");
+    wait_for("default service account", || async {
+        sas.get_opt("default").await.expect("get").is_some()
+    })
+    .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "shop");
+    wait_for("endpoint slice", || async {
+        ready_ips(&slices.list(&ListParams::default()).await.expect("slices").items).len() == 1
+    })
+    .await;
+    // Background deletion of the owner collects the dependent.
+    cms.delete("owner", &DeleteParams::default()).await.expect("delete owner");
+    wait_for("dependent collected", || async { cms.get_opt("dep").await.expect("get").is_none() })
+        .await;
+
+    namespaces.delete("shop", &DeleteParams::default()).await.expect("delete ns");
+    wait_for("namespace gone", || async {
+        namespaces.get_opt("shop").await.expect("get").is_none()
+    })
+    .await;
+    assert!(pods.list(&ListParams::default()).await.expect("pods").items.is_empty());
+    assert!(slices.list(&ListParams::default()).await.expect("slices").items.is_empty());
+    assert!(cms.list(&ListParams::default()).await.expect("cms").items.is_empty());
+}
