@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -77,7 +77,13 @@ fn now() -> MicroTime {
 }
 
 impl LeaderElector {
-    pub fn new(client: Client, namespace: &str, lease: &str, identity: &str, config: LeaderElectionConfig) -> Self {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        lease: &str,
+        identity: &str,
+        config: LeaderElectionConfig,
+    ) -> Self {
         LeaderElector {
             api: Api::namespaced(client, namespace),
             lease: lease.to_string(),
@@ -101,7 +107,11 @@ impl LeaderElector {
 
     /// client-go `tryAcquireOrRenew`: whether we hold the lease after this attempt.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool> {
-        let current = self.api.get_opt(&self.lease).await.map_err(|source| Error::Get { lease: self.lease.clone(), source })?;
+        let current = self
+            .api
+            .get_opt(&self.lease)
+            .await
+            .map_err(|source| Error::Get { lease: self.lease.clone(), source })?;
         let Some(mut lease) = current else {
             let lease = Lease {
                 metadata: ObjectMeta { name: Some(self.lease.clone()), ..Default::default() },
@@ -150,7 +160,12 @@ impl LeaderElector {
 
     /// Give the lease up (client-go ReleaseOnCancel): empty holder, so others take it at once.
     pub async fn release(&mut self) -> Result<()> {
-        let Some(mut lease) = self.api.get_opt(&self.lease).await.map_err(|source| Error::Get { lease: self.lease.clone(), source })? else {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.lease)
+            .await
+            .map_err(|source| Error::Get { lease: self.lease.clone(), source })?
+        else {
             return Ok(());
         };
         let Some(spec) = lease.spec.as_mut() else { return Ok(()) };
@@ -250,22 +265,34 @@ mod tests {
     }
 
     /// Spawns a candidate whose work counts itself in `leading` while it runs.
-    fn candidate(client: Client, id: &'static str, leading: Arc<[AtomicUsize; 2]>, slot: usize) -> tokio::task::JoinHandle<()> {
+    fn candidate(
+        client: Client,
+        id: &'static str,
+        leading: Arc<[AtomicUsize; 2]>,
+        slot: usize,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            run_leading(client, "kube-system", "skiff-scheduler", id, LeaderElectionConfig::default(), move || {
-                let leading = leading.clone();
-                async move {
-                    struct Guard(Arc<[AtomicUsize; 2]>, usize);
-                    impl Drop for Guard {
-                        fn drop(&mut self) {
-                            self.0[self.1].fetch_sub(1, Ordering::SeqCst);
+            run_leading(
+                client,
+                "kube-system",
+                "skiff-scheduler",
+                id,
+                LeaderElectionConfig::default(),
+                move || {
+                    let leading = leading.clone();
+                    async move {
+                        struct Guard(Arc<[AtomicUsize; 2]>, usize);
+                        impl Drop for Guard {
+                            fn drop(&mut self) {
+                                self.0[self.1].fetch_sub(1, Ordering::SeqCst);
+                            }
                         }
+                        leading[slot].fetch_add(1, Ordering::SeqCst);
+                        let _g = Guard(leading.clone(), slot);
+                        futures::future::pending::<()>().await;
                     }
-                    leading[slot].fetch_add(1, Ordering::SeqCst);
-                    let _g = Guard(leading.clone(), slot);
-                    futures::future::pending::<()>().await;
-                }
-            })
+                },
+            )
             .await
         })
     }
@@ -282,7 +309,8 @@ mod tests {
             assert_eq!(leading[0].load(Ordering::SeqCst), 1, "a leads");
             assert_eq!(leading[1].load(Ordering::SeqCst), 0, "b waits");
         }
-        let lease: Lease = Api::namespaced(api.client(), "kube-system").get("skiff-scheduler").await.unwrap();
+        let lease: Lease =
+            Api::namespaced(api.client(), "kube-system").get("skiff-scheduler").await.unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("a"));
 
         // Kill the leader: b takes over once the record went unchanged for leaseDuration.
@@ -290,11 +318,19 @@ mod tests {
         let killed = Instant::now();
         while leading[1].load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert!(killed.elapsed() <= Duration::from_secs(15) + Duration::from_secs(2), "no failover after {:?}", killed.elapsed());
+            assert!(
+                killed.elapsed() <= Duration::from_secs(15) + Duration::from_secs(2),
+                "no failover after {:?}",
+                killed.elapsed()
+            );
         }
         let took = killed.elapsed();
-        assert!(took >= Duration::from_secs(13), "b must wait for the lease to expire, took {took:?}");
-        let lease: Lease = Api::namespaced(api.client(), "kube-system").get("skiff-scheduler").await.unwrap();
+        assert!(
+            took >= Duration::from_secs(13),
+            "b must wait for the lease to expire, took {took:?}"
+        );
+        let lease: Lease =
+            Api::namespaced(api.client(), "kube-system").get("skiff-scheduler").await.unwrap();
         let spec = lease.spec.unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some("b"));
         assert_eq!(spec.lease_transitions, Some(1));
@@ -326,11 +362,20 @@ mod tests {
     async fn finished_work_releases_the_lease() {
         let api = api().await;
         let client = api.client();
-        run_leading(client.clone(), "default", "l", "a", LeaderElectionConfig::default(), || async {}).await;
+        run_leading(
+            client.clone(),
+            "default",
+            "l",
+            "a",
+            LeaderElectionConfig::default(),
+            || async {},
+        )
+        .await;
         let lease: Lease = Api::namespaced(client.clone(), "default").get("l").await.unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity, None);
         // Released: b acquires at once.
-        let mut b = LeaderElector::new(client, "default", "l", "b", LeaderElectionConfig::default());
+        let mut b =
+            LeaderElector::new(client, "default", "l", "b", LeaderElectionConfig::default());
         assert!(b.try_acquire_or_renew().await.unwrap());
     }
 }

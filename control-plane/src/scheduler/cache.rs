@@ -177,12 +177,12 @@ impl NodeInfo {
                 self.used_ports.swap_remove(i);
             }
         }
-        if let Some(owner) = &old.owner {
-            if let Some(c) = self.owner_counts.get_mut(owner) {
-                *c -= 1;
-                if *c == 0 {
-                    self.owner_counts.remove(owner);
-                }
+        if let Some(owner) = &old.owner
+            && let Some(c) = self.owner_counts.get_mut(owner)
+        {
+            *c -= 1;
+            if *c == 0 {
+                self.owner_counts.remove(owner);
             }
         }
     }
@@ -239,7 +239,16 @@ impl Cache {
     pub fn upsert_node(&mut self, node: Node) -> bool {
         let name = node.metadata.name.clone().unwrap_or_default();
         let n = self.node_mut(&name);
-        let key = |n: &NodeInfo| (n.node.is_some(), n.labels.clone(), n.allocatable, n.ready, n.unschedulable, n.taints.clone());
+        let key = |n: &NodeInfo| {
+            (
+                n.node.is_some(),
+                n.labels.clone(),
+                n.allocatable,
+                n.ready,
+                n.unschedulable,
+                n.taints.clone(),
+            )
+        };
         let before = key(n);
         n.set_node(node);
         before != key(n)
@@ -267,10 +276,10 @@ impl Cache {
     /// An assigned pod seen by the watch (confirms an assumed one).
     pub fn add_pod(&mut self, pod: Arc<PodInfo>) {
         let Some(node) = pod.node_name().map(str::to_string) else { return };
-        if let Some(old) = self.placements.get(&pod.key).cloned() {
-            if old.node != node {
-                self.remove_pod(&pod.key);
-            }
+        if let Some(old) = self.placements.get(&pod.key).cloned()
+            && old.node != node
+        {
+            self.remove_pod(&pod.key);
         }
         self.place(pod, &node, false);
     }

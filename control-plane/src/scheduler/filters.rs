@@ -54,21 +54,31 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reason::NodeName => f.write_str("node(s) didn't match the requested node name"),
-            Reason::NotReady => f.write_str("node(s) had untolerated taint {node.kubernetes.io/not-ready: }"),
+            Reason::NotReady => {
+                f.write_str("node(s) had untolerated taint {node.kubernetes.io/not-ready: }")
+            }
             Reason::Unschedulable => f.write_str("node(s) were unschedulable"),
-            Reason::NodeAffinity => f.write_str("node(s) didn't match Pod's node affinity/selector"),
+            Reason::NodeAffinity => {
+                f.write_str("node(s) didn't match Pod's node affinity/selector")
+            }
             Reason::Taint(t) => write!(f, "node(s) had untolerated taint {{{t}}}"),
             Reason::InsufficientCpu => f.write_str("Insufficient cpu"),
             Reason::InsufficientMemory => f.write_str("Insufficient memory"),
             Reason::TooManyPods => f.write_str("Too many pods"),
-            Reason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
+            Reason::HostPorts => {
+                f.write_str("node(s) didn't have free ports for the requested pod ports")
+            }
             Reason::PodAffinity => f.write_str("node(s) didn't match pod affinity rules"),
             Reason::PodAntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
-            Reason::ExistingAntiAffinity => f.write_str("node(s) didn't satisfy existing pods anti-affinity rules"),
-            Reason::TopologySpread => f.write_str("node(s) didn't match pod topology spread constraints"),
-            Reason::TopologySpreadMissingLabel => {
-                f.write_str("node(s) didn't match pod topology spread constraints (missing required label)")
+            Reason::ExistingAntiAffinity => {
+                f.write_str("node(s) didn't satisfy existing pods anti-affinity rules")
             }
+            Reason::TopologySpread => {
+                f.write_str("node(s) didn't match pod topology spread constraints")
+            }
+            Reason::TopologySpreadMissingLabel => f.write_str(
+                "node(s) didn't match pod topology spread constraints (missing required label)",
+            ),
         }
     }
 }
@@ -123,7 +133,8 @@ fn term_namespaces<'t>(term: &'t PodAffinityTerm, own: &'t str) -> Option<Vec<&'
 
 /// Whether `target` is selected by `term` of a pod in namespace `owner_ns`.
 pub fn term_selects(term: &PodAffinityTerm, owner_ns: &str, target: &PodInfo) -> bool {
-    let ns_ok = term_namespaces(term, owner_ns).is_none_or(|ns| ns.contains(&target.namespace.as_str()));
+    let ns_ok =
+        term_namespaces(term, owner_ns).is_none_or(|ns| ns.contains(&target.namespace.as_str()));
     ns_ok && selector_matches(term.label_selector.as_ref(), target.labels())
 }
 
@@ -146,7 +157,11 @@ fn resolve(cache: &Cache, pod: &PodInfo, term: &PodAffinityTerm) -> ResolvedTerm
 }
 
 impl<'a> PodState<'a> {
-    pub fn new(cache: &Cache, pod: &'a PodInfo, nominated: HashMap<String, Resources>) -> PodState<'a> {
+    pub fn new(
+        cache: &Cache,
+        pod: &'a PodInfo,
+        nominated: HashMap<String, Resources>,
+    ) -> PodState<'a> {
         let spec = pod.pod.spec.as_ref();
         let affinity = spec.and_then(|s| s.affinity.as_ref());
         let required_terms = affinity
@@ -166,9 +181,11 @@ impl<'a> PodState<'a> {
             if other.key == pod.key {
                 continue;
             }
-            let Some(node) = other.node_name().and_then(|n| cache.node(n)).or_else(|| {
-                cache.nodes().iter().find(|n| n.pods.contains_key(&other.key))
-            }) else {
+            let Some(node) = other
+                .node_name()
+                .and_then(|n| cache.node(n))
+                .or_else(|| cache.nodes().iter().find(|n| n.pods.contains_key(&other.key)))
+            else {
                 continue;
             };
             let terms = other
@@ -180,10 +197,10 @@ impl<'a> PodState<'a> {
                 .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_deref())
                 .unwrap_or_default();
             for term in terms {
-                if term_selects(term, &other.namespace, pod) {
-                    if let Some(v) = node.labels.get(&term.topology_key) {
-                        existing_anti.insert((term.topology_key.clone(), v.clone()));
-                    }
+                if term_selects(term, &other.namespace, pod)
+                    && let Some(v) = node.labels.get(&term.topology_key)
+                {
+                    existing_anti.insert((term.topology_key.clone(), v.clone()));
                 }
             }
         }
@@ -206,10 +223,10 @@ impl<'a> PodState<'a> {
     /// Node name, selector and required node affinity (upstream NodeName + NodeAffinity).
     pub fn matches_node_affinity(&self, node: &NodeInfo) -> bool {
         let Some(n) = node.node.as_deref() else { return false };
-        if let Some(sel) = self.node_selector {
-            if !sel.iter().all(|(k, v)| node.labels.get(k) == Some(v)) {
-                return false;
-            }
+        if let Some(sel) = self.node_selector
+            && !sel.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+        {
+            return false;
         }
         self.required_terms.is_none_or(|terms| terms_match(terms, n))
     }
@@ -240,10 +257,10 @@ impl<'a> PodState<'a> {
                 *counts.entry(value.clone()).or_default() += n;
             }
             let mut min = counts.values().copied().min().unwrap_or(0);
-            if let Some(min_domains) = c.min_domains {
-                if (counts.len() as i32) < min_domains {
-                    min = 0;
-                }
+            if let Some(min_domains) = c.min_domains
+                && (counts.len() as i32) < min_domains
+            {
+                min = 0;
             }
             out.push(Spread {
                 topology_key: c.topology_key.clone(),
@@ -260,17 +277,18 @@ impl<'a> PodState<'a> {
 
 /// Whether the pod fits `node`; the reasons it does not otherwise.
 pub fn filter(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reason>> {
-    if let Some(name) = state.node_name {
-        if name != node.name {
-            return Err(vec![Reason::NodeName]);
-        }
+    if let Some(name) = state.node_name
+        && name != node.name
+    {
+        return Err(vec![Reason::NodeName]);
     }
     if node.node.is_none() || !node.ready {
         return Err(vec![Reason::NotReady]);
     }
     if node.unschedulable
         && !state.tolerations.iter().any(|t| {
-            t.key.as_deref() == Some("node.kubernetes.io/unschedulable") && t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule")
+            t.key.as_deref() == Some("node.kubernetes.io/unschedulable")
+                && t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule")
         })
     {
         return Err(vec![Reason::Unschedulable]);
@@ -279,7 +297,9 @@ pub fn filter(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reason>> 
         return Err(vec![Reason::NodeAffinity]);
     }
     for taint in &node.taints {
-        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute") && !tolerated(state.tolerations, taint) {
+        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
+            && !tolerated(state.tolerations, taint)
+        {
             let t = format!("{}: {}", taint.key, taint.value.as_deref().unwrap_or_default());
             return Err(vec![Reason::Taint(t)]);
         }
@@ -319,11 +339,6 @@ pub fn fits_ports(pod: &PodInfo, node: &NodeInfo) -> Result<(), Vec<Reason>> {
 }
 
 pub fn fits_inter_pod(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reason>> {
-    if !state.existing_anti.is_empty()
-        && node.labels.iter().any(|(k, v)| state.existing_anti.contains(&(k.clone(), v.clone())))
-    {
-        return Err(vec![Reason::ExistingAntiAffinity]);
-    }
     for term in &state.affinity {
         let value = node.labels.get(&term.topology_key);
         let ok = match value {
@@ -338,6 +353,12 @@ pub fn fits_inter_pod(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<R
         if node.labels.get(&term.topology_key).is_some_and(|v| term.values.contains(v)) {
             return Err(vec![Reason::PodAntiAffinity]);
         }
+    }
+    // Upstream order: affinity, own anti-affinity, then existing pods' anti-affinity.
+    if !state.existing_anti.is_empty()
+        && node.labels.iter().any(|(k, v)| state.existing_anti.contains(&(k.clone(), v.clone())))
+    {
+        return Err(vec![Reason::ExistingAntiAffinity]);
     }
     Ok(())
 }
@@ -430,21 +451,40 @@ pub(crate) mod tests {
     fn resources() {
         let cache = cache_with(
             vec![node("n1", "1", json!({}))],
-            vec![pod("a", json!({"spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "600m"}}}]}}))],
+            vec![pod(
+                "a",
+                json!({"spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "600m"}}}]}}),
+            )],
         );
-        let small = pod("b", json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "400m"}}}]}}));
-        let big = pod("c", json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "9Gi"}}}]}}));
+        let small = pod(
+            "b",
+            json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "400m"}}}]}}),
+        );
+        let big = pod(
+            "c",
+            json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "9Gi"}}}]}}),
+        );
         assert_eq!(check(&cache, small, "n1"), Ok(()));
-        assert_eq!(check(&cache, big, "n1"), Err(vec![Reason::InsufficientCpu, Reason::InsufficientMemory]));
-        let full = cache_with(vec![node("n1", "1", json!({"status": {"allocatable": {"pods": "1"}}}))], vec![pod("a", json!({"spec": {"nodeName": "n1"}}))]);
+        assert_eq!(
+            check(&cache, big, "n1"),
+            Err(vec![Reason::InsufficientCpu, Reason::InsufficientMemory])
+        );
+        let full = cache_with(
+            vec![node("n1", "1", json!({"status": {"allocatable": {"pods": "1"}}}))],
+            vec![pod("a", json!({"spec": {"nodeName": "n1"}}))],
+        );
         assert_eq!(check(&full, pod("b", json!({})), "n1"), Err(vec![Reason::TooManyPods]));
     }
 
     #[test]
     fn nominated_resources_are_kept_free() {
         let cache = cache_with(vec![node("n1", "1", json!({}))], vec![]);
-        let info = PodInfo::new(pod("b", json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "600m"}}}]}})));
-        let nominated = HashMap::from([("n1".to_string(), Resources { milli_cpu: 500, memory: 0, pods: 1 })]);
+        let info = PodInfo::new(pod(
+            "b",
+            json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "600m"}}}]}}),
+        ));
+        let nominated =
+            HashMap::from([("n1".to_string(), Resources { milli_cpu: 500, memory: 0, pods: 1 })]);
         let state = PodState::new(&cache, &info, nominated);
         assert_eq!(filter(&state, cache.node("n1").unwrap()), Err(vec![Reason::InsufficientCpu]));
     }
@@ -454,12 +494,19 @@ pub(crate) mod tests {
         let cache = cache_with(
             vec![
                 node("n1", "1", json!({})),
-                node("n2", "1", json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})),
+                node(
+                    "n2",
+                    "1",
+                    json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+                ),
                 node("n3", "1", json!({"spec": {"unschedulable": true}})),
             ],
             vec![],
         );
-        assert_eq!(check(&cache, pod("a", json!({"spec": {"nodeName": "n2"}})), "n1"), Err(vec![Reason::NodeName]));
+        assert_eq!(
+            check(&cache, pod("a", json!({"spec": {"nodeName": "n2"}})), "n1"),
+            Err(vec![Reason::NodeName])
+        );
         assert_eq!(check(&cache, pod("a", json!({})), "n2"), Err(vec![Reason::NotReady]));
         assert_eq!(check(&cache, pod("a", json!({})), "n3"), Err(vec![Reason::Unschedulable]));
         assert_eq!(check(&cache, pod("a", json!({})), "n1"), Ok(()));
@@ -468,14 +515,20 @@ pub(crate) mod tests {
     #[test]
     fn selectors_and_node_affinity() {
         let cache = cache_with(
-            vec![node("n1", "1", json!({"metadata": {"labels": {"disk": "ssd"}}})), node("n2", "1", json!({}))],
+            vec![
+                node("n1", "1", json!({"metadata": {"labels": {"disk": "ssd"}}})),
+                node("n2", "1", json!({})),
+            ],
             vec![],
         );
         let sel = pod("a", json!({"spec": {"nodeSelector": {"disk": "ssd"}}}));
         assert_eq!(check(&cache, sel.clone(), "n1"), Ok(()));
         assert_eq!(check(&cache, sel, "n2"), Err(vec![Reason::NodeAffinity]));
-        let aff = pod("a", json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "DoesNotExist"}]}]}}}}}));
+        let aff = pod(
+            "a",
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "DoesNotExist"}]}]}}}}}),
+        );
         assert_eq!(check(&cache, aff.clone(), "n1"), Err(vec![Reason::NodeAffinity]));
         assert_eq!(check(&cache, aff, "n2"), Ok(()));
     }
@@ -484,14 +537,28 @@ pub(crate) mod tests {
     fn taints_and_tolerations() {
         let cache = cache_with(
             vec![
-                node("n1", "1", json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]}})),
-                node("n2", "1", json!({"spec": {"taints": [{"key": "soft", "effect": "PreferNoSchedule"}]}})),
+                node(
+                    "n1",
+                    "1",
+                    json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]}}),
+                ),
+                node(
+                    "n2",
+                    "1",
+                    json!({"spec": {"taints": [{"key": "soft", "effect": "PreferNoSchedule"}]}}),
+                ),
             ],
             vec![],
         );
-        assert_eq!(check(&cache, pod("a", json!({})), "n1"), Err(vec![Reason::Taint("gpu: yes".into())]));
+        assert_eq!(
+            check(&cache, pod("a", json!({})), "n1"),
+            Err(vec![Reason::Taint("gpu: yes".into())])
+        );
         assert_eq!(check(&cache, pod("a", json!({})), "n2"), Ok(()));
-        let tol = pod("a", json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]}}));
+        let tol = pod(
+            "a",
+            json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]}}),
+        );
         assert_eq!(check(&cache, tol, "n1"), Ok(()));
         assert_eq!(
             Reason::Taint("gpu: yes".into()).to_string(),
@@ -504,7 +571,10 @@ pub(crate) mod tests {
         let port = |ip: &str| json!({"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080, "hostIP": ip}]}]}});
         let mut bound = port("");
         bound["spec"]["nodeName"] = json!("n1");
-        let cache = cache_with(vec![node("n1", "1", json!({})), node("n2", "1", json!({}))], vec![pod("a", bound)]);
+        let cache = cache_with(
+            vec![node("n1", "1", json!({})), node("n2", "1", json!({}))],
+            vec![pod("a", bound)],
+        );
         assert_eq!(check(&cache, pod("b", port("10.0.0.1")), "n1"), Err(vec![Reason::HostPorts]));
         assert_eq!(check(&cache, pod("b", port("")), "n2"), Ok(()));
         let udp = json!({"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}]}]}});
@@ -524,21 +594,32 @@ pub(crate) mod tests {
             ],
             vec![
                 pod("web1", json!({"spec": {"nodeName": "n1"}})),
-                pod("db1", json!({"metadata": {"labels": {"app": "db"}}, "spec": {"nodeName": "n2"}})),
+                pod(
+                    "db1",
+                    json!({"metadata": {"labels": {"app": "db"}}, "spec": {"nodeName": "n2"}}),
+                ),
             ],
         );
         let web2 = pod("web2", json!({"spec": {"affinity": anti.clone()}}));
         assert_eq!(check(&cache, web2.clone(), "n1"), Err(vec![Reason::PodAntiAffinity]));
         assert_eq!(check(&cache, web2, "n2"), Ok(()));
-        let with_db = pod("x", json!({"metadata": {"labels": {"app": "x"}}, "spec": {"affinity": aff}}));
+        let with_db =
+            pod("x", json!({"metadata": {"labels": {"app": "x"}}, "spec": {"affinity": aff}}));
         assert_eq!(check(&cache, with_db.clone(), "n1"), Err(vec![Reason::PodAffinity]));
         assert_eq!(check(&cache, with_db, "n2"), Ok(()));
 
         // Symmetry: an existing pod's anti-affinity keeps matching pods away from its node.
-        let mut guarded = pod("g", json!({"metadata": {"labels": {"app": "g"}}, "spec": {"nodeName": "n2", "affinity": anti}}));
+        let mut guarded = pod(
+            "g",
+            json!({"metadata": {"labels": {"app": "g"}}, "spec": {"nodeName": "n2", "affinity": anti}}),
+        );
         guarded.metadata.labels.as_mut().unwrap().insert("app".into(), "guard".into());
-        let cache = cache_with(vec![node("n1", "1", json!({})), node("n2", "1", json!({}))], vec![guarded]);
-        assert_eq!(check(&cache, pod("w", json!({})), "n2"), Err(vec![Reason::ExistingAntiAffinity]));
+        let cache =
+            cache_with(vec![node("n1", "1", json!({})), node("n2", "1", json!({}))], vec![guarded]);
+        assert_eq!(
+            check(&cache, pod("w", json!({})), "n2"),
+            Err(vec![Reason::ExistingAntiAffinity])
+        );
         assert_eq!(check(&cache, pod("w", json!({})), "n1"), Ok(()));
     }
 
@@ -554,9 +635,15 @@ pub(crate) mod tests {
             ],
             vec![pod("w1", json!({"spec": {"nodeName": "n1"}}))],
         );
-        assert_eq!(check(&cache, pod("w2", spread.clone()), "n1"), Err(vec![Reason::TopologySpread]));
+        assert_eq!(
+            check(&cache, pod("w2", spread.clone()), "n1"),
+            Err(vec![Reason::TopologySpread])
+        );
         assert_eq!(check(&cache, pod("w2", spread.clone()), "n2"), Ok(()));
-        assert_eq!(check(&cache, pod("w2", spread), "n3"), Err(vec![Reason::TopologySpreadMissingLabel]));
+        assert_eq!(
+            check(&cache, pod("w2", spread), "n3"),
+            Err(vec![Reason::TopologySpreadMissingLabel])
+        );
     }
 
     #[test]

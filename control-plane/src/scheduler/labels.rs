@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 pub type Labels = BTreeMap<String, String>;
@@ -19,10 +21,10 @@ pub fn labels_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMe
 /// upstream's pod affinity, `None` matches nothing.
 pub fn selector_matches(selector: Option<&LabelSelector>, labels: &Labels) -> bool {
     let Some(sel) = selector else { return false };
-    if let Some(ml) = &sel.match_labels {
-        if !ml.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-            return false;
-        }
+    if let Some(ml) = &sel.match_labels
+        && !ml.iter().all(|(k, v)| labels.get(k) == Some(v))
+    {
+        return false;
     }
     for e in sel.match_expressions.iter().flatten() {
         let values = e.values.as_deref().unwrap_or_default();
@@ -78,10 +80,10 @@ pub fn terms_match(terms: &[NodeSelectorTerm], node: &Node) -> bool {
 
 /// Whether a toleration tolerates a taint (upstream `Toleration.ToleratesTaint`).
 pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = toleration.effect.as_deref().filter(|e| !e.is_empty()) {
-        if effect != taint.effect {
-            return false;
-        }
+    if let Some(effect) = toleration.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
     }
     let key = toleration.key.as_deref().unwrap_or_default();
     if !key.is_empty() && key != taint.key {
@@ -89,7 +91,11 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     }
     match toleration.operator.as_deref().unwrap_or("Equal") {
         "Exists" => true,
-        "" | "Equal" => toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default() && !key.is_empty(),
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default()
+                && !key.is_empty()
+        }
         _ => false,
     }
 }
@@ -144,11 +150,22 @@ mod tests {
 
     #[test]
     fn tolerations() {
-        let taint = Taint { key: "gpu".into(), value: Some("yes".into()), effect: "NoSchedule".into(), time_added: None };
-        let eq: Toleration = serde_json::from_value(json!({"key": "gpu", "value": "yes", "effect": "NoSchedule"})).unwrap();
+        let taint = Taint {
+            key: "gpu".into(),
+            value: Some("yes".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        let eq: Toleration =
+            serde_json::from_value(json!({"key": "gpu", "value": "yes", "effect": "NoSchedule"}))
+                .unwrap();
         let exists: Toleration = serde_json::from_value(json!({"operator": "Exists"})).unwrap();
-        let wrong_effect: Toleration = serde_json::from_value(json!({"key": "gpu", "operator": "Exists", "effect": "NoExecute"})).unwrap();
-        let wrong_value: Toleration = serde_json::from_value(json!({"key": "gpu", "value": "no"})).unwrap();
+        let wrong_effect: Toleration = serde_json::from_value(
+            json!({"key": "gpu", "operator": "Exists", "effect": "NoExecute"}),
+        )
+        .unwrap();
+        let wrong_value: Toleration =
+            serde_json::from_value(json!({"key": "gpu", "value": "no"})).unwrap();
         assert!(tolerates(&eq, &taint));
         assert!(tolerates(&exists, &taint));
         assert!(!tolerates(&wrong_effect, &taint));

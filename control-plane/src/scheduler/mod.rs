@@ -219,7 +219,12 @@ fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
         state.cache.add_pod(info);
         return false;
     }
-    let ours = info.pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()).unwrap_or("default-scheduler")
+    let ours = info
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler")
         == shared.config.scheduler_name;
     if !ours || info.terminating {
         state.queue.remove(&key);
@@ -260,8 +265,12 @@ async fn watch_pods(shared: Arc<Shared>) {
                         state.cache.remove_pod(&key);
                     }
                 }
-                let stale: Vec<PodKey> =
-                    state.queue.pending().map(|p| p.key.clone()).filter(|k| !listed.contains(k)).collect();
+                let stale: Vec<PodKey> = state
+                    .queue
+                    .pending()
+                    .map(|p| p.key.clone())
+                    .filter(|k| !listed.contains(k))
+                    .collect();
                 for key in stale {
                     state.queue.remove(&key);
                 }
@@ -308,7 +317,11 @@ pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
     if all < MIN {
         return all;
     }
-    let pct = if percentage == 0 { (50 - (all / 125) as i64).max(5) as usize } else { percentage.min(100) as usize };
+    let pct = if percentage == 0 {
+        (50 - (all / 125) as i64).max(5) as usize
+    } else {
+        percentage.min(100) as usize
+    };
     (all * pct / 100).max(MIN)
 }
 
@@ -332,7 +345,8 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
     let pstate = PodState::new(cache, pod, nominated);
     let nodes = cache.nodes();
     let total = nodes.len();
-    let to_find = feasible_nodes_to_find(cache.node_count(), shared.config.percentage_of_nodes_to_score);
+    let to_find =
+        feasible_nodes_to_find(cache.node_count(), shared.config.percentage_of_nodes_to_score);
     let mut feasible = Vec::new();
     let mut reasons: HashMap<Reason, usize> = HashMap::new();
     let mut node_reasons: HashMap<String, Vec<Reason>> = HashMap::new();
@@ -363,7 +377,8 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
     if feasible.is_empty() {
         let message = fit_error_message(cache.node_count(), &reasons);
         let nominated_node = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
-        let nominated_node = state.nominations.get(&pod.key).map(|(n, _, _)| n.as_str()).or(nominated_node);
+        let nominated_node =
+            state.nominations.get(&pod.key).map(|(n, _, _)| n.as_str()).or(nominated_node);
         let preempt = if preemption::eligible(cache, pod, nominated_node) {
             preemption::find_candidate(cache, &pstate, &node_reasons)
         } else {
@@ -389,7 +404,7 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                if i != best && rng % ties == 0 {
+                if i != best && rng.is_multiple_of(ties) {
                     best = i;
                 }
             }
@@ -411,7 +426,9 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
             Decision::Bind(node) => state.cache.assume(pod.clone(), node),
             Decision::Unschedulable { preempt, .. } => {
                 if let Some(c) = preempt {
-                    state.nominations.insert(pod.key.clone(), (c.node.clone(), pod.requests, pod.priority));
+                    state
+                        .nominations
+                        .insert(pod.key.clone(), (c.node.clone(), pod.requests, pod.priority));
                 }
                 state.queue.unschedulable(&pod.key);
             }
@@ -430,7 +447,10 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                     Ok(()) => {
                         shared.lock().queue.remove(&pod.key);
                         let msg = format!("Successfully assigned {} to {node}", pod.key);
-                        shared.recorder.record(&pod.pod, EventType::Normal, "Scheduled", &msg).await;
+                        shared
+                            .recorder
+                            .record(&pod.pod, EventType::Normal, "Scheduled", &msg)
+                            .await;
                     }
                     Err(e) => {
                         debug!(error = %e, pod = %pod.key, "binding failed");
@@ -447,7 +467,10 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                         }
                         shared.wake.notify_one();
                         let msg = format!("Binding rejected: {e}");
-                        shared.recorder.record(&pod.pod, EventType::Warning, "FailedScheduling", &msg).await;
+                        shared
+                            .recorder
+                            .record(&pod.pod, EventType::Warning, "FailedScheduling", &msg)
+                            .await;
                     }
                 }
             });
@@ -463,10 +486,15 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                         }
                     }
                 }
-                if let Err(e) = set_unschedulable(&shared.client, &pod, &message, nominated.as_deref()).await {
+                if let Err(e) =
+                    set_unschedulable(&shared.client, &pod, &message, nominated.as_deref()).await
+                {
                     debug!(error = %e, "pod status");
                 }
-                shared.recorder.record(&pod.pod, EventType::Warning, "FailedScheduling", &message).await;
+                shared
+                    .recorder
+                    .record(&pod.pod, EventType::Warning, "FailedScheduling", &message)
+                    .await;
             });
         }
     }
@@ -489,10 +517,15 @@ async fn bind(client: &Client, pod: &PodInfo, node: &str) -> Result<()> {
             ..Default::default()
         },
     };
-    api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
-        .await
-        .map(|_| ())
-        .map_err(|source| Error::Bind { pod: pod.key.clone(), node: node.to_string(), source })
+    api.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Bind { pod: pod.key.clone(), node: node.to_string(), source })
 }
 
 async fn evict(shared: &Shared, victim: &PodInfo, preemptor: &PodInfo, node: &str) -> Result<()> {
@@ -509,19 +542,28 @@ async fn evict(shared: &Shared, victim: &PodInfo, preemptor: &PodInfo, node: &st
 
 /// `PodScheduled=False` (reason Unschedulable) and the nominated node, via pods/status;
 /// skipped when the pod already says exactly that.
-async fn set_unschedulable(client: &Client, pod: &PodInfo, message: &str, nominated: Option<&str>) -> Result<()> {
+async fn set_unschedulable(
+    client: &Client,
+    pod: &PodInfo,
+    message: &str,
+    nominated: Option<&str>,
+) -> Result<()> {
     let status = pod.pod.status.as_ref();
     let current = status
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
     let same = current.is_some_and(|c| {
-        c.status == "False" && c.reason.as_deref() == Some("Unschedulable") && c.message.as_deref() == Some(message)
+        c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+            && c.message.as_deref() == Some(message)
     });
-    let nominated_same = nominated.is_none() || status.and_then(|s| s.nominated_node_name.as_deref()) == nominated;
+    let nominated_same =
+        nominated.is_none() || status.and_then(|s| s.nominated_node_name.as_deref()) == nominated;
     if same && nominated_same {
         return Ok(());
     }
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let mut patch = json!({"status": {"conditions": [{
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
         "lastProbeTime": null, "lastTransitionTime": now
@@ -530,7 +572,10 @@ async fn set_unschedulable(client: &Client, pod: &PodInfo, message: &str, nomina
         patch["status"]["nominatedNodeName"] = json!(n);
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-    match api.patch_status(&pod.pod.name_any(), &PatchParams::default(), &Patch::Strategic(&patch)).await {
+    match api
+        .patch_status(&pod.pod.name_any(), &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(Error::Status { pod: pod.key.clone(), source }),

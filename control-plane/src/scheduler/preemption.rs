@@ -23,10 +23,10 @@ pub fn eligible(cache: &Cache, pod: &PodInfo, nominated_node: Option<&str>) -> b
     if policy == Some("Never") {
         return false;
     }
-    if let Some(node) = nominated_node.and_then(|n| cache.node(n)) {
-        if node.pods.values().any(|p| p.terminating && p.priority < pod.priority) {
-            return false;
-        }
+    if let Some(node) = nominated_node.and_then(|n| cache.node(n))
+        && node.pods.values().any(|p| p.terminating && p.priority < pod.priority)
+    {
+        return false;
     }
     true
 }
@@ -102,9 +102,17 @@ mod tests {
     use super::*;
     use crate::scheduler::filters::tests::{node, pod};
 
-    fn req(name: &str, cpu: &str, priority: i32, node: Option<&str>) -> k8s_openapi::api::core::v1::Pod {
-        pod(name, json!({"spec": {"priority": priority, "nodeName": node,
-            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}))
+    fn req(
+        name: &str,
+        cpu: &str,
+        priority: i32,
+        node: Option<&str>,
+    ) -> k8s_openapi::api::core::v1::Pod {
+        pod(
+            name,
+            json!({"spec": {"priority": priority, "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}),
+        )
     }
 
     fn setup() -> Cache {
@@ -123,7 +131,10 @@ mod tests {
     }
 
     fn reasons(c: &Cache, state: &PodState<'_>) -> HashMap<String, Vec<Reason>> {
-        c.nodes().iter().filter_map(|n| filter(state, n).err().map(|r| (n.name.clone(), r))).collect()
+        c.nodes()
+            .iter()
+            .filter_map(|n| filter(state, n).err().map(|r| (n.name.clone(), r)))
+            .collect()
     }
 
     #[test]
@@ -157,11 +168,15 @@ mod tests {
     #[test]
     fn unresolvable_nodes_are_skipped_and_policy_never_respected() {
         let c = setup();
-        let p = PodInfo::new(pod("x", json!({"spec": {"priority": 100, "nodeSelector": {"none": "x"},
-            "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m"}}}]}})));
+        let p = PodInfo::new(pod(
+            "x",
+            json!({"spec": {"priority": 100, "nodeSelector": {"none": "x"},
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m"}}}]}}),
+        ));
         let state = PodState::new(&c, &p, HashMap::new());
         assert!(find_candidate(&c, &state, &reasons(&c, &state)).is_none());
-        let never = PodInfo::new(pod("y", json!({"spec": {"priority": 100, "preemptionPolicy": "Never"}})));
+        let never =
+            PodInfo::new(pod("y", json!({"spec": {"priority": 100, "preemptionPolicy": "Never"}})));
         assert!(!eligible(&c, &never, None));
         assert!(eligible(&c, &p, Some("n1")));
     }

@@ -113,7 +113,8 @@ impl SchedulingQueue {
             Some(e) => {
                 // Only a change of what scheduling looks at moves an unschedulable pod
                 // (our own status writes come back as updates too).
-                let changed = e.info.pod.spec != info.pod.spec || e.info.pod.metadata.labels != info.pod.metadata.labels;
+                let changed = e.info.pod.spec != info.pod.spec
+                    || e.info.pod.metadata.labels != info.pod.metadata.labels;
                 e.info = info;
                 if changed {
                     match e.at {
@@ -154,12 +155,13 @@ impl SchedulingQueue {
     pub fn pop(&mut self) -> Result<Arc<PodInfo>, Option<Instant>> {
         self.flush_backoff(Instant::now());
         while let Some((_, Reverse(seq), key)) = self.active.pop() {
-            if let Some(e) = self.pods.get_mut(&key) {
-                if e.seq == seq && e.at == Where::Active {
-                    e.at = Where::InFlight;
-                    e.moved_in_flight = false;
-                    return Ok(e.info.clone());
-                }
+            if let Some(e) = self.pods.get_mut(&key)
+                && e.seq == seq
+                && e.at == Where::Active
+            {
+                e.at = Where::InFlight;
+                e.moved_in_flight = false;
+                return Ok(e.info.clone());
             }
         }
         Err(self.backoff.peek().map(|Reverse((until, _, _))| *until))

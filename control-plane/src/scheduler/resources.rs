@@ -120,7 +120,8 @@ pub fn pod_requests(pod: &Pod) -> (Resources, Resources) {
 /// A node's allocatable (capacity when allocatable is absent).
 pub fn node_allocatable(node: &Node) -> Resources {
     let status = node.status.as_ref();
-    let map = status.and_then(|s| s.allocatable.as_ref()).or(status.and_then(|s| s.capacity.as_ref()));
+    let map =
+        status.and_then(|s| s.allocatable.as_ref()).or(status.and_then(|s| s.capacity.as_ref()));
     from_map(map)
 }
 

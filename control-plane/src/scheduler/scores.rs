@@ -13,7 +13,8 @@ pub const MAX_SCORE: i64 = 100;
 
 /// Scores of the feasible nodes (indexes into `nodes`), same order.
 pub fn score(cache: &Cache, state: &PodState<'_>, nodes: &[&NodeInfo]) -> Vec<i64> {
-    let mut total: Vec<i64> = nodes.iter().map(|n| least_allocated(state, n) + balanced(state, n)).collect();
+    let mut total: Vec<i64> =
+        nodes.iter().map(|n| least_allocated(state, n) + balanced(state, n)).collect();
     let mut add = |raw: Vec<i64>, weight: i64, reverse: bool| {
         let norm = normalize(&raw, reverse);
         for (t, s) in total.iter_mut().zip(norm) {
@@ -49,7 +50,9 @@ pub fn normalize(raw: &[i64], reverse: bool) -> Vec<i64> {
 fn fractions(state: &PodState<'_>, node: &NodeInfo) -> (f64, f64) {
     let req = &node.nonzero_requested;
     let pod = &state.pod.nonzero;
-    let frac = |used: i64, alloc: i64| if alloc <= 0 { 1.0 } else { ((used as f64) / (alloc as f64)).min(1.0) };
+    let frac = |used: i64, alloc: i64| {
+        if alloc <= 0 { 1.0 } else { ((used as f64) / (alloc as f64)).min(1.0) }
+    };
     (
         frac(req.milli_cpu + pod.milli_cpu, node.allocatable.milli_cpu),
         frac(req.memory + pod.memory, node.allocatable.memory),
@@ -97,13 +100,25 @@ pub fn preferred_node_affinity(state: &PodState<'_>, nodes: &[&NodeInfo]) -> Opt
 
 /// Preferred pod affinity (+weight) and anti-affinity (-weight) per matching pod in the
 /// node's topology domain.
-pub fn preferred_pod_affinity(cache: &Cache, state: &PodState<'_>, nodes: &[&NodeInfo]) -> Option<Vec<i64>> {
+pub fn preferred_pod_affinity(
+    cache: &Cache,
+    state: &PodState<'_>,
+    nodes: &[&NodeInfo],
+) -> Option<Vec<i64>> {
     let affinity = state.pod.pod.spec.as_ref()?.affinity.as_ref()?;
     let mut terms = Vec::new();
-    for t in affinity.pod_affinity.iter().flat_map(|a| a.preferred_during_scheduling_ignored_during_execution.iter().flatten()) {
+    for t in affinity
+        .pod_affinity
+        .iter()
+        .flat_map(|a| a.preferred_during_scheduling_ignored_during_execution.iter().flatten())
+    {
         terms.push((&t.pod_affinity_term, i64::from(t.weight)));
     }
-    for t in affinity.pod_anti_affinity.iter().flat_map(|a| a.preferred_during_scheduling_ignored_during_execution.iter().flatten()) {
+    for t in affinity
+        .pod_anti_affinity
+        .iter()
+        .flat_map(|a| a.preferred_during_scheduling_ignored_during_execution.iter().flatten())
+    {
         terms.push((&t.pod_affinity_term, -i64::from(t.weight)));
     }
     if terms.is_empty() {
@@ -114,18 +129,20 @@ pub fn preferred_pod_affinity(cache: &Cache, state: &PodState<'_>, nodes: &[&Nod
     for node in cache.nodes() {
         for (term, weight) in &terms {
             let Some(value) = node.labels.get(&term.topology_key) else { continue };
-            let n = node.pods.values().filter(|p| p.key != state.pod.key && term_selects(term, &state.pod.namespace, p)).count();
-            *domains.entry((term.topology_key.as_str(), value.as_str())).or_default() += weight * n as i64;
+            let n = node
+                .pods
+                .values()
+                .filter(|p| p.key != state.pod.key && term_selects(term, &state.pod.namespace, p))
+                .count();
+            *domains.entry((term.topology_key.as_str(), value.as_str())).or_default() +=
+                weight * n as i64;
         }
     }
     Some(
         nodes
             .iter()
             .map(|n| {
-                n.labels
-                    .iter()
-                    .filter_map(|(k, v)| domains.get(&(k.as_str(), v.as_str())))
-                    .sum()
+                n.labels.iter().filter_map(|(k, v)| domains.get(&(k.as_str(), v.as_str()))).sum()
             })
             .collect(),
     )
@@ -141,7 +158,13 @@ pub fn spreading(state: &PodState<'_>, nodes: &[&NodeInfo]) -> Option<Vec<i64>> 
                 .iter()
                 .map(|n| {
                     soft.iter()
-                        .map(|s| n.labels.get(&s.topology_key).and_then(|v| s.counts.get(v)).copied().unwrap_or(0))
+                        .map(|s| {
+                            n.labels
+                                .get(&s.topology_key)
+                                .and_then(|v| s.counts.get(v))
+                                .copied()
+                                .unwrap_or(0)
+                        })
                         .sum()
                 })
                 .collect(),
@@ -182,7 +205,10 @@ mod tests {
     use crate::scheduler::cache::PodInfo;
     use crate::scheduler::filters::tests::{node, pod};
 
-    fn cache(nodes: Vec<k8s_openapi::api::core::v1::Node>, pods: Vec<k8s_openapi::api::core::v1::Pod>) -> Cache {
+    fn cache(
+        nodes: Vec<k8s_openapi::api::core::v1::Node>,
+        pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    ) -> Cache {
         let mut c = Cache::default();
         for n in nodes {
             c.upsert_node(n);
@@ -211,7 +237,10 @@ mod tests {
     fn least_allocated_prefers_the_emptier_node() {
         let c = cache(
             vec![node("n1", "2", json!({})), node("n2", "2", json!({}))],
-            vec![pod("a", json!({"spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}))],
+            vec![pod(
+                "a",
+                json!({"spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}),
+            )],
         );
         let s = scores(&c, pod("b", json!({})));
         assert!(s[1] > s[0], "{s:?}");
@@ -219,7 +248,10 @@ mod tests {
 
     #[test]
     fn balanced_prefers_even_use() {
-        let info = PodInfo::new(pod("b", json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}]}})));
+        let info = PodInfo::new(pod(
+            "b",
+            json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}]}}),
+        ));
         let c = cache(vec![node("n1", "2", json!({})), node("n2", "8", json!({}))], vec![]);
         let state = PodState::new(&c, &info, HashMap::new());
         // n1: cpu 50 %, memory 50 % → perfectly balanced; n2: cpu 12.5 %, memory 50 %.
@@ -229,9 +261,18 @@ mod tests {
 
     #[test]
     fn preferred_node_affinity_wins() {
-        let c = cache(vec![node("n1", "2", json!({})), node("n2", "2", json!({"metadata": {"labels": {"disk": "ssd"}}}))], vec![]);
-        let p = pod("b", json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}}}));
+        let c = cache(
+            vec![
+                node("n1", "2", json!({})),
+                node("n2", "2", json!({"metadata": {"labels": {"disk": "ssd"}}})),
+            ],
+            vec![],
+        );
+        let p = pod(
+            "b",
+            json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}}}),
+        );
         let s = scores(&c, p);
         assert!(s[1] > s[0], "{s:?}");
     }
@@ -240,10 +281,16 @@ mod tests {
     fn preferred_pod_affinity_wins() {
         let c = cache(
             vec![node("n1", "2", json!({})), node("n2", "2", json!({}))],
-            vec![pod("db", json!({"metadata": {"labels": {"app": "db"}}, "spec": {"nodeName": "n2"}}))],
+            vec![pod(
+                "db",
+                json!({"metadata": {"labels": {"app": "db"}}, "spec": {"nodeName": "n2"}}),
+            )],
         );
-        let p = pod("b", json!({"spec": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}}]}}}}));
+        let p = pod(
+            "b",
+            json!({"spec": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}}]}}}}),
+        );
         let s = scores(&c, p);
         assert!(s[1] > s[0], "{s:?}");
     }
@@ -251,10 +298,16 @@ mod tests {
     #[test]
     fn default_spreading_by_owner() {
         let owned = |name: &str, node: Option<&str>| {
-            pod(name, json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid", "controller": true}]},
-                             "spec": {"nodeName": node, "containers": [{"name": "c"}]}}))
+            pod(
+                name,
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid", "controller": true}]},
+                             "spec": {"nodeName": node, "containers": [{"name": "c"}]}}),
+            )
         };
-        let c = cache(vec![node("n1", "2", json!({})), node("n2", "2", json!({}))], vec![owned("a", Some("n1"))]);
+        let c = cache(
+            vec![node("n1", "2", json!({})), node("n2", "2", json!({}))],
+            vec![owned("a", Some("n1"))],
+        );
         let s = scores(&c, owned("b", None));
         assert!(s[1] > s[0], "{s:?}");
     }
@@ -264,14 +317,21 @@ mod tests {
         let c = cache(
             vec![
                 node("n1", "2", json!({"metadata": {"labels": {"zone": "a"}}})),
-                node("n2", "2", json!({"metadata": {"labels": {"zone": "b"}}, "spec": {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}})),
+                node(
+                    "n2",
+                    "2",
+                    json!({"metadata": {"labels": {"zone": "b"}}, "spec": {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}}),
+                ),
             ],
             vec![pod("a", json!({"spec": {"nodeName": "n2"}}))],
         );
         let s = scores(&c, pod("b", json!({})));
         assert!(s[0] > s[1], "PreferNoSchedule: {s:?}");
-        let spread = pod("b", json!({"spec": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
-            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]}}));
+        let spread = pod(
+            "b",
+            json!({"spec": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]}}),
+        );
         let s = scores(&c, spread);
         assert!(s[0] > s[1], "{s:?}");
     }
