@@ -12,7 +12,8 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
     match name {
         "apiserver" => apiserver(root),
         "cni" => crate::cni::bench(root),
-        other => bail!("unknown benchmark {other:?} (known: apiserver, cni)"),
+        "scheduler" => crate::scheduler_bench::bench(root),
+        other => bail!("unknown benchmark {other:?} (known: apiserver, cni, scheduler)"),
     }
 }
 

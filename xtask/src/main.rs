@@ -5,6 +5,7 @@
 
 mod bench;
 mod cni;
+mod scheduler_bench;
 mod setup;
 
 use std::path::{Path, PathBuf};
