@@ -169,7 +169,13 @@ async fn round_robin_binder(client: Client) {
 async fn start_binder(kubeconfig: &Path, binder: Binder) -> Result<tokio::task::JoinHandle<()>> {
     let sc = client(kubeconfig).await?;
     Ok(match binder {
-        Binder::Skiff => tokio::spawn(scheduler::run(sc, SchedulerConfig::default())),
+        Binder::Skiff => {
+            let config = SchedulerConfig {
+                scheduled_events: std::env::var_os("SKIFF_BENCH_NO_EVENTS").is_none(),
+                ..Default::default()
+            };
+            tokio::spawn(scheduler::run(sc, config))
+        }
         Binder::RoundRobin => tokio::spawn(round_robin_binder(sc)),
     })
 }
