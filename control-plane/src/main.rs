@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use skiff_control_plane::apiserver::alloc::Cidr;
+use skiff_control_plane::controllers::ControllerConfig;
+use skiff_control_plane::scheduler::SchedulerConfig;
 use skiff_control_plane::server::{self, ServerConfig, StoreConfig};
 
 #[derive(Parser)]
@@ -28,6 +30,12 @@ struct Args {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/skiff")]
     etcd_prefix: String,
+    /// Pod CIDR of the cluster; nodes get a /24 each (node IPAM).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: String,
+    /// Serve the API only: no in-process scheduler and controllers.
+    #[arg(long)]
+    no_controllers: bool,
 }
 
 #[tokio::main]
@@ -50,6 +58,17 @@ async fn main() -> Result<()> {
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
         .with_context(|| format!("--service-node-port-range {:?}", args.service_node_port_range))?;
     config.api.node_ports = (lo, hi);
+    if !args.no_controllers {
+        let controllers = ControllerConfig {
+            cluster_cidr: Some(
+                Cidr::parse(&args.cluster_cidr)
+                    .with_context(|| format!("--cluster-cidr {:?}", args.cluster_cidr))?,
+            ),
+            ..Default::default()
+        };
+        config.controllers = Some(controllers);
+        config.scheduler = Some(SchedulerConfig::default());
+    }
     if let Some(servers) = args.etcd_servers {
         config.store = StoreConfig::Etcd {
             endpoints: servers.split(',').map(str::to_string).collect(),

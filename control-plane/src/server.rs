@@ -32,9 +32,12 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub store: StoreConfig,
     pub api: ApiConfig,
-    /// Run the controllers in process (over the apiserver's in-memory client). `None` keeps
-    /// skiff-server a bare apiserver (what the API tests expect).
+    /// Run the controllers in process (over the apiserver's in-memory client), while this
+    /// server holds the `kube-controller-manager` Lease. `None` keeps a bare apiserver (the
+    /// library default, what the API tests use; the skiff-server binary turns it on).
     pub controllers: Option<crate::controllers::ControllerConfig>,
+    /// Run the scheduler in process while holding the `kube-scheduler` Lease.
+    pub scheduler: Option<crate::scheduler::SchedulerConfig>,
 }
 
 impl Default for ServerConfig {
@@ -45,6 +48,7 @@ impl Default for ServerConfig {
             store: StoreConfig::Embedded,
             api: ApiConfig::default(),
             controllers: None,
+            scheduler: None,
         }
     }
 }
@@ -105,8 +109,39 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, config.api.clone()).await?;
     api.spawn_compactor(config.api.compaction_interval);
+    // Several skiff-servers on one store: one active scheduler and one active controller
+    // set at a time, through leader election on Leases (as kube-scheduler and
+    // kube-controller-manager do).
+    let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
     if let Some(cc) = config.controllers.clone() {
-        tokio::spawn(crate::controllers::run(api.client(), cc));
+        let client = api.client();
+        let id = identity.clone();
+        tokio::spawn(async move {
+            crate::leader::run_leading(
+                client.clone(),
+                "kube-system",
+                "kube-controller-manager",
+                &id,
+                Default::default(),
+                || crate::controllers::run(client.clone(), cc.clone()),
+            )
+            .await
+        });
+    }
+    if let Some(sc) = config.scheduler.clone() {
+        let client = api.client();
+        let id = identity.clone();
+        tokio::spawn(async move {
+            crate::leader::run_leading(
+                client.clone(),
+                "kube-system",
+                "kube-scheduler",
+                &id,
+                Default::default(),
+                || crate::scheduler::run(client.clone(), sc.clone()),
+            )
+            .await
+        });
     }
 
     let host = if config.listen.ip().is_unspecified() {
@@ -157,4 +192,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     });
     tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "skiff-server is serving");
     Ok(Running { addr, api, kubeconfig })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "skiff-server".into())
 }

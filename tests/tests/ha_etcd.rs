@@ -118,3 +118,96 @@ async fn two_servers_share_one_etcd_cluster() {
         .collect();
     assert_eq!(names.iter().filter(|n| n.starts_with("after-kill")).count(), 5, "{names:?}");
 }
+
+fn lease_holder(lease: &k8s_openapi::api::coordination::v1::Lease) -> String {
+    lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_and_failover_when_it_is_killed() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use skiff_control_plane::controllers::ControllerConfig;
+    use skiff_control_plane::scheduler::SchedulerConfig;
+
+    let etcd = EtcdCluster::start(1).await.expect("etcd (Debian's etcd-server)");
+    let with_control_plane = |endpoints: Vec<String>| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            store: StoreConfig::Etcd { endpoints, prefix: "/skiff-leader".into() },
+            controllers: Some(ControllerConfig::default()),
+            scheduler: Some(SchedulerConfig::default()),
+            ..Default::default()
+        };
+        TestServer::start_with(dir, config)
+    };
+    let a = with_control_plane(etcd.endpoints());
+    let c = client(&a).await;
+    let leases: Api<Lease> = Api::namespaced(c, "kube-system");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Ok(l) = leases.get("kube-scheduler").await
+            && !lease_holder(&l).is_empty()
+        {
+            break lease_holder(&l);
+        }
+        assert!(std::time::Instant::now() < deadline, "server a never became scheduler leader");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    // A second server joins: the leader does not change.
+    let b = with_control_plane(etcd.endpoints());
+    let leases_b: Api<Lease> = Api::namespaced(client(&b).await, "kube-system");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for name in ["kube-scheduler", "kube-controller-manager"] {
+        let l = leases_b.get(name).await.expect("lease");
+        assert!(!lease_holder(&l).is_empty(), "{name} has a holder");
+    }
+    assert_eq!(
+        lease_holder(&leases_b.get("kube-scheduler").await.expect("lease")),
+        first,
+        "one leader, kept"
+    );
+
+    // Kill a (no release of its Leases): b takes over once they expire (15 s).
+    drop(a);
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let l = leases_b.get("kube-scheduler").await.expect("lease");
+        let holder = lease_holder(&l);
+        if !holder.is_empty() && holder != first {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "b did not take over the scheduler lease");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // And b's scheduler works: a pod binds to a node.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client(&b).await);
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n1"},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                   "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .expect("node");
+    let created = nodes.create(&PostParams::default(), &node).await.expect("node");
+    let mut status = created.clone();
+    status.status = node.status.clone();
+    nodes.replace_status("n1", &PostParams::default(), &status).await.expect("node status");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client(&b).await, "default");
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "after-failover"},
+        "spec": {"containers": [{"name": "c", "image": "skiff.local/busybox:1"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod).await.expect("pod");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = pods.get("after-failover").await.expect("pod");
+        if p.spec.and_then(|s| s.node_name).as_deref() == Some("n1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the new leader did not schedule the pod");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -21,7 +21,8 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             "--example",
             "bench_dataplane",
         ])),
-        other => bail!("unknown benchmark {other:?} (known: apiserver, cni, dataplane)"),
+        "scheduler" => crate::scheduler_bench::bench(root),
+        other => bail!("unknown benchmark {other:?} (known: apiserver, cni, dataplane, scheduler)"),
     }
 }
 

@@ -6,6 +6,7 @@
 mod bench;
 mod cni;
 mod ebpf;
+mod scheduler_bench;
 mod setup;
 
 use std::path::{Path, PathBuf};

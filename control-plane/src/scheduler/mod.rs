@@ -1,9 +1,40 @@
 //! The scheduler: pods without a node → filter → score → bind through pods/binding, over a
-//! kube-rs `Client` (in memory inside skiff-server).
+//! kube-rs `Client` (in memory inside skiff-server). Watches keep a [`cache::Cache`] of
+//! nodes and assigned pods and a [`queue::SchedulingQueue`] of pending pods; one loop takes
+//! the next pod, filters nodes (round-robin, stopping after upstream's
+//! `percentageOfNodesToScore` feasible ones), scores them, assumes the pod on the best node
+//! and binds it concurrently (bounded). Pods that fit nowhere may preempt lower-priority
+//! pods, get `PodScheduled=False` and a `FailedScheduling` event, and wait for a cluster
+//! event in the queue.
 
+pub mod cache;
+pub mod filters;
+pub mod labels;
+pub mod preemption;
+pub mod queue;
+pub mod resources;
+pub mod scores;
+
+use std::collections::{HashMap, HashSet};
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Notify, Semaphore};
+use tracing::{debug, info_span, warn};
+
+use crate::controllers::events::{EventRecorder, EventType};
+use cache::{Cache, PodInfo, PodKey};
+use filters::{PodState, Reason, filter, fit_error_message};
+use queue::SchedulingQueue;
+use resources::Resources;
 
 /// Scheduler settings; defaults match kube-scheduler's.
 #[derive(Debug, Clone)]
@@ -13,6 +44,13 @@ pub struct SchedulerConfig {
     /// Initial and maximum backoff of unschedulable pods (upstream 1 s and 10 s).
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// Bindings in flight at once (upstream binds asynchronously, one goroutine per pod).
+    pub parallel_binds: usize,
+    /// `percentageOfNodesToScore`; 0 means upstream's adaptive default (50 % minus 1 % per
+    /// 125 nodes, at least 5 %, at least 100 nodes).
+    pub percentage_of_nodes_to_score: u32,
+    /// Record a `Scheduled` Event per bound pod (upstream does; one more API write per pod).
+    pub scheduled_events: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -21,12 +59,545 @@ impl Default for SchedulerConfig {
             scheduler_name: "default-scheduler".into(),
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
+            parallel_binds: 64,
+            percentage_of_nodes_to_score: 0,
+            scheduled_events: true,
+        }
+    }
+}
+
+/// Failures of the scheduler's API calls.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("binding pod {pod} to node {node}")]
+    Bind {
+        pod: String,
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("updating the status of pod {pod}")]
+    Status {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("evicting pod {pod}")]
+    Evict {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+struct State {
+    cache: Cache,
+    queue: SchedulingQueue,
+    /// Preemptors and the node freed for them: (node, requests, priority).
+    nominations: HashMap<PodKey, (String, Resources, i32)>,
+    next_start: usize,
+    rng: u64,
+    nodes_synced: bool,
+    pods_synced: bool,
+}
+
+struct Shared {
+    client: Client,
+    config: SchedulerConfig,
+    state: Mutex<State>,
+    wake: Notify,
+    binds: Arc<Semaphore>,
+    recorder: EventRecorder,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent-enough data: keep scheduling.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Aborts the watch tasks when the scheduler future is dropped (e.g. leadership lost).
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
         }
     }
 }
 
 /// Run the scheduler until the future is dropped.
 pub async fn run(client: Client, config: SchedulerConfig) {
-    let _ = (client, config);
-    futures::future::pending::<()>().await;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x9e37_79b9)
+        | 1;
+    let shared = Arc::new(Shared {
+        recorder: EventRecorder::new(client.clone(), config.scheduler_name.clone()),
+        binds: Arc::new(Semaphore::new(config.parallel_binds.max(1))),
+        state: Mutex::new(State {
+            cache: Cache::default(),
+            queue: SchedulingQueue::new(config.initial_backoff, config.max_backoff),
+            nominations: HashMap::new(),
+            next_start: 0,
+            rng: seed,
+            nodes_synced: false,
+            pods_synced: false,
+        }),
+        wake: Notify::new(),
+        client,
+        config,
+    });
+    let _watches = AbortOnDrop(vec![
+        tokio::spawn(watch_nodes(shared.clone())),
+        tokio::spawn(watch_pods(shared.clone())),
+    ]);
+    schedule_loop(shared).await;
+}
+
+async fn watch_nodes(shared: Arc<Shared>) {
+    let api: Api<Node> = Api::all(shared.client.clone());
+    let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut listed = HashSet::new();
+    while let Some(event) = stream.next().await {
+        let mut state = shared.lock();
+        let moved = match event {
+            Ok(watcher::Event::Apply(node)) => state.cache.upsert_node(node),
+            Ok(watcher::Event::InitApply(node)) => {
+                listed.insert(node.name_any());
+                state.cache.upsert_node(node);
+                false
+            }
+            Ok(watcher::Event::Delete(node)) => {
+                state.cache.remove_node(&node.name_any());
+                false
+            }
+            Ok(watcher::Event::Init) => {
+                listed.clear();
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                for name in state.cache.node_names() {
+                    if !listed.contains(&name) {
+                        state.cache.remove_node(&name);
+                    }
+                }
+                state.nodes_synced = true;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "scheduler node watch");
+                false
+            }
+        };
+        if moved {
+            state.queue.move_all_unschedulable();
+            drop(state);
+            shared.wake.notify_one();
+        }
+    }
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// Apply one pod from the watch; whether an assigned pod went away (may free room).
+fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
+    let key = cache::pod_key(&pod);
+    if is_terminal(&pod) {
+        state.queue.remove(&key);
+        state.nominations.remove(&key);
+        return state.cache.remove_pod(&key).is_some();
+    }
+    let info = Arc::new(PodInfo::new(pod));
+    if info.node_name().is_some() {
+        state.queue.remove(&key);
+        state.nominations.remove(&key);
+        state.cache.add_pod(info);
+        return false;
+    }
+    let ours = info
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler")
+        == shared.config.scheduler_name;
+    if !ours || info.terminating {
+        state.queue.remove(&key);
+        state.nominations.remove(&key);
+    } else if !state.cache.is_assumed(&key) {
+        state.queue.add(info);
+        shared.wake.notify_one();
+    }
+    false
+}
+
+async fn watch_pods(shared: Arc<Shared>) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut listed = HashSet::new();
+    while let Some(event) = stream.next().await {
+        let mut state = shared.lock();
+        let moved = match event {
+            Ok(watcher::Event::Apply(pod)) => apply_pod(&shared, &mut state, pod),
+            Ok(watcher::Event::InitApply(pod)) => {
+                listed.insert(cache::pod_key(&pod));
+                apply_pod(&shared, &mut state, pod);
+                false
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                let key = cache::pod_key(&pod);
+                state.queue.remove(&key);
+                state.nominations.remove(&key);
+                state.cache.remove_pod(&key).is_some()
+            }
+            Ok(watcher::Event::Init) => {
+                listed.clear();
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                for key in state.cache.pod_keys() {
+                    if !listed.contains(&key) && !state.cache.is_assumed(&key) {
+                        state.cache.remove_pod(&key);
+                    }
+                }
+                let stale: Vec<PodKey> = state
+                    .queue
+                    .pending()
+                    .map(|p| p.key.clone())
+                    .filter(|k| !listed.contains(k))
+                    .collect();
+                for key in stale {
+                    state.queue.remove(&key);
+                }
+                state.pods_synced = true;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "scheduler pod watch");
+                false
+            }
+        };
+        if moved {
+            state.queue.move_all_unschedulable();
+            drop(state);
+            shared.wake.notify_one();
+        }
+    }
+}
+
+async fn schedule_loop(shared: Arc<Shared>) {
+    loop {
+        let mut notified = pin!(shared.wake.notified());
+        notified.as_mut().enable();
+        let next = {
+            let mut state = shared.lock();
+            if state.nodes_synced && state.pods_synced { state.queue.pop() } else { Err(None) }
+        };
+        match next {
+            Ok(pod) => schedule_one(&shared, pod).await,
+            Err(Some(deadline)) => {
+                tokio::select! {
+                    _ = notified => {}
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            Err(None) => notified.await,
+        }
+    }
+}
+
+/// Upstream `numFeasibleNodesToFind`.
+pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
+    const MIN: usize = 100;
+    if all < MIN {
+        return all;
+    }
+    let pct = if percentage == 0 {
+        (50 - (all / 125) as i64).max(5) as usize
+    } else {
+        percentage.min(100) as usize
+    };
+    (all * pct / 100).max(MIN)
+}
+
+/// What one scheduling attempt decided.
+enum Decision {
+    Bind(String),
+    Unschedulable { message: String, preempt: Option<preemption::Candidate> },
+}
+
+fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
+    let nominated: HashMap<String, Resources> = {
+        let mut m: HashMap<String, Resources> = HashMap::new();
+        for (key, (node, req, prio)) in &state.nominations {
+            if *key != pod.key && *prio >= pod.priority {
+                m.entry(node.clone()).or_default().add(req);
+            }
+        }
+        m
+    };
+    let cache = &state.cache;
+    let pstate = PodState::new(cache, pod, nominated);
+    let nodes = cache.nodes();
+    let total = nodes.len();
+    let to_find =
+        feasible_nodes_to_find(cache.node_count(), shared.config.percentage_of_nodes_to_score);
+    let mut feasible = Vec::new();
+    let mut reasons: HashMap<Reason, usize> = HashMap::new();
+    let mut node_reasons: HashMap<String, Vec<Reason>> = HashMap::new();
+    let start = if total == 0 { 0 } else { state.next_start % total };
+    let mut processed = 0;
+    for i in 0..total {
+        let node = &nodes[(start + i) % total];
+        if node.node.is_none() {
+            continue;
+        }
+        processed = i + 1;
+        match filter(&pstate, node) {
+            Ok(()) => {
+                feasible.push(node);
+                if feasible.len() >= to_find {
+                    break;
+                }
+            }
+            Err(rs) => {
+                for r in &rs {
+                    *reasons.entry(r.clone()).or_default() += 1;
+                }
+                node_reasons.insert(node.name.clone(), rs);
+            }
+        }
+    }
+    let next_start = if total == 0 { 0 } else { (start + processed) % total };
+    if feasible.is_empty() {
+        let message = fit_error_message(cache.node_count(), &reasons);
+        let nominated_node = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
+        let nominated_node =
+            state.nominations.get(&pod.key).map(|(n, _, _)| n.as_str()).or(nominated_node);
+        let preempt = if preemption::eligible(cache, pod, nominated_node) {
+            preemption::find_candidate(cache, &pstate, &node_reasons)
+        } else {
+            None
+        };
+        state.next_start = next_start;
+        return Decision::Unschedulable { message, preempt };
+    }
+    let chosen = if feasible.len() == 1 {
+        feasible[0].name.clone()
+    } else {
+        let scores = scores::score(cache, &pstate, &feasible);
+        let mut best = 0;
+        let mut ties = 0u64;
+        let mut rng = state.rng;
+        for (i, s) in scores.iter().enumerate() {
+            if *s > scores[best] {
+                best = i;
+                ties = 1;
+            } else if *s == scores[best] {
+                ties += 1;
+                // Reservoir sampling among equal scores (upstream selectHost).
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                if i != best && rng.is_multiple_of(ties) {
+                    best = i;
+                }
+            }
+        }
+        state.rng = rng;
+        feasible[best].name.clone()
+    };
+    state.next_start = next_start;
+    Decision::Bind(chosen)
+}
+
+async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
+    let span = info_span!("schedule", pod = %pod.key);
+    let _enter = span.enter();
+    let decision = {
+        let mut state = shared.lock();
+        let decision = decide(shared, &mut state, &pod);
+        match &decision {
+            Decision::Bind(node) => state.cache.assume(pod.clone(), node),
+            Decision::Unschedulable { preempt, .. } => {
+                if let Some(c) = preempt {
+                    state
+                        .nominations
+                        .insert(pod.key.clone(), (c.node.clone(), pod.requests, pod.priority));
+                }
+                state.queue.unschedulable(&pod.key);
+            }
+        }
+        decision
+    };
+    drop(_enter);
+    match decision {
+        Decision::Bind(node) => {
+            let Ok(permit) = shared.binds.clone().acquire_owned().await else { return };
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let result = bind(&shared.client, &pod, &node).await;
+                drop(permit);
+                match result {
+                    Ok(()) => {
+                        shared.lock().queue.remove(&pod.key);
+                        if !shared.config.scheduled_events {
+                            return;
+                        }
+                        let msg = format!("Successfully assigned {} to {node}", pod.key);
+                        shared
+                            .recorder
+                            .record(&pod.pod, EventType::Normal, "Scheduled", &msg)
+                            .await;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, pod = %pod.key, "binding failed");
+                        let gone = matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
+                        {
+                            let mut state = shared.lock();
+                            state.cache.forget(&pod.key);
+                            if gone {
+                                // Deleted or bound elsewhere: the watch brings the truth.
+                                state.queue.remove(&pod.key);
+                            } else {
+                                state.queue.retry(&pod.key);
+                            }
+                        }
+                        shared.wake.notify_one();
+                        let msg = format!("Binding rejected: {e}");
+                        shared
+                            .recorder
+                            .record(&pod.pod, EventType::Warning, "FailedScheduling", &msg)
+                            .await;
+                    }
+                }
+            });
+        }
+        Decision::Unschedulable { message, preempt } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let nominated = preempt.as_ref().map(|c| c.node.clone());
+                if let Some(c) = preempt {
+                    for v in &c.victims {
+                        if let Err(e) = evict(&shared, v, &pod, &c.node).await {
+                            warn!(error = %e, "preemption");
+                        }
+                    }
+                }
+                if let Err(e) =
+                    set_unschedulable(&shared.client, &pod, &message, nominated.as_deref()).await
+                {
+                    debug!(error = %e, "pod status");
+                }
+                shared
+                    .recorder
+                    .record(&pod.pod, EventType::Warning, "FailedScheduling", &message)
+                    .await;
+            });
+        }
+    }
+}
+
+async fn bind(client: &Client, pod: &PodInfo, node: &str) -> Result<()> {
+    let name = pod.pod.name_any();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: pod.pod.metadata.uid.clone(),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            ..Default::default()
+        },
+    };
+    api.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Bind { pod: pod.key.clone(), node: node.to_string(), source })
+}
+
+async fn evict(shared: &Shared, victim: &PodInfo, preemptor: &PodInfo, node: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &victim.namespace);
+    match api.delete(&victim.pod.name_any(), &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(source) => return Err(Error::Evict { pod: victim.key.clone(), source }),
+    }
+    let msg = format!("Preempted by pod {} on node {node}", preemptor.uid);
+    shared.recorder.record(&victim.pod, EventType::Normal, "Preempted", &msg).await;
+    Ok(())
+}
+
+/// `PodScheduled=False` (reason Unschedulable) and the nominated node, via pods/status;
+/// skipped when the pod already says exactly that.
+async fn set_unschedulable(
+    client: &Client,
+    pod: &PodInfo,
+    message: &str,
+    nominated: Option<&str>,
+) -> Result<()> {
+    let status = pod.pod.status.as_ref();
+    let current = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    let same = current.is_some_and(|c| {
+        c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+            && c.message.as_deref() == Some(message)
+    });
+    let nominated_same =
+        nominated.is_none() || status.and_then(|s| s.nominated_node_name.as_deref()) == nominated;
+    if same && nominated_same {
+        return Ok(());
+    }
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let mut patch = json!({"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+        "lastProbeTime": null, "lastTransitionTime": now
+    }]}});
+    if let Some(n) = nominated {
+        patch["status"]["nominatedNodeName"] = json!(n);
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    match api
+        .patch_status(&pod.pod.name_any(), &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Status { pod: pod.key.clone(), source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feasible_nodes_follow_upstream() {
+        assert_eq!(feasible_nodes_to_find(50, 0), 50);
+        assert_eq!(feasible_nodes_to_find(100, 0), 100);
+        assert_eq!(feasible_nodes_to_find(1000, 0), 420);
+        assert_eq!(feasible_nodes_to_find(5000, 0), 500);
+        assert_eq!(feasible_nodes_to_find(1000, 100), 1000);
+    }
 }

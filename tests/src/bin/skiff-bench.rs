@@ -3,6 +3,7 @@
 //! creates/s with 1 and 64 concurrent clients (and the raw embedded store as the floor),
 //! LIST of 10k and 100k pods, watch delivery latency with 1,000 watchers, and server RSS
 //! at 10k pods. It prints a table and writes JSON to target/bench/apiserver.json.
+//! `skiff-bench scheduler <server-binary>`: see `bench_scheduler` (target/bench/scheduler.json).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,6 +18,9 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 use skiff_control_plane::store::StoreExt;
+
+#[path = "bench_scheduler/mod.rs"]
+mod bench_scheduler;
 
 struct ServerProcess {
     child: Child,
@@ -353,6 +357,13 @@ async fn main() -> Result<()> {
             println!("{count} creates with {clients} clients: {rate:.0}/s");
             Ok(())
         }
-        other => bail!("unknown benchmark {other:?} (known: apiserver, creates)"),
+        Some("scheduler") => {
+            let bin = PathBuf::from(
+                args.get(2).context("usage: skiff-bench scheduler <skiff-server> <out-dir>")?,
+            );
+            let out = PathBuf::from(args.get(3).map(String::as_str).unwrap_or("target/bench"));
+            bench_scheduler::scheduler_bench(&bin, &out).await
+        }
+        other => bail!("unknown benchmark {other:?} (known: apiserver, creates, scheduler)"),
     }
 }

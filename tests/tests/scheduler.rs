@@ -1,0 +1,401 @@
+//! The scheduler against the real apiserver in memory (no TCP): nodes are Node objects
+//! created through the API (Ready, with allocatable), pods are created through the API, and
+//! the scheduler binds them through pods/binding.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use skiff_control_plane::apiserver::ApiServer;
+use skiff_control_plane::scheduler::{self, SchedulerConfig};
+use skiff_control_plane::store::memory::MemoryStore;
+
+struct Rig {
+    _api: Arc<ApiServer>,
+    client: Client,
+    scheduler: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.scheduler.abort();
+    }
+}
+
+async fn rig() -> Rig {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let config = SchedulerConfig {
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let scheduler = tokio::spawn(scheduler::run(client.clone(), config));
+    Rig { _api: api, client, scheduler }
+}
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+async fn node(client: &Client, name: &str, cpu: &str, extra: Value) {
+    let mut n = json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+            "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        }
+    });
+    merge(&mut n, extra);
+    let node: Node = serde_json::from_value(n.clone()).expect("node");
+    let api: Api<Node> = Api::all(client.clone());
+    api.create(&PostParams::default(), &node).await.expect("create node");
+    // Status is the node's own to write (as the kubelet does after registering).
+    api.patch_status(
+        name,
+        &Default::default(),
+        &kube::api::Patch::Merge(json!({"status": n["status"]})),
+    )
+    .await
+    .expect("node status");
+}
+
+async fn pod(client: &Client, name: &str, cpu: &str, extra: Value) -> Pod {
+    let mut p = json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+                                  "resources": {"requests": {"cpu": cpu}}}]}
+    });
+    merge(&mut p, extra);
+    let pod: Pod = serde_json::from_value(p).expect("pod");
+    Api::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod")
+}
+
+fn node_of(p: &Pod) -> Option<String> {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty())
+}
+
+/// Poll `f` every 20 ms until it returns Some, failing with `what` after 10 s.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn get(client: &Client, name: &str) -> Pod {
+    Api::<Pod>::namespaced(client.clone(), "default").get(name).await.expect("get pod")
+}
+
+async fn bound(client: &Client, name: &str) -> String {
+    let c = client.clone();
+    let n = name.to_string();
+    eventually(&format!("{name} to be bound"), move || {
+        let (c, n) = (c.clone(), n.clone());
+        async move { node_of(&get(&c, &n).await) }
+    })
+    .await
+}
+
+/// Waits for PodScheduled=False/Unschedulable and returns its message.
+async fn unschedulable(client: &Client, name: &str) -> String {
+    let c = client.clone();
+    let n = name.to_string();
+    eventually(&format!("{name} to be marked unschedulable"), move || {
+        let (c, n) = (c.clone(), n.clone());
+        async move {
+            let p = get(&c, &n).await;
+            let cond = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
+            (cond.status == "False" && cond.reason.as_deref() == Some("Unschedulable"))
+                .then(|| cond.message.unwrap_or_default())
+        }
+    })
+    .await
+}
+
+async fn events_for(client: &Client, name: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(name) && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+fn owned_by_rs() -> Value {
+    json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
+        "uid": "6d1f8f8e-0000-4000-8000-000000000001", "controller": true}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_spread_over_nodes_and_get_scheduled_events() {
+    let rig = rig().await;
+    for n in ["n1", "n2", "n3"] {
+        node(&rig.client, n, "4", json!({})).await;
+    }
+    for i in 0..3 {
+        pod(&rig.client, &format!("web-{i}"), "100m", owned_by_rs()).await;
+    }
+    let mut nodes = BTreeSet::new();
+    for i in 0..3 {
+        nodes.insert(bound(&rig.client, &format!("web-{i}")).await);
+    }
+    assert_eq!(nodes.len(), 3, "3 replicas on 3 nodes: {nodes:?}");
+    let p = get(&rig.client, "web-0").await;
+    let cond = p
+        .status
+        .clone()
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .unwrap();
+    assert_eq!(cond.status, "True");
+    let c = rig.client.clone();
+    let ev = eventually("a Scheduled event", move || {
+        let c = c.clone();
+        async move { events_for(&c, "web-0", "Scheduled").await.into_iter().next() }
+    })
+    .await;
+    let node = node_of(&p).unwrap();
+    assert_eq!(
+        ev.message.as_deref(),
+        Some(format!("Successfully assigned default/web-0 to {node}").as_str())
+    );
+    assert_eq!(ev.type_.as_deref(), Some("Normal"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insufficient_resources_then_a_node_is_added() {
+    let rig = rig().await;
+    for n in ["n1", "n2", "n3"] {
+        node(&rig.client, n, "1", json!({})).await;
+    }
+    pod(&rig.client, "big", "2", json!({})).await;
+    let msg = unschedulable(&rig.client, "big").await;
+    assert_eq!(msg, "0/3 nodes are available: 3 Insufficient cpu.");
+    let c = rig.client.clone();
+    let ev = eventually("a FailedScheduling event", move || {
+        let c = c.clone();
+        async move { events_for(&c, "big", "FailedScheduling").await.into_iter().next() }
+    })
+    .await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert_eq!(ev.message.as_deref(), Some("0/3 nodes are available: 3 Insufficient cpu."));
+    assert!(node_of(&get(&rig.client, "big").await).is_none());
+
+    node(&rig.client, "large", "8", json!({})).await;
+    assert_eq!(bound(&rig.client, "big").await, "large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assume_cache_never_overbooks() {
+    let rig = rig().await;
+    node(&rig.client, "n1", "1", json!({})).await;
+    // 20 pods of 100m on a 1-cpu node, created at once: exactly 10 fit.
+    for i in 0..20 {
+        pod(&rig.client, &format!("p{i}"), "100m", json!({})).await;
+    }
+    let c = rig.client.clone();
+    eventually("10 bound and 10 unschedulable", move || {
+        let c = c.clone();
+        async move {
+            let pods =
+                Api::<Pod>::namespaced(c, "default").list(&ListParams::default()).await.ok()?.items;
+            let bound = pods.iter().filter(|p| node_of(p).is_some()).count();
+            let waiting = pods
+                .iter()
+                .filter(|p| {
+                    p.status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter().flatten())
+                        .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                })
+                .count();
+            (bound == 10 && waiting == 10).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pods = Api::<Pod>::namespaced(rig.client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(pods.iter().filter(|p| node_of(p).is_some()).count(), 10, "never more than fit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taints_tolerations_and_node_affinity() {
+    let rig = rig().await;
+    node(
+        &rig.client,
+        "gpu",
+        "4",
+        json!({"metadata": {"labels": {"accel": "gpu"}},
+        "spec": {"taints": [{"key": "accel", "value": "gpu", "effect": "NoSchedule"}]}}),
+    )
+    .await;
+    node(&rig.client, "plain", "4", json!({"metadata": {"labels": {"disk": "ssd"}}})).await;
+
+    pod(&rig.client, "any", "100m", json!({})).await;
+    assert_eq!(bound(&rig.client, "any").await, "plain", "the tainted node is avoided");
+
+    let to_gpu = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "accel", "operator": "In", "values": ["gpu"]}]}]}}}}});
+    pod(&rig.client, "intolerant", "100m", to_gpu.clone()).await;
+    let msg = unschedulable(&rig.client, "intolerant").await;
+    assert_eq!(
+        msg,
+        "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {accel: gpu}."
+    );
+    let mut tolerant = to_gpu;
+    merge(
+        &mut tolerant,
+        json!({"spec": {"tolerations": [{"key": "accel", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}}),
+    );
+    pod(&rig.client, "tolerant", "100m", tolerant).await;
+    assert_eq!(bound(&rig.client, "tolerant").await, "gpu");
+
+    pod(&rig.client, "selected", "100m", json!({"spec": {"nodeSelector": {"disk": "ssd"}}})).await;
+    assert_eq!(bound(&rig.client, "selected").await, "plain");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anti_affinity_and_host_ports() {
+    let rig = rig().await;
+    node(&rig.client, "n1", "4", json!({})).await;
+    node(&rig.client, "n2", "4", json!({})).await;
+    let anti = json!({"metadata": {"labels": {"app": "db"}}, "spec": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}}});
+    for i in 0..3 {
+        pod(&rig.client, &format!("db-{i}"), "100m", anti.clone()).await;
+    }
+    let mut placed = BTreeSet::new();
+    let mut waiting = Vec::new();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let name = format!("db-{i}");
+        let c = rig.client.clone();
+        let n = name.clone();
+        // Each pod either binds or is marked unschedulable.
+        let outcome = eventually(&format!("{name} decided"), move || {
+            let (c, n) = (c.clone(), n.clone());
+            async move {
+                let p = get(&c, &n).await;
+                if let Some(node) = node_of(&p) {
+                    return Some(Ok(node));
+                }
+                let cond = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
+                (cond.status == "False").then(|| Err(cond.message.unwrap_or_default()))
+            }
+        })
+        .await;
+        match outcome {
+            Ok(node) => {
+                placed.insert(node);
+            }
+            Err(msg) => waiting.push(msg),
+        }
+    }
+    assert_eq!(placed.len(), 2, "two db pods on two nodes: {placed:?}");
+    assert_eq!(
+        waiting,
+        vec![
+            "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules.".to_string()
+        ]
+    );
+
+    let port = json!({"metadata": {"labels": {"app": "edge"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}});
+    pod(&rig.client, "edge-0", "100m", port.clone()).await;
+    let first = bound(&rig.client, "edge-0").await;
+    pod(&rig.client, "edge-1", "100m", port.clone()).await;
+    let second = bound(&rig.client, "edge-1").await;
+    assert_ne!(first, second, "one pod per host port per node");
+    pod(&rig.client, "edge-2", "100m", port).await;
+    let msg = unschedulable(&rig.client, "edge-2").await;
+    assert_eq!(
+        msg,
+        "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_evicts_the_lower_priority_pod() {
+    let rig = rig().await;
+    node(&rig.client, "n1", "1", json!({})).await;
+    pod(&rig.client, "low", "800m", json!({"spec": {"priority": 0}})).await;
+    assert_eq!(bound(&rig.client, "low").await, "n1");
+
+    pod(&rig.client, "high", "500m", json!({"spec": {"priority": 1000}})).await;
+    // The victim is deleted gracefully (it has a node: deletionTimestamp first).
+    let c = rig.client.clone();
+    eventually("the victim to be terminating", move || {
+        let c = c.clone();
+        async move { get(&c, "low").await.metadata.deletion_timestamp.map(|_| ()) }
+    })
+    .await;
+    let c = rig.client.clone();
+    let nominated = eventually("nominatedNodeName", move || {
+        let c = c.clone();
+        async move { get(&c, "high").await.status?.nominated_node_name }
+    })
+    .await;
+    assert_eq!(nominated, "n1");
+    assert!(
+        node_of(&get(&rig.client, "high").await).is_none(),
+        "not bound while the victim still runs"
+    );
+    let c = rig.client.clone();
+    eventually("a Preempted event", move || {
+        let c = c.clone();
+        async move { events_for(&c, "low", "Preempted").await.into_iter().next() }
+    })
+    .await;
+
+    // The node agent stops the victim and deletes it for good.
+    Api::<Pod>::namespaced(rig.client.clone(), "default")
+        .delete("low", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .expect("final delete");
+    assert_eq!(bound(&rig.client, "high").await, "n1");
+
+    // A pod of equal priority does not preempt: it waits.
+    pod(&rig.client, "peer", "800m", json!({"spec": {"priority": 1000}})).await;
+    unschedulable(&rig.client, "peer").await;
+    assert!(get(&rig.client, "high").await.metadata.deletion_timestamp.is_none());
+}
