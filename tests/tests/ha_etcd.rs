@@ -190,10 +190,13 @@ async fn one_leader_and_failover_when_it_is_killed() {
                    "conditions": [{"type": "Ready", "status": "True"}]}
     }))
     .expect("node");
-    let created = nodes.create(&PostParams::default(), &node).await.expect("node");
-    let mut status = created.clone();
-    status.status = node.status.clone();
-    nodes.replace_status("n1", &PostParams::default(), &status).await.expect("node status");
+    nodes.create(&PostParams::default(), &node).await.expect("node");
+    // A merge patch of status: node IPAM may have updated the node in between.
+    let status = serde_json::json!({"status": serde_json::to_value(&node.status).expect("status")});
+    nodes
+        .patch_status("n1", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status))
+        .await
+        .expect("node status");
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client(&b).await, "default");
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "after-failover"},
