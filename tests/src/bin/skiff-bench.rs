@@ -62,6 +62,8 @@ async fn start_server(bin: &Path) -> Result<ServerProcess> {
         .arg(dir.path())
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        // The apiserver alone: no in-process scheduler/controllers reacting to the pods.
+        .arg("--no-controllers")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
