@@ -74,29 +74,7 @@ pub fn selector_matches(
     selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
 ) -> bool {
-    let Some(sel) = selector else {
-        return false;
-    };
-    if let Some(ml) = &sel.match_labels
-        && ml.iter().any(|(k, v)| labels.get(k) != Some(v))
-    {
-        return false;
-    }
-    for e in sel.match_expressions.iter().flatten() {
-        let values = e.values.as_deref().unwrap_or_default();
-        let value = labels.get(&e.key);
-        let ok = match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+    selector.is_some_and(|sel| crate::machinery::admission::selector_matches(sel, labels))
 }
 
 /// The controller ownerReference of an object, if any.

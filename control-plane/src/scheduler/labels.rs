@@ -20,27 +20,7 @@ pub fn labels_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMe
 /// A metav1 LabelSelector against labels. An empty selector matches everything; as in
 /// upstream's pod affinity, `None` matches nothing.
 pub fn selector_matches(selector: Option<&LabelSelector>, labels: &Labels) -> bool {
-    let Some(sel) = selector else { return false };
-    if let Some(ml) = &sel.match_labels
-        && !ml.iter().all(|(k, v)| labels.get(k) == Some(v))
-    {
-        return false;
-    }
-    for e in sel.match_expressions.iter().flatten() {
-        let values = e.values.as_deref().unwrap_or_default();
-        let got = labels.get(&e.key);
-        let ok = match e.operator.as_str() {
-            "In" => got.is_some_and(|v| values.contains(v)),
-            "NotIn" => got.is_none_or(|v| !values.contains(v)),
-            "Exists" => got.is_some(),
-            "DoesNotExist" => got.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+    selector.is_some_and(|sel| crate::machinery::admission::selector_matches(sel, labels))
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {

@@ -42,6 +42,8 @@ use serde_json::Value;
 
 pub use field::{FieldError, FieldErrorKind, Path, aggregate};
 use meta::NameRule;
+/// The one label-selector matcher, shared by the controllers and the scheduler.
+pub use meta::selector_matches;
 
 /// The kind of the object handed to admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
