@@ -1,1 +1,20 @@
-//! skiff-agent: node registration, pod sync over CRI, CNI/route glue, hosts the proxy
+//! skiff-agent: the node agent. It registers its Node and heartbeats a Lease ([`node`]),
+//! runs the pods bound to it through CRI ([`pods`] over a [`runtime::Runtime`]), reports
+//! their status, serves logs and exec ([`streaming`]), answers cluster DNS ([`dns`]), and
+//! keeps the node's network glue: skiff-cni's config, cross-node routes, the eBPF proxy
+//! ([`network`]).
+//!
+//! The data flow is the one of DESIGN.md: the agent only watches and writes through the
+//! apiserver; the runtime and the kernel are its only other partners.
+
+pub mod agent;
+pub mod config;
+pub mod containerd;
+pub mod dns;
+pub mod images;
+pub mod network;
+pub mod node;
+pub mod pods;
+pub mod runtime;
+pub mod simulate;
+pub mod streaming;

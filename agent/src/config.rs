@@ -1,0 +1,1 @@
+//! The agent's configuration (flags, defaults, derived paths).

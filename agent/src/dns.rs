@@ -1,0 +1,1 @@
+//! Cluster DNS served from the agent's watch cache (Services, EndpointSlices, Pods).

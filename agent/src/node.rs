@@ -1,0 +1,1 @@
+//! The Node object and its Lease: registration, heartbeat, conditions true to the host.

@@ -1,0 +1,1 @@
+//! A CRI gRPC server backed by any [`Runtime`](super::Runtime), for tests of the CRI client.

@@ -1,0 +1,1 @@
+//! The agent's authenticated endpoint: container logs and exec, proxied to by skiff-server.
