@@ -11,6 +11,7 @@ pub mod request;
 pub mod selectors;
 pub mod status;
 pub mod table;
+pub mod user;
 mod watch;
 
 use std::sync::Arc;
