@@ -8,6 +8,9 @@
 //! node's pod CIDR, starts containerd inside the namespace (nsenter) and imports
 //! `skiff.test/pause:1` and `skiff.test/tools:1`.
 //!
+//! Several nodes share an L2 segment through a [`Lab`] (a bridge in a namespace of its own,
+//! [`NodeRigConfig::lab`]); the node address then sits on the node's `lab0`.
+//!
 //! Dropping the rig (also while unwinding from a panic) stops and removes every pod through
 //! CRI, stops containerd, kills whatever is left in the rig's cgroup parent and its shims,
 //! unmounts what containerd mounted under its directories, removes the cgroup parent in
@@ -70,6 +73,9 @@ pub struct NodeRigConfig {
     pub skiff_cni: Option<PathBuf>,
     /// Import the test images (default true).
     pub import_images: bool,
+    /// Plug the node into a [`Lab`] segment (its namespace name and prefix length): the
+    /// node address goes on the node's `lab0` with that prefix instead of on `lo`.
+    pub lab: Option<(String, u8)>,
 }
 
 impl Default for NodeRigConfig {
@@ -80,6 +86,7 @@ impl Default for NodeRigConfig {
             node_ip: Ipv4Addr::new(10, 250, 200, 1),
             skiff_cni: None,
             import_images: true,
+            lab: None,
         }
     }
 }
@@ -93,6 +100,50 @@ impl NodeRigConfig {
     pub fn node_ip(mut self, ip: Ipv4Addr) -> Self {
         self.node_ip = ip;
         self
+    }
+
+    /// Plugs the node into `lab` (its address must be inside the lab's subnet).
+    pub fn lab(mut self, lab: &Lab) -> Self {
+        self.lab = Some((lab.netns.clone(), lab.subnet.prefix()));
+        self
+    }
+}
+
+/// A lab L2 segment: a bridge `br0` in a namespace of its own, connected to nothing but the
+/// nodes plugged into it (never to the host's interfaces). Deleted on drop, with the node
+/// ends of its veths.
+#[derive(Debug)]
+pub struct Lab {
+    netns: String,
+    subnet: Ipv4Network,
+}
+
+impl Lab {
+    pub fn new(subnet: Ipv4Network) -> Result<Lab> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let netns = format!("skl{}-{n}", std::process::id() % 100_000);
+        run(Command::new("ip").args(["netns", "add", &netns]))?;
+        let lab = Lab { netns, subnet };
+        let ns = format!("--net=/run/netns/{}", lab.netns);
+        run(Command::new("nsenter").args([&ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
+        run(Command::new("nsenter").args([&ns, "ip", "link", "set", "br0", "up"]))?;
+        Ok(lab)
+    }
+
+    /// The lab namespace's name.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    pub fn subnet(&self) -> Ipv4Network {
+        self.subnet
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("ip").args(["netns", "del", &self.netns]).stderr(Stdio::null()).status();
     }
 }
 
@@ -134,7 +185,48 @@ impl NodeRig {
         run(Command::new("ip").args(["netns", "add", &rig.netns]))?;
         rig.netns_created = true;
         run(&mut rig.command(&["ip", "link", "set", "lo", "up"]))?;
-        run(&mut rig.command(&["ip", "addr", "add", &format!("{}/32", cfg.node_ip), "dev", "lo"]))?;
+        match &cfg.lab {
+            None => {
+                run(&mut rig.command(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("{}/32", cfg.node_ip),
+                    "dev",
+                    "lo",
+                ]))?;
+            }
+            Some((lab, prefix)) => {
+                // The veth is made in the lab namespace (unique names there), its node end
+                // moved into the node and renamed lab0.
+                let lab_ns = format!("--net=/run/netns/{lab}");
+                let (port, peer) = (format!("p{n}"), format!("q{n}"));
+                run(Command::new("nsenter").args([
+                    &lab_ns, "ip", "link", "add", &port, "type", "veth", "peer", "name", &peer,
+                ]))?;
+                run(Command::new("nsenter").args([
+                    &lab_ns,
+                    "ip",
+                    "link",
+                    "set",
+                    &peer,
+                    "netns",
+                    &format!("/run/netns/{}", rig.netns),
+                ]))?;
+                run(Command::new("nsenter")
+                    .args([&lab_ns, "ip", "link", "set", &port, "master", "br0", "up"]))?;
+                run(&mut rig.command(&["ip", "link", "set", &peer, "name", "lab0"]))?;
+                run(&mut rig.command(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("{}/{prefix}", cfg.node_ip),
+                    "dev",
+                    "lab0",
+                ]))?;
+                run(&mut rig.command(&["ip", "link", "set", "lab0", "up"]))?;
+            }
+        }
 
         let skiff_cni = match cfg.skiff_cni {
             Some(p) => p,
