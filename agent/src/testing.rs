@@ -160,6 +160,17 @@ pub struct NodeRig {
     netns_created: bool,
 }
 
+/// Rigs alive in this process, and the machine-wide directories containerd's shims and
+/// libcni create that did not exist before the first of them: the last rig to go removes
+/// them (when empty: another process may use them too).
+static LIVE_RIGS: std::sync::Mutex<(usize, Vec<&'static str>)> =
+    std::sync::Mutex::new((0, Vec::new()));
+
+/// Directories outside the instance that containerd 1.6 (shim sockets) and libcni (its
+/// result cache) always use; deepest first.
+const SHARED_DIRS: [&str; 4] =
+    ["/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"];
+
 impl NodeRig {
     /// Starts a node (needs root, containerd, runc, ctr, nsenter, ip, busybox-static and a
     /// built skiff-cni).
@@ -180,6 +191,13 @@ impl NodeRig {
             containerd: None,
             netns_created: false,
         };
+        {
+            let mut live = LIVE_RIGS.lock().unwrap_or_else(|e| e.into_inner());
+            if live.0 == 0 {
+                live.1 = SHARED_DIRS.into_iter().filter(|d| !Path::new(d).exists()).collect();
+            }
+            live.0 += 1;
+        }
         std::fs::create_dir_all(&rig.dir)
             .map_err(|source| Error::Dir { path: rig.dir.clone(), source })?;
         run(Command::new("ip").args(["netns", "add", &rig.netns]))?;
@@ -401,6 +419,20 @@ impl Drop for NodeRig {
                 .status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        let mut live = LIVE_RIGS.lock().unwrap_or_else(|e| e.into_inner());
+        live.0 = live.0.saturating_sub(1);
+        if live.0 == 0 {
+            // Shims remove their sockets as they exit, a moment after the pods went.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            for d in std::mem::take(&mut live.1) {
+                while std::fs::remove_dir(d).is_err()
+                    && Path::new(d).exists()
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
     }
 }
 
