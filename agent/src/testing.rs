@@ -73,6 +73,10 @@ pub struct NodeRigConfig {
     pub skiff_cni: Option<PathBuf>,
     /// Import the test images (default true).
     pub import_images: bool,
+    /// Write the conflist at start (default true). Off for a node whose agent writes it
+    /// once it learns its podCIDR (containerd picks the file up when it appears; until
+    /// then RunPodSandbox fails with "cni config uninitialized").
+    pub write_cni_config: bool,
     /// Plug the node into a [`Lab`] segment (its namespace name and prefix length): the
     /// node address goes on the node's `lab0` with that prefix instead of on `lo`.
     pub lab: Option<(String, u8)>,
@@ -86,6 +90,7 @@ impl Default for NodeRigConfig {
             node_ip: Ipv4Addr::new(10, 250, 200, 1),
             skiff_cni: None,
             import_images: true,
+            write_cni_config: true,
             lab: None,
         }
     }
@@ -99,6 +104,12 @@ impl NodeRigConfig {
 
     pub fn node_ip(mut self, ip: Ipv4Addr) -> Self {
         self.node_ip = ip;
+        self
+    }
+
+    /// Leaves the conflist to the node's agent (see [`NodeRigConfig::write_cni_config`]).
+    pub fn without_cni_config(mut self) -> Self {
+        self.write_cni_config = false;
         self
     }
 
@@ -128,6 +139,41 @@ impl Lab {
         run(Command::new("nsenter").args([&ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
         run(Command::new("nsenter").args([&ns, "ip", "link", "set", "br0", "up"]))?;
         Ok(lab)
+    }
+
+    /// Connects the host's own network namespace to the segment: a veth whose host end
+    /// (named `skh<pid>-<n>`) holds `host_ip` with the lab's prefix, so nodes reach
+    /// processes on the host (an apiserver) at `host_ip`. Only the lab subnet is routed
+    /// there; nothing is bridged to the host's other interfaces. Removed with the lab.
+    pub fn connect_host(&self, host_ip: Ipv4Addr) -> Result<String> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let host_end = format!("skh{}-{n}", std::process::id() % 100_000);
+        let lab_end = format!("h{n}");
+        run(Command::new("ip")
+            .args(["link", "add", &host_end, "type", "veth", "peer", "name", &lab_end]))?;
+        let ns = format!("--net=/run/netns/{}", self.netns);
+        let moved = run(Command::new("ip").args([
+            "link",
+            "set",
+            &lab_end,
+            "netns",
+            &format!("/run/netns/{}", self.netns),
+        ]));
+        if let Err(e) = moved {
+            let _ = Command::new("ip").args(["link", "del", &host_end]).status();
+            return Err(e);
+        }
+        run(Command::new("nsenter")
+            .args([&ns, "ip", "link", "set", &lab_end, "master", "br0", "up"]))?;
+        run(Command::new("ip").args([
+            "addr",
+            "add",
+            &format!("{host_ip}/{}", self.subnet.prefix()),
+            "dev",
+            &host_end,
+        ]))?;
+        run(Command::new("ip").args(["link", "set", &host_end, "up"]))?;
+        Ok(host_end)
     }
 
     /// The lab namespace's name.
@@ -251,7 +297,12 @@ impl NodeRig {
             None => network::find_skiff_cni()?,
         };
         network::install_cni_from(&rig.config.cni_bin_dir, &skiff_cni)?;
-        network::write_cni_config(&rig.config.cni_conf_dir, &rig.cni)?;
+        if cfg.write_cni_config {
+            network::write_cni_config(&rig.config.cni_conf_dir, &rig.cni)?;
+        } else {
+            std::fs::create_dir_all(&rig.config.cni_conf_dir)
+                .map_err(|source| Error::Dir { path: rig.config.cni_conf_dir.clone(), source })?;
+        }
         rig.containerd = Some(Containerd::start(&rig.config, Some(&rig.netns)).await?);
         if cfg.import_images {
             let archives = images::build_test_images(&rig.dir.join("images"))?;

@@ -225,3 +225,38 @@ fn assert_clean(netns: &Path, dir: &Path, cgroup_parent: &str) {
     let needle = dir.to_string_lossy();
     assert!(!mounts.contains(needle.as_ref()), "mounts under {needle} left behind");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_picks_up_a_conflist_written_after_it_started() {
+    let cfg = NodeRigConfig::default()
+        .pod_cidr("10.244.203.0/24".parse().unwrap())
+        .node_ip(Ipv4Addr::new(10, 250, 203, 1))
+        .without_cni_config();
+    let rig = NodeRig::start(cfg).await.unwrap();
+    let cri = rig.runtime().await.unwrap();
+    let sb_config = rig.sandbox_config("default", "early", "uid-early");
+    let err = cri.run_pod_sandbox(sb_config.clone()).await.expect_err("a pod without CNI ran");
+    assert!(err.to_string().contains("cni"), "{err}");
+
+    // What the agent does once it knows its podCIDR.
+    skiff_agent::network::write_cni_config(
+        &rig.containerd_config().cni_conf_dir,
+        rig.cni_settings(),
+    )
+    .unwrap();
+    // Each retry is a new attempt, as the kubelet does (the failed attempt's name stays
+    // reserved).
+    let mut sb_config = sb_config;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sb = loop {
+        sb_config.metadata.as_mut().unwrap().attempt += 1;
+        match cri.run_pod_sandbox(sb_config.clone()).await {
+            Ok(sb) => break sb,
+            Err(e) => assert!(Instant::now() < deadline, "conflist never picked up: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ip: Ipv4Addr =
+        cri.pod_sandbox_status(&sb).await.unwrap().network.unwrap().ip.parse().unwrap();
+    assert!(rig.cni_settings().pod_cidr.contains(ip));
+}

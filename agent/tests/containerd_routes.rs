@@ -81,8 +81,10 @@ async fn pods_on_two_nodes_talk_through_routes_from_the_node_watch() {
         ),
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    // The nodes reach each other on the lab segment.
+    // The nodes reach each other on the lab segment, and the host joined to it.
     a.exec(&["busybox", "ping", "-c", "1", "-W", "2", "10.250.210.2"]).expect("lab segment");
+    let host_link = lab.connect_host(Ipv4Addr::new(10, 250, 210, 254)).unwrap();
+    b.exec(&["busybox", "ping", "-c", "1", "-W", "2", "10.250.210.254"]).expect("host on the lab");
 
     let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.unwrap();
     let client = api.client();
@@ -143,4 +145,11 @@ async fn pods_on_two_nodes_talk_through_routes_from_the_node_watch() {
     }
     routes_a.abort();
     routes_b.abort();
+    drop((a, b));
+    drop(lab);
+    let links = std::process::Command::new("ip").args(["-o", "link"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&links.stdout).contains(&host_link),
+        "{host_link} outlived the lab"
+    );
 }
