@@ -35,6 +35,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("opening containerd's log {path}")]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("writing containerd's config {path}")]
     WriteConfig {
         path: PathBuf,
@@ -211,18 +217,23 @@ state = {state}
 
     /// Creates the directories the instance needs and writes the config file.
     pub fn write(&self) -> Result<()> {
-        for dir in [&self.root, &self.state, &self.runc_root, &self.opt_path, &self.cni_bin_dir]
+        let parents = [&self.config_file, &self.log_file, &self.socket]
             .into_iter()
-            .chain([&self.cni_conf_dir])
-            .map(|p| p.to_path_buf())
-            .chain(
-                [&self.config_file, &self.log_file, &self.socket]
-                    .into_iter()
-                    .filter_map(|f| f.parent().map(Path::to_path_buf)),
-            )
-        {
-            std::fs::create_dir_all(&dir)
-                .map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
+            .filter_map(|f| f.parent());
+        let dirs = [
+            &self.root,
+            &self.state,
+            &self.runc_root,
+            &self.opt_path,
+            &self.cni_bin_dir,
+            &self.cni_conf_dir,
+        ]
+        .into_iter()
+        .map(PathBuf::as_path)
+        .chain(parents);
+        for dir in dirs {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| Error::CreateDir { path: dir.to_path_buf(), source })?;
         }
         std::fs::write(&self.config_file, self.render())
             .map_err(|source| Error::WriteConfig { path: self.config_file.clone(), source })
@@ -274,10 +285,10 @@ impl Containerd {
             .create(true)
             .append(true)
             .open(&self.config.log_file)
-            .map_err(|source| Error::WriteConfig { path: self.config.log_file.clone(), source })?;
+            .map_err(|source| Error::OpenLog { path: self.config.log_file.clone(), source })?;
         let log2 = log
             .try_clone()
-            .map_err(|source| Error::WriteConfig { path: self.config.log_file.clone(), source })?;
+            .map_err(|source| Error::OpenLog { path: self.config.log_file.clone(), source })?;
         let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut cmd = match &self.netns {
             Some(ns) => {

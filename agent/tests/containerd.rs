@@ -260,3 +260,38 @@ async fn containerd_picks_up_a_conflist_written_after_it_started() {
         cri.pod_sandbox_status(&sb).await.unwrap().network.unwrap().ip.parse().unwrap();
     assert!(rig.cni_settings().pod_cidr.contains(ip));
 }
+
+#[tokio::test]
+async fn a_containerd_that_cannot_start_fails_with_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = skiff_agent::containerd::ContainerdConfig::under(&dir.path().join("c"));
+    // A socket path longer than sun_path (108 bytes): containerd cannot listen and exits.
+    config.socket = dir.path().join("s".repeat(120)).join("containerd.sock");
+    let err = match skiff_agent::containerd::Containerd::start(&config, None).await {
+        Ok(_) => panic!("containerd started on an impossible socket path"),
+        Err(e) => e,
+    };
+    match &err {
+        skiff_agent::containerd::Error::Exited { log, .. } => {
+            assert!(log.contains("containerd"), "log missing from the error: {log}")
+        }
+        other => panic!("expected Exited, got {other:?}"),
+    }
+    skiff_agent::containerd::cleanup(&config).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn importing_something_that_is_not_an_image_fails_with_ctrs_reason() {
+    let rig = NodeRig::start(
+        NodeRigConfig::default()
+            .pod_cidr("10.244.204.0/24".parse().unwrap())
+            .node_ip(Ipv4Addr::new(10, 250, 204, 1)),
+    )
+    .await
+    .unwrap();
+    let junk = rig.dir().join("junk.tar");
+    std::fs::write(&junk, b"this is not a tar").unwrap();
+    let err = skiff_agent::images::import(rig.socket(), &junk).await.unwrap_err();
+    assert!(matches!(err, skiff_agent::images::Error::Import { .. }), "{err}");
+    assert!(err.to_string().contains("junk.tar"), "{err}");
+}
