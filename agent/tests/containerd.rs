@@ -105,7 +105,7 @@ async fn a_pod_serves_http_on_its_pod_ip_execs_and_survives_a_containerd_restart
                 &[
                     "sh",
                     "-c",
-                    "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www",
+                    "echo started; mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www",
                 ],
             ),
             &sb_config,
@@ -116,6 +116,13 @@ async fn a_pod_serves_http_on_its_pod_ip_execs_and_survives_a_containerd_restart
     let before = wait_state(&cri, &ct, api::ContainerState::ContainerRunning).await;
     let url = format!("http://{ip}:8080/");
     assert_eq!(fetch(&rig, &url), "hello-from-pod\n");
+
+    // The container's output lands in CRI log format at <log_directory>/<log_path>.
+    let log = rig.dir().join("pods/default_web_uid-web/web/0.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let line = text.lines().next().unwrap_or_default();
+    assert!(line.ends_with(" stdout F started"), "{line:?}");
+    assert!(line.split(' ').next().unwrap().ends_with('Z'), "{line:?}");
 
     // ExecSync: output and exit codes cross the wire.
     let r = cri.exec_sync(&ct, vec!["cat".into(), "/www/index.html".into()], 10).await.unwrap();
