@@ -127,6 +127,9 @@ impl NodeRigConfig {
 pub struct Lab {
     netns: String,
     subnet: Ipv4Network,
+    /// Host ends of [`Lab::connect_host`] links, deleted on drop (a namespace's links go
+    /// asynchronously after `ip netns del`).
+    host_links: std::sync::Mutex<Vec<String>>,
 }
 
 impl Lab {
@@ -134,7 +137,7 @@ impl Lab {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let netns = format!("skl{}-{n}", std::process::id() % 100_000);
         run(Command::new("ip").args(["netns", "add", &netns]))?;
-        let lab = Lab { netns, subnet };
+        let lab = Lab { netns, subnet, host_links: Default::default() };
         let ns = format!("--net=/run/netns/{}", lab.netns);
         run(Command::new("nsenter").args([&ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
         run(Command::new("nsenter").args([&ns, "ip", "link", "set", "br0", "up"]))?;
@@ -151,18 +154,15 @@ impl Lab {
         let lab_end = format!("h{n}");
         run(Command::new("ip")
             .args(["link", "add", &host_end, "type", "veth", "peer", "name", &lab_end]))?;
+        self.host_links.lock().unwrap_or_else(|e| e.into_inner()).push(host_end.clone());
         let ns = format!("--net=/run/netns/{}", self.netns);
-        let moved = run(Command::new("ip").args([
+        run(Command::new("ip").args([
             "link",
             "set",
             &lab_end,
             "netns",
             &format!("/run/netns/{}", self.netns),
-        ]));
-        if let Err(e) = moved {
-            let _ = Command::new("ip").args(["link", "del", &host_end]).status();
-            return Err(e);
-        }
+        ]))?;
         run(Command::new("nsenter")
             .args([&ns, "ip", "link", "set", &lab_end, "master", "br0", "up"]))?;
         run(Command::new("ip").args([
@@ -188,6 +188,9 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        for link in self.host_links.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = Command::new("ip").args(["link", "del", &link]).stderr(Stdio::null()).status();
+        }
         let _ =
             Command::new("ip").args(["netns", "del", &self.netns]).stderr(Stdio::null()).status();
     }
