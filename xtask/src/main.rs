@@ -6,6 +6,7 @@
 mod bench;
 mod cni;
 mod ebpf;
+mod images;
 mod scheduler_bench;
 mod setup;
 
@@ -50,6 +51,13 @@ enum Cmd {
         #[arg(long)]
         install: bool,
     },
+    /// Build the busybox test images (skiff.test/pause:1, skiff.test/tools:1) as OCI
+    /// archives into target/images/ (import: skiff-agent images import FILE).
+    Images {
+        /// Output directory instead of target/images.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
     /// Run a benchmark and print its figures (JSON under target/bench/).
     Bench { name: String },
 }
@@ -69,6 +77,9 @@ fn main() -> Result<()> {
             let obj = ebpf::build_ebpf(&root, release)?;
             println!("{}", obj.display());
             Ok(())
+        }
+        Cmd::Images { out_dir } => {
+            images::build(&root, out_dir).map(|dir| println!("{}", dir.display()))
         }
         Cmd::Bench { name } => bench::run_bench(&root, &name),
     }
