@@ -126,7 +126,7 @@ pub fn admit<'a>(
         }
     }
     let reject = |resource: &str, requested: u64, used: u64, capacity: u64| Rejection {
-        reason: format!("Outof{resource}"),
+        reason: format!("OutOf{resource}"),
         message: format!(
             "Pod was rejected: Node didn't have enough resource: {resource}, requested: \
              {requested}, used: {used}, capacity: {capacity}"
