@@ -116,8 +116,8 @@ pub fn sample_host(root_dir: &Path) -> Result<HostSample> {
     }
     let (disk_available, disk_total) = match nix::sys::statvfs::statvfs(dir) {
         Ok(s) => {
-            let f = s.fragment_size() as u64;
-            (s.blocks_available() as u64 * f, s.blocks() as u64 * f)
+            let f = s.fragment_size();
+            (s.blocks_available() * f, s.blocks() * f)
         }
         Err(_) => (0, 0),
     };
@@ -285,7 +285,7 @@ pub fn allocatable(config: &AgentConfig, sample: &HostSample) -> Allocatable {
 }
 
 fn cpu_quantity(millis: u64) -> String {
-    if millis % 1000 == 0 { (millis / 1000).to_string() } else { format!("{millis}m") }
+    if millis.is_multiple_of(1000) { (millis / 1000).to_string() } else { format!("{millis}m") }
 }
 
 /// The Node object to register (pure: everything comes from the config and the sample).
