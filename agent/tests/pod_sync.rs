@@ -483,3 +483,50 @@ async fn pods_the_node_cannot_run_are_rejected() {
         "rejected pods never start"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let rt = MemoryRuntime::new();
+    rt.add_image("skiff.test/pause:1");
+    rt.add_image("busybox:1");
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let seen = starts.clone();
+    rt.set_behavior(move |_| {
+        seen.lock().expect("lock").push(tokio::time::Instant::now());
+        Behavior::Exit(1)
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    // The kubelet's defaults: back-off 10 s doubling to 5 min, relist every second.
+    let mut c = AgentConfig::new(NODE)
+        .with_node_ip("192.0.2.10".parse().expect("ip"))
+        .with_root_dir(dir.path())
+        .with_resources(4000, 8 << 30);
+    c.host_conditions = false;
+    let _agent = agent::start(client.clone(), c, rt.clone()).await.expect("agent");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let p: Pod = serde_json::from_value(pod(
+        "loop",
+        json!({"containers": [{"name": "c", "image": "busybox:1"}]}),
+    ))
+    .expect("pod");
+    pods.create(&PostParams::default(), &p).await.expect("create");
+    for _ in 0..600 {
+        if starts.lock().expect("lock").len() >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let starts = starts.lock().expect("lock").clone();
+    assert!(starts.len() >= 5, "five starts, got {}", starts.len());
+    let gaps: Vec<f64> = starts.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+    for (gap, want) in gaps.iter().zip([10.0, 20.0, 40.0, 80.0]) {
+        assert!(*gap >= want && *gap <= want + 1.5, "restart gaps {gaps:?}, want 10/20/40/80 s");
+    }
+    let p = pods.get("loop").await.expect("get");
+    let cs = cstatus(&p, "c").expect("status");
+    assert!(cs.restart_count >= 3, "{cs:?}");
+}
