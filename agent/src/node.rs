@@ -618,4 +618,68 @@ mod tests {
         assert!(s.disk_total > 0, "statvfs of / through the nearest existing ancestor");
         assert!(s.pids > 0 && s.pid_max >= s.pids);
     }
+
+    #[tokio::test]
+    async fn registers_heartbeats_and_restores_ready() {
+        let api = skiff_control_plane::apiserver::ApiServer::start(
+            Arc::new(skiff_control_plane::store::memory::MemoryStore::new()),
+            Default::default(),
+        )
+        .await
+        .expect("apiserver");
+        let client = api.client();
+        let mut config = AgentConfig::new("n1")
+            .with_node_ip("192.0.2.1".parse().expect("ip"))
+            .with_resources(2000, 4 << 30)
+            .with_heartbeat(Duration::from_millis(50));
+        config.host_conditions = false;
+        let config = Arc::new(config);
+        let agent = NodeAgent::register(client.clone(), config.clone(), "fake://1")
+            .await
+            .expect("register");
+        assert_eq!(
+            agent.allocatable(),
+            Allocatable { cpu_millis: 2000, memory_bytes: 4 << 30, pods: 110 }
+        );
+        // Registering again (an agent restart) adopts the existing Node and Lease.
+        let agent =
+            NodeAgent::register(client.clone(), config.clone(), "fake://1").await.expect("again");
+        let task = tokio::spawn(agent.run());
+        let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+        let renew =
+            || async { leases.get("n1").await.expect("lease").spec.and_then(|s| s.renew_time) };
+        let first = renew().await;
+        let mut renewed = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if renew().await != first {
+                renewed = true;
+                break;
+            }
+        }
+        assert!(renewed, "the lease is renewed every heartbeat");
+        // The node lifecycle controller marks the node Unknown: the agent corrects it at once.
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut node = nodes.get_status("n1").await.expect("node");
+        let conds = node.status.as_mut().and_then(|s| s.conditions.as_mut()).expect("conditions");
+        for c in conds.iter_mut().filter(|c| c.type_ == "Ready") {
+            c.status = "Unknown".into();
+            c.reason = Some("NodeStatusUnknown".into());
+        }
+        let patch = json!({"status": {"conditions": conds}});
+        nodes
+            .patch_status("n1", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("flip");
+        let mut restored = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if node_ready(&nodes.get("n1").await.expect("node")) {
+                restored = true;
+                break;
+            }
+        }
+        task.abort();
+        assert!(restored, "Ready restored by the agent");
+    }
 }
