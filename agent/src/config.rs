@@ -23,6 +23,33 @@ pub struct NodeResources {
     pub memory_bytes: u64,
 }
 
+/// The node's network glue (see [`crate::network`]): skiff-cni's conflist once the node has
+/// a podCIDR, the plugin binaries, cross-node routes.
+#[derive(Debug, Clone)]
+pub struct NetworkGlue {
+    /// containerd's CNI conf dir (the conflist goes here).
+    pub cni_conf_dir: PathBuf,
+    /// containerd's CNI bin dir.
+    pub cni_bin_dir: PathBuf,
+    /// Install skiff-cni and loopback into `cni_bin_dir` at start.
+    pub install_plugins: bool,
+    /// Keep routes to other nodes' pod CIDRs (netlink, in the agent's network namespace).
+    pub routes: Option<skiff_cni::routes::RouteConfig>,
+}
+
+impl NetworkGlue {
+    /// The paths containerd's config uses by default (`containerd::ContainerdConfig`),
+    /// plugins installed, host-gw routes with the kubeadm defaults.
+    pub fn new(node_name: &str) -> Self {
+        NetworkGlue {
+            cni_conf_dir: "/etc/skiff/cni/net.d".into(),
+            cni_bin_dir: "/var/lib/skiff/cni/bin".into(),
+            install_plugins: true,
+            routes: Some(skiff_cni::routes::RouteConfig::new(node_name)),
+        }
+    }
+}
+
 /// Crash-loop and image-pull back-off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackoffConfig {
@@ -85,6 +112,8 @@ pub struct AgentConfig {
     pub streaming_port: u16,
     /// Crash-loop / image pull back-off.
     pub backoff: BackoffConfig,
+    /// CNI config, plugins and routes; `None`: left to someone else (tests, simulation).
+    pub network: Option<NetworkGlue>,
 }
 
 impl Default for AgentConfig {
@@ -107,6 +136,7 @@ impl Default for AgentConfig {
             node_labels: BTreeMap::new(),
             streaming_port: 10250,
             backoff: BackoffConfig::default(),
+            network: None,
         }
     }
 }

@@ -83,6 +83,21 @@ struct RunArgs {
     /// Lease renewal period in seconds.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
+    /// containerd's CNI conf dir (skiff-cni's conflist is written there).
+    #[arg(long, default_value = "/etc/skiff/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// containerd's CNI bin dir (skiff-cni and loopback are installed there).
+    #[arg(long, default_value = "/var/lib/skiff/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// The cluster's pod network (an unreachable route covers it).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: ipnetwork::Ipv4Network,
+    /// The service network (an unreachable route covers it).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cidr: ipnetwork::Ipv4Network,
+    /// Leave CNI config, plugins and routes to someone else.
+    #[arg(long)]
+    no_network: bool,
 }
 
 async fn client(args: &RunArgs) -> anyhow::Result<kube::Client> {
@@ -119,6 +134,16 @@ fn agent_config(args: &RunArgs) -> anyhow::Result<AgentConfig> {
     c.static_pod_dir = args.static_pod_dir.clone();
     c.max_pods = args.max_pods;
     c.heartbeat = Duration::from_secs(args.heartbeat_seconds.max(1));
+    if !args.no_network {
+        let mut glue = config::NetworkGlue::new(&c.node_name);
+        glue.cni_conf_dir = args.cni_conf_dir.clone();
+        glue.cni_bin_dir = args.cni_bin_dir.clone();
+        if let Some(r) = glue.routes.as_mut() {
+            r.cluster_cidr = args.cluster_cidr;
+            r.service_cidr = args.service_cidr;
+        }
+        c.network = Some(glue);
+    }
     Ok(c)
 }
 

@@ -530,3 +530,38 @@ async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
     let cs = cstatus(&p, "c").expect("status");
     assert!(cs.restart_count >= 3, "{cs:?}");
 }
+
+#[tokio::test]
+async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let rt = MemoryRuntime::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = config(dir.path());
+    c.network = Some(skiff_agent::config::NetworkGlue {
+        cni_conf_dir: dir.path().join("net.d"),
+        cni_bin_dir: dir.path().join("bin"),
+        install_plugins: false,
+        routes: None,
+    });
+    let _agent = agent::start(client.clone(), c, rt).await.expect("agent");
+    let conflist = dir.path().join("net.d").join(skiff_agent::network::CONFLIST_NAME);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!conflist.exists(), "no conflist before the node has a podCIDR");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = json!({"spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"]}});
+    nodes
+        .patch(NODE, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .expect("podCIDR");
+    for _ in 0..100 {
+        if conflist.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = std::fs::read_to_string(&conflist).expect("conflist written");
+    assert!(body.contains("10.244.7.0/24"), "{body}");
+}
