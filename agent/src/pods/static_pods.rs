@@ -29,7 +29,8 @@ fn hash(bytes: &[u8]) -> String {
     )
 }
 
-/// Reads the manifests of `dir` (`*.yaml`, `*.yml`, `*.json`) as the mirror pods to run.
+/// Reads the manifests of `dir` (`*.yaml`, `*.yml`, `*.json`) as the mirror pods to run;
+/// files that do not parse are skipped.
 pub fn read_manifests(dir: &Path, node: &str) -> Result<BTreeMap<(String, String), Pod>> {
     let mut out = BTreeMap::new();
     let entries = match std::fs::read_dir(dir) {
@@ -49,12 +50,17 @@ pub fn read_manifests(dir: &Path, node: &str) -> Result<BTreeMap<(String, String
         if !matches!(ext, "yaml" | "yml" | "json") {
             continue;
         }
-        let err = |source: Box<dyn std::error::Error + Send + Sync>| Error::StaticManifest {
-            path: path.display().to_string(),
-            source,
+        let parsed = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| {
+            serde_yaml_ng::from_slice::<Pod>(&b).map(|p| (b, p)).map_err(|e| e.to_string())
+        });
+        // A broken manifest is skipped (and logged); the others still run, as the kubelet.
+        let (bytes, mut pod) = match parsed {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "skipping a static pod manifest");
+                continue;
+            }
         };
-        let bytes = std::fs::read(&path).map_err(|e| err(Box::new(e)))?;
-        let mut pod: Pod = serde_yaml_ng::from_slice(&bytes).map_err(|e| err(Box::new(e)))?;
         let name = format!("{}-{node}", pod.name_any());
         let ns = pod.namespace().unwrap_or_else(|| "default".into());
         pod.metadata.name = Some(name.clone());
@@ -118,4 +124,51 @@ pub async fn sync_once(client: &Client, node: &str, dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn manifests_become_mirror_pods_and_go_away_with_their_file() {
+        let api = skiff_control_plane::apiserver::ApiServer::start(
+            Arc::new(skiff_control_plane::store::memory::MemoryStore::new()),
+            Default::default(),
+        )
+        .await
+        .expect("apiserver");
+        let client = api.client();
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(
+            dir.path().join("web.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: kube-system\nspec:\n  containers:\n  - name: c\n    image: skiff.test/tools:1\n",
+        )
+        .expect("manifest");
+        std::fs::write(dir.path().join("README"), "not a manifest").expect("other file");
+        let read = read_manifests(dir.path(), "n1").expect("read");
+        assert_eq!(read.len(), 1);
+        sync_once(&client, "n1", dir.path()).await.expect("sync");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let p = pods.get("web-n1").await.expect("mirror pod");
+        assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("n1"));
+        assert!(p.annotations().contains_key(MIRROR_ANNOTATION));
+        assert_eq!(p.annotations()[SOURCE_ANNOTATION], "file");
+        sync_once(&client, "n1", dir.path()).await.expect("idempotent");
+        std::fs::remove_file(dir.path().join("web.yaml")).expect("rm");
+        sync_once(&client, "n1", dir.path()).await.expect("sync");
+        let gone = pods.get_opt("web-n1").await.expect("get");
+        assert!(
+            gone.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            "the mirror pod of a removed manifest is deleted"
+        );
+        std::fs::write(dir.path().join("bad.yaml"), "kind: [").expect("bad");
+        std::fs::write(
+            dir.path().join("ok.json"),
+            r#"{"metadata":{"name":"ok"},"spec":{"containers":[]}}"#,
+        )
+        .expect("ok");
+        let read = read_manifests(dir.path(), "n1").expect("a broken manifest is skipped");
+        assert_eq!(read.keys().map(|k| k.1.as_str()).collect::<Vec<_>>(), vec!["ok-n1"]);
+    }
 }
