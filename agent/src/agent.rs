@@ -90,6 +90,7 @@ pub async fn start<R: Runtime + Clone>(
         runtime,
         host_ip: config.effective_node_ip().to_string(),
         runtime_name: version.runtime_name.clone(),
+        events: crate::pods::events::Events::new(client.clone(), config.node_name.clone()),
         config: config.clone(),
     });
     let heartbeat = tokio::spawn(node.run());

@@ -170,6 +170,23 @@ async fn node_registers_and_pod_goes_pending_to_running() {
             .expect("sandboxes");
     assert_eq!(sandboxes.len(), 1);
     assert!(h.dir.path().join(format!("pods/default_web_{uid}/c")).is_dir(), "log dir");
+    // What `kubectl describe` shows.
+    let mut reasons = Vec::new();
+    for _ in 0..40 {
+        let events =
+            Api::<k8s_openapi::api::core::v1::Event>::namespaced(h.client.clone(), "default")
+                .list(&Default::default())
+                .await
+                .expect("events");
+        reasons = events.items.iter().filter_map(|e| e.reason.clone()).collect::<Vec<_>>();
+        if ["Pulled", "Created", "Started"].iter().all(|r| reasons.iter().any(|x| x == r)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for r in ["Pulled", "Created", "Started"] {
+        assert!(reasons.iter().any(|x| x == r), "event {r} in {reasons:?}");
+    }
     // Only real transitions are written: relists of an unchanged pod write nothing.
     let rv = p.resource_version();
     tokio::time::sleep(Duration::from_millis(600)).await;

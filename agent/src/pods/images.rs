@@ -59,7 +59,7 @@ impl PullBackoff {
     }
 }
 
-/// Makes `image` present as the policy says; returns its image ref.
+/// Makes `image` present as the policy says; returns its image ref and whether it was pulled.
 pub async fn ensure_image<R: Runtime>(
     runtime: &R,
     image: &str,
@@ -67,7 +67,7 @@ pub async fn ensure_image<R: Runtime>(
     pulls: &mut PullBackoff,
     backoff: BackoffConfig,
     sandbox: Option<&api::PodSandboxConfig>,
-) -> Result<String, ImageError> {
+) -> Result<(String, bool), ImageError> {
     if image.is_empty() {
         return Err(ImageError { reason: "InvalidImageName", message: "image is empty".into() });
     }
@@ -76,7 +76,7 @@ pub async fn ensure_image<R: Runtime>(
         message: format!("Failed to inspect image \"{image}\": {e}"),
     })?;
     match (present, policy) {
-        (Some(img), PullPolicy::IfNotPresent | PullPolicy::Never) => return Ok(img.id),
+        (Some(img), PullPolicy::IfNotPresent | PullPolicy::Never) => return Ok((img.id, false)),
         (None, PullPolicy::Never) => {
             return Err(ImageError {
                 reason: "ErrImageNeverPull",
@@ -98,7 +98,7 @@ pub async fn ensure_image<R: Runtime>(
     match runtime.pull_image(image, None, sandbox).await {
         Ok(reference) => {
             pulls.by_image.remove(image);
-            Ok(reference)
+            Ok((reference, true))
         }
         Err(e) => {
             pulls

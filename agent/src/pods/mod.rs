@@ -31,6 +31,7 @@ pub mod admit;
 pub mod adopt;
 pub mod backoff;
 pub mod containers;
+pub mod events;
 pub mod images;
 pub mod probes;
 pub mod sandbox;
@@ -82,6 +83,8 @@ pub struct PodContext<R> {
     pub host_ip: String,
     /// The runtime's name, the scheme of container IDs (`containerd://...`).
     pub runtime_name: String,
+    /// Events about pods (`kubectl describe`).
+    pub events: events::Events,
 }
 
 impl<R: Runtime> PodContext<R> {
@@ -216,6 +219,7 @@ impl<R: Runtime + Clone> PodSync<R> {
             {
                 tracing::info!(pod = %key(&pod), reason = %r.reason, "pod rejected");
                 rejected.insert(uid);
+                self.ctx.events.warning(&pod, &r.reason, r.message.clone());
                 let st = status::rejected(&pod, &r.reason, &r.message, &self.ctx.host_ip);
                 if let Err(e) = self.ctx.write_status(&pod, &st).await {
                     tracing::warn!(pod = %key(&pod), error = %e, "writing the rejection");

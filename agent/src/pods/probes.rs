@@ -160,12 +160,14 @@ fn period(probe: &Probe) -> Duration {
 }
 
 /// What the probes of a container decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeOutcome {
     /// The container must be killed and restarted (liveness or startup failed): the message.
     pub kill: Option<String>,
     /// When the next probe is due.
     pub next_in: Option<Duration>,
+    /// Failed probe runs of this tick (for Unhealthy events).
+    pub unhealthy: Vec<String>,
 }
 
 /// Probe state of one container instance.
@@ -207,6 +209,14 @@ impl ProbeTracker {
         self.startup_done && (c.readiness_probe.is_none() || self.ready)
     }
 
+    /// Carries over what the API last said of this container instance (an agent restart
+    /// must not flip a ready pod to unready until its probes run again).
+    pub fn seeded(mut self, started: bool, ready: bool) -> Self {
+        self.startup_done |= started;
+        self.ready = ready;
+        self
+    }
+
     /// Runs the probes that are due.
     pub async fn tick<R: Runtime>(
         &mut self,
@@ -215,6 +225,7 @@ impl ProbeTracker {
         pod_ip: &str,
     ) -> ProbeOutcome {
         let now = Instant::now();
+        let mut out = ProbeOutcome::default();
         let mut next: Option<Instant> = None;
         let mut merge = |t: Option<Instant>| {
             if let Some(t) = t {
@@ -222,51 +233,48 @@ impl ProbeTracker {
             }
         };
         if !self.startup_done {
-            let Some(p) = &c.startup_probe else {
-                return ProbeOutcome { kill: None, next_in: None };
-            };
+            let Some(p) = &c.startup_probe else { return out };
             if self.startup.due(p, self.started, now) {
                 let r = run_probe(runtime, p, c, &self.container_id, pod_ip).await;
                 self.startup.record(p, now, r == ProbeResult::Success);
+                if let ProbeResult::Failure(m) = &r {
+                    out.unhealthy.push(format!("Startup probe failed: {m}"));
+                }
                 if self.startup.successes >= p.success_threshold.unwrap_or(1).max(1) {
                     self.startup_done = true;
                 } else if self.startup.failures >= p.failure_threshold.unwrap_or(3).max(1) {
-                    let why = match r {
-                        ProbeResult::Failure(m) => m,
-                        ProbeResult::Success => String::new(),
-                    };
-                    return ProbeOutcome {
-                        kill: Some(format!("Startup probe failed: {why}")),
-                        next_in: None,
-                    };
+                    out.kill = out.unhealthy.last().cloned();
+                    return out;
                 }
             }
             if !self.startup_done {
                 merge(self.startup.next);
-                return ProbeOutcome { kill: None, next_in: next.map(|t| t - now) };
+                out.next_in = next.map(|t| t.saturating_duration_since(now));
+                return out;
             }
         }
-        // Liveness and readiness start counting once the container has started.
-        let started = self.started;
         if let Some(p) = &c.liveness_probe {
-            if self.liveness.due(p, started, now) {
+            if self.liveness.due(p, self.started, now) {
                 let r = run_probe(runtime, p, c, &self.container_id, pod_ip).await;
                 self.liveness.record(p, now, r == ProbeResult::Success);
-                if let ProbeResult::Failure(m) = r
-                    && self.liveness.failures >= p.failure_threshold.unwrap_or(3).max(1)
-                {
-                    return ProbeOutcome {
-                        kill: Some(format!("Liveness probe failed: {m}")),
-                        next_in: None,
-                    };
+                if let ProbeResult::Failure(m) = r {
+                    let msg = format!("Liveness probe failed: {m}");
+                    out.unhealthy.push(msg.clone());
+                    if self.liveness.failures >= p.failure_threshold.unwrap_or(3).max(1) {
+                        out.kill = Some(msg);
+                        return out;
+                    }
                 }
             }
             merge(self.liveness.next);
         }
         if let Some(p) = &c.readiness_probe {
-            if self.readiness.due(p, started, now) {
+            if self.readiness.due(p, self.started, now) {
                 let r = run_probe(runtime, p, c, &self.container_id, pod_ip).await;
                 self.readiness.record(p, now, r == ProbeResult::Success);
+                if let ProbeResult::Failure(m) = r {
+                    out.unhealthy.push(format!("Readiness probe failed: {m}"));
+                }
                 if self.readiness.successes >= p.success_threshold.unwrap_or(1).max(1) {
                     self.ready = true;
                 } else if self.readiness.failures >= p.failure_threshold.unwrap_or(3).max(1) {
@@ -275,7 +283,8 @@ impl ProbeTracker {
             }
             merge(self.readiness.next);
         }
-        ProbeOutcome { kill: None, next_in: next.map(|t| t.saturating_duration_since(now)) }
+        out.next_in = next.map(|t| t.saturating_duration_since(now));
+        out
     }
 }
 

@@ -143,6 +143,12 @@ struct Pass<'a, R> {
 }
 
 impl<R: Runtime> Pass<'_, R> {
+    /// Sets the waiting reason of a container; true when it changed (events only then).
+    fn set_waiting(&mut self, name: &str, reason: &str, message: &str) -> bool {
+        let new = (reason.to_string(), message.to_string());
+        self.st.know.waiting.insert(name.to_string(), new.clone()) != Some(new)
+    }
+
     fn wake_within(&mut self, d: Duration) {
         self.next = self.next.min(d.max(Duration::from_millis(10)));
     }
@@ -186,10 +192,28 @@ impl<R: Runtime> Pass<'_, R> {
         )
         .await
         {
-            Ok(_) => {}
+            Ok((_, pulled)) => {
+                let msg = if pulled {
+                    format!("Successfully pulled image \"{image}\"")
+                } else {
+                    format!("Container image \"{image}\" already present on machine")
+                };
+                self.ctx.events.normal(self.pod, "Pulled", msg);
+            }
             Err(e) => {
                 tracing::info!(pod = %pod_key, container = %c.name, reason = e.reason, "image not available");
                 let wait = self.st.pulls.remaining(&image, Instant::now());
+                match e.reason {
+                    "ImagePullBackOff" => {
+                        if self.set_waiting(&c.name, e.reason, &e.message) {
+                            self.ctx.events.normal(self.pod, "BackOff", e.message.clone());
+                        }
+                    }
+                    _ => {
+                        self.ctx.events.warning(self.pod, "Failed", e.message.clone());
+                        self.ctx.events.warning(self.pod, "Failed", format!("Error: {}", e.reason));
+                    }
+                }
                 self.st.know.waiting.insert(c.name.clone(), (e.reason.to_string(), e.message));
                 if !wait.is_zero() {
                     self.wake_within(wait);
@@ -210,10 +234,9 @@ impl<R: Runtime> Pass<'_, R> {
         let (env, m) = match prepared {
             Ok(x) => x,
             Err(ConfigError(msg)) => {
-                self.st
-                    .know
-                    .waiting
-                    .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));
+                if self.set_waiting(&c.name, "CreateContainerConfigError", &msg) {
+                    self.ctx.events.warning(self.pod, "Failed", format!("Error: {msg}"));
+                }
                 return Ok(());
             }
         };
@@ -235,13 +258,14 @@ impl<R: Runtime> Pass<'_, R> {
         {
             Ok(id) => id,
             Err(e) => {
-                self.st
-                    .know
-                    .waiting
-                    .insert(c.name.clone(), ("CreateContainerError".into(), e.to_string()));
+                let msg = e.to_string();
+                if self.set_waiting(&c.name, "CreateContainerError", &msg) {
+                    self.ctx.events.warning(self.pod, "Failed", format!("Error: {msg}"));
+                }
                 return Ok(());
             }
         };
+        self.ctx.events.normal(self.pod, "Created", format!("Created container {}", c.name));
         self.st.know.waiting.remove(&c.name);
         // Keep the newest dead instance as lastState; older ones go.
         for old in older.iter().skip(1) {
@@ -256,7 +280,10 @@ impl<R: Runtime> Pass<'_, R> {
             // The runtime records the failed start on the container (StartError); the next
             // pass handles it like any exit.
             tracing::info!(pod = %pod_key, container = %c.name, error = %e, "container failed to start");
+            self.ctx.events.warning(self.pod, "Failed", format!("Error: {e}"));
             self.wake_within(Duration::ZERO);
+        } else {
+            self.ctx.events.normal(self.pod, "Started", format!("Started container {}", c.name));
         }
         Ok(())
     }
@@ -267,12 +294,18 @@ impl<R: Runtime> Pass<'_, R> {
         let now = Instant::now();
         let cfg = self.ctx.config.backoff;
         let b = self.st.crash.entry(c.name.clone()).or_insert_with(|| Backoff::new(cfg));
-        if self.st.counted.insert(latest.id.clone()) {
+        let fresh = self.st.counted.insert(latest.id.clone());
+        if fresh {
             let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
             b.ran_for(ran);
             b.failed(now);
         }
         let remaining = b.remaining(now);
+        if fresh && !remaining.is_zero() {
+            let msg =
+                format!("Back-off restarting failed container {} in pod {}", c.name, key(self.pod));
+            self.ctx.events.warning(self.pod, "BackOff", msg);
+        }
         if !remaining.is_zero() {
             let message = format!(
                 "back-off {}s restarting failed container={} pod={}",
@@ -286,6 +319,28 @@ impl<R: Runtime> Pass<'_, R> {
         }
         let attempt = latest.metadata.as_ref().map(|m| m.attempt + 1).unwrap_or(1);
         self.start(c, attempt, instances).await
+    }
+}
+
+/// A tracker for a container instance first seen by this worker: when the API already
+/// reports this very instance (an agent restart), its started/ready state carries over.
+fn seeded_tracker(
+    pod: &Pod,
+    c: &Container,
+    id: &str,
+    runtime_name: &str,
+    started: Instant,
+) -> ProbeTracker {
+    let tracker = ProbeTracker::new(id, c, started);
+    let full_id = format!("{runtime_name}://{id}");
+    let known = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|s| s.container_id.as_deref() == Some(full_id.as_str())));
+    match known {
+        Some(s) => tracker.seeded(s.started.unwrap_or(false), s.ready),
+        None => tracker,
     }
 }
 
@@ -365,15 +420,16 @@ pub async fn sync_pod<R: Runtime>(
                 Some(l) if is_running(l) => {
                     pass.st.know.waiting.remove(&c.name);
                     let started = Instant::now();
-                    let tracker = pass
-                        .st
-                        .probes
-                        .entry(c.name.clone())
-                        .or_insert_with(|| ProbeTracker::new(&l.id, c, started));
+                    let tracker = pass.st.probes.entry(c.name.clone()).or_insert_with(|| {
+                        seeded_tracker(pod, c, &l.id, &ctx.runtime_name, started)
+                    });
                     if tracker.container_id() != l.id {
                         *tracker = ProbeTracker::new(&l.id, c, started);
                     }
                     let outcome = tracker.tick(&ctx.runtime, c, &pass.pod_ip).await;
+                    for m in &outcome.unhealthy {
+                        ctx.events.warning(pod, "Unhealthy", m.clone());
+                    }
                     pass.st.know.ready.insert(c.name.clone(), tracker.ready(c));
                     pass.st.know.started.insert(c.name.clone(), tracker.started());
                     if let Some(next) = outcome.next_in {
@@ -381,6 +437,12 @@ pub async fn sync_pod<R: Runtime>(
                     }
                     if let Some(why) = outcome.kill {
                         tracing::info!(pod = %key(pod), container = %c.name, %why, "killing container");
+                        let probe = if why.starts_with("Startup") { "startup" } else { "liveness" };
+                        ctx.events.normal(
+                            pod,
+                            "Killing",
+                            format!("Container {} failed {probe} probe, will be restarted", c.name),
+                        );
                         let grace = c
                             .liveness_probe
                             .as_ref()
@@ -459,6 +521,13 @@ async fn create_sandbox<R: Runtime>(
         )));
     }
     tracing::info!(pod = %key(pod), attempt, "creating sandbox");
-    ctx.runtime.run_pod_sandbox(cfg).await.map_err(rt_err("RunPodSandbox", &key(pod)))?;
+    if let Err(e) = ctx.runtime.run_pod_sandbox(cfg).await {
+        ctx.events.warning(
+            pod,
+            "FailedCreatePodSandBox",
+            format!("Failed to create pod sandbox: {e}"),
+        );
+        return Err(rt_err("RunPodSandbox", &key(pod))(e));
+    }
     Ok(None)
 }

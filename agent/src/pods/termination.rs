@@ -134,6 +134,7 @@ pub async fn terminate<R: Runtime>(
     st: &mut WorkerState,
 ) -> Result<Step> {
     let uid = pod.uid().unwrap_or_default();
+    let st_events = st.deleting_since.is_none();
     let since = *st.deleting_since.get_or_insert_with(Instant::now);
     let grace = grace_period(pod);
     let left = Duration::from_secs(grace as u64).saturating_sub(since.elapsed()).as_secs() as i64;
@@ -144,7 +145,12 @@ pub async fn terminate<R: Runtime>(
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .filter_map(|c| obs.latest(&c.name).filter(|l| is_running(l)).map(|l| (c, l.id.clone())))
-        .map(|(c, id)| async move { stop_container(ctx, pod, c, &id, left).await });
+        .map(|(c, id)| async move {
+            if st_events {
+                ctx.events.normal(pod, "Killing", format!("Stopping container {}", c.name));
+            }
+            stop_container(ctx, pod, c, &id, left).await
+        });
     futures::future::join_all(stops).await;
     tracing::info!(pod = %key(pod), "pod terminated");
     remove_pod(ctx, &uid, 0).await;
