@@ -424,10 +424,16 @@ async fn graceful_delete_stops_containers_and_deletes_the_pod() {
 #[tokio::test]
 async fn restarted_agent_adopts_running_containers_and_removes_orphans() {
     let mut h = Harness::new().await;
-    h.create(pod("keep", json!({"containers": [{"name": "c", "image": "busybox:1"}]}))).await;
+    h.create(pod(
+        "keep",
+        json!({"containers": [{"name": "c", "image": "busybox:1",
+        "readinessProbe": {"exec": {"command": ["ready"]}, "periodSeconds": 1, "initialDelaySeconds": 1}}]}),
+    ))
+    .await;
     let p = h
         .wait_for("keep", "Running", |p| phase(p) == "Running" && condition(p, "Ready") == "True")
         .await;
+    let rv = p.resource_version();
     let id = cstatus(&p, "c").and_then(|c| c.container_id.clone()).expect("container id");
     // The agent goes away; a pod is deleted meanwhile (its sandbox is an orphan now).
     h.agent = None;
@@ -460,6 +466,7 @@ async fn restarted_agent_adopts_running_containers_and_removes_orphans() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let p = h.pods().get("keep").await.expect("get");
     assert_eq!(cstatus(&p, "c").and_then(|c| c.container_id.clone()), Some(id), "same container");
+    assert_eq!(p.resource_version(), rv, "the adopted pod's status is unchanged (still Ready)");
     assert_eq!(phase(&p), "Running");
     let creates_after = h.rt.calls().iter().filter(|c| c.starts_with("CreateContainer")).count();
     assert_eq!(creates_before, creates_after, "nothing restarted");

@@ -140,6 +140,8 @@ struct Pass<'a, R> {
     pod_ip: String,
     volume_paths: Option<HashMap<String, PathBuf>>,
     next: Duration,
+    /// Something was asked of the runtime: observe again before computing the status.
+    acted: bool,
 }
 
 impl<R: Runtime> Pass<'_, R> {
@@ -180,6 +182,7 @@ impl<R: Runtime> Pass<'_, R> {
         older: &[api::ContainerStatus],
     ) -> Result<()> {
         let pod_key = key(self.pod);
+        self.acted = true;
         let image = c.image.clone().unwrap_or_default();
         let backoff = self.ctx.config.backoff;
         match ensure_image(
@@ -388,6 +391,7 @@ pub async fn sync_pod<R: Runtime>(
         pod_ip: sb.ip.clone(),
         volume_paths: None,
         next: relist,
+        acted: false,
     };
 
     // Init containers, in order.
@@ -450,6 +454,7 @@ pub async fn sync_pod<R: Runtime>(
                             .or(spec.termination_grace_period_seconds)
                             .unwrap_or(30);
                         termination::stop_container(ctx, pod, c, &l.id, grace).await;
+                        pass.acted = true;
                         pass.st.know.ready.insert(c.name.clone(), false);
                         pass.wake_within(Duration::ZERO);
                     }
@@ -464,6 +469,7 @@ pub async fn sync_pod<R: Runtime>(
                 }
                 Some(l) => {
                     // Created but never started (the agent died between the two calls).
+                    pass.acted = true;
                     if let Err(e) = ctx.runtime.start_container(&l.id).await {
                         tracing::info!(pod = %key(pod), container = %c.name, error = %e, "starting a created container");
                     }
@@ -474,7 +480,7 @@ pub async fn sync_pod<R: Runtime>(
     let next = pass.next;
 
     // Status.
-    let obs = observe(&ctx.runtime, &uid).await?;
+    let obs = if pass.acted { observe(&ctx.runtime, &uid).await? } else { obs };
     let computed = status::compute(pod, &obs, &st.know, &ctx.host_ip, &ctx.runtime_name);
     let base = st.last_written.as_ref().or(pod.status.as_ref());
     if status::differs(base, &computed) {
