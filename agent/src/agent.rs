@@ -1,1 +1,171 @@
 //! The agent process: wires node registration, pod sync, streaming, DNS and network glue.
+//!
+//! [`start`] registers the Node and starts the heartbeat and the pod sync over the given
+//! runtime, and the network glue when configured (CNI plugins and conflist once the node has
+//! a podCIDR, cross-node routes); [`run`] does the same and runs until the pod sync fails.
+//! Streaming (logs/exec), cluster DNS and the in-process proxy are composed here once their
+//! modules land (see AGENT.md); they take the same client and config.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+use crate::config::{AgentConfig, NetworkGlue};
+use crate::node::NodeAgent;
+use crate::pods::{PodContext, PodSync};
+use crate::runtime::Runtime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the agent needs a node name")]
+    NoNodeName,
+    #[error("asking the runtime for its version")]
+    RuntimeVersion(#[source] crate::runtime::Error),
+    #[error("registering the node")]
+    Node(#[source] crate::node::Error),
+    #[error("pod sync")]
+    Pods(#[source] crate::pods::Error),
+    #[error("an agent task panicked or was cancelled")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A running agent; dropping it stops the agent's tasks (pods keep running in the runtime).
+pub struct AgentHandle {
+    node_name: String,
+    heartbeat: JoinHandle<()>,
+    pods: JoinHandle<crate::pods::Result<()>>,
+    static_pods: Option<JoinHandle<()>>,
+    network: Option<JoinHandle<()>>,
+}
+
+impl AgentHandle {
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Waits until the pod sync ends (it only ends on an error).
+    pub async fn wait(mut self) -> Result<()> {
+        match (&mut self.pods).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::Pods(e)),
+            Err(e) => Err(Error::Task(e)),
+        }
+    }
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        self.pods.abort();
+        for t in [&self.static_pods, &self.network].into_iter().flatten() {
+            t.abort();
+        }
+    }
+}
+
+/// Registers the node and starts heartbeating and syncing its pods over `runtime`.
+pub async fn start<R: Runtime + Clone>(
+    client: Client,
+    config: AgentConfig,
+    runtime: R,
+) -> Result<AgentHandle> {
+    if config.node_name.is_empty() {
+        return Err(Error::NoNodeName);
+    }
+    let version = runtime.version().await.map_err(Error::RuntimeVersion)?;
+    let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
+    let config = Arc::new(config);
+    let node = NodeAgent::register(client.clone(), config.clone(), &runtime_version)
+        .await
+        .map_err(Error::Node)?;
+    let allocatable = node.allocatable();
+    let ctx = Arc::new(PodContext {
+        client: client.clone(),
+        runtime,
+        host_ip: config.effective_node_ip().to_string(),
+        runtime_name: version.runtime_name.clone(),
+        events: crate::pods::events::Events::new(client.clone(), config.node_name.clone()),
+        config: config.clone(),
+    });
+    let heartbeat = tokio::spawn(node.run());
+    let static_pods = config.static_pod_dir.clone().map(|dir| {
+        tokio::spawn(crate::pods::static_pods::run(client.clone(), config.clone(), dir))
+    });
+    let network = config
+        .network
+        .clone()
+        .map(|glue| tokio::spawn(network_glue(client.clone(), config.node_name.clone(), glue)));
+    let pods = tokio::spawn(PodSync::new(ctx, allocatable).run());
+    Ok(AgentHandle { node_name: config.node_name.clone(), heartbeat, pods, static_pods, network })
+}
+
+/// The node's network glue: plugins installed, the conflist written once the node has a
+/// podCIDR (node IPAM assigns it after registration), then the route sync.
+async fn network_glue(client: Client, node_name: String, glue: NetworkGlue) {
+    if glue.install_plugins
+        && let Err(e) = crate::network::install_cni(&glue.cni_bin_dir)
+    {
+        tracing::error!(error = %e, "installing the CNI plugins");
+    }
+    let cidr = wait_for_pod_cidr(&client, &node_name).await;
+    match crate::network::write_cni_config(
+        &glue.cni_conf_dir,
+        &crate::network::CniSettings::new(cidr),
+    ) {
+        Ok(path) => tracing::info!(path = %path.display(), %cidr, "CNI config written"),
+        Err(e) => tracing::error!(error = %e, "writing the CNI config"),
+    }
+    if let Some(routes) = glue.routes {
+        loop {
+            match crate::network::run_routes(client.clone(), &node_name, routes.clone()).await {
+                Ok(()) => tracing::warn!("route sync ended; restarting"),
+                Err(e) => tracing::error!(error = %e, "route sync"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+    }
+}
+
+/// Waits until the Node has a (valid IPv4) podCIDR.
+async fn wait_for_pod_cidr(client: &Client, node_name: &str) -> ipnetwork::Ipv4Network {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let mut stream = watcher(nodes, cfg).applied_objects().boxed();
+    loop {
+        match stream.next().await {
+            Some(Ok(node)) => {
+                let cidr = node.spec.and_then(|s| s.pod_cidr).and_then(|c| c.parse().ok());
+                if let Some(cidr) = cidr {
+                    return cidr;
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "node watch (podCIDR)");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            None => {
+                stream = watcher(
+                    Api::all(client.clone()),
+                    watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+                )
+                .applied_objects()
+                .boxed();
+            }
+        }
+    }
+}
+
+/// Runs the agent until its pod sync fails.
+pub async fn run<R: Runtime + Clone>(
+    client: Client,
+    config: AgentConfig,
+    runtime: R,
+) -> Result<()> {
+    start(client, config, runtime).await?.wait().await
+}

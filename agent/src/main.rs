@@ -1,5 +1,189 @@
 //! skiff-agent: joins a cluster and runs its node's pods.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("skiff-agent: not built yet")
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use skiff_agent::config::{self, AgentConfig};
+use skiff_agent::runtime::cri::CriRuntime;
+use skiff_agent::{agent, images, simulate};
+
+#[derive(Debug, Parser)]
+#[command(name = "skiff-agent", version, about = "skiff's node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Test images: import an OCI archive, build the busybox test images.
+    #[command(subcommand)]
+    Images(images::ImagesCommand),
+    /// N simulated nodes in this process: the real agent code over the in-memory runtime.
+    Simulate {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Node name prefix (`<prefix>-<i>`).
+        #[arg(long, default_value = "sim-node")]
+        prefix: String,
+        /// CPU millicores of each node.
+        #[arg(long, default_value_t = 4000)]
+        cpu_millis: u64,
+        /// Memory of each node, in MiB.
+        #[arg(long, default_value_t = 16384)]
+        memory_mib: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// kubeconfig of the agent's identity.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// apiserver URL, with --token (join token exchange: "Control plane III").
+    #[arg(long)]
+    server: Option<String>,
+    /// Join token minted by skiff-server.
+    #[arg(long)]
+    token: Option<String>,
+    /// Node name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The node's InternalIP (default: the source address of the default route).
+    #[arg(long)]
+    node_ip: Option<IpAddr>,
+    /// State directory (pod volumes, logs).
+    #[arg(long, default_value = config::DEFAULT_ROOT_DIR)]
+    root_dir: PathBuf,
+    /// containerd's CRI socket.
+    #[arg(long, default_value = config::DEFAULT_CONTAINERD_SOCKET)]
+    containerd_socket: PathBuf,
+    /// Cluster domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Nameserver of ClusterFirst pods (repeatable).
+    #[arg(long)]
+    cluster_dns: Vec<IpAddr>,
+    /// Sandbox (pause) image.
+    #[arg(long, default_value = config::DEFAULT_SANDBOX_IMAGE)]
+    sandbox_image: String,
+    /// Directory of static pod manifests.
+    #[arg(long)]
+    static_pod_dir: Option<PathBuf>,
+    /// Pods capacity.
+    #[arg(long, default_value_t = 110)]
+    max_pods: u32,
+    /// Lease renewal period in seconds.
+    #[arg(long, default_value_t = 10)]
+    heartbeat_seconds: u64,
+    /// containerd's CNI conf dir (skiff-cni's conflist is written there).
+    #[arg(long, default_value = "/etc/skiff/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// containerd's CNI bin dir (skiff-cni and loopback are installed there).
+    #[arg(long, default_value = "/var/lib/skiff/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// The cluster's pod network (an unreachable route covers it).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: ipnetwork::Ipv4Network,
+    /// The service network (an unreachable route covers it).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cidr: ipnetwork::Ipv4Network,
+    /// Leave CNI config, plugins and routes to someone else.
+    #[arg(long)]
+    no_network: bool,
+}
+
+async fn client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+    if args.server.is_some() || args.token.is_some() {
+        bail!(
+            "--server/--token: joining with a token is not available yet (the token exchange \
+             is part of \"Control plane III\"); use --kubeconfig FILE"
+        );
+    }
+    let path: &Path = match &args.kubeconfig {
+        Some(p) => p,
+        None => bail!("--kubeconfig FILE is required"),
+    };
+    let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading {}", path.display()))?;
+    kube::Client::try_from(cfg).context("building the API client")
+}
+
+fn agent_config(args: &RunArgs) -> anyhow::Result<AgentConfig> {
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => config::host_name().context("no --node-name and no host name")?,
+    };
+    let mut c = AgentConfig::new(node_name).with_root_dir(&args.root_dir);
+    c.node_ip = args.node_ip;
+    c.containerd_socket = args.containerd_socket.clone();
+    c.cluster_domain = args.cluster_domain.clone();
+    if !args.cluster_dns.is_empty() {
+        c.cluster_dns = args.cluster_dns.clone();
+    }
+    c.sandbox_image = args.sandbox_image.clone();
+    c.static_pod_dir = args.static_pod_dir.clone();
+    c.max_pods = args.max_pods;
+    c.heartbeat = Duration::from_secs(args.heartbeat_seconds.max(1));
+    if !args.no_network {
+        let mut glue = config::NetworkGlue::new(&c.node_name);
+        glue.cni_conf_dir = args.cni_conf_dir.clone();
+        glue.cni_bin_dir = args.cni_bin_dir.clone();
+        if let Some(r) = glue.routes.as_mut() {
+            r.cluster_cidr = args.cluster_cidr;
+            r.service_cidr = args.service_cidr;
+        }
+        c.network = Some(glue);
+    }
+    Ok(c)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Images(cmd)) => images::run_command(cmd).await,
+        Some(Command::Simulate { nodes, prefix, cpu_millis, memory_mib }) => {
+            let client = client(&cli.run).await?;
+            let cfg = simulate::SimulateConfig {
+                nodes,
+                prefix,
+                cpu_millis,
+                memory_bytes: memory_mib << 20,
+                ..Default::default()
+            };
+            let sim = simulate::start(client, cfg).await?;
+            tracing::info!(nodes = sim.nodes.len(), "simulated nodes running; Ctrl-C stops them");
+            tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+            Ok(())
+        }
+        None => {
+            let client = client(&cli.run).await?;
+            let config = agent_config(&cli.run)?;
+            let runtime =
+                CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
+                    format!("connecting to containerd at {}", config.containerd_socket.display())
+                })?;
+            tokio::select! {
+                r = agent::run(client, config, runtime) => r.context("skiff-agent")?,
+                _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),
+            }
+            Ok(())
+        }
+    }
 }

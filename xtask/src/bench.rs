@@ -22,12 +22,44 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             "bench_dataplane",
         ])),
         "scheduler" => crate::scheduler_bench::bench(root),
-        other => bail!("unknown benchmark {other:?} (known: apiserver, cni, dataplane, scheduler)"),
+        "agent" => agent(root),
+        other => bail!(
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, scheduler)"
+        ),
     }
 }
 
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// agent/examples/bench_agent.rs: pod start latency (create → Running) p50/p99 over 50 pods
+/// on one node and the agent's RSS. In-memory runtime by default; a real containerd with
+/// `SKIFF_BENCH_CONTAINERD=<CRI socket>` (images imported; `SKIFF_BENCH_IMAGE` names the
+/// container image, default skiff.test/tools:1). `SKIFF_BENCH_PODS` overrides the count.
+fn agent(root: &Path) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args([
+        "run",
+        "--release",
+        "-p",
+        "skiff-agent",
+        "--example",
+        "bench_agent",
+        "--",
+        "--out",
+    ]);
+    cmd.arg(root.join("target/bench/agent.json"));
+    if let Ok(socket) = std::env::var("SKIFF_BENCH_CONTAINERD") {
+        cmd.args(["--containerd-socket", &socket]);
+    }
+    if let Ok(image) = std::env::var("SKIFF_BENCH_IMAGE") {
+        cmd.args(["--image", &image]);
+    }
+    if let Ok(pods) = std::env::var("SKIFF_BENCH_PODS") {
+        cmd.args(["--pods", &pods]);
+    }
+    run(&mut cmd)
 }
 
 /// Release builds of skiff-server and the bench driver, then the driver against the server.

@@ -41,6 +41,8 @@ struct State {
     images: BTreeMap<String, api::Image>,
     /// Images PullImage can fetch (a stand-in for a registry).
     pullable: BTreeMap<String, ()>,
+    /// Every image is pullable (simulated nodes).
+    pull_any: bool,
     sandboxes: BTreeMap<String, api::PodSandboxStatus>,
     containers: BTreeMap<String, Record>,
     /// Every call, in order, as "Method id" (tests assert on what was asked of the runtime).
@@ -102,6 +104,11 @@ impl MemoryRuntime {
     /// Makes an image pullable (present in the pretend registry).
     pub fn add_pullable(&self, name: &str) {
         self.lock().pullable.insert(name.to_string(), ());
+    }
+
+    /// Makes every image pullable (the hollow nodes of `skiff-agent simulate`).
+    pub fn set_pull_any(&self, any: bool) {
+        self.lock().pull_any = any;
     }
 
     /// Decides how containers behave when started.
@@ -198,7 +205,7 @@ impl Runtime for MemoryRuntime {
     ) -> Result<String> {
         let mut s = self.lock();
         s.calls.push(format!("PullImage {name}"));
-        if !s.pullable.contains_key(name) {
+        if !s.pull_any && !s.pullable.contains_key(name) {
             return Err(Error::Failed(format!(
                 "failed to pull and unpack image \"{name}\": not found"
             )));

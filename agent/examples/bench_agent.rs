@@ -1,0 +1,205 @@
+//! `cargo xtask bench agent`: pod start latency (API create → Running, as the API reports
+//! it) over N pods on one node, and the agent's RSS.
+//!
+//! The apiserver runs in process; the runtime is either the in-memory runtime (the default:
+//! measures the agent's own overhead — watch, sync, status writes) or a real containerd
+//! (`--containerd-socket PATH`, with `--image` present locally and the sandbox image
+//! imported). Prints a table and writes JSON to `--out` (default target/bench/agent.json).
+//!
+//! Targets (issue 6): p50 < 0.5 s, p99 < 1.5 s with containerd; upstream SLO p99 <= 5 s.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use skiff_agent::config::AgentConfig;
+use skiff_agent::runtime::Runtime;
+use skiff_agent::runtime::cri::CriRuntime;
+use skiff_agent::runtime::memory::MemoryRuntime;
+use skiff_control_plane::apiserver::ApiServer;
+use skiff_control_plane::store::memory::MemoryStore;
+
+struct Args {
+    pods: usize,
+    socket: Option<PathBuf>,
+    image: String,
+    out: PathBuf,
+    concurrency: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        pods: 50,
+        socket: None,
+        image: "skiff.test/tools:1".into(),
+        out: PathBuf::from("target/bench/agent.json"),
+        concurrency: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--pods" => a.pods = value()?.parse()?,
+            "--containerd-socket" => a.socket = Some(value()?.into()),
+            "--image" => a.image = value()?,
+            "--out" => a.out = value()?.into(),
+            "--concurrency" => a.concurrency = value()?.parse()?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+async fn measure<R: Runtime + Clone>(
+    client: Client,
+    runtime: R,
+    a: &Args,
+    root: PathBuf,
+) -> Result<serde_json::Value> {
+    let mut config = AgentConfig::new("bench-node")
+        .with_node_ip("192.0.2.30".parse()?)
+        .with_root_dir(root)
+        .with_resources(64_000, 256 << 30);
+    config.max_pods = (a.pods as u32 + 10).max(110);
+    let agent = skiff_agent::agent::start(client.clone(), config, runtime).await?;
+    let rss_idle = rss_kib();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    // Watch phases: the latency ends when the API says Running.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let watch_pods = pods.clone();
+    let watch = tokio::spawn(async move {
+        let mut s = watcher(watch_pods, watcher::Config::default()).applied_objects().boxed();
+        while let Some(Ok(p)) = s.next().await {
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                let _ = tx.send((p.name_any(), Instant::now()));
+            }
+        }
+    });
+    let mut created: HashMap<String, Instant> = HashMap::new();
+    let mut running: HashMap<String, Instant> = HashMap::new();
+    let start = Instant::now();
+    let names: Vec<String> = (0..a.pods).map(|i| format!("bench-{i}")).collect();
+    for chunk in names.chunks(a.concurrency.max(1)) {
+        let posts = chunk.iter().map(|name| {
+            let pods = pods.clone();
+            let image = a.image.clone();
+            async move {
+                let pod: Pod =
+                    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+                    "nodeName": "bench-node", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": image, "imagePullPolicy": "IfNotPresent",
+                                    "command": ["sleep", "3600"]}]}}))?;
+                let t = Instant::now();
+                pods.create(&PostParams::default(), &pod).await?;
+                Ok::<_, anyhow::Error>((name.clone(), t))
+            }
+        });
+        for r in futures::future::join_all(posts).await {
+            let (n, t) = r?;
+            created.insert(n, t);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120 + a.pods as u64);
+    while running.len() < a.pods && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
+            Ok(Some((n, t))) => {
+                running.entry(n).or_insert(t);
+            }
+            Ok(None) => break,
+            Err(_) => {}
+        }
+    }
+    let total = start.elapsed();
+    let rss_loaded = rss_kib();
+    let mut lat: Vec<Duration> = running
+        .iter()
+        .filter_map(|(n, t)| created.get(n).map(|c| t.saturating_duration_since(*c)))
+        .collect();
+    lat.sort();
+    for n in &names {
+        let _ = pods.delete(n, &DeleteParams::default()).await;
+    }
+    let cleanup = Instant::now();
+    while cleanup.elapsed() < Duration::from_secs(60) {
+        if pods.list(&Default::default()).await?.items.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    watch.abort();
+    drop(agent);
+    if running.len() < a.pods {
+        bail!("only {} of {} pods reached Running", running.len(), a.pods);
+    }
+    Ok(json!({
+        "pods": a.pods,
+        "p50_ms": percentile(&lat, 0.50).as_secs_f64() * 1e3,
+        "p90_ms": percentile(&lat, 0.90).as_secs_f64() * 1e3,
+        "p99_ms": percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        "max_ms": lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+        "all_running_s": total.as_secs_f64(),
+        "rss_idle_kib": rss_idle,
+        "rss_loaded_kib": rss_loaded,
+    }))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await?;
+    let client = api.client();
+    let root = tempfile::tempdir()?;
+    let (mode, mut result) = match &a.socket {
+        Some(socket) => {
+            let cri = CriRuntime::connect(socket).await?;
+            ("containerd", measure(client, cri, &a, root.path().to_path_buf()).await?)
+        }
+        None => {
+            let memory = MemoryRuntime::new();
+            memory.add_image("skiff.test/pause:1");
+            memory.add_image(&a.image);
+            ("memory", measure(client, memory, &a, root.path().to_path_buf()).await?)
+        }
+    };
+    result["runtime"] = json!(mode);
+    result["note"] = json!("RSS is of the whole bench process (agent + in-process apiserver)");
+    println!("agent pod start latency ({mode} runtime, {} pods)", a.pods);
+    for k in
+        ["p50_ms", "p90_ms", "p99_ms", "max_ms", "all_running_s", "rss_idle_kib", "rss_loaded_kib"]
+    {
+        println!("  {k:<16} {}", result[k]);
+    }
+    if let Some(dir) = a.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&a.out, serde_json::to_vec_pretty(&result)?)?;
+    println!("written to {}", a.out.display());
+    Ok(())
+}

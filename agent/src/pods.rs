@@ -1,1 +1,0 @@
-//! Pod sync: each pod bound to this node is a state machine driven over a runtime.

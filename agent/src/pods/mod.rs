@@ -1,0 +1,247 @@
+//! Pod sync: each pod bound to this node is a state machine driven over a runtime.
+//!
+//! [`PodSync`] watches the pods with `spec.nodeName=<node>` (kube-runtime's watcher and
+//! reflector), admits new pods against the node's allocatable ([`admit`]), and feeds each
+//! pod UID's latest object to its own worker task. A worker is level-triggered: every pass
+//! observes the runtime (sandboxes and containers found by the pod-uid label), takes the
+//! steps that move it towards the spec ([`sync`]: sandbox, images, init containers in order,
+//! containers, probes, restarts with back-off; [`termination`] once deletion started) and
+//! writes the status only when it changed ([`status`]). Workers wake on a new object, on
+//! their own timers (probes, back-off) and every `pod_relist` (the kubelet's PLEG relist).
+//! After the first complete list, sandboxes whose pod no longer exists are removed
+//! ([`adopt`]); running ones of known pods are simply observed again, never restarted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{reflector, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::AgentConfig;
+use crate::node::Allocatable;
+use crate::runtime::Runtime;
+
+pub mod admit;
+pub mod adopt;
+pub mod backoff;
+pub mod containers;
+pub mod events;
+pub mod images;
+pub mod probes;
+pub mod sandbox;
+pub mod static_pods;
+pub mod status;
+pub mod sync;
+pub mod termination;
+pub mod volumes;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("runtime call {call} for pod {pod}")]
+    Runtime {
+        call: &'static str,
+        pod: String,
+        #[source]
+        source: crate::runtime::Error,
+    },
+    #[error("writing the status of pod {pod}")]
+    WriteStatus {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting pod {pod}")]
+    DeletePod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading static pod manifest {path}")]
+    StaticManifest {
+        path: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("the pod watch ended")]
+    WatchEnded,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What every pod worker shares.
+pub struct PodContext<R> {
+    pub client: Client,
+    pub runtime: R,
+    pub config: Arc<AgentConfig>,
+    /// The node's IP (pods' hostIP).
+    pub host_ip: String,
+    /// The runtime's name, the scheme of container IDs (`containerd://...`).
+    pub runtime_name: String,
+    /// Events about pods (`kubectl describe`).
+    pub events: events::Events,
+}
+
+impl<R: Runtime> PodContext<R> {
+    /// Writes `status` through the status subresource (a merge patch; lists are replaced).
+    pub async fn write_status(
+        &self,
+        pod: &Pod,
+        status: &k8s_openapi::api::core::v1::PodStatus,
+    ) -> Result<()> {
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = serde_json::json!({"status": status});
+        match api
+            .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => Err(Error::WriteStatus { pod: key(pod), source }),
+        }
+    }
+}
+
+/// `namespace/name` of a pod (logs and errors).
+pub fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// A pod this node already acknowledged (status written by an agent): not admitted again.
+fn acknowledged(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.host_ip.is_some() || s.start_time.is_some())
+}
+
+struct Worker {
+    tx: watch::Sender<Option<Arc<Pod>>>,
+    task: JoinHandle<()>,
+}
+
+/// The pod sync of one node.
+pub struct PodSync<R> {
+    ctx: Arc<PodContext<R>>,
+    allocatable: Allocatable,
+}
+
+impl<R: Runtime + Clone> PodSync<R> {
+    pub fn new(ctx: Arc<PodContext<R>>, allocatable: Allocatable) -> Self {
+        PodSync { ctx, allocatable }
+    }
+
+    /// Watches this node's pods and runs them until the watch ends.
+    pub async fn run(self) -> Result<()> {
+        let node = self.ctx.config.node_name.clone();
+        let api: Api<Pod> = Api::all(self.ctx.client.clone());
+        let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let (reader, writer) = reflector::store();
+        let mut stream = reflector(writer, watcher(api, cfg)).boxed();
+        let mut guard = Workers::default();
+        let workers = &mut guard.0;
+        let mut rejected: HashSet<String> = HashSet::new();
+        let mut adopted = false;
+        loop {
+            let Some(event) = stream.next().await else { return Err(Error::WatchEnded) };
+            workers.retain(|_, w| !w.task.is_finished());
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    self.dispatch(workers, &mut rejected, pod).await;
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    let uid = pod.uid().unwrap_or_default();
+                    rejected.remove(&uid);
+                    match workers.get(&uid) {
+                        Some(w) => {
+                            w.tx.send_replace(None);
+                        }
+                        None => {
+                            let ctx = self.ctx.clone();
+                            tokio::spawn(
+                                async move { termination::remove_pod(&ctx, &uid, 0).await },
+                            );
+                        }
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let live: HashSet<String> =
+                        reader.state().iter().filter_map(|p| p.uid()).collect();
+                    for (uid, w) in workers.iter() {
+                        if !live.contains(uid) {
+                            w.tx.send_replace(None);
+                        }
+                    }
+                    if !adopted {
+                        adopted = true;
+                        if let Err(e) = adopt::remove_orphans(&self.ctx, &live).await {
+                            tracing::warn!(error = %e, "removing orphaned sandboxes");
+                        }
+                    }
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node, error = %e, "pod watch");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        workers: &mut HashMap<String, Worker>,
+        rejected: &mut HashSet<String>,
+        pod: Pod,
+    ) {
+        let Some(uid) = pod.uid() else { return };
+        if let Some(w) = workers.get(&uid) {
+            w.tx.send_replace(Some(Arc::new(pod)));
+            return;
+        }
+        if rejected.contains(&uid) {
+            return;
+        }
+        if !acknowledged(&pod) && pod.metadata.deletion_timestamp.is_none() && !is_terminal(&pod) {
+            let others: Vec<Arc<Pod>> = workers
+                .values()
+                .filter_map(|w| w.tx.borrow().clone())
+                .filter(|p| !is_terminal(p) && p.metadata.deletion_timestamp.is_none())
+                .collect();
+            if let Err(r) = admit::admit(&pod, others.iter().map(|p| p.as_ref()), &self.allocatable)
+            {
+                tracing::info!(pod = %key(&pod), reason = %r.reason, "pod rejected");
+                rejected.insert(uid);
+                self.ctx.events.warning(&pod, &r.reason, r.message.clone());
+                let st = status::rejected(&pod, &r.reason, &r.message, &self.ctx.host_ip);
+                if let Err(e) = self.ctx.write_status(&pod, &st).await {
+                    tracing::warn!(pod = %key(&pod), error = %e, "writing the rejection");
+                }
+                return;
+            }
+        }
+        let (tx, rx) = watch::channel(Some(Arc::new(pod)));
+        let task = tokio::spawn(sync::worker(self.ctx.clone(), uid.clone(), rx));
+        workers.insert(uid, Worker { tx, task });
+    }
+}
+
+/// The workers; aborted when the sync loop ends (their pods stay running in the runtime;
+/// a new agent adopts them).
+#[derive(Default)]
+struct Workers(HashMap<String, Worker>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in self.0.values() {
+            w.task.abort();
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! One pass of a pod worker and the worker loop: observe the runtime, take the steps
+//! towards the spec (sandbox → images → init containers in order → containers → probes →
+//! restarts with back-off), write the status when it changed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use kube::ResourceExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::backoff::{Backoff, should_restart};
+use super::containers::{ConfigError, EnvSources, container_config, mounts, resolve_env};
+use super::images::{PullBackoff, PullPolicy, ensure_image, pull_policy};
+use super::probes::ProbeTracker;
+use super::sandbox::sandbox_config;
+use super::status::{self, Knowledge, Observed, SandboxView, is_exited, is_running};
+use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
+use crate::config::AgentConfig;
+use crate::runtime::{CONTAINER_NAME_LABEL, POD_UID_LABEL, Runtime, api};
+
+/// What a worker remembers about its pod between passes (lost on agent restart, which only
+/// resets back-offs and probe counters).
+#[derive(Debug, Default)]
+pub struct WorkerState {
+    crash: HashMap<String, Backoff>,
+    /// Exits already counted into the back-off (container ids).
+    counted: HashSet<String>,
+    pulls: PullBackoff,
+    probes: HashMap<String, ProbeTracker>,
+    know: Knowledge,
+    last_written: Option<PodStatus>,
+    /// When the deletion of the pod was first seen (the grace period counts from here).
+    pub(super) deleting_since: Option<Instant>,
+}
+
+/// The outcome of a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Run again after this long (or earlier, on a new object).
+    Wait(Duration),
+    /// The pod is gone: the worker ends.
+    Done,
+}
+
+/// The worker of one pod UID: passes until the pod is gone.
+pub async fn worker<R: Runtime + Clone>(
+    ctx: Arc<PodContext<R>>,
+    uid: String,
+    mut rx: watch::Receiver<Option<Arc<Pod>>>,
+) {
+    let mut st = WorkerState::default();
+    loop {
+        let pod = rx.borrow_and_update().clone();
+        let Some(pod) = pod else {
+            termination::remove_pod(&ctx, &uid, 0).await;
+            return;
+        };
+        let span = tracing::debug_span!("pod_sync", pod = %key(&pod), uid = %uid);
+        let _enter = span.enter();
+        drop(_enter);
+        let wait = match sync_pod(&ctx, &pod, &mut st).await {
+            Ok(Step::Done) => return,
+            Ok(Step::Wait(d)) => d,
+            Err(e) => {
+                tracing::warn!(pod = %key(&pod), error = %e, "pod sync");
+                ctx.config.pod_relist.max(Duration::from_millis(100))
+            }
+        };
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn uid_labels(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(POD_UID_LABEL.to_string(), uid.to_string())])
+}
+
+fn rt_err<'a>(
+    call: &'static str,
+    pod: &'a str,
+) -> impl FnOnce(crate::runtime::Error) -> Error + 'a {
+    move |source| Error::Runtime { call, pod: pod.to_string(), source }
+}
+
+/// What the runtime has for pod `uid`.
+pub async fn observe<R: Runtime>(runtime: &R, uid: &str) -> Result<Observed> {
+    let labels = uid_labels(uid);
+    let sandboxes =
+        runtime.list_pod_sandboxes(&labels).await.map_err(rt_err("ListPodSandbox", uid))?;
+    let newest =
+        sandboxes.iter().max_by_key(|s| (s.metadata.as_ref().map(|m| m.attempt), s.created_at));
+    let sandbox = match newest {
+        Some(sb) => {
+            let ready = sb.state == api::PodSandboxState::SandboxReady as i32;
+            let ip = match runtime.pod_sandbox_status(&sb.id).await {
+                Ok(s) => s.network.map(|n| n.ip).unwrap_or_default(),
+                Err(e) if e.is_not_found() => String::new(),
+                Err(e) => return Err(rt_err("PodSandboxStatus", uid)(e)),
+            };
+            Some(SandboxView {
+                id: sb.id.clone(),
+                ready,
+                ip,
+                attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+            })
+        }
+        None => None,
+    };
+    let mut containers: HashMap<String, Vec<api::ContainerStatus>> = HashMap::new();
+    for c in runtime.list_containers(&labels).await.map_err(rt_err("ListContainers", uid))? {
+        let status = match runtime.container_status(&c.id).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(rt_err("ContainerStatus", uid)(e)),
+        };
+        let name = c.labels.get(CONTAINER_NAME_LABEL).cloned().unwrap_or_default();
+        containers.entry(name).or_default().push(status);
+    }
+    for v in containers.values_mut() {
+        v.sort_by_key(|c| {
+            std::cmp::Reverse((c.metadata.as_ref().map(|m| m.attempt), c.created_at))
+        });
+    }
+    Ok(Observed { sandbox, containers })
+}
+
+/// The pod's own context for one pass.
+struct Pass<'a, R> {
+    ctx: &'a PodContext<R>,
+    pod: &'a Pod,
+    st: &'a mut WorkerState,
+    sandbox_id: String,
+    sandbox_config: api::PodSandboxConfig,
+    pod_ip: String,
+    volume_paths: Option<HashMap<String, PathBuf>>,
+    next: Duration,
+    /// Something was asked of the runtime: observe again before computing the status.
+    acted: bool,
+}
+
+impl<R: Runtime> Pass<'_, R> {
+    /// Sets the waiting reason of a container; true when it changed (events only then).
+    fn set_waiting(&mut self, name: &str, reason: &str, message: &str) -> bool {
+        let new = (reason.to_string(), message.to_string());
+        self.st.know.waiting.insert(name.to_string(), new.clone()) != Some(new)
+    }
+
+    fn wake_within(&mut self, d: Duration) {
+        self.next = self.next.min(d.max(Duration::from_millis(10)));
+    }
+
+    async fn volumes(
+        &mut self,
+        sources: &mut EnvSources<'_>,
+    ) -> Result<HashMap<String, PathBuf>, ConfigError> {
+        if let Some(v) = &self.volume_paths {
+            return Ok(v.clone());
+        }
+        let v = volumes::materialize(
+            sources,
+            &self.ctx.config,
+            self.pod,
+            &self.pod_ip,
+            &self.ctx.host_ip,
+        )
+        .await?;
+        self.volume_paths = Some(v.clone());
+        Ok(v)
+    }
+
+    /// Creates and starts one container instance (image, env, mounts, create, start).
+    async fn start(
+        &mut self,
+        c: &Container,
+        attempt: u32,
+        older: &[api::ContainerStatus],
+    ) -> Result<()> {
+        let pod_key = key(self.pod);
+        self.acted = true;
+        let image = c.image.clone().unwrap_or_default();
+        let backoff = self.ctx.config.backoff;
+        match ensure_image(
+            &self.ctx.runtime,
+            &image,
+            pull_policy(c),
+            &mut self.st.pulls,
+            backoff,
+            Some(&self.sandbox_config),
+        )
+        .await
+        {
+            Ok((_, pulled)) => {
+                let msg = if pulled {
+                    format!("Successfully pulled image \"{image}\"")
+                } else {
+                    format!("Container image \"{image}\" already present on machine")
+                };
+                self.ctx.events.normal(self.pod, "Pulled", msg);
+            }
+            Err(e) => {
+                tracing::info!(pod = %pod_key, container = %c.name, reason = e.reason, "image not available");
+                let wait = self.st.pulls.remaining(&image, Instant::now());
+                match e.reason {
+                    "ImagePullBackOff" => {
+                        if self.set_waiting(&c.name, e.reason, &e.message) {
+                            self.ctx.events.normal(self.pod, "BackOff", e.message.clone());
+                        }
+                    }
+                    _ => {
+                        self.ctx.events.warning(self.pod, "Failed", e.message.clone());
+                        self.ctx.events.warning(self.pod, "Failed", format!("Error: {}", e.reason));
+                    }
+                }
+                self.st.know.waiting.insert(c.name.clone(), (e.reason.to_string(), e.message));
+                if !wait.is_zero() {
+                    self.wake_within(wait);
+                }
+                return Ok(());
+            }
+        }
+        let client = self.ctx.client.clone();
+        let mut sources = EnvSources::new(&client, &self.pod.namespace().unwrap_or_default());
+        let prepared = async {
+            let env =
+                resolve_env(&mut sources, self.pod, c, &self.pod_ip, &self.ctx.host_ip).await?;
+            let paths = self.volumes(&mut sources).await?;
+            let m = mounts(c, &paths)?;
+            Ok::<_, ConfigError>((env, m))
+        }
+        .await;
+        let (env, m) = match prepared {
+            Ok(x) => x,
+            Err(ConfigError(msg)) => {
+                if self.set_waiting(&c.name, "CreateContainerConfigError", &msg) {
+                    self.ctx.events.warning(self.pod, "Failed", format!("Error: {msg}"));
+                }
+                return Ok(());
+            }
+        };
+        let log_dir = self.ctx.config.pod_log_dir(
+            &self.pod.namespace().unwrap_or_default(),
+            &self.pod.name_any(),
+            &self.pod.uid().unwrap_or_default(),
+        );
+        let container_logs = AgentConfig::container_log_dir(&log_dir, &c.name);
+        if let Err(e) = std::fs::create_dir_all(&container_logs) {
+            tracing::warn!(dir = %container_logs.display(), error = %e, "creating the container log directory");
+        }
+        let cfg = container_config(self.pod, c, attempt, &env, m);
+        let id = match self
+            .ctx
+            .runtime
+            .create_container(&self.sandbox_id, cfg, &self.sandbox_config)
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                let msg = e.to_string();
+                if self.set_waiting(&c.name, "CreateContainerError", &msg) {
+                    self.ctx.events.warning(self.pod, "Failed", format!("Error: {msg}"));
+                }
+                return Ok(());
+            }
+        };
+        self.ctx.events.normal(self.pod, "Created", format!("Created container {}", c.name));
+        self.st.know.waiting.remove(&c.name);
+        // Keep the newest dead instance as lastState; older ones go.
+        for old in older.iter().skip(1) {
+            if let Err(e) = self.ctx.runtime.remove_container(&old.id).await
+                && !e.is_not_found()
+            {
+                tracing::warn!(pod = %pod_key, id = %old.id, error = %e, "removing an old container");
+            }
+        }
+        tracing::info!(pod = %pod_key, container = %c.name, id = %id, attempt, "starting container");
+        if let Err(e) = self.ctx.runtime.start_container(&id).await {
+            // The runtime records the failed start on the container (StartError); the next
+            // pass handles it like any exit.
+            tracing::info!(pod = %pod_key, container = %c.name, error = %e, "container failed to start");
+            self.ctx.events.warning(self.pod, "Failed", format!("Error: {e}"));
+            self.wake_within(Duration::ZERO);
+        } else {
+            self.ctx.events.normal(self.pod, "Started", format!("Started container {}", c.name));
+        }
+        Ok(())
+    }
+
+    /// Restarts an exited container once its crash-loop back-off allows.
+    async fn restart(&mut self, c: &Container, instances: &[api::ContainerStatus]) -> Result<()> {
+        let Some(latest) = instances.first() else { return Ok(()) };
+        let now = Instant::now();
+        let cfg = self.ctx.config.backoff;
+        let b = self.st.crash.entry(c.name.clone()).or_insert_with(|| Backoff::new(cfg));
+        let fresh = self.st.counted.insert(latest.id.clone());
+        if fresh {
+            let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
+            b.ran_for(ran);
+            b.failed(now);
+        }
+        let remaining = b.remaining(now);
+        if fresh && !remaining.is_zero() {
+            let msg =
+                format!("Back-off restarting failed container {} in pod {}", c.name, key(self.pod));
+            self.ctx.events.warning(self.pod, "BackOff", msg);
+        }
+        if !remaining.is_zero() {
+            let message = format!(
+                "back-off {}s restarting failed container={} pod={}",
+                b.current().as_secs(),
+                c.name,
+                key(self.pod)
+            );
+            self.st.know.waiting.insert(c.name.clone(), ("CrashLoopBackOff".into(), message));
+            self.wake_within(remaining);
+            return Ok(());
+        }
+        let attempt = latest.metadata.as_ref().map(|m| m.attempt + 1).unwrap_or(1);
+        self.start(c, attempt, instances).await
+    }
+}
+
+/// A tracker for a container instance first seen by this worker: when the API already
+/// reports this very instance (an agent restart), its started/ready state carries over.
+fn seeded_tracker(
+    pod: &Pod,
+    c: &Container,
+    id: &str,
+    runtime_name: &str,
+    started: Instant,
+) -> ProbeTracker {
+    let tracker = ProbeTracker::new(id, c, started);
+    let full_id = format!("{runtime_name}://{id}");
+    let known = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|s| s.container_id.as_deref() == Some(full_id.as_str())));
+    match known {
+        Some(s) => tracker.seeded(s.started.unwrap_or(false), s.ready),
+        None => tracker,
+    }
+}
+
+/// One pass over `pod`.
+pub async fn sync_pod<R: Runtime>(
+    ctx: &PodContext<R>,
+    pod: &Pod,
+    st: &mut WorkerState,
+) -> Result<Step> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return termination::terminate(ctx, pod, st).await;
+    }
+    let uid = pod.uid().unwrap_or_default();
+    let relist = ctx.config.pod_relist;
+    if is_terminal(pod) {
+        termination::stop_all(ctx, pod, &uid).await?;
+        return Ok(Step::Wait(relist * 10));
+    }
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut obs = observe(&ctx.runtime, &uid).await?;
+    let policy = spec.restart_policy.clone();
+
+    // Sandbox.
+    if !obs.sandbox.as_ref().is_some_and(|s| s.ready) {
+        let attempt = match &obs.sandbox {
+            Some(dead) => {
+                tracing::info!(pod = %key(pod), sandbox = %dead.id, "sandbox is not ready; recreating it");
+                termination::remove_sandbox(&ctx.runtime, &dead.id, &uid).await?;
+                dead.attempt + 1
+            }
+            None => 0,
+        };
+        if let Some(step) = create_sandbox(ctx, pod, st, attempt).await? {
+            return Ok(step);
+        }
+        obs = observe(&ctx.runtime, &uid).await?;
+    }
+    let Some(sb) = obs.sandbox.clone() else { return Ok(Step::Wait(relist)) };
+    let mut pass = Pass {
+        ctx,
+        pod,
+        st,
+        sandbox_id: sb.id.clone(),
+        sandbox_config: sandbox_config(pod, &ctx.config, sb.attempt),
+        pod_ip: sb.ip.clone(),
+        volume_paths: None,
+        next: relist,
+        acted: false,
+    };
+
+    // Init containers, in order.
+    let mut initialized = true;
+    for c in spec.init_containers.iter().flatten() {
+        let instances = obs.containers.get(&c.name).cloned().unwrap_or_default();
+        match instances.first() {
+            Some(l) if is_exited(l) && l.exit_code == 0 => {
+                pass.st.know.waiting.remove(&c.name);
+                continue;
+            }
+            Some(l) if is_exited(l) => {
+                if policy.as_deref() != Some("Never") {
+                    pass.restart(c, &instances).await?;
+                }
+            }
+            Some(_) => {}
+            None => pass.start(c, 0, &[]).await?,
+        }
+        initialized = false;
+        break;
+    }
+
+    // Containers.
+    if initialized {
+        for c in &spec.containers {
+            let instances = obs.containers.get(&c.name).cloned().unwrap_or_default();
+            match instances.first() {
+                None => pass.start(c, 0, &[]).await?,
+                Some(l) if is_running(l) => {
+                    pass.st.know.waiting.remove(&c.name);
+                    let started = Instant::now();
+                    let tracker = pass.st.probes.entry(c.name.clone()).or_insert_with(|| {
+                        seeded_tracker(pod, c, &l.id, &ctx.runtime_name, started)
+                    });
+                    if tracker.container_id() != l.id {
+                        *tracker = ProbeTracker::new(&l.id, c, started);
+                    }
+                    let outcome = tracker.tick(&ctx.runtime, c, &pass.pod_ip).await;
+                    for m in &outcome.unhealthy {
+                        ctx.events.warning(pod, "Unhealthy", m.clone());
+                    }
+                    pass.st.know.ready.insert(c.name.clone(), tracker.ready(c));
+                    pass.st.know.started.insert(c.name.clone(), tracker.started());
+                    if let Some(next) = outcome.next_in {
+                        pass.wake_within(next);
+                    }
+                    if let Some(why) = outcome.kill {
+                        tracing::info!(pod = %key(pod), container = %c.name, %why, "killing container");
+                        let probe = if why.starts_with("Startup") { "startup" } else { "liveness" };
+                        ctx.events.normal(
+                            pod,
+                            "Killing",
+                            format!("Container {} failed {probe} probe, will be restarted", c.name),
+                        );
+                        let grace = c
+                            .liveness_probe
+                            .as_ref()
+                            .and_then(|p| p.termination_grace_period_seconds)
+                            .or(spec.termination_grace_period_seconds)
+                            .unwrap_or(30);
+                        termination::stop_container(ctx, pod, c, &l.id, grace).await;
+                        pass.acted = true;
+                        pass.st.know.ready.insert(c.name.clone(), false);
+                        pass.wake_within(Duration::ZERO);
+                    }
+                }
+                Some(l) if is_exited(l) => {
+                    pass.st.know.ready.insert(c.name.clone(), false);
+                    if should_restart(policy.as_deref(), l.exit_code) {
+                        pass.restart(c, &instances).await?;
+                    } else {
+                        pass.st.know.waiting.remove(&c.name);
+                    }
+                }
+                Some(l) => {
+                    // Created but never started (the agent died between the two calls).
+                    pass.acted = true;
+                    if let Err(e) = ctx.runtime.start_container(&l.id).await {
+                        tracing::info!(pod = %key(pod), container = %c.name, error = %e, "starting a created container");
+                    }
+                }
+            }
+        }
+    }
+    let next = pass.next;
+
+    // Status.
+    let obs = if pass.acted { observe(&ctx.runtime, &uid).await? } else { obs };
+    let computed = status::compute(pod, &obs, &st.know, &ctx.host_ip, &ctx.runtime_name);
+    let base = st.last_written.as_ref().or(pod.status.as_ref());
+    if status::differs(base, &computed) {
+        ctx.write_status(pod, &computed).await?;
+        tracing::debug!(pod = %key(pod), phase = ?computed.phase, "status written");
+        st.last_written = Some(computed);
+    }
+    Ok(Step::Wait(next))
+}
+
+/// Creates the pod's sandbox (volumes first, the sandbox image, then RunPodSandbox).
+/// Returns a step when the pass cannot go on.
+async fn create_sandbox<R: Runtime>(
+    ctx: &PodContext<R>,
+    pod: &Pod,
+    st: &mut WorkerState,
+    attempt: u32,
+) -> Result<Option<Step>> {
+    let relist = ctx.config.pod_relist;
+    let cfg = sandbox_config(pod, &ctx.config, attempt);
+    if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
+        tracing::warn!(dir = %cfg.log_directory, error = %e, "creating the pod log directory");
+    }
+    let backoff = ctx.config.backoff;
+    if let Err(e) = ensure_image(
+        &ctx.runtime,
+        &ctx.config.sandbox_image,
+        PullPolicy::IfNotPresent,
+        &mut st.pulls,
+        backoff,
+        None,
+    )
+    .await
+    {
+        tracing::warn!(pod = %key(pod), reason = e.reason, message = %e.message, "sandbox image");
+        let computed =
+            status::compute(pod, &Observed::default(), &st.know, &ctx.host_ip, &ctx.runtime_name);
+        if status::differs(st.last_written.as_ref().or(pod.status.as_ref()), &computed) {
+            ctx.write_status(pod, &computed).await?;
+            st.last_written = Some(computed);
+        }
+        return Ok(Some(Step::Wait(
+            relist.max(st.pulls.remaining(&ctx.config.sandbox_image, Instant::now())),
+        )));
+    }
+    tracing::info!(pod = %key(pod), attempt, "creating sandbox");
+    if let Err(e) = ctx.runtime.run_pod_sandbox(cfg).await {
+        ctx.events.warning(
+            pod,
+            "FailedCreatePodSandBox",
+            format!("Failed to create pod sandbox: {e}"),
+        );
+        return Err(rt_err("RunPodSandbox", &key(pod))(e));
+    }
+    Ok(None)
+}
