@@ -148,7 +148,7 @@ async fn exec_splices_the_upgraded_connection() {
         &client,
         node.addr(),
         "GET",
-        "/exec/default/web/app?command=sh&stdin=true&stdout=true&tty=true",
+        "/exec/default/web/app?command=sh&stdout=true&tty=true",
         &[
             ("Upgrade", "websocket"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
@@ -173,7 +173,24 @@ async fn exec_splices_the_upgraded_connection() {
     let execs = node.execs();
     assert_eq!(execs[0].cmd, vec!["echo", "hi"]);
     assert!(execs[0].stdout && !execs[0].stdin && !execs[0].tty);
-    assert!(execs[1].stdin && execs[1].tty);
+    assert!(!execs[1].stdin && execs[1].tty);
+
+    // v5 with stdin: refused (kubectl then falls back to SPDY), the runtime not asked.
+    let (head, _) = upgrade(
+        &client,
+        node.addr(),
+        "GET",
+        "/exec/default/web/app?command=cat&stdin=true&stdout=true",
+        &[
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Protocol", "v5.channel.k8s.io"),
+        ],
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert_eq!(node.execs().len(), 2);
 
     // No command: refused before the runtime is asked.
     let (head, _) = upgrade(

@@ -6,10 +6,13 @@
 //! channel protocols up to `v4.channel.k8s.io`. kubectl ≥ 1.30 asks for WebSocket
 //! `v5.channel.k8s.io` only: v5 frames are v4's (a channel byte, then data; 3 carries the
 //! Status, 4 resize) plus a CLOSE signal (channel 255) that v4 servers ignore. So a v5 request
-//! goes upstream as v4 and the answer's protocol is named v5 again; what is lost is the
-//! half-close of stdin (a command reading stdin to its end does not see EOF over WebSocket).
+//! without stdin goes upstream as v4 and the answer's protocol is named v5 again. With stdin
+//! the CLOSE signal matters (a command reading stdin to its end must see EOF), and v4 cannot
+//! carry it: such a request is refused with 400, on which kubectl falls back to SPDY/3.1,
+//! where stdin's end is the stream's FIN.
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -75,6 +78,7 @@ fn exec_request(
 
 pub(super) async fn exec<R: Runtime>(
     runtime: &R,
+    netns: Option<&Path>,
     req: Request<Incoming>,
     ns: &str,
     pod: &str,
@@ -99,6 +103,14 @@ pub(super) async fn exec<R: Runtime>(
         Ok(e) => e,
         Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
     };
+    if exec.stdin && v5_only(req.headers()) {
+        // kubectl ≥ 1.30 falls back to SPDY on any non-101 answer.
+        return text(
+            StatusCode::BAD_REQUEST,
+            "exec with stdin over WebSocket needs v5.channel.k8s.io's CLOSE signal, which the \
+             runtime's stream server lacks: use SPDY/3.1",
+        );
+    }
     let url = match runtime.exec(exec).await {
         Ok(u) => u,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("preparing exec: {e}")),
@@ -109,7 +121,7 @@ pub(super) async fn exec<R: Runtime>(
             format!("the runtime gave an unusable streaming URL {url}"),
         );
     };
-    proxy_upgrade(req, addr, &path).await
+    proxy_upgrade(req, addr, &path, netns).await
 }
 
 /// `http://127.0.0.1:PORT/exec/TOKEN` → the address and the path.
@@ -122,6 +134,22 @@ fn split_url(url: &str) -> Option<(SocketAddr, String)> {
     let addr: SocketAddr = authority.parse().ok()?;
     // The stream server is the runtime's, on this machine: never dial anything else.
     addr.ip().is_loopback().then(|| (addr, path.to_string()))
+}
+
+/// A WebSocket upgrade offering v5 and not v4: the CLOSE signal (stdin's end) cannot be
+/// passed on to a v4 server.
+fn v5_only(headers: &HeaderMap) -> bool {
+    let websocket = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let offered: Vec<&str> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(str::trim))
+        .collect();
+    websocket && offered.contains(&V5_CHANNEL) && !offered.contains(&V4_CHANNEL)
 }
 
 /// The WebSocket subprotocols to ask upstream for, and whether v5 was renamed to v4.
@@ -143,14 +171,40 @@ fn upstream_protocols(offered: &str) -> (String, bool) {
     (out.join(", "), renamed)
 }
 
-/// Replay an upgrade request to `addr` and splice the upgraded connections.
+/// A TCP connection to `addr`, from inside `netns` when given (the socket is made on a
+/// thread that entered the namespace, then used from here).
+async fn connect(addr: SocketAddr, netns: Option<&Path>) -> std::io::Result<tokio::net::TcpStream> {
+    let Some(netns) = netns else { return tokio::net::TcpStream::connect(addr).await };
+    let netns = netns.to_path_buf();
+    let std_stream = tokio::task::spawn_blocking(move || {
+        let ns = skiff_cni::netns::NetNs::open(&netns).map_err(std::io::Error::other)?;
+        skiff_cni::netns::run_in(&ns, || {
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(10))
+        })
+        .map_err(std::io::Error::other)?
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    std_stream.set_nonblocking(true)?;
+    tokio::net::TcpStream::from_std(std_stream)
+}
+
+/// Replay an upgrade request to `addr` (dialled from `netns` when given) and splice the
+/// upgraded connections.
 pub async fn proxy_upgrade(
     mut req: Request<Incoming>,
     addr: SocketAddr,
     path: &str,
+    netns: Option<&Path>,
 ) -> Response<Body> {
+    tracing::debug!(
+        upgrade = ?req.headers().get(header::UPGRADE),
+        protocols = ?req.headers().get(header::SEC_WEBSOCKET_PROTOCOL),
+        %addr,
+        "proxying an exec upgrade to the stream server"
+    );
     let client_upgrade = hyper::upgrade::on(&mut req);
-    let tcp = match tokio::net::TcpStream::connect(addr).await {
+    let tcp = match connect(addr, netns).await {
         Ok(t) => t,
         Err(e) => {
             return text(StatusCode::BAD_GATEWAY, format!("connecting to the stream server: {e}"));

@@ -73,6 +73,10 @@ pub struct StreamingConfig {
     pub allowed_client: String,
     /// Names and addresses in the self-signed serving certificate (hostname, node IPs).
     pub serving_names: Vec<String>,
+    /// The network namespace of the runtime's stream server (a loopback address) when it is
+    /// not the agent's own: a node living in a namespace of its own, as in the test rig.
+    /// `None` (the default) dials from the agent's namespace.
+    pub runtime_netns: Option<PathBuf>,
 }
 
 impl StreamingConfig {
@@ -84,6 +88,7 @@ impl StreamingConfig {
             client_ca,
             allowed_client: APISERVER_CLIENT_CN.to_string(),
             serving_names: vec!["localhost".into()],
+            runtime_netns: None,
         }
     }
 
@@ -303,7 +308,8 @@ async fn handle<R: Runtime>(
         }
         (&Method::GET | &Method::POST, ["exec", ns, pod, container]) => {
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
-            exec::exec(&state.runtime, req, &ns, &pod, &container, &query).await
+            let netns = state.config.runtime_netns.as_deref();
+            exec::exec(&state.runtime, netns, req, &ns, &pod, &container, &query).await
         }
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
         _ => text(StatusCode::NOT_FOUND, format!("404 page not found: {path}")),
