@@ -143,7 +143,7 @@ async fn exec_splices_the_upgraded_connection() {
         seen[0]
     );
 
-    // WebSocket v5 is asked upstream as v4 and answered as v5.
+    // WebSocket v4 passes through as it is.
     let (head, _io) = upgrade(
         &client,
         node.addr(),
@@ -153,13 +153,13 @@ async fn exec_splices_the_upgraded_connection() {
             ("Upgrade", "websocket"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
             ("Sec-WebSocket-Version", "13"),
-            ("Sec-WebSocket-Protocol", "v5.channel.k8s.io"),
+            ("Sec-WebSocket-Protocol", "v4.channel.k8s.io"),
         ],
     )
     .await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
-        head.to_ascii_lowercase().contains("sec-websocket-protocol: v5.channel.k8s.io"),
+        head.to_ascii_lowercase().contains("sec-websocket-protocol: v4.channel.k8s.io"),
         "{head}"
     );
     let seen = upstream.requests();
@@ -169,18 +169,12 @@ async fn exec_splices_the_upgraded_connection() {
         seen[1]
     );
 
-    // The exec request the runtime got.
-    let execs = node.execs();
-    assert_eq!(execs[0].cmd, vec!["echo", "hi"]);
-    assert!(execs[0].stdout && !execs[0].stdin && !execs[0].tty);
-    assert!(!execs[1].stdin && execs[1].tty);
-
-    // v5 with stdin: refused (kubectl then falls back to SPDY), the runtime not asked.
-    let (head, _) = upgrade(
+    // WebSocket v5: answered by the agent, the runtime driven over SPDY.
+    let (head, _io) = upgrade(
         &client,
         node.addr(),
         "GET",
-        "/exec/default/web/app?command=cat&stdin=true&stdout=true",
+        "/exec/default/web/app?command=cat&stdin=true&stdout=true&stderr=true",
         &[
             ("Upgrade", "websocket"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
@@ -189,8 +183,27 @@ async fn exec_splices_the_upgraded_connection() {
         ],
     )
     .await;
-    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
-    assert_eq!(node.execs().len(), 2);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("sec-websocket-protocol: v5.channel.k8s.io"), "{head}");
+    assert!(lower.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="), "{head}");
+    let seen = upstream.requests();
+    let up = seen[2].to_ascii_lowercase();
+    assert!(up.starts_with("post /exec/token123"), "{}", seen[2]);
+    assert!(
+        up.contains("upgrade: spdy/3.1")
+            && up.contains("x-stream-protocol-version: v4.channel.k8s.io"),
+        "{}",
+        seen[2]
+    );
+
+    // The exec request the runtime got.
+    let execs = node.execs();
+    assert_eq!(execs[0].cmd, vec!["echo", "hi"]);
+    assert!(execs[0].stdout && !execs[0].stdin && !execs[0].tty);
+    assert!(!execs[1].stdin && execs[1].tty);
+
+    assert!(execs[2].stdin && execs[2].stdout && execs[2].stderr);
 
     // No command: refused before the runtime is asked.
     let (head, _) = upgrade(

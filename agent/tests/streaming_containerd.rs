@@ -91,6 +91,10 @@ async fn ok(k: &Arc<Kubectl>, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_and_logs_against_containerd() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let rig = NodeRig::start(
         NodeRigConfig::default()
             .pod_cidr("10.244.231.0/24".parse().unwrap())
@@ -167,7 +171,7 @@ async fn kubectl_exec_and_logs_against_containerd() {
         .await;
         assert_eq!((code, out.as_str()), (3, "out\n"), "kubectl 1.{minor}: stderr {err:?}");
         assert!(err.contains("err"), "kubectl 1.{minor}: {err:?}");
-        // stdin to its end (1.33: the WebSocket attempt is refused, SPDY carries it).
+        // stdin to its end (1.33: WebSocket v5's CLOSE of stdin becomes the SPDY stream's FIN).
         let (code, out, err) = run(k, &["exec", "-i", "web", "--", "cat"], Some("a\nb\n")).await;
         assert_eq!((code, out.as_str()), (0, "a\nb\n"), "kubectl 1.{minor}: {err:?}");
         // A terminal (kubectl wants one on its own stdin: util-linux `script` gives it one).

@@ -15,6 +15,8 @@
 
 pub mod exec;
 pub mod logs;
+pub mod spdy;
+pub mod websocket;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
