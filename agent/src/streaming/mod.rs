@@ -346,68 +346,10 @@ async fn container_logs<R: Runtime>(
         Ok(o) => o,
         Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let containers = match find_containers(&state.runtime, ns, pod, container).await {
-        Ok(c) => c,
-        Err(e) => {
-            return text(StatusCode::INTERNAL_SERVER_ERROR, format!("listing containers: {e}"));
-        }
+    let (path, follow_id) = match resolve_log(state, ns, pod, container, opts.previous).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
     };
-    let Some(newest) = containers.first() else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("container \"{container}\" in pod \"{pod}\" is not available"),
-        );
-    };
-    let pod_dir = state.config.root_dir.join("pods").join(format!(
-        "{ns}_{pod}_{}",
-        newest.labels.get(runtime::POD_UID_LABEL).map(String::as_str).unwrap_or("")
-    ));
-    let current = match state.runtime.container_status(&newest.id).await {
-        Ok(s) => s,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("container status: {e}")),
-    };
-    let current_path = absolute(&pod_dir, &current.log_path);
-    let (path, follow_id) = if opts.previous {
-        let mut previous = None;
-        if let Some(older) = containers.get(1)
-            && let Ok(s) = state.runtime.container_status(&older.id).await
-            && !s.log_path.is_empty()
-        {
-            previous = Some(absolute(&pod_dir, &s.log_path));
-        }
-        let previous = match previous {
-            Some(p) => Some(p),
-            None => previous_log(&current_path).await,
-        };
-        match previous {
-            Some(p) => (p, None),
-            None => {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "previous terminated container \"{container}\" in pod \"{pod}\" not found"
-                    ),
-                );
-            }
-        }
-    } else {
-        (current_path, Some(newest.id.clone()))
-    };
-    if current.log_path.is_empty() && !opts.previous {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("container \"{container}\" in pod \"{pod}\" has no log"),
-        );
-    }
-    if let Err(e) = tokio::fs::metadata(&path).await {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!(
-                "reading log of container \"{container}\" in pod \"{pod}\": {}: {e}",
-                path.display()
-            ),
-        );
-    }
     let mut opts = opts;
     opts.follow &= follow_id.is_some();
     let (tx, rx) = mpsc::channel::<Bytes>(16);
@@ -426,6 +368,72 @@ async fn container_logs<R: Runtime>(
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// The log file to read, and the container to follow (none for a previous instance).
+async fn resolve_log<R: Runtime>(
+    state: &Arc<State<R>>,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    previous: bool,
+) -> Result<(PathBuf, Option<String>), Response<Body>> {
+    let mut containers = find_containers(&state.runtime, ns, pod, container)
+        .await
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("listing containers: {e}")))?;
+    let Some(newest) = containers.first().cloned() else {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!("container \"{container}\" in pod \"{pod}\" is not available"),
+        ));
+    };
+    // Instances of this pod only (a pod re-created under the same name has another UID).
+    let uid = newest.labels.get(runtime::POD_UID_LABEL).cloned().unwrap_or_default();
+    containers.retain(|c| c.labels.get(runtime::POD_UID_LABEL).map_or("", String::as_str) == uid);
+    let pod_dir = state.config.root_dir.join("pods").join(format!("{ns}_{pod}_{uid}"));
+    let current =
+        state.runtime.container_status(&newest.id).await.map_err(|e| {
+            text(StatusCode::INTERNAL_SERVER_ERROR, format!("container status: {e}"))
+        })?;
+    if current.log_path.is_empty() {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!("container \"{container}\" in pod \"{pod}\" has no log"),
+        ));
+    }
+    let current_path = absolute(&pod_dir, &current.log_path);
+    let (path, follow) = if previous {
+        // The previous instance's own status, else the kubelet's file naming.
+        let mut found = None;
+        if let Some(older) = containers.get(1)
+            && let Ok(s) = state.runtime.container_status(&older.id).await
+            && !s.log_path.is_empty()
+        {
+            found = Some(absolute(&pod_dir, &s.log_path));
+        }
+        if found.is_none() {
+            found = previous_log(&current_path).await;
+        }
+        let Some(path) = found else {
+            return Err(text(
+                StatusCode::BAD_REQUEST,
+                format!("previous terminated container \"{container}\" in pod \"{pod}\" not found"),
+            ));
+        };
+        (path, None)
+    } else {
+        (current_path, Some(newest.id))
+    };
+    if let Err(e) = tokio::fs::metadata(&path).await {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!(
+                "reading log of container \"{container}\" in pod \"{pod}\": {}: {e}",
+                path.display()
+            ),
+        ));
+    }
+    Ok((path, follow))
 }
 
 /// A log path as the runtime reports it: containerd gives it absolute; relative ones are
