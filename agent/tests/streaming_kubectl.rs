@@ -96,6 +96,27 @@ async fn kubectl_logs_through_the_apiserver() {
         assert!(err.contains("previous terminated container"), "{err}");
     }
 
+    // A node whose agent does not answer: an error, not a hang.
+    let k = Arc::new(c.server.kubectl(33));
+    kubectl(
+        &k,
+        &[
+            "create",
+            "-f",
+            &write_tmp(&c.node, "n2.yaml", "apiVersion: v1\nkind: Node\nmetadata:\n  name: n2\n"),
+        ],
+    )
+    .await;
+    let status = r#"{"status":{"addresses":[{"type":"InternalIP","address":"127.0.0.1"}],"daemonEndpoints":{"kubeletEndpoint":{"Port":1}}}}"#;
+    kubectl(&k, &["patch", "node", "n2", "--subresource=status", "--type=merge", "-p", status])
+        .await;
+    let lost = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: lost\nspec:\n  nodeName: n2\n  containers:\n  - name: app\n    image: skiff.test/tools:1\n";
+    kubectl(&k, &["create", "-f", &write_tmp(&c.node, "lost.yaml", lost)]).await;
+    let err = kubectl_fails(&k, &["logs", "lost"]).await;
+    assert!(err.contains("connecting to the node's agent at 127.0.0.1:1"), "{err}");
+    let err = kubectl_fails(&k, &["exec", "lost", "--", "true"]).await;
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+
     // A restart: --previous shows restart 0, the default the new instance.
     c.node.runtime.exit_container(&ct, 1).unwrap();
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);

@@ -27,6 +27,9 @@ use super::status::{ApiError, ApiResult};
 /// The kubelet's default port, when a Node does not advertise one.
 const DEFAULT_KUBELET_PORT: u16 = 10250;
 
+/// How long reaching an agent (TCP and TLS) may take.
+const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Upgrade request headers the agent (and behind it the runtime) needs.
 const FORWARDED_REQUEST: &[&str] = &[
     "connection",
@@ -231,12 +234,18 @@ async fn connect(client: &KubeletClient, addr: SocketAddr, upgrades: bool) -> Ap
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
         ApiError::service_unavailable(format!("{what} the node's agent at {addr}: {e}"))
     };
-    let tcp =
-        tokio::net::TcpStream::connect(addr).await.map_err(|e| unavailable("connecting to", &e))?;
-    let _ = tcp.set_nodelay(true);
-    let connector = tokio_rustls::TlsConnector::from(client.tls.clone());
-    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    let tls = connector.connect(name, tcp).await.map_err(|e| unavailable("TLS with", &e))?;
+    let dial = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| unavailable("connecting to", &e))?;
+        let _ = tcp.set_nodelay(true);
+        let connector = tokio_rustls::TlsConnector::from(client.tls.clone());
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        connector.connect(name, tcp).await.map_err(|e| unavailable("TLS with", &e))
+    };
+    let tls = tokio::time::timeout(DIAL_TIMEOUT, dial)
+        .await
+        .map_err(|_| unavailable("timed out reaching", &format!("{DIAL_TIMEOUT:?}")))??;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| unavailable("HTTP with", &e))?;
