@@ -229,10 +229,16 @@ fn node_address(node: &Value) -> Option<SocketAddr> {
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
+/// The agent could not be reached or failed mid-request: 500 without Retry-After, as
+/// upstream's "error dialing backend" (a 503 would make clients retry for 10 s).
+fn backend_error(message: String) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+}
+
 /// An HTTP/1.1 connection to the agent at `addr`, over TLS with the client certificate.
 async fn connect(client: &KubeletClient, addr: SocketAddr, upgrades: bool) -> ApiResult<Sender> {
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
-        ApiError::service_unavailable(format!("{what} the node's agent at {addr}: {e}"))
+        backend_error(format!("{what} the node's agent at {addr}: {e}"))
     };
     let dial = async {
         let tcp = tokio::net::TcpStream::connect(addr)
@@ -286,9 +292,10 @@ async fn agent_error(resp: http::Response<hyper::body::Incoming>) -> ApiError {
 async fn logs(client: &KubeletClient, addr: SocketAddr, path: &str) -> ApiResult<Response> {
     let mut sender = connect(client, addr, false).await?;
     let req = request(&Method::GET, addr, path).body(Empty::new()).map_err(ApiError::internal)?;
-    let resp = sender.send_request(req).await.map_err(|e| {
-        ApiError::service_unavailable(format!("asking the node's agent at {addr} for logs: {e}"))
-    })?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| backend_error(format!("asking the node's agent at {addr} for logs: {e}")))?;
     if resp.status() != StatusCode::OK {
         return Err(agent_error(resp).await);
     }
@@ -308,9 +315,10 @@ async fn upgrade(
     let mut sender = connect(client, addr, true).await?;
     let mut req = request(method, addr, path).body(Empty::new()).map_err(ApiError::internal)?;
     copy_headers(headers, req.headers_mut(), FORWARDED_REQUEST);
-    let mut resp = sender.send_request(req).await.map_err(|e| {
-        ApiError::service_unavailable(format!("exec through the node's agent at {addr}: {e}"))
-    })?;
+    let mut resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| backend_error(format!("exec through the node's agent at {addr}: {e}")))?;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Err(agent_error(resp).await);
     }
