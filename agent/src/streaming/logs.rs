@@ -236,21 +236,24 @@ pub async fn stream<L: Liveness>(
     if opts.limit_bytes == Some(0) {
         return Ok(());
     }
-    let mut data = Vec::new();
-    file.read_to_end(&mut data).await.map_err(read_err)?;
-    let mut lines = Vec::new();
-    decoder.feed(&data, &mut lines);
-    if let Some(since) = opts.since {
-        lines.retain(|l| l.time.is_none_or(|t| t >= since));
-    }
+    let mut offset = 0u64;
     if let Some(n) = opts.tail_lines {
+        // The last lines need the whole file (at most the runtime's rotation size).
+        let mut data = Vec::new();
+        file.read_to_end(&mut data).await.map_err(read_err)?;
+        offset = data.len() as u64;
+        let mut lines = Vec::new();
+        decoder.feed(&data, &mut lines);
+        if let Some(since) = opts.since {
+            lines.retain(|l| l.time.is_none_or(|t| t >= since));
+        }
         let skip = lines.len().saturating_sub(n);
         lines.drain(..skip);
+        if !sink.send(lines, None).await {
+            return Ok(());
+        }
     }
-    if !sink.send(lines, None).await || !opts.follow {
-        return Ok(());
-    }
-    let mut offset = data.len() as u64;
+    // Without a tail the file streams in chunks; then, when following, new data as it comes.
     let mut buf = vec![0u8; 64 * 1024];
     let mut idle_polls = 0u32;
     loop {
@@ -264,6 +267,9 @@ pub async fn stream<L: Liveness>(
                 return Ok(());
             }
             continue;
+        }
+        if !opts.follow {
+            return Ok(());
         }
         // Rotated or truncated under us: start over from the top of the new file.
         if let Ok(meta) = tokio::fs::metadata(path).await
