@@ -1,12 +1,17 @@
 //! The node-local DNS address: a dummy link `skiff-dns` holding the listen address as a
 //! /32 (/128), the way NodeLocal DNSCache holds 169.254.20.10, created and removed over
 //! rtnetlink in the caller's network namespace.
+//!
+//! Kernels built without the dummy driver (CONFIG_DUMMY unset, as on the lab machines)
+//! answer EOPNOTSUPP; the link is then a port-less bridge of the same name, which holds a
+//! local address just as well (local delivery does not depend on carrier).
 
 use std::net::IpAddr;
 
 use rtnetlink::packet_route::address::AddressScope;
-use rtnetlink::{Handle, LinkDummy, LinkUnspec};
+use rtnetlink::{Handle, LinkBridge, LinkDummy, LinkUnspec};
 use skiff_cni::pod::{delete_link, get_link};
+use tracing::debug;
 
 /// The dummy link carrying the DNS address.
 pub const DNS_LINK: &str = "skiff-dns";
@@ -29,6 +34,11 @@ pub enum Error {
     Vanished,
 }
 
+fn is_unsupported(err: &rtnetlink::Error) -> bool {
+    const EOPNOTSUPP: i32 = 95;
+    matches!(err, rtnetlink::Error::NetlinkError(m) if -m.raw_code() == EOPNOTSUPP)
+}
+
 fn nl(step: &'static str) -> impl FnOnce(rtnetlink::Error) -> Error {
     move |source| Error::Netlink { step, source }
 }
@@ -44,11 +54,18 @@ pub async fn ensure_listen_address(addr: IpAddr) -> Result<()> {
 /// namespace with `skiff_cni::netns::netlink_in`).
 pub async fn ensure_listen_address_with(h: &Handle, addr: IpAddr) -> Result<()> {
     if get_link(h, DNS_LINK).await.map_err(Error::Link)?.is_none() {
-        h.link()
-            .add(LinkDummy::new(DNS_LINK).build())
-            .execute()
-            .await
-            .map_err(nl("creating the dummy link"))?;
+        match h.link().add(LinkDummy::new(DNS_LINK).build()).execute().await {
+            Ok(()) => {}
+            Err(e) if is_unsupported(&e) => {
+                debug!("no dummy link driver in this kernel: using a bridge for {DNS_LINK}");
+                h.link()
+                    .add(LinkBridge::new(DNS_LINK).build())
+                    .execute()
+                    .await
+                    .map_err(nl("creating the bridge link"))?;
+            }
+            Err(e) => return Err(nl("creating the dummy link")(e)),
+        }
     }
     let link = get_link(h, DNS_LINK).await.map_err(Error::Link)?.ok_or(Error::Vanished)?;
     let index = link.header.index;
