@@ -2,8 +2,9 @@
 //!
 //! The stages, one module each: [`records`] synthesizes the records of one object (pure),
 //! [`cache`] keeps the [`zone`] index in step with the watches, [`server`] answers UDP and
-//! TCP queries from it, [`forward`] sends other names upstream with a bounded cache, and
-//! [`link`] puts the node-local listen address on a dummy link.
+//! TCP queries from it, [`forward`] sends other names upstream with a bounded cache,
+//! [`link`] puts the node-local listen address on a dummy link, and [`resolv`] gives each
+//! pod sandbox its resolv.conf (dnsPolicy, dnsConfig) pointing at it.
 //!
 //! ```no_run
 //! # async fn f(client: kube::Client) -> Result<(), skiff_agent::dns::Error> {
@@ -19,6 +20,7 @@ pub mod cache;
 pub mod forward;
 pub mod link;
 pub mod records;
+pub mod resolv;
 pub mod server;
 pub mod zone;
 
@@ -37,6 +39,7 @@ pub use link::{
     DNS_LINK, ensure_listen_address, ensure_listen_address_with, remove_listen_address,
     remove_listen_address_with,
 };
+pub use resolv::{ClusterDns, HostResolv, sandbox_dns_config};
 pub use server::DnsStats;
 
 /// The node-local DNS address (NodeLocal DNSCache's well-known link-local address).
@@ -256,6 +259,7 @@ pub async fn serve(client: kube::Client, config: DnsConfig) -> Result<DnsServer>
     let zone = Arc::new(RwLock::new(zone::Zone::new(apex.clone())));
     let (synced_tx, synced) = watch::channel(false);
     let handler = Arc::new(server::Handler {
+        apex: apex.clone(),
         zone: zone.clone(),
         synced: synced.clone(),
         forwarder: forward::Forwarder::new(

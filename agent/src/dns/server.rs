@@ -110,6 +110,8 @@ pub(crate) enum Step {
 
 /// Everything a query needs: the zone, the forwarder, the counters.
 pub(crate) struct Handler {
+    /// The cluster zone's apex (`cluster.local.`).
+    pub(crate) apex: Name,
     pub(crate) zone: Arc<RwLock<Zone>>,
     pub(crate) synced: watch::Receiver<bool>,
     pub(crate) forwarder: Forwarder,
@@ -191,7 +193,7 @@ impl Handler {
         let edns = request.edns.is_some();
         let mut msg = response_for(&request.metadata, edns, question);
         let name = question.name();
-        let in_zone = self.zone_read().contains(name);
+        let in_zone = self.apex.zone_of(name);
         if in_zone {
             bump(&self.counters.local);
             msg.metadata.authoritative = true;
