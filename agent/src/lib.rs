@@ -18,3 +18,5 @@ pub mod pods;
 pub mod runtime;
 pub mod simulate;
 pub mod streaming;
+#[cfg(feature = "testing")]
+pub mod testing;

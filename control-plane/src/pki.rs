@@ -1,5 +1,5 @@
-//! The cluster's PKI: a CA, the apiserver's serving certificate and the admin client
-//! certificate, generated on first start under the data dir and reused afterwards, plus the
+//! The cluster's PKI: a CA, the apiserver's serving certificate, the admin client
+//! certificate and the apiserver's client certificate towards the agents (logs, exec), generated on first start under the data dir and reused afterwards, plus the
 //! admin kubeconfig that kubectl uses as is.
 
 use std::net::IpAddr;
@@ -35,6 +35,11 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The common name of the apiserver's client certificate towards the agents' streaming
+/// endpoints (upstream's apiserver-kubelet-client); the agents serve only this name
+/// (skiff-agent's `streaming::APISERVER_CLIENT_CN`, the same string).
+pub const KUBELET_CLIENT_CN: &str = "skiff-apiserver";
+
 /// PEM files under `<data-dir>/pki`.
 pub struct Pki {
     pub dir: PathBuf,
@@ -44,6 +49,9 @@ pub struct Pki {
     pub server_key_pem: String,
     pub admin_cert_pem: String,
     pub admin_key_pem: String,
+    /// The apiserver's client certificate for the agents (CN [`KUBELET_CLIENT_CN`]).
+    pub kubelet_client_cert_pem: String,
+    pub kubelet_client_key_pem: String,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -125,6 +133,16 @@ impl Pki {
                 (c, k)
             }
         };
+        let (kubelet_client_cert_pem, kubelet_client_key_pem) =
+            match (read("apiserver-kubelet-client.crt"), read("apiserver-kubelet-client.key")) {
+                (Some(c), Some(k)) => (c, k),
+                _ => {
+                    let (c, k) = client_cert(&issuer, KUBELET_CLIENT_CN, &["system:masters"])?;
+                    write_private(&dir.join("apiserver-kubelet-client.key"), &k)?;
+                    write(&dir.join("apiserver-kubelet-client.crt"), &c)?;
+                    (c, k)
+                }
+            };
         Ok(Pki {
             dir,
             ca_cert_pem,
@@ -133,6 +151,8 @@ impl Pki {
             server_key_pem,
             admin_cert_pem,
             admin_key_pem,
+            kubelet_client_cert_pem,
+            kubelet_client_key_pem,
         })
     }
 
@@ -198,6 +218,85 @@ impl Pki {
             .map_err(Error::Tls)?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(cfg)
+    }
+
+    /// rustls client config for the agents' streaming endpoints: the apiserver's client
+    /// certificate, HTTP/1.1 (upgrades), and no verification of the agents' self-signed
+    /// serving certificates (upstream's default without --kubelet-certificate-authority).
+    pub fn kubelet_client_config(&self) -> Result<rustls::ClientConfig> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(self.kubelet_client_cert_pem.as_bytes())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::Load {
+                    path: self.dir.join("apiserver-kubelet-client.crt"),
+                    message: e.to_string(),
+                })?;
+        let key =
+            PrivateKeyDer::from_pem_slice(self.kubelet_client_key_pem.as_bytes()).map_err(|e| {
+                Error::Load {
+                    path: self.dir.join("apiserver-kubelet-client.key"),
+                    message: e.to_string(),
+                }
+            })?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(Error::Tls)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(UnverifiedServer(provider)))
+            .with_client_auth_cert(certs, key)
+            .map_err(Error::Tls)?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(cfg)
+    }
+}
+
+/// Accepts any serving certificate (signatures of the handshake are still checked).
+#[derive(Debug)]
+struct UnverifiedServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for UnverifiedServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

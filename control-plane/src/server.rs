@@ -106,8 +106,17 @@ pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
 pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let host = if config.listen.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        config.listen.ip().to_string()
+    };
+    let pki = Pki::load_or_create(&config.data_dir, std::slice::from_ref(&host))?;
     let store = open_store(&config).await?;
-    let api = ApiServer::start(store, config.api.clone()).await?;
+    let mut api_config = config.api.clone();
+    api_config.kubelet_client =
+        Some(apiserver::proxy::KubeletClient::new(pki.kubelet_client_config()?));
+    let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);
     // Several skiff-servers on one store: one active scheduler and one active controller
     // set at a time, through leader election on Leases (as kube-scheduler and
@@ -144,12 +153,6 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         });
     }
 
-    let host = if config.listen.ip().is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        config.listen.ip().to_string()
-    };
-    let pki = Pki::load_or_create(&config.data_dir, std::slice::from_ref(&host))?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen { addr: config.listen, source })?;

@@ -6,6 +6,7 @@ pub mod cache;
 mod discovery;
 mod handlers;
 pub mod negotiate;
+pub mod proxy;
 pub mod registry;
 pub mod request;
 pub mod selectors;
@@ -53,6 +54,9 @@ pub struct ApiConfig {
     /// How often store history is compacted to the revision seen one period earlier
     /// (upstream's --etcd-compaction-interval, 5 minutes).
     pub compaction_interval: Duration,
+    /// How pods/log and pods/exec reach the agents (the apiserver's client certificate);
+    /// without it those subresources answer 503.
+    pub kubelet_client: Option<proxy::KubeletClient>,
 }
 
 impl Default for ApiConfig {
@@ -64,6 +68,7 @@ impl Default for ApiConfig {
             default_watch_timeout: Duration::from_secs(1800),
             watch_history: 10_000,
             compaction_interval: Duration::from_secs(300),
+            kubelet_client: None,
         }
     }
 }
@@ -261,6 +266,9 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
         Some(Route::Group { group }) => discovery::group(server, &group),
         Some(Route::GroupVersion { group, version }) => {
             discovery::resource_list(server, &group, &version)
+        }
+        Some(Route::Resource(info)) if proxy::handles(&info) => {
+            proxy::serve(server, info, query, parts).await
         }
         Some(Route::Resource(info)) => {
             let body = match parts.method {

@@ -1,0 +1,328 @@
+//! A real node for tests (feature `testing`): its own network namespace, containerd, CNI
+//! (skiff-cni) and the test images, all torn down by RAII.
+//!
+//! [`NodeRig::start`] creates a uniquely named namespace `/run/netns/skr<pid>-<n>` (loopback
+//! up, the node address on `lo` as a /32), a directory `/run/skiff-test-<pid>-<n>/` for
+//! everything else (containerd root/state/runc root/config/log, CNI bin and conf dirs,
+//! skiff-cni's IPAM store, pod logs), installs skiff-cni, writes the conflist with the
+//! node's pod CIDR, starts containerd inside the namespace (nsenter) and imports
+//! `skiff.test/pause:1` and `skiff.test/tools:1`.
+//!
+//! Dropping the rig (also while unwinding from a panic) stops and removes every pod through
+//! CRI, stops containerd, kills whatever is left in the rig's cgroup parent and its shims,
+//! unmounts what containerd mounted under its directories, removes the cgroup parent in
+//! every hierarchy, deletes the namespace and removes the directory. Nothing is routed off
+//! the machine: the namespace has no link but `lo` and the pods' veths.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ipnetwork::Ipv4Network;
+
+use crate::containerd::{self, Containerd, ContainerdConfig};
+use crate::images;
+use crate::network::{self, CniSettings};
+use crate::runtime::cri::CriRuntime;
+use crate::runtime::{self, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL, Runtime, api};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`{command}` failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("running `{command}`")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("creating the node directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building the test images")]
+    Images(#[from] images::Error),
+    #[error("CNI setup")]
+    Network(#[from] network::Error),
+    #[error("starting containerd")]
+    Containerd(#[from] containerd::Error),
+    #[error("CRI")]
+    Runtime(#[from] runtime::Error),
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// What kind of node to start.
+#[derive(Debug, Clone)]
+pub struct NodeRigConfig {
+    /// The node's pod CIDR (written into the conflist).
+    pub pod_cidr: Ipv4Network,
+    /// The node's own address, put on `lo` in the namespace.
+    pub node_ip: Ipv4Addr,
+    /// The skiff-cni binary; default [`network::find_skiff_cni`] (beside the test binary's
+    /// target dir, `$SKIFF_CNI_BIN`, or `$PATH`).
+    pub skiff_cni: Option<PathBuf>,
+    /// Import the test images (default true).
+    pub import_images: bool,
+}
+
+impl Default for NodeRigConfig {
+    fn default() -> Self {
+        NodeRigConfig {
+            pod_cidr: Ipv4Network::new(Ipv4Addr::new(10, 244, 200, 0), 24)
+                .unwrap_or_else(|_| unreachable!("a /24 is a valid prefix")),
+            node_ip: Ipv4Addr::new(10, 250, 200, 1),
+            skiff_cni: None,
+            import_images: true,
+        }
+    }
+}
+
+impl NodeRigConfig {
+    pub fn pod_cidr(mut self, cidr: Ipv4Network) -> Self {
+        self.pod_cidr = cidr;
+        self
+    }
+
+    pub fn node_ip(mut self, ip: Ipv4Addr) -> Self {
+        self.node_ip = ip;
+        self
+    }
+}
+
+/// A real node: namespace + containerd + CNI + images. See the module docs.
+#[derive(Debug)]
+pub struct NodeRig {
+    netns: String,
+    dir: PathBuf,
+    config: ContainerdConfig,
+    cni: CniSettings,
+    node_ip: Ipv4Addr,
+    // Option so Drop can stop it before cleaning up.
+    containerd: Option<Containerd>,
+    netns_created: bool,
+}
+
+impl NodeRig {
+    /// Starts a node (needs root, containerd, runc, ctr, nsenter, ip, busybox-static and a
+    /// built skiff-cni).
+    pub async fn start(cfg: NodeRigConfig) -> Result<NodeRig> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let netns = format!("skr{}-{n}", pid % 100_000);
+        let dir = PathBuf::from(format!("/run/skiff-test-{pid}-{n}"));
+        let config = ContainerdConfig::under(&dir);
+        let cni = CniSettings::new(cfg.pod_cidr).data_dir(dir.join("ipam"));
+        // The guard exists from here on: a failure below cleans up what was made.
+        let mut rig = NodeRig {
+            netns,
+            dir,
+            config,
+            cni,
+            node_ip: cfg.node_ip,
+            containerd: None,
+            netns_created: false,
+        };
+        std::fs::create_dir_all(&rig.dir)
+            .map_err(|source| Error::Dir { path: rig.dir.clone(), source })?;
+        run(Command::new("ip").args(["netns", "add", &rig.netns]))?;
+        rig.netns_created = true;
+        run(&mut rig.command(&["ip", "link", "set", "lo", "up"]))?;
+        run(&mut rig.command(&["ip", "addr", "add", &format!("{}/32", cfg.node_ip), "dev", "lo"]))?;
+
+        let skiff_cni = match cfg.skiff_cni {
+            Some(p) => p,
+            None => network::find_skiff_cni()?,
+        };
+        network::install_cni_from(&rig.config.cni_bin_dir, &skiff_cni)?;
+        network::write_cni_config(&rig.config.cni_conf_dir, &rig.cni)?;
+        rig.containerd = Some(Containerd::start(&rig.config, Some(&rig.netns)).await?);
+        if cfg.import_images {
+            let archives = images::build_test_images(&rig.dir.join("images"))?;
+            for a in &archives {
+                images::import(&rig.config.socket, a).await?;
+            }
+        }
+        Ok(rig)
+    }
+
+    /// The namespace's name (`/run/netns/<name>`).
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.netns))
+    }
+
+    /// The rig's directory (everything but the namespace and cgroups lives under it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// containerd's CRI socket.
+    pub fn socket(&self) -> &Path {
+        &self.config.socket
+    }
+
+    pub fn containerd_config(&self) -> &ContainerdConfig {
+        &self.config
+    }
+
+    pub fn cni_settings(&self) -> &CniSettings {
+        &self.cni
+    }
+
+    pub fn node_ip(&self) -> Ipv4Addr {
+        self.node_ip
+    }
+
+    /// The cgroup parent pods of this node must use (removed on drop).
+    pub fn cgroup_parent(&self) -> &str {
+        &self.config.cgroup_parent
+    }
+
+    /// The running containerd (to restart or stop it).
+    pub fn containerd(&mut self) -> Option<&mut Containerd> {
+        self.containerd.as_mut()
+    }
+
+    /// containerd's log so far (for assertion messages).
+    pub fn containerd_log(&self) -> String {
+        std::fs::read_to_string(&self.config.log_file).unwrap_or_default()
+    }
+
+    /// A fresh CRI client.
+    pub async fn runtime(&self) -> Result<CriRuntime> {
+        Ok(CriRuntime::connect(&self.config.socket).await?)
+    }
+
+    /// A command run inside the node namespace (`nsenter --net=...`, host mount namespace).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns)).args(args);
+        c
+    }
+
+    /// Runs a command in the node namespace; its stdout, or an error with its stderr.
+    pub fn exec(&self, args: &[&str]) -> Result<String> {
+        run(&mut self.command(args))
+    }
+
+    /// A sandbox config fit for this node: metadata and the pod labels, hostname, the
+    /// node's cgroup parent, a log directory under the rig's directory, a PID namespace
+    /// per container (containers should ask for the same in their own
+    /// `linux.security_context.namespace_options`).
+    pub fn sandbox_config(&self, namespace: &str, name: &str, uid: &str) -> api::PodSandboxConfig {
+        api::PodSandboxConfig {
+            metadata: Some(api::PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: self
+                .dir
+                .join("pods")
+                .join(format!("{namespace}_{name}_{uid}"))
+                .to_string_lossy()
+                .into_owned(),
+            labels: HashMap::from([
+                (POD_UID_LABEL.to_string(), uid.to_string()),
+                (POD_NAME_LABEL.to_string(), name.to_string()),
+                (POD_NAMESPACE_LABEL.to_string(), namespace.to_string()),
+            ]),
+            linux: Some(api::LinuxPodSandboxConfig {
+                cgroup_parent: self.config.cgroup_parent.clone(),
+                // CRI's default (0) is NamespaceMode::POD for every namespace, a shared PID
+                // namespace included; the kubelet asks for per-container PIDs.
+                security_context: Some(api::LinuxSandboxSecurityContext {
+                    namespace_options: Some(api::NamespaceOption {
+                        pid: api::NamespaceMode::Container as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Stops and removes every sandbox (and so every container) through CRI.
+    pub async fn remove_all_pods(&self) -> Result<()> {
+        let cri = self.runtime().await?;
+        for sb in cri.list_pod_sandboxes(&HashMap::new()).await? {
+            cri.stop_pod_sandbox(&sb.id).await?;
+            cri.remove_pod_sandbox(&sb.id).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NodeRig {
+    fn drop(&mut self) {
+        // Pods through CRI first (their network goes through CNI DEL), on a thread of its
+        // own: Drop may run inside a tokio runtime, which cannot be blocked on.
+        if self.containerd.as_ref().is_some_and(|c| c.pid().is_some()) {
+            let socket = self.config.socket.clone();
+            let result = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                rt.block_on(async move {
+                    let cri = CriRuntime::connect(&socket)
+                        .await
+                        .map_err(|e| std::io::Error::other(e.to_string()))?
+                        .with_request_timeout(std::time::Duration::from_secs(20));
+                    let sandboxes = cri
+                        .list_pod_sandboxes(&HashMap::new())
+                        .await
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                    for sb in sandboxes {
+                        let _ = cri.stop_pod_sandbox(&sb.id).await;
+                        let _ = cri.remove_pod_sandbox(&sb.id).await;
+                    }
+                    Ok::<_, std::io::Error>(())
+                })
+            })
+            .join();
+            if let Ok(Err(e)) = result {
+                tracing::warn!(error = %e, "rig: removing pods through CRI");
+            }
+        }
+        if let Some(mut c) = self.containerd.take() {
+            c.stop();
+        }
+        if let Err(e) = containerd::cleanup(&self.config) {
+            tracing::warn!(error = %e, "rig: containerd cleanup");
+        }
+        if self.netns_created {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.netns])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let command = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| Error::Spawn { command: command.clone(), source })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
