@@ -33,6 +33,9 @@ struct Args {
     /// Pod CIDR of the cluster; nodes get a /24 each (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
+    /// Terminated pods kept before the pod GC deletes the oldest (0 disables).
+    #[arg(long, default_value_t = 12500)]
+    terminated_pod_gc_threshold: usize,
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
@@ -64,6 +67,7 @@ async fn main() -> Result<()> {
                 Cidr::parse(&args.cluster_cidr)
                     .with_context(|| format!("--cluster-cidr {:?}", args.cluster_cidr))?,
             ),
+            terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
             ..Default::default()
         };
         config.controllers = Some(controllers);
