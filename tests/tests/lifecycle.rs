@@ -313,3 +313,51 @@ async fn lost_node_pods_are_recreated_elsewhere_and_collected_when_out_of_servic
         .await;
     assert_eq!(running().await.len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_service_names_the_advertised_apiserver_address() {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = skiff_control_plane::server::ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        // A documentation address: Endpoints may not name loopback.
+        advertise_address: Some("192.0.2.7".parse().expect("ip")),
+        controllers: Some(ControllerConfig::default()),
+        ..Default::default()
+    };
+    let server = skiff_tests::TestServer::start_with(dir, config);
+    let port = i32::from(server.addr.port());
+    let kubeconfig = Kubeconfig::read_from(&server.kubeconfig).expect("kubeconfig");
+    let client = Client::try_from(
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("client config"),
+    )
+    .expect("client");
+    let eps: Api<Endpoints> = Api::namespaced(client.clone(), "default");
+    wait_for("kubernetes endpoints", || async {
+        eps.get_opt("kubernetes").await.expect("get").is_some_and(|e| {
+            let s = e.subsets.unwrap_or_default();
+            s.len() == 1
+                && s[0].addresses.as_ref().is_some_and(|a| a.len() == 1 && a[0].ip == "192.0.2.7")
+                && s[0].ports.as_ref().is_some_and(|p| p[0].port == port)
+        })
+    })
+    .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    wait_for("kubernetes endpoint slice", || async {
+        slices.get_opt("kubernetes").await.expect("get").is_some_and(|s| {
+            s.endpoints.iter().flat_map(|e| e.addresses.iter()).eq(["192.0.2.7"].iter())
+                && s.ports.as_ref().is_some_and(|p| p[0].port == Some(port))
+        })
+    })
+    .await;
+    let svc = Api::<Service>::namespaced(client, "default").get("kubernetes").await.expect("svc");
+    let ports = svc.spec.and_then(|s| s.ports).expect("ports");
+    assert_eq!(
+        ports[0].target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)),
+        "the https port targets the port the apiserver serves on"
+    );
+}
