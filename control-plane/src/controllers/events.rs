@@ -6,15 +6,25 @@
 //!   are aggregated into one Event "(combined from similar events): <latest message>";
 //! - a spam filter per (component, object): a token bucket of 25 events refilled with one
 //!   every 5 minutes; events beyond it are dropped.
+//!
+//! Writing is asynchronous, as client-go's broadcaster: `record` decides at once and queues
+//! the write (at most [`QUEUE_LEN`] waiting, beyond that events are dropped and counted);
+//! a background task writes with [`WRITERS`] requests in flight, so a burst of events
+//! (one Scheduled event per pod) never competes with the component's real work for more
+//! than a few of the apiserver's request slots.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Event type: "Normal" or "Warning".
@@ -41,6 +51,10 @@ const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 /// Entries kept per cache before pruning (client-go's LRU size).
 const CACHE_SIZE: usize = 4096;
 pub const AGGREGATE_PREFIX: &str = "(combined from similar events): ";
+/// Events waiting to be written before new ones are dropped (client-go keeps 1000).
+pub const QUEUE_LEN: usize = 10_000;
+/// Event writes in flight (client-go writes one at a time per sink).
+pub const WRITERS: usize = 4;
 
 /// What the correlator decided for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,28 +208,67 @@ fn event_name(base: &str, seq: u64) -> String {
     format!("{base}.{:x}", nanos.wrapping_add(seq))
 }
 
-/// Records Events for one component ("default-scheduler", "deployment-controller", ...).
-pub struct EventRecorder {
+/// One queued Event write.
+struct Write {
+    reference: ObjectReference,
+    namespace: String,
+    kind: EventType,
+    reason: String,
+    outcome: Outcome,
+    at: Time,
+}
+
+/// What the writer task shares with the recorder.
+struct Sink {
     client: Client,
     component: String,
     host: Option<String>,
     correlator: Mutex<Correlator>,
+    dropped: AtomicU64,
+}
+
+/// Records Events for one component ("default-scheduler", "deployment-controller", ...).
+/// Must be created inside a tokio runtime (it spawns its writer task, which ends once the
+/// recorder is dropped and its queue is written).
+pub struct EventRecorder {
+    sink: Arc<Sink>,
+    tx: mpsc::Sender<Write>,
 }
 
 impl EventRecorder {
     pub fn new(client: Client, component: impl Into<String>) -> Self {
-        EventRecorder {
+        Self::build(client, component.into(), None)
+    }
+
+    fn build(client: Client, component: String, host: Option<String>) -> Self {
+        let sink = Arc::new(Sink {
             client,
-            component: component.into(),
-            host: None,
+            component,
+            host,
             correlator: Mutex::new(Correlator::default()),
-        }
+            dropped: AtomicU64::new(0),
+        });
+        let (tx, rx) = mpsc::channel::<Write>(QUEUE_LEN);
+        let writer = sink.clone();
+        tokio::spawn(async move {
+            tokio_stream::wrappers::ReceiverStream::new(rx)
+                .for_each_concurrent(WRITERS, |w| {
+                    let sink = writer.clone();
+                    async move { sink.write(w).await }
+                })
+                .await;
+        });
+        EventRecorder { sink, tx }
     }
 
     /// Events from a node agent carry the node as `source.host`.
-    pub fn with_host(mut self, host: impl Into<String>) -> Self {
-        self.host = Some(host.into());
-        self
+    pub fn with_host(self, host: impl Into<String>) -> Self {
+        Self::build(self.sink.client.clone(), self.sink.component.clone(), Some(host.into()))
+    }
+
+    /// Events dropped because the write queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.sink.dropped.load(Ordering::Relaxed)
     }
 
     /// Record an event about `obj`. Failures are logged, never returned: events are best
@@ -235,23 +288,49 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) {
-        let ns = reference.namespace.clone().unwrap_or_else(|| "default".into());
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
         let base = reference.name.clone().unwrap_or_else(|| "object".into());
         let object = reference
             .uid
             .clone()
             .unwrap_or_else(|| format!("{}/{base}", reference.kind.as_deref().unwrap_or_default()));
         let outcome = {
-            let mut c = self.correlator.lock().unwrap_or_else(|e| e.into_inner());
-            c.correlate(&self.component, &ns, &object, &base, kind, reason, message, Instant::now())
+            let mut c = self.sink.correlator.lock().unwrap_or_else(|e| e.into_inner());
+            c.correlate(
+                &self.sink.component,
+                &namespace,
+                &object,
+                &base,
+                kind,
+                reason,
+                message,
+                Instant::now(),
+            )
         };
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        if outcome == Outcome::Skip {
+            return;
+        }
+        let at = Time(k8s_openapi::jiff::Timestamp::now());
+        let w = Write { reference, namespace, kind, reason: reason.to_string(), outcome, at };
+        if self.tx.try_send(w).is_err() {
+            let n = self.sink.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(component = %self.sink.component, dropped = n,
+                    "event queue full: events dropped");
+            }
+        }
+    }
+}
+
+impl Sink {
+    async fn write(&self, w: Write) {
+        let Write { reference, namespace, kind, reason, outcome, at } = w;
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let (name, message, count) = match outcome {
             Outcome::Skip => return,
             Outcome::Create { name, message } => (name, message, 1),
             Outcome::Bump { name, message, count } => {
-                let patch = serde_json::json!({"count": count, "lastTimestamp": now,
+                let patch = serde_json::json!({"count": count, "lastTimestamp": at,
                                                "message": message});
                 match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                     Ok(_) => return,
@@ -267,16 +346,16 @@ impl EventRecorder {
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                namespace: Some(ns),
+                namespace: Some(namespace),
                 ..Default::default()
             },
             involved_object: reference,
-            reason: Some(reason.into()),
+            reason: Some(reason.clone()),
             message: Some(message),
             type_: Some(kind.as_str().into()),
             count: Some(count),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
+            first_timestamp: Some(at.clone()),
+            last_timestamp: Some(at),
             source: Some(EventSource {
                 component: Some(self.component.clone()),
                 host: self.host.clone(),
@@ -287,7 +366,7 @@ impl EventRecorder {
         };
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => {}
-            // A concurrent record of the same event created it first: it is counted.
+            // A concurrent write of the same event created it first: it is counted.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => {
                 tracing::debug!(error = %e, reason, "recording an event");
@@ -300,7 +379,7 @@ impl EventRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::testutil::{api, pod};
+    use crate::controllers::testutil::{api, pod, wait_for};
     use kube::api::ListParams;
 
     fn rec(c: &mut Correlator, object: &str, reason: &str, message: &str, now: Instant) -> Outcome {
@@ -376,11 +455,14 @@ mod tests {
         for _ in 0..30 {
             r.record(&p, EventType::Warning, "FailedScheduling", "0/3 nodes are available").await;
         }
-        let events = Api::<Event>::namespaced(client, "default")
-            .list(&ListParams::default())
-            .await
-            .expect("events")
-            .items;
+        let events: Api<Event> = Api::namespaced(client, "default");
+        let list = || async { events.list(&ListParams::default()).await.expect("events").items };
+        wait_for("the count to reach 25", || async {
+            list().await.first().and_then(|e| e.count) == Some(25)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let events = list().await;
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!(events[0].count, Some(25), "the spam filter stops at the burst");
         assert_eq!(events[0].message.as_deref(), Some("0/3 nodes are available"));
