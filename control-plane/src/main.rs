@@ -33,6 +33,13 @@ struct Args {
     /// Pod CIDR of the cluster; nodes get a /24 each (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
+    /// Address the `kubernetes` Service's endpoints name (default: the listen address, or
+    /// the host's address when listening on all addresses).
+    #[arg(long)]
+    advertise_address: Option<std::net::IpAddr>,
+    /// Terminated pods kept before the pod GC deletes the oldest (0 disables).
+    #[arg(long, default_value_t = 12500)]
+    terminated_pod_gc_threshold: usize,
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
@@ -47,8 +54,12 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let mut config =
-        ServerConfig { data_dir: args.data_dir, listen: args.listen, ..Default::default() };
+    let mut config = ServerConfig {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        advertise_address: args.advertise_address,
+        ..Default::default()
+    };
     config.api.service_cidr = Cidr::parse(&args.service_cluster_ip_range).with_context(|| {
         format!("--service-cluster-ip-range {:?}", args.service_cluster_ip_range)
     })?;
@@ -64,6 +75,7 @@ async fn main() -> Result<()> {
                 Cidr::parse(&args.cluster_cidr)
                     .with_context(|| format!("--cluster-cidr {:?}", args.cluster_cidr))?,
             ),
+            terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
             ..Default::default()
         };
         config.controllers = Some(controllers);

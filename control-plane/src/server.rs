@@ -1,6 +1,6 @@
 //! Running skiff-server: open the store, start the apiserver, serve HTTPS.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +38,10 @@ pub struct ServerConfig {
     pub controllers: Option<crate::controllers::ControllerConfig>,
     /// Run the scheduler in process while holding the `kube-scheduler` Lease.
     pub scheduler: Option<crate::scheduler::SchedulerConfig>,
+    /// `--advertise-address`: the address the `kubernetes` Service's endpoints name. By
+    /// default the listen address, or when that is unspecified the host's address on the
+    /// interface of its default route (as upstream's `ChooseHostInterface`).
+    pub advertise_address: Option<IpAddr>,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +53,7 @@ impl Default for ServerConfig {
             api: ApiConfig::default(),
             controllers: None,
             scheduler: None,
+            advertise_address: None,
         }
     }
 }
@@ -118,11 +123,19 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         Some(apiserver::proxy::KubeletClient::new(pki.kubelet_client_config()?));
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let addr =
+        listener.local_addr().map_err(|source| Error::Listen { addr: config.listen, source })?;
     // Several skiff-servers on one store: one active scheduler and one active controller
     // set at a time, through leader election on Leases (as kube-scheduler and
     // kube-controller-manager do).
     let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
-    if let Some(cc) = config.controllers.clone() {
+    if let Some(mut cc) = config.controllers.clone() {
+        if cc.apiserver_endpoint.is_none() {
+            cc.apiserver_endpoint = apiserver_endpoint(&config, addr.port());
+        }
         let client = api.client();
         let id = identity.clone();
         tokio::spawn(async move {
@@ -153,11 +166,6 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         });
     }
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| Error::Listen { addr: config.listen, source })?;
-    let addr =
-        listener.local_addr().map_err(|source| Error::Listen { addr: config.listen, source })?;
     let kubeconfig = config.data_dir.join("admin.kubeconfig");
     pki.write_admin_kubeconfig(&kubeconfig, &format!("https://{host}:{}", addr.port()))?;
     let acceptor = TlsAcceptor::from(Arc::new(pki.server_config()?));
@@ -197,8 +205,126 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     Ok(Running { addr, api, kubeconfig })
 }
 
+/// The (address, port) the `kubernetes` Service's endpoints name; `None` when only a
+/// loopback address is known (Endpoints may not hold loopback addresses).
+fn apiserver_endpoint(config: &ServerConfig, port: u16) -> Option<(String, u16)> {
+    let ip = config.advertise_address.or_else(|| {
+        let listen = config.listen.ip();
+        if listen.is_unspecified() { host_address().map(IpAddr::V4) } else { Some(listen) }
+    });
+    match ip {
+        Some(ip) if !ip.is_loopback() && !ip.is_unspecified() => Some((ip.to_string(), port)),
+        _ => {
+            tracing::info!(
+                "no non-loopback advertise address: the kubernetes Service gets no endpoints"
+            );
+            None
+        }
+    }
+}
+
+/// The host's IPv4 address on the interface of its default route (else any non-loopback
+/// local address), from /proc/net/route and /proc/net/fib_trie.
+pub fn host_address() -> Option<Ipv4Addr> {
+    let route = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let trie = std::fs::read_to_string("/proc/net/fib_trie").ok()?;
+    choose_host_address(&route, &trie)
+}
+
+/// [`host_address`] on the two files' contents.
+pub fn choose_host_address(route: &str, fib_trie: &str) -> Option<Ipv4Addr> {
+    // /proc/net/route: Iface Destination Gateway Flags RefCnt Use Metric Mask ..., the
+    // addresses in little-endian hex.
+    let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(|v| Ipv4Addr::from(v.swap_bytes()));
+    let rows: Vec<(String, Ipv4Addr, Ipv4Addr)> = route
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.to_string(), hex(f.get(1)?)?, hex(f.get(7)?)?))
+        })
+        .collect();
+    let default_iface = rows
+        .iter()
+        .find(|(_, dst, mask)| dst.is_unspecified() && mask.is_unspecified())
+        .map(|(i, _, _)| i.clone());
+    let subnets: Vec<(u32, u32)> = rows
+        .iter()
+        .filter(|(i, _, mask)| Some(i) == default_iface.as_ref() && !mask.is_unspecified())
+        .map(|(_, dst, mask)| (u32::from(*dst), u32::from(*mask)))
+        .collect();
+    // /proc/net/fib_trie: "|-- <ip>" followed by "/32 host LOCAL" is a local address.
+    let mut locals: Vec<Ipv4Addr> = Vec::new();
+    let mut last: Option<Ipv4Addr> = None;
+    for line in fib_trie.lines() {
+        let t = line.trim();
+        if let Some(ip) = t.strip_prefix("|-- ") {
+            last = ip.parse().ok();
+        } else if t == "/32 host LOCAL"
+            && let Some(ip) = last
+            && !ip.is_loopback()
+            && !locals.contains(&ip)
+        {
+            locals.push(ip);
+        }
+    }
+    locals
+        .iter()
+        .find(|ip| subnets.iter().any(|(net, mask)| u32::from(**ip) & mask == *net))
+        .or(locals.first())
+        .copied()
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "skiff-server".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTE: &str =
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0
+eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+";
+
+    const TRIE: &str = "Local:
+  +-- 0.0.0.0/0 3 0 5
+     +-- 127.0.0.0/8 2 0 2
+           |-- 127.0.0.1
+              /32 host LOCAL
+     |-- 172.17.0.1
+        /32 host LOCAL
+     +-- 192.0.2.0/24 2 0 2
+           |-- 192.0.2.0
+              /24 link UNICAST
+           |-- 192.0.2.2
+              /32 host LOCAL
+        |-- 192.0.2.255
+           /32 link BROADCAST
+";
+
+    #[test]
+    fn host_address_is_on_the_default_route_interface() {
+        assert_eq!(choose_host_address(ROUTE, TRIE), Some(Ipv4Addr::new(192, 0, 2, 2)));
+        // Without a default route: any non-loopback local address.
+        assert_eq!(choose_host_address("", TRIE), Some(Ipv4Addr::new(172, 17, 0, 1)));
+        assert_eq!(choose_host_address(ROUTE, "|-- 127.0.0.1\n/32 host LOCAL\n"), None);
+    }
+
+    #[test]
+    fn loopback_advertise_addresses_get_no_endpoints() {
+        let mut c =
+            ServerConfig { listen: "127.0.0.1:6443".parse().expect("addr"), ..Default::default() };
+        assert_eq!(apiserver_endpoint(&c, 6443), None);
+        c.advertise_address = Some("192.0.2.7".parse().expect("ip"));
+        assert_eq!(apiserver_endpoint(&c, 7443), Some(("192.0.2.7".into(), 7443)));
+        c.advertise_address = None;
+        c.listen = "192.0.2.8:6443".parse().expect("addr");
+        assert_eq!(apiserver_endpoint(&c, 6443), Some(("192.0.2.8".into(), 6443)));
+    }
 }

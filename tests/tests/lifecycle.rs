@@ -11,6 +11,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_control_plane::apiserver::ApiServer;
 use skiff_control_plane::controllers::{self, ControllerConfig};
+use skiff_control_plane::scheduler::{self, SchedulerConfig};
 use skiff_control_plane::simnodes::{SimConfig, SimulatedNodes};
 use skiff_control_plane::store::memory::MemoryStore;
 
@@ -19,7 +20,16 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..2400 {
+    wait_for_up_to(what, Duration::from_secs(120), f).await;
+}
+
+/// Poll `f` every 50 ms (of tokio time) for at most `limit`.
+async fn wait_for_up_to<F, Fut>(what: &str, limit: Duration, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..limit.as_millis() / 50 {
         if f().await {
             return;
         }
@@ -214,4 +224,140 @@ async fn namespace_deletion_cascades_with_the_garbage_collector_running() {
     assert!(pods.list(&ListParams::default()).await.expect("pods").items.is_empty());
     assert!(slices.list(&ListParams::default()).await.expect("slices").items.is_empty());
     assert!(cms.list(&ListParams::default()).await.expect("cms").items.is_empty());
+}
+
+/// Aborts a task on drop.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_node_pods_are_recreated_elsewhere_and_collected_when_out_of_service() {
+    let c = cluster(3).await;
+    let _scheduler =
+        AbortOnDrop(tokio::spawn(scheduler::run(c.client.clone(), SchedulerConfig::default())));
+    let rs: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+    }))
+    .expect("rs");
+    Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &rs)
+        .await
+        .expect("replicaset");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let running = || async {
+        pods.list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .collect::<Vec<_>>()
+    };
+    wait_for("3 running pods", || async { running().await.len() == 3 }).await;
+    let lost = node_of(&running().await[0]);
+    let on_lost = running().await.iter().filter(|p| node_of(p) == lost).count();
+    c.sim.stop_node(&lost).expect("stop");
+
+    // 40 s to NotReady, 300 s of toleration, then eviction: the ReplicaSet ignores the
+    // terminating pods and the scheduler places their replacements on the live nodes.
+    wait_for_up_to("replacements running on the live nodes", Duration::from_secs(900), || async {
+        let r = running().await;
+        r.len() == 3 && r.iter().all(|p| node_of(p) != lost)
+    })
+    .await;
+    let stuck = || async {
+        pods.list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| node_of(p) == lost)
+            .collect::<Vec<_>>()
+    };
+    let left = stuck().await;
+    assert_eq!(left.len(), on_lost, "pods of an unreachable node stay until declared gone");
+    assert!(left.iter().all(|p| p.metadata.deletion_timestamp.is_some()));
+
+    // The operator declares the node out of service: the pod GC force-deletes its pods.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    // The node lifecycle controller writes the node too: retry on conflicts.
+    for attempt in 0.. {
+        let mut node = nodes.get(&lost).await.expect("node");
+        let spec = node.spec.get_or_insert_with(Default::default);
+        spec.taints.get_or_insert_with(Vec::new).push(k8s_openapi::api::core::v1::Taint {
+            key: "node.kubernetes.io/out-of-service".into(),
+            value: Some("nodeshutdown".into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        });
+        match nodes.replace(&lost, &PostParams::default(), &node).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 20 => continue,
+            Err(e) => panic!("tainting the node: {e}"),
+        }
+    }
+    wait_for("pods of the out-of-service node collected", || async { stuck().await.is_empty() })
+        .await;
+    assert_eq!(running().await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_service_names_the_advertised_apiserver_address() {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = skiff_control_plane::server::ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        // A documentation address: Endpoints may not name loopback.
+        advertise_address: Some("192.0.2.7".parse().expect("ip")),
+        controllers: Some(ControllerConfig::default()),
+        ..Default::default()
+    };
+    let server = skiff_tests::TestServer::start_with(dir, config);
+    let port = i32::from(server.addr.port());
+    let kubeconfig = Kubeconfig::read_from(&server.kubeconfig).expect("kubeconfig");
+    let client = Client::try_from(
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("client config"),
+    )
+    .expect("client");
+    let eps: Api<Endpoints> = Api::namespaced(client.clone(), "default");
+    wait_for("kubernetes endpoints", || async {
+        eps.get_opt("kubernetes").await.expect("get").is_some_and(|e| {
+            let s = e.subsets.unwrap_or_default();
+            s.len() == 1
+                && s[0].addresses.as_ref().is_some_and(|a| a.len() == 1 && a[0].ip == "192.0.2.7")
+                && s[0].ports.as_ref().is_some_and(|p| p[0].port == port)
+        })
+    })
+    .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    wait_for("kubernetes endpoint slice", || async {
+        slices.get_opt("kubernetes").await.expect("get").is_some_and(|s| {
+            s.endpoints.iter().flat_map(|e| e.addresses.iter()).eq(["192.0.2.7"].iter())
+                && s.ports.as_ref().is_some_and(|p| p[0].port == Some(port))
+        })
+    })
+    .await;
+    let svc = Api::<Service>::namespaced(client, "default").get("kubernetes").await.expect("svc");
+    let ports = svc.spec.and_then(|s| s.ports).expect("ports");
+    assert_eq!(
+        ports[0].target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)),
+        "the https port targets the port the apiserver serves on"
+    );
 }

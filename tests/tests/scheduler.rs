@@ -221,6 +221,46 @@ async fn insufficient_resources_then_a_node_is_added() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failures_bump_one_event_and_leave_the_status_alone() {
+    let rig = rig().await;
+    node(&rig.client, "small", "1", json!({})).await;
+    pod(&rig.client, "big", "2", json!({})).await;
+    unschedulable(&rig.client, "big").await;
+    let c = rig.client.clone();
+    eventually("a FailedScheduling event", move || {
+        let c = c.clone();
+        async move { events_for(&c, "big", "FailedScheduling").await.into_iter().next() }
+    })
+    .await;
+    let version = get(&rig.client, "big").await.metadata.resource_version;
+    // Each node update is a cluster event that retries the pod, with the same outcome.
+    let nodes: Api<Node> = Api::all(rig.client.clone());
+    for i in 0..5 {
+        let patch = json!({"metadata": {"labels": {"round": i.to_string()}}});
+        nodes
+            .patch("small", &Default::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .expect("label");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let c = rig.client.clone();
+    let events = eventually("the FailedScheduling count to grow", move || {
+        let c = c.clone();
+        async move {
+            let ev = events_for(&c, "big", "FailedScheduling").await;
+            (ev.first().and_then(|e| e.count).unwrap_or(0) >= 3).then_some(ev)
+        }
+    })
+    .await;
+    assert_eq!(events.len(), 1, "repeats are one Event with a count: {events:?}");
+    assert_eq!(
+        get(&rig.client, "big").await.metadata.resource_version,
+        version,
+        "an unchanged PodScheduled=False condition is not written again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assume_cache_never_overbooks() {
     let rig = rig().await;
     node(&rig.client, "n1", "1", json!({})).await;

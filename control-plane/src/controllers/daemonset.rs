@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
@@ -30,6 +29,7 @@ use super::Context;
 use super::deployment::scaled_value;
 use super::events::{EventRecorder, EventType};
 use super::hash::{self, CONTROLLER_REVISION_HASH};
+use super::informer::{Retries, object_key};
 use super::pods::{self, PodName};
 
 /// Errors of one DaemonSet reconcile.
@@ -57,6 +57,8 @@ pub enum Error {
 struct Ctx {
     client: Client,
     recorder: EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    retries: Retries,
 }
 
 /// Run the DaemonSet controller until the future is dropped.
@@ -67,6 +69,7 @@ pub async fn run(ctx: Arc<Context>) {
     let store = controller.store();
     let cctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), "daemonset-controller"),
+        retries: Retries::default(),
         client: client.clone(),
     });
     controller
@@ -80,9 +83,9 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(ds: Arc<DaemonSet>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(ds: Arc<DaemonSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(daemonset = %ds.name_any(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.retries.failed(&object_key(ds.as_ref()))
 }
 
 /// The tolerations every daemon pod gets (`AddOrUpdateDaemonPodTolerations`).
@@ -237,7 +240,13 @@ fn template_for_node(template: &PodTemplateSpec, node: &str) -> PodTemplateSpec 
 async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = ds.namespace().unwrap_or_default();
     let span = info_span!("reconcile", daemonset = %format!("{ns}/{}", ds.name_any()));
-    reconcile_inner(ds, ctx).instrument(span).await
+    let key = object_key(ds.as_ref());
+    let cctx = ctx.clone();
+    let out = reconcile_inner(ds, ctx).instrument(span).await;
+    if out.is_ok() {
+        cctx.retries.succeeded(&key);
+    }
+    out
 }
 
 async fn reconcile_inner(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {

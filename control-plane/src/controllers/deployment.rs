@@ -25,6 +25,7 @@ use tracing::{Instrument, info_span, warn};
 use super::Context;
 use super::events::{EventRecorder, EventType};
 use super::hash::{self, POD_TEMPLATE_HASH};
+use super::informer::{Retries, object_key};
 use super::pods;
 
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
@@ -79,6 +80,8 @@ pub enum Error {
 struct Ctx {
     client: Client,
     recorder: EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    retries: Retries,
 }
 
 /// Run the Deployment controller until the future is dropped.
@@ -86,6 +89,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), "deployment-controller"),
+        retries: Retries::default(),
         client: client.clone(),
     });
     Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default())
@@ -95,15 +99,21 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(d: Arc<Deployment>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(d: Arc<Deployment>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(deployment = %d.name_any(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.retries.failed(&object_key(d.as_ref()))
 }
 
 async fn reconcile(d: Arc<Deployment>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = d.namespace().unwrap_or_default();
     let span = info_span!("reconcile", deployment = %format!("{ns}/{}", d.name_any()));
-    Reconcile::new(d, ctx).run().instrument(span).await
+    let key = object_key(d.as_ref());
+    let cctx = ctx.clone();
+    let out = Reconcile::new(d, ctx).run().instrument(span).await;
+    if out.is_ok() {
+        cctx.retries.succeeded(&key);
+    }
+    out
 }
 
 /// Resolve an int-or-percent against `total` (`intstr.GetScaledValueFromIntOrPercent`).

@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use super::endpointslice::{
@@ -152,6 +153,26 @@ pub async fn reconcile_apiserver(
     port: u16,
 ) -> Result<()> {
     let port = i32::from(port);
+    // The Service's https port targets the port the apiserver serves on (upstream's
+    // master service reconciler keeps it so).
+    let https = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("https")));
+    if let Some(https) = https
+        && https.target_port != Some(IntOrString::Int(port))
+    {
+        let mut ports = svc.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+        for p in ports.iter_mut().filter(|p| p.name.as_deref() == Some("https")) {
+            p.target_port = Some(IntOrString::Int(port));
+        }
+        let patch = serde_json::json!({"spec": {"ports": ports}});
+        let api: Api<Service> = Api::namespaced(client.clone(), "default");
+        api.patch("kubernetes", &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(
+            |source| Error::WriteEndpoints { name: "default/kubernetes".into(), source },
+        )?;
+    }
     let subsets = vec![EndpointSubset {
         addresses: Some(vec![EndpointAddress { ip: ip.to_string(), ..Default::default() }]),
         ports: Some(vec![EndpointPort {

@@ -66,7 +66,7 @@ where
 
 /// Per-key exponential retry after failed reconciles (5 ms doubling up to 1000 s, as
 /// client-go's default controller rate limiter), reset on success.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Retries {
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -83,6 +83,16 @@ impl Retries {
     pub fn succeeded(&self, key: &str) {
         self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
+
+    /// How many failures in a row `key` has (0 after a success).
+    pub fn failures(&self, key: &str) -> u32 {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied().unwrap_or(0)
+    }
+}
+
+/// `namespace/name` of an object: the key [`Retries`] counts failures under.
+pub fn object_key<K: Resource>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 /// Run kube-runtime's applier: requests from `rx` for objects in `store` are reconciled
@@ -103,7 +113,7 @@ pub async fn run_applier<K, Ctx, Fut, E>(
     let r2 = retries.clone();
     let queue = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
     let reconciler = move |obj: Arc<K>, ctx: Arc<Ctx>| {
-        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        let key = object_key(obj.as_ref());
         let fut = reconcile(obj, ctx);
         let retries = r2.clone();
         Box::pin(async move {
@@ -116,7 +126,7 @@ pub async fn run_applier<K, Ctx, Fut, E>(
         })
     };
     let error_policy = move |obj: Arc<K>, err: &E, _ctx: Arc<Ctx>| {
-        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        let key = object_key(obj.as_ref());
         tracing::warn!(controller = name, object = %key, error = %err, "reconcile failed");
         retries.failed(&key)
     };
@@ -124,4 +134,26 @@ pub async fn run_applier<K, Ctx, Fut, E>(
     applier(reconciler, error_policy, ctx, store, queue, ControllerRunConfig::default())
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_exponentially_per_key_and_reset_on_success() {
+        let r = Retries::default();
+        let delays: Vec<Action> = (0..4).map(|_| r.failed("ns/a")).collect();
+        let expect: Vec<Action> =
+            [10, 20, 40, 80].iter().map(|ms| Action::requeue(Duration::from_millis(*ms))).collect();
+        assert_eq!(delays, expect);
+        assert_eq!(r.failed("ns/b"), Action::requeue(Duration::from_millis(10)), "per key");
+        for _ in 0..40 {
+            r.failed("ns/a");
+        }
+        assert_eq!(r.failed("ns/a"), Action::requeue(Duration::from_secs(1000)), "capped");
+        r.succeeded("ns/a");
+        assert_eq!(r.failures("ns/a"), 0);
+        assert_eq!(r.failed("ns/a"), Action::requeue(Duration::from_millis(10)), "reset");
+    }
 }

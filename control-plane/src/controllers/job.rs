@@ -28,6 +28,7 @@ use tracing::{Instrument, info_span, warn};
 
 use super::Context;
 use super::events::{EventRecorder, EventType};
+use super::informer::{Retries, object_key};
 use super::pods::{self, PodName};
 
 /// Errors of one Job reconcile.
@@ -56,6 +57,8 @@ pub enum Error {
 struct Ctx {
     client: Client,
     recorder: EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    retries: Retries,
 }
 
 /// Run the Job controller until the future is dropped.
@@ -63,6 +66,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), "job-controller"),
+        retries: Retries::default(),
         client: client.clone(),
     });
     Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
@@ -72,15 +76,21 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(job: Arc<Job>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(job: Arc<Job>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(job = %job.name_any(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.retries.failed(&object_key(job.as_ref()))
 }
 
 async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = job.namespace().unwrap_or_default();
     let span = info_span!("reconcile", job = %format!("{ns}/{}", job.name_any()));
-    reconcile_inner(job, ctx).instrument(span).await
+    let key = object_key(job.as_ref());
+    let cctx = ctx.clone();
+    let out = reconcile_inner(job, ctx).instrument(span).await;
+    if out.is_ok() {
+        cctx.retries.succeeded(&key);
+    }
+    out
 }
 
 fn condition<'a>(s: &'a JobStatus, type_: &str) -> Option<&'a JobCondition> {

@@ -21,6 +21,7 @@ pub mod job;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod podgc;
 pub mod pods;
 pub mod replicaset;
 pub mod serviceaccount;
@@ -50,6 +51,13 @@ pub struct ControllerConfig {
     /// Endpoints/EndpointSlice (upstream `--advertise-address`/`--secure-port`); `None`
     /// leaves them alone.
     pub apiserver_endpoint: Option<(String, u16)>,
+    /// `--terminated-pod-gc-threshold`: terminated pods kept before the pod GC deletes the
+    /// oldest (upstream 12500; 0 disables).
+    pub terminated_pod_gc_threshold: usize,
+    /// How often the pod GC runs (upstream `gcCheckPeriod` 20 s).
+    pub pod_gc_period: Duration,
+    /// How long a node must be missing before its pods count as orphaned (upstream 40 s).
+    pub pod_gc_quarantine: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -61,6 +69,9 @@ impl Default for ControllerConfig {
             node_cidr_mask: 24,
             event_ttl: Duration::from_secs(3600),
             apiserver_endpoint: None,
+            terminated_pod_gc_threshold: 12500,
+            pod_gc_period: Duration::from_secs(20),
+            pod_gc_quarantine: Duration::from_secs(40),
         }
     }
 }
@@ -82,6 +93,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(namespace::run(ctx.clone()));
     tasks.spawn(serviceaccount::run(ctx.clone()));
     tasks.spawn(event_ttl::run(ctx.clone()));
+    tasks.spawn(podgc::run(ctx.clone()));
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {

@@ -4,7 +4,6 @@
 //! (replicas, fullyLabeled, ready, available with minReadySeconds, observedGeneration).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
@@ -19,6 +18,7 @@ use tracing::{Instrument, info_span, warn};
 
 use super::Context;
 use super::events::{EventRecorder, EventType};
+use super::informer::{Retries, object_key};
 use super::pods::{self, PodName};
 
 /// Errors of one ReplicaSet reconcile.
@@ -44,6 +44,8 @@ const BURST_REPLICAS: usize = 500;
 struct Ctx {
     client: Client,
     recorder: EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    retries: Retries,
 }
 
 /// Run the ReplicaSet controller until the future is dropped.
@@ -55,6 +57,7 @@ pub async fn run(ctx: Arc<Context>) {
     let store = controller.store();
     let cctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
+        retries: Retries::default(),
         client,
     });
     controller
@@ -79,15 +82,21 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(rs: Arc<ReplicaSet>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(rs: Arc<ReplicaSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(replicaset = %rs.name_any(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.retries.failed(&object_key(rs.as_ref()))
 }
 
 async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rs.namespace().unwrap_or_default();
     let span = info_span!("reconcile", replicaset = %format!("{ns}/{}", rs.name_any()));
-    reconcile_inner(rs, ctx).instrument(span).await
+    let key = object_key(rs.as_ref());
+    let cctx = ctx.clone();
+    let out = reconcile_inner(rs, ctx).instrument(span).await;
+    if out.is_ok() {
+        cctx.retries.succeeded(&key);
+    }
+    out
 }
 
 async fn reconcile_inner(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
@@ -27,6 +26,7 @@ use tracing::{Instrument, info_span, warn};
 use super::Context;
 use super::events::{EventRecorder, EventType};
 use super::hash::{self, CONTROLLER_REVISION_HASH};
+use super::informer::{Retries, object_key};
 use super::pods::{self, PodName};
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
@@ -52,6 +52,8 @@ pub enum Error {
 struct Ctx {
     client: Client,
     recorder: EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    retries: Retries,
 }
 
 /// Run the StatefulSet controller until the future is dropped.
@@ -59,6 +61,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), "statefulset-controller"),
+        retries: Retries::default(),
         client: client.clone(),
     });
     Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default())
@@ -68,15 +71,21 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(sts: Arc<StatefulSet>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(statefulset = %sts.name_any(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.retries.failed(&object_key(sts.as_ref()))
 }
 
 async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = sts.namespace().unwrap_or_default();
     let span = info_span!("reconcile", statefulset = %format!("{ns}/{}", sts.name_any()));
-    reconcile_inner(sts, ctx).instrument(span).await
+    let key = object_key(sts.as_ref());
+    let cctx = ctx.clone();
+    let out = reconcile_inner(sts, ctx).instrument(span).await;
+    if out.is_ok() {
+        cctx.retries.succeeded(&key);
+    }
+    out
 }
 
 /// The ordinal of a pod named `<sts>-<n>`.

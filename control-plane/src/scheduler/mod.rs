@@ -97,6 +97,9 @@ struct State {
     queue: SchedulingQueue,
     /// Preemptors and the node freed for them: (node, requests, priority).
     nominations: HashMap<PodKey, (String, Resources, i32)>,
+    /// The PodScheduled=False message (and nominated node) last written per pending pod:
+    /// the status is written again only when it changes.
+    reported: HashMap<PodKey, (String, Option<String>)>,
     next_start: usize,
     rng: u64,
     nodes_synced: bool,
@@ -110,6 +113,15 @@ struct Shared {
     wake: Notify,
     binds: Arc<Semaphore>,
     recorder: EventRecorder,
+}
+
+impl State {
+    /// The pod is no longer pending here (bound, deleted, not ours).
+    fn forget(&mut self, key: &str) {
+        self.queue.remove(key);
+        self.nominations.remove(key);
+        self.reported.remove(key);
+    }
 }
 
 impl Shared {
@@ -144,6 +156,7 @@ pub async fn run(client: Client, config: SchedulerConfig) {
             cache: Cache::default(),
             queue: SchedulingQueue::new(config.initial_backoff, config.max_backoff),
             nominations: HashMap::new(),
+            reported: HashMap::new(),
             next_start: 0,
             rng: seed,
             nodes_synced: false,
@@ -211,14 +224,12 @@ fn is_terminal(pod: &Pod) -> bool {
 fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
     let key = cache::pod_key(&pod);
     if is_terminal(&pod) {
-        state.queue.remove(&key);
-        state.nominations.remove(&key);
+        state.forget(&key);
         return state.cache.remove_pod(&key).is_some();
     }
     let info = Arc::new(PodInfo::new(pod));
     if info.node_name().is_some() {
-        state.queue.remove(&key);
-        state.nominations.remove(&key);
+        state.forget(&key);
         state.cache.add_pod(info);
         return false;
     }
@@ -230,8 +241,7 @@ fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
         .unwrap_or("default-scheduler")
         == shared.config.scheduler_name;
     if !ours || info.terminating {
-        state.queue.remove(&key);
-        state.nominations.remove(&key);
+        state.forget(&key);
     } else if !state.cache.is_assumed(&key) {
         state.queue.add(info);
         shared.wake.notify_one();
@@ -254,8 +264,7 @@ async fn watch_pods(shared: Arc<Shared>) {
             }
             Ok(watcher::Event::Delete(pod)) => {
                 let key = cache::pod_key(&pod);
-                state.queue.remove(&key);
-                state.nominations.remove(&key);
+                state.forget(&key);
                 state.cache.remove_pod(&key).is_some()
             }
             Ok(watcher::Event::Init) => {
@@ -275,7 +284,7 @@ async fn watch_pods(shared: Arc<Shared>) {
                     .filter(|k| !listed.contains(k))
                     .collect();
                 for key in stale {
-                    state.queue.remove(&key);
+                    state.forget(&key);
                 }
                 state.pods_synced = true;
                 true
@@ -448,7 +457,7 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                 drop(permit);
                 match result {
                     Ok(()) => {
-                        shared.lock().queue.remove(&pod.key);
+                        shared.lock().forget(&pod.key);
                         if !shared.config.scheduled_events {
                             return;
                         }
@@ -466,7 +475,7 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                             state.cache.forget(&pod.key);
                             if gone {
                                 // Deleted or bound elsewhere: the watch brings the truth.
-                                state.queue.remove(&pod.key);
+                                state.forget(&pod.key);
                             } else {
                                 state.queue.retry(&pod.key);
                             }
@@ -492,10 +501,21 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                         }
                     }
                 }
-                if let Err(e) =
-                    set_unschedulable(&shared.client, &pod, &message, nominated.as_deref()).await
+                let report = (message.clone(), nominated.clone());
+                let changed = {
+                    let mut state = shared.lock();
+                    // Only while still pending: a bind or delete may have come meanwhile.
+                    state.queue.contains(&pod.key)
+                        && state.reported.insert(pod.key.clone(), report.clone()).as_ref()
+                            != Some(&report)
+                };
+                if changed
+                    && let Err(e) =
+                        set_unschedulable(&shared.client, &pod, &message, nominated.as_deref())
+                            .await
                 {
                     debug!(error = %e, "pod status");
+                    shared.lock().reported.remove(&pod.key);
                 }
                 shared
                     .recorder
@@ -568,8 +588,16 @@ async fn set_unschedulable(
     if same && nominated_same {
         return Ok(());
     }
+    // The transition time moves only when the status does (upstream UpdatePodCondition).
     let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+        current
+            .filter(|c| c.status == "False")
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| {
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+            });
     let mut patch = json!({"status": {"conditions": [{
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
         "lastProbeTime": null, "lastTransitionTime": now
