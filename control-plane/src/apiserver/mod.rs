@@ -1,6 +1,7 @@
 //! The Kubernetes-compatible HTTP apiserver: routing, discovery, OpenAPI, the resource
 //! verbs over the store, and watches served from the watch cache.
 
+pub mod admission;
 pub mod alloc;
 pub mod cache;
 mod discovery;
@@ -78,6 +79,8 @@ pub struct ApiServer {
     pub alloc: Allocators,
     pub config: ApiConfig,
     pub metrics: handlers::Metrics,
+    /// The admission chain every write passes.
+    pub admission: admission::Chain,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +114,7 @@ impl ApiServer {
             alloc,
             config,
             metrics: handlers::Metrics::default(),
+            admission: admission::Chain::builtin(),
         });
         server.repair_allocations();
         server.bootstrap().await?;
@@ -210,7 +214,9 @@ async fn dispatch(State(server): State<Arc<ApiServer>>, req: Request) -> Respons
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let response = match route(&server, req).await {
+    // Authentication puts the user in the extensions; without it the request is the admin's.
+    let user = req.extensions().get::<user::UserInfo>().cloned().unwrap_or_else(admission::admin);
+    let response = match admission::with_user(user, route(&server, req)).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     };
