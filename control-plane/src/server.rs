@@ -38,6 +38,10 @@ pub struct ServerConfig {
     pub controllers: Option<crate::controllers::ControllerConfig>,
     /// Run the scheduler in process while holding the `kube-scheduler` Lease.
     pub scheduler: Option<crate::scheduler::SchedulerConfig>,
+    /// Encryption at rest: an EncryptionConfiguration file (`--encryption-provider-config`).
+    pub encryption_provider_config: Option<PathBuf>,
+    /// Encryption at rest of Secrets with one AES-GCM key (`--encryption-key-file`).
+    pub encryption_key_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +53,8 @@ impl Default for ServerConfig {
             api: ApiConfig::default(),
             controllers: None,
             scheduler: None,
+            encryption_provider_config: None,
+            encryption_key_file: None,
         }
     }
 }
@@ -57,6 +63,8 @@ impl Default for ServerConfig {
 pub enum Error {
     #[error("opening the store")]
     Store(#[source] crate::store::Error),
+    #[error("loading the encryption configuration")]
+    Encryption(#[source] crate::store::encryption::Error),
     #[error("setting up the PKI")]
     Pki(#[from] pki::Error),
     #[error("starting the apiserver")]
@@ -77,6 +85,22 @@ pub struct Running {
 }
 
 pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
+    use crate::store::encryption::{EncryptedStore, EncryptionConfig};
+    let encryption = match (&config.encryption_provider_config, &config.encryption_key_file) {
+        (Some(path), _) => Some(EncryptionConfig::from_file(path).map_err(Error::Encryption)?),
+        (None, Some(path)) => {
+            Some(EncryptionConfig::from_key_file(path).map_err(Error::Encryption)?)
+        }
+        (None, None) => None,
+    };
+    let store = open_backend(config).await?;
+    Ok(match encryption {
+        Some(e) => Arc::new(EncryptedStore::new(store, e)),
+        None => store,
+    })
+}
+
+async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
     match &config.store {
         StoreConfig::Embedded => {
             let dir = config.data_dir.join("store");
@@ -171,7 +195,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
-            let service = TowerToHyperService::new(router.clone());
+            // The peer's address for the audit log's sourceIPs.
+            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+                router.clone(),
+                move |mut r: http::Request<hyper::body::Incoming>| {
+                    r.extensions_mut().insert(apiserver::audit::PeerAddr(peer));
+                    r
+                },
+            ));
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {
                     Ok(t) => t,
