@@ -220,7 +220,14 @@ impl Record<'_> {
                 ));
             }
         };
-        if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+        use super::negotiate::{self, BodyType};
+        let decoded = match negotiate::body_type(&parts.headers) {
+            Ok(t @ (BodyType::Protobuf | BodyType::Yaml)) => {
+                negotiate::decode_object(t, &bytes).ok()
+            }
+            _ => serde_json::from_slice::<Value>(&bytes).ok(),
+        };
+        if let Some(v) = decoded {
             self.event["requestObject"] = v;
         }
         Ok(Request::from_parts(parts, Body::from(bytes)))

@@ -197,9 +197,9 @@ impl Chain {
                 Box::new(NamespaceLifecycle),
                 Box::new(ServiceAccount),
                 Box::new(Priority),
-                Box::new(MutatingWebhooks::default()),
+                Box::new(MutatingWebhooks),
             ],
-            validating: vec![Box::new(NodeRestriction), Box::new(ValidatingWebhooks::default())],
+            validating: vec![Box::new(NodeRestriction), Box::new(ValidatingWebhooks)],
         }
     }
 

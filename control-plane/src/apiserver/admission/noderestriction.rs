@@ -191,9 +191,7 @@ fn admit_node(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
 
 fn admit_lease(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
     if req.namespace.as_deref() != Some("kube-node-lease") {
-        return Err(
-            req.forbidden(format!("can only access leases in the \"kube-node-lease\" namespace"))
-        );
+        return Err(req.forbidden("can only access leases in the \"kube-node-lease\" namespace"));
     }
     let name = req
         .subject()

@@ -384,8 +384,7 @@ async fn call(server: &ApiServer, hook: &Hook, req: &AdmissionRequest) -> Result
 fn denial(webhook: &str, status: Option<&Value>) -> ApiError {
     let get = |k: &str| status.and_then(|s| s.get(k)).and_then(Value::as_str).unwrap_or_default();
     let code = status.and_then(|s| s.get("code")).and_then(Value::as_u64).unwrap_or(0);
-    let code =
-        StatusCode::from_u16(code.max(400).min(599) as u16).unwrap_or(StatusCode::BAD_REQUEST);
+    let code = StatusCode::from_u16(code.clamp(400, 599) as u16).unwrap_or(StatusCode::BAD_REQUEST);
     let denied_by = format!("admission webhook \"{webhook}\" denied the request");
     let message = match (get("message"), get("reason")) {
         (m, _) if !m.is_empty() => format!("{denied_by}: {m}"),
