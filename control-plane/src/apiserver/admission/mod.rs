@@ -170,6 +170,11 @@ pub trait MutatingPlugin: Send + Sync {
     fn name(&self) -> &'static str;
     /// Whether the plugin looks at this operation on this resource at all.
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
+    /// Whether the plugin has anything to do for this user now (no webhook configured, not
+    /// a node): lets the apiserver skip building a request nobody looks at.
+    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+        true
+    }
     /// Change `req.object` or refuse the request.
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()>;
 }
@@ -179,6 +184,10 @@ pub trait MutatingPlugin: Send + Sync {
 pub trait ValidatingPlugin: Send + Sync {
     fn name(&self) -> &'static str;
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
+    /// See [`MutatingPlugin::active`].
+    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+        true
+    }
     /// Refuse the request or let it pass; the object is final here.
     async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()>;
 }
@@ -219,10 +228,32 @@ impl Chain {
             .collect()
     }
 
+    /// Whether any mutating plugin would look at this request.
+    pub fn mutates(
+        &self,
+        server: &ApiServer,
+        op: Operation,
+        r: Resource<'_>,
+        user: &UserInfo,
+    ) -> bool {
+        self.mutating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+    }
+
+    /// Whether any validating plugin would look at this request.
+    pub fn validates(
+        &self,
+        server: &ApiServer,
+        op: Operation,
+        r: Resource<'_>,
+        user: &UserInfo,
+    ) -> bool {
+        self.validating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+    }
+
     /// The mutating phase.
     pub async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
         for p in &self.mutating {
-            if p.handles(req.operation, req.resource()) {
+            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
                 p.admit(server, req).await?;
             }
         }
@@ -232,7 +263,7 @@ impl Chain {
     /// The validating phase.
     pub async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
         for p in &self.validating {
-            if p.handles(req.operation, req.resource()) {
+            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
                 p.validate(server, req).await?;
             }
         }
@@ -248,6 +279,15 @@ impl Default for Chain {
 
 // ---------------------------------------------------------------------------------------
 // The calls the resource handlers make.
+
+fn resource<'a>(rt: &'a ResourceType, sub: Option<&'a str>) -> Resource<'a> {
+    Resource {
+        group: rt.desc.group,
+        version: rt.desc.version,
+        resource: rt.desc.plural,
+        subresource: sub,
+    }
+}
 
 fn name_of(obj: &Value) -> String {
     obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string()
@@ -275,6 +315,10 @@ pub async fn admit_create(
     obj: Value,
     dry_run: bool,
 ) -> ApiResult<Value> {
+    let user = current_user();
+    if !server.admission.mutates(server, Operation::Create, resource(rt, None), &user) {
+        return Ok(obj);
+    }
     let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
     req.name = name_of(&obj);
     req.object = Some(obj);
@@ -292,6 +336,10 @@ pub async fn validate_create(
     obj: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let user = current_user();
+    if !server.admission.validates(server, Operation::Create, resource(rt, None), &user) {
+        return Ok(());
+    }
     let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
     req.name = name_of(obj);
     req.object = Some(obj.clone());
@@ -311,6 +359,10 @@ pub async fn admit_update(
     old: &Value,
     dry_run: bool,
 ) -> ApiResult<Value> {
+    let user = current_user();
+    if !server.admission.mutates(server, Operation::Update, resource(rt, sub), &user) {
+        return Ok(new);
+    }
     let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
     req.name = name.to_string();
     req.subresource = sub.map(str::to_string);
@@ -334,6 +386,10 @@ pub async fn validate_update(
     old: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let user = current_user();
+    if !server.admission.validates(server, Operation::Update, resource(rt, sub), &user) {
+        return Ok(());
+    }
     let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
     req.name = name.to_string();
     req.subresource = sub.map(str::to_string);
@@ -371,6 +427,13 @@ pub async fn admit_delete(
     current: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let user = current_user();
+    let r = resource(rt, None);
+    if !server.admission.mutates(server, Operation::Delete, r, &user)
+        && !server.admission.validates(server, Operation::Delete, r, &user)
+    {
+        return Ok(());
+    }
     let mut req = AdmissionRequest::new(rt, Operation::Delete, ns);
     req.name = name.to_string();
     req.old_object = Some(current.clone());

@@ -10,7 +10,7 @@ use super::serviceaccount::MIRROR_POD_ANNOTATION;
 use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
-use crate::apiserver::user::names;
+use crate::apiserver::user::{UserInfo, names};
 
 /// Labels only an administrator may set on a Node.
 pub const RESTRICTED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/";
@@ -28,6 +28,10 @@ impl ValidatingPlugin for NodeRestriction {
             && (resource.is_core("pods")
                 || resource.is_core("nodes")
                 || (resource.group == "coordination.k8s.io" && resource.resource == "leases"))
+    }
+
+    fn active(&self, _server: &ApiServer, user: &UserInfo) -> bool {
+        user.in_group(names::NODES)
     }
 
     async fn validate(&self, _server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {

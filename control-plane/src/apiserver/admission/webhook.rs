@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin, labels_of};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::user::UserInfo;
 use crate::machinery::admission::selector_matches;
 
 /// Largest AdmissionReview response read (upstream caps webhook responses similarly).
@@ -129,6 +130,14 @@ fn validating_hooks(server: &ApiServer) -> Vec<Hook> {
         .collect()
 }
 
+/// Whether any configuration of this kind exists.
+fn configured(server: &ApiServer, plural: &str) -> bool {
+    server
+        .registry
+        .find("admissionregistration.k8s.io", "v1", plural)
+        .is_some_and(|rt| !server.cache.resource(rt).is_empty())
+}
+
 /// The configurations in the watch cache, sorted by name (upstream's order).
 fn configs<T: serde::de::DeserializeOwned>(server: &ApiServer, plural: &str) -> Vec<T> {
     let Some(rt) = server.registry.find("admissionregistration.k8s.io", "v1", plural) else {
@@ -171,6 +180,10 @@ impl MutatingPlugin for MutatingWebhooks {
         "MutatingAdmissionWebhook"
     }
 
+    fn active(&self, server: &ApiServer, _user: &UserInfo) -> bool {
+        configured(server, "mutatingwebhookconfigurations")
+    }
+
     fn handles(&self, _operation: Operation, resource: Resource<'_>) -> bool {
         webhook_eligible(resource)
     }
@@ -194,6 +207,10 @@ impl MutatingPlugin for MutatingWebhooks {
 impl ValidatingPlugin for ValidatingWebhooks {
     fn name(&self) -> &'static str {
         "ValidatingAdmissionWebhook"
+    }
+
+    fn active(&self, server: &ApiServer, _user: &UserInfo) -> bool {
+        configured(server, "validatingwebhookconfigurations")
     }
 
     fn handles(&self, _operation: Operation, resource: Resource<'_>) -> bool {
