@@ -208,7 +208,11 @@ impl Chain {
                 Box::new(Priority),
                 Box::new(MutatingWebhooks),
             ],
-            validating: vec![Box::new(NodeRestriction), Box::new(ValidatingWebhooks)],
+            validating: vec![
+                Box::new(NodeRestriction),
+                Box::new(Priority),
+                Box::new(ValidatingWebhooks),
+            ],
         }
     }
 

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
+use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
 
@@ -31,7 +31,23 @@ impl MutatingPlugin for Priority {
     }
 
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
-        let classes = priority_classes(server);
+        // Eventually consistent, as upstream's lister; a named class not seen yet is looked
+        // up again once the cache holds every committed write.
+        let mut classes = priority_classes(server, false).await?;
+        let named = req
+            .object
+            .as_ref()
+            .and_then(|p| p.pointer("/spec/priorityClassName"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty() && system_class(n).is_none())
+            .map(str::to_string);
+        if let Some(n) = named
+            && !classes
+                .iter()
+                .any(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(&n))
+        {
+            classes = priority_classes(server, true).await?;
+        }
         let Some(spec) = req.object.as_ref().and_then(|p| p.get("spec")) else { return Ok(()) };
         let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
         let (name, value, policy) = if class_name.is_empty() {
@@ -86,6 +102,52 @@ impl MutatingPlugin for Priority {
     }
 }
 
+/// Highest value a user-defined class may have (upstream `HighestUserDefinablePriority`).
+pub const HIGHEST_USER_DEFINABLE_PRIORITY: i64 = 1_000_000_000;
+
+/// PriorityClass writes: `system-` names are reserved, values are capped, and only one
+/// class may be the global default.
+#[async_trait]
+impl ValidatingPlugin for Priority {
+    fn name(&self) -> &'static str {
+        "Priority"
+    }
+
+    fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool {
+        matches!(operation, Operation::Create | Operation::Update)
+            && resource.group == "scheduling.k8s.io"
+            && resource.resource == "priorityclasses"
+    }
+
+    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+        let Some(class) = req.object.as_ref() else { return Ok(()) };
+        let (name, value, _) = class_parts(class);
+        if req.operation == Operation::Create
+            && name.starts_with("system-")
+            && system_class(&name).is_none()
+        {
+            return Err(req.forbidden("priority class names with 'system-' prefix are reserved"));
+        }
+        if system_class(&name).is_none() && value > HIGHEST_USER_DEFINABLE_PRIORITY {
+            return Err(req.forbidden(format!(
+                "maximum allowed value of a user defined priority is {HIGHEST_USER_DEFINABLE_PRIORITY}"
+            )));
+        }
+        if class.get("globalDefault").and_then(Value::as_bool) == Some(true)
+            && let Some(other) = priority_classes(server, true).await?.iter().find(|c| {
+                c.get("globalDefault").and_then(Value::as_bool) == Some(true)
+                    && c.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str())
+            })
+        {
+            let other = other.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            return Err(req.forbidden(format!(
+                "PriorityClass {other} is already marked as default. Only one default can exist"
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn class_parts(c: &Value) -> (String, i64, Option<String>) {
     (
         c.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string(),
@@ -94,9 +156,14 @@ fn class_parts(c: &Value) -> (String, i64, Option<String>) {
     )
 }
 
-fn priority_classes(server: &ApiServer) -> Vec<Value> {
+/// The PriorityClasses from the watch cache (`fresh`: once it holds every committed write).
+async fn priority_classes(server: &ApiServer, fresh: bool) -> ApiResult<Vec<Value>> {
     let Some(rt) = server.registry.find("scheduling.k8s.io", "v1", "priorityclasses") else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
-    server.cache.resource(rt).list(&rt.prefix(), None).iter().map(|o| o.value()).collect()
+    if fresh {
+        let current = server.store.current_revision().await?;
+        server.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
+    }
+    Ok(server.cache.resource(rt).list(&rt.prefix(), None).iter().map(|o| o.value()).collect())
 }

@@ -242,3 +242,244 @@ fn service_account_volume_is_projected_and_mounted_everywhere() {
     }
     assert_eq!(spec["containers"][1]["volumeMounts"][0]["name"], "own");
 }
+
+// ---------------------------------------------------------------------------------------
+// Through the router: the user comes from the request's extensions (authentication's seam).
+
+mod through_router {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use http::{Method, Request, StatusCode};
+    use serde_json::{Value, json};
+    use tower::ServiceExt;
+
+    use crate::apiserver::ApiServer;
+    use crate::apiserver::user::UserInfo;
+    use crate::store::memory::MemoryStore;
+
+    async fn server() -> Arc<ApiServer> {
+        ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.expect("apiserver")
+    }
+
+    async fn call(
+        api: &Arc<ApiServer>,
+        user: Option<UserInfo>,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", content_type)
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        if let Some(u) = user {
+            req.extensions_mut().insert(u);
+        }
+        let resp = api.router().oneshot(req).await.expect("response");
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    fn node_user(name: &str) -> UserInfo {
+        super::node_user(name)
+    }
+
+    #[tokio::test]
+    async fn a_node_writes_only_its_own_node_and_pod_status() {
+        let api = server().await;
+        for n in ["n1", "n2"] {
+            let (s, _) = call(
+                &api,
+                None,
+                Method::POST,
+                "/api/v1/nodes",
+                "application/json",
+                json!({"metadata": {"name": n}}),
+            )
+            .await;
+            assert_eq!(s, StatusCode::CREATED);
+        }
+        for (p, n) in [("on-n1", "n1"), ("on-n2", "n2")] {
+            let (s, body) = call(&api, None, Method::POST, "/api/v1/namespaces/default/pods", "application/json",
+                json!({"metadata": {"name": p}, "spec": {"nodeName": n, "containers": [{"name": "c", "image": "i"}]}})).await;
+            assert_eq!(s, StatusCode::CREATED, "{body}");
+        }
+        let merge = "application/merge-patch+json";
+        let (s, body) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::PATCH,
+            "/api/v1/nodes/n2",
+            merge,
+            json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(
+            body["message"],
+            "nodes \"n2\" is forbidden: node \"n1\" is not allowed to modify node \"n2\""
+        );
+        assert_eq!(body["reason"], "Forbidden");
+        let (s, body) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::PATCH,
+            "/api/v1/nodes/n1",
+            merge,
+            json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        let (s, _) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::PATCH,
+            "/api/v1/nodes/n1",
+            merge,
+            json!({"metadata": {"labels": {"node-restriction.kubernetes.io/pool": "a"}}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let status = json!({"status": {"phase": "Running"}});
+        let (s, body) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::PATCH,
+            "/api/v1/namespaces/default/pods/on-n1/status",
+            merge,
+            status.clone(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        let (s, body) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::PATCH,
+            "/api/v1/namespaces/default/pods/on-n2/status",
+            merge,
+            status,
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        let (s, _) = call(
+            &api,
+            Some(node_user("n1")),
+            Method::DELETE,
+            "/api/v1/namespaces/default/pods/on-n2",
+            "application/json",
+            json!({}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) = call(&api, Some(node_user("n1")), Method::POST, "/api/v1/namespaces/default/pods",
+            "application/json", json!({"metadata": {"name": "sneaky"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}})).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        // The admin (no user in the request) is not restricted.
+        let (s, _) = call(
+            &api,
+            None,
+            Method::PATCH,
+            "/api/v1/nodes/n2",
+            merge,
+            json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn priority_classes_resolve_and_service_accounts_mount() {
+        let api = server().await;
+        let (s, body) = call(
+            &api,
+            None,
+            Method::POST,
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "application/json",
+            json!({"metadata": {"name": "high"}, "value": 1000, "preemptionPolicy": "Never"}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        let pod = |name: &str, class: &str, automount: bool| {
+            json!({
+                "metadata": {"name": name},
+                "spec": {"priorityClassName": class, "automountServiceAccountToken": automount,
+                         "containers": [{"name": "c", "image": "i"}]},
+            })
+        };
+        let (s, body) = call(
+            &api,
+            None,
+            Method::POST,
+            "/api/v1/namespaces/default/pods",
+            "application/json",
+            pod("hi", "high", true),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        assert_eq!(body["spec"]["priority"], 1000);
+        assert_eq!(body["spec"]["preemptionPolicy"], "Never");
+        assert_eq!(body["spec"]["serviceAccountName"], "default");
+        let vol = body["spec"]["volumes"][0]["name"].as_str().unwrap_or_default();
+        assert!(vol.starts_with("kube-api-access-"), "{body}");
+        assert_eq!(
+            body["spec"]["containers"][0]["volumeMounts"][0]["mountPath"],
+            "/var/run/secrets/kubernetes.io/serviceaccount"
+        );
+        let (s, body) = call(
+            &api,
+            None,
+            Method::POST,
+            "/api/v1/namespaces/default/pods",
+            "application/json",
+            pod("nomount", "system-node-critical", false),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        assert_eq!(body["spec"]["priority"], 2_000_001_000);
+        assert!(body["spec"].get("volumes").is_none(), "{body}");
+        let (s, body) = call(
+            &api,
+            None,
+            Method::POST,
+            "/api/v1/namespaces/default/pods",
+            "application/json",
+            pod("lost", "nope", true),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(
+            body["message"],
+            "pods \"lost\" is forbidden: no PriorityClass with name nope was found"
+        );
+        let class = |name: &str, value: i64, default: bool| json!({"metadata": {"name": name}, "value": value, "globalDefault": default});
+        let url = "/apis/scheduling.k8s.io/v1/priorityclasses";
+        let json_ct = "application/json";
+        let (s, _) =
+            call(&api, None, Method::POST, url, json_ct, class("system-mine", 1, false)).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) =
+            call(&api, None, Method::POST, url, json_ct, class("huge", 2_000_000_000, false)).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) =
+            call(&api, None, Method::POST, url, json_ct, class("default-a", 5, true)).await;
+        assert_eq!(s, StatusCode::CREATED);
+        let (s, body) =
+            call(&api, None, Method::POST, url, json_ct, class("default-b", 6, true)).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("default-a is already marked as default"), "{body}");
+        // A pod without a class gets the global default.
+        let plain = json!({"metadata": {"name": "dflt"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+        let (s, body) =
+            call(&api, None, Method::POST, "/api/v1/namespaces/default/pods", json_ct, plain).await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        assert_eq!(body["spec"]["priorityClassName"], "default-a");
+        assert_eq!(body["spec"]["priority"], 5);
+    }
+}
