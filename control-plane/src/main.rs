@@ -43,6 +43,18 @@ struct Args {
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
+    /// Write the audit log (JSON lines, audit.k8s.io/v1 Events) here.
+    #[arg(long)]
+    audit_log_path: Option<PathBuf>,
+    /// What the audit log records: None, Metadata, Request or RequestResponse.
+    #[arg(long, default_value = "Metadata")]
+    audit_level: String,
+    /// Encrypt resources at rest as this EncryptionConfiguration says (aesgcm, identity).
+    #[arg(long)]
+    encryption_provider_config: Option<PathBuf>,
+    /// Encrypt Secrets at rest with this AES-GCM key (32 bytes, raw or base64).
+    #[arg(long)]
+    encryption_key_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -69,6 +81,13 @@ async fn main() -> Result<()> {
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
         .with_context(|| format!("--service-node-port-range {:?}", args.service_node_port_range))?;
     config.api.node_ports = (lo, hi);
+    config.api.audit.path = args.audit_log_path;
+    config.api.audit.level = args
+        .audit_level
+        .parse()
+        .with_context(|| format!("--audit-level {:?}", args.audit_level))?;
+    config.encryption_provider_config = args.encryption_provider_config;
+    config.encryption_key_file = args.encryption_key_file;
     if !args.no_controllers {
         let controllers = ControllerConfig {
             cluster_cidr: Some(

@@ -42,6 +42,10 @@ pub struct ServerConfig {
     /// default the listen address, or when that is unspecified the host's address on the
     /// interface of its default route (as upstream's `ChooseHostInterface`).
     pub advertise_address: Option<IpAddr>,
+    /// Encryption at rest: an EncryptionConfiguration file (`--encryption-provider-config`).
+    pub encryption_provider_config: Option<PathBuf>,
+    /// Encryption at rest of Secrets with one AES-GCM key (`--encryption-key-file`).
+    pub encryption_key_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +58,8 @@ impl Default for ServerConfig {
             controllers: None,
             scheduler: None,
             advertise_address: None,
+            encryption_provider_config: None,
+            encryption_key_file: None,
         }
     }
 }
@@ -62,6 +68,8 @@ impl Default for ServerConfig {
 pub enum Error {
     #[error("opening the store")]
     Store(#[source] crate::store::Error),
+    #[error("loading the encryption configuration")]
+    Encryption(#[source] crate::store::encryption::Error),
     #[error("setting up the PKI")]
     Pki(#[from] pki::Error),
     #[error("starting the apiserver")]
@@ -82,6 +90,22 @@ pub struct Running {
 }
 
 pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
+    use crate::store::encryption::{EncryptedStore, EncryptionConfig};
+    let encryption = match (&config.encryption_provider_config, &config.encryption_key_file) {
+        (Some(path), _) => Some(EncryptionConfig::from_file(path).map_err(Error::Encryption)?),
+        (None, Some(path)) => {
+            Some(EncryptionConfig::from_key_file(path).map_err(Error::Encryption)?)
+        }
+        (None, None) => None,
+    };
+    let store = open_backend(config).await?;
+    Ok(match encryption {
+        Some(e) => Arc::new(EncryptedStore::new(store, e)),
+        None => store,
+    })
+}
+
+async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
     match &config.store {
         StoreConfig::Embedded => {
             let dir = config.data_dir.join("store");
@@ -182,7 +206,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
-            let service = TowerToHyperService::new(router.clone());
+            // The peer's address for the audit log's sourceIPs.
+            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+                router.clone(),
+                move |mut r: http::Request<hyper::body::Incoming>| {
+                    r.extensions_mut().insert(apiserver::audit::PeerAddr(peer));
+                    r
+                },
+            ));
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {
                     Ok(t) => t,

@@ -22,7 +22,7 @@ use super::request::{FieldValidation, Query, RequestInfo, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause, success_status};
 use super::table;
-use super::{ApiServer, bytes_response, json_response, watch};
+use super::{ApiServer, admission as plugins, bytes_response, json_response, watch};
 use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
@@ -461,36 +461,6 @@ fn generate_suffix() -> String {
     u.as_bytes().iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
 }
 
-/// Namespaces must exist and not be terminating for anything to be created in them.
-async fn check_namespace(server: &ApiServer, rt: &ResourceType, ns: Option<&str>) -> ApiResult<()> {
-    let Some(ns) = ns.filter(|_| rt.desc.namespaced) else { return Ok(()) };
-    let nsr = server.registry.namespaces();
-    let key = nsr.key(None, ns);
-    // Read your writes through the cache: wait until it holds every committed write (a
-    // namespace deleted a moment ago must already count), then look there; a store read
-    // per create would cost a blocking-pool round trip.
-    let current = server.store.current_revision().await?;
-    let obj = if server.cache.wait_for(current, CACHE_WAIT).await {
-        server.cache.resource(nsr).get(&key).map(|o| o.value())
-    } else {
-        server.store.get(&key).await?.map(|kv| decode_stored(&kv)).transpose()?
-    };
-    match obj {
-        None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
-        Some(o)
-            if o.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
-                || meta_str(&o, "deletionTimestamp").is_some() =>
-        {
-            Err(ApiError::forbidden(format!(
-                "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                rt.qualified(),
-                meta_str(&o, "name").unwrap_or(ns)
-            )))
-        }
-        Some(_) => Ok(()),
-    }
-}
-
 fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> ApiError {
     let message = admission::invalid_message(rt.kind(), rt.group(), name, &errs);
     let causes = errs
@@ -577,10 +547,11 @@ async fn create_object(
             meta_mut(&mut obj).remove("namespace");
         }
     }
-    check_namespace(server, rt, ns).await?;
     let g = gvk(rt);
-    // Upstream's order: decode+default, then system metadata, then the strategy, then validate.
+    // Upstream's order: decode+default, mutating admission, then system metadata, then the
+    // strategy, then validate, then validating admission.
     admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut obj = plugins::admit_create(server, rt, ns, obj, dry_run).await?;
     let generate = meta_str(&obj, "name")
         .is_none()
         .then(|| meta_str(&obj, "generateName").map(str::to_string))
@@ -632,6 +603,7 @@ async fn create_object(
                 }],
             ));
         }
+        plugins::validate_create(server, rt, ns, &candidate, dry_run).await?;
         let reservation = if rt.kind() == "Service" && rt.group().is_empty() {
             Some(server.alloc.allocate(&mut candidate)?)
         } else {
@@ -753,7 +725,14 @@ async fn guaranteed_update(
                 name,
             ));
         }
-        let desired = transform(&current)?;
+        let mut desired = transform(&current)?;
+        // pods/binding was admitted as a subresource create of its Binding body.
+        let admitted = w.sub != Some("binding");
+        if admitted {
+            desired =
+                plugins::admit_update(server, rt, ns, name, w.sub, desired, &current, dry_run)
+                    .await?;
+        }
         let change = prepare_update(server, rt, name, w, desired, &current)?;
         let key = rt.key(ns, name);
         match change {
@@ -772,6 +751,17 @@ async fn guaranteed_update(
                 }
             }
             Some((Change::Write(mut obj), reservation)) => {
+                if admitted
+                    && let Err(e) = plugins::validate_update(
+                        server, rt, ns, name, w.sub, &obj, &current, dry_run,
+                    )
+                    .await
+                {
+                    if let Some(r) = &reservation {
+                        server.alloc.release(r);
+                    }
+                    return Err(e);
+                }
                 if dry_run {
                     if let Some(r) = &reservation {
                         server.alloc.release(r);
@@ -1194,8 +1184,13 @@ async fn delete(
     let is_pod = rt.kind() == "Pod" && rt.group().is_empty();
     let is_namespace = rt.kind() == "Namespace" && rt.group().is_empty();
     let key = rt.key(ns, name);
+    let mut admitted = false;
     for _ in 0..MAX_RETRIES {
         let (current, rev) = get_object(server, rt, ns, name).await?;
+        if !admitted {
+            plugins::admit_delete(server, rt, ns, name, &current, dry_run).await?;
+            admitted = true;
+        }
         if let Some(pre) = options.get("preconditions") {
             let uid = meta_str(&current, "uid").unwrap_or_default();
             if let Some(want) = pre.get("uid").and_then(Value::as_str)
@@ -1491,6 +1486,7 @@ async fn bind(
     }
     let manager = manager(query, headers)?;
     let dry_run = query.dry_run()?;
+    plugins::admit_subresource_create(server, rt, ns, name, "binding", &binding, dry_run).await?;
     let node_c = node.clone();
     guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: Some("binding"), track: true, dry_run }, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {

@@ -1,7 +1,9 @@
 //! The Kubernetes-compatible HTTP apiserver: routing, discovery, OpenAPI, the resource
 //! verbs over the store, and watches served from the watch cache.
 
+pub mod admission;
 pub mod alloc;
+pub mod audit;
 pub mod cache;
 mod discovery;
 mod handlers;
@@ -58,6 +60,8 @@ pub struct ApiConfig {
     /// How pods/log and pods/exec reach the agents (the apiserver's client certificate);
     /// without it those subresources answer 503.
     pub kubelet_client: Option<proxy::KubeletClient>,
+    /// `--audit-log-path` / `--audit-level` (no path: no audit log).
+    pub audit: audit::AuditConfig,
 }
 
 impl Default for ApiConfig {
@@ -70,6 +74,7 @@ impl Default for ApiConfig {
             watch_history: 10_000,
             compaction_interval: Duration::from_secs(300),
             kubelet_client: None,
+            audit: audit::AuditConfig::default(),
         }
     }
 }
@@ -83,6 +88,10 @@ pub struct ApiServer {
     pub alloc: Allocators,
     pub config: ApiConfig,
     pub metrics: handlers::Metrics,
+    /// The admission chain every write passes.
+    pub admission: admission::Chain,
+    /// The audit log, when configured.
+    pub audit: Option<audit::AuditLog>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +100,8 @@ pub enum Error {
     Cache(#[source] crate::store::Error),
     #[error("building the OpenAPI documents")]
     OpenApi(#[source] crate::machinery::openapi::Error),
+    #[error("opening the audit log")]
+    Audit(#[source] audit::Error),
     #[error("creating system object {name}")]
     Bootstrap {
         name: String,
@@ -108,6 +119,7 @@ impl ApiServer {
             .map_err(Error::Cache)?;
         let openapi = OpenApiDocs::build(&registry.descs()).map_err(Error::OpenApi)?;
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
+        let audit = audit::AuditLog::open(&config.audit).map_err(Error::Audit)?;
         let server = Arc::new(ApiServer {
             registry,
             store,
@@ -116,6 +128,8 @@ impl ApiServer {
             alloc,
             config,
             metrics: handlers::Metrics::default(),
+            admission: admission::Chain::builtin(),
+            audit,
         });
         server.repair_allocations();
         server.bootstrap().await?;
@@ -215,13 +229,31 @@ async fn dispatch(State(server): State<Arc<ApiServer>>, req: Request) -> Respons
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let response = match route(&server, req).await {
+    // Authentication puts the user in the extensions; without it the request is the admin's.
+    let user = req.extensions().get::<user::UserInfo>().cloned().unwrap_or_else(admission::admin);
+    let mut record = server.audit.as_ref().map(|log| log.begin(&req, &user));
+    let req = match &mut record {
+        Some(r) => match r.capture_request(req).await {
+            Ok(req) => req,
+            Err(resp) => return audit_finish(record, resp).await,
+        },
+        None => req,
+    };
+    let response = match admission::with_user(user, route(&server, req)).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     };
+    let response = audit_finish(record, response).await;
     server.metrics.observe(&method, response.status(), started.elapsed());
     tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
     response
+}
+
+async fn audit_finish(record: Option<audit::Record<'_>>, response: Response) -> Response {
+    match record {
+        Some(r) => r.finish(response).await,
+        None => response,
+    }
 }
 
 async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiError> {

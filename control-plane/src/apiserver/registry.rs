@@ -1,7 +1,9 @@
 //! The served resources: one entry per kind with its URL names, store prefix, the typed
 //! round-trip that prunes unknown fields, and its selectable fields.
 
-use k8s_openapi::api::{apps, batch, coordination, core, discovery, rbac};
+use k8s_openapi::api::{
+    admissionregistration, apps, batch, coordination, core, discovery, rbac, scheduling,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -445,6 +447,57 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
             ),
             normalize: normalize::<rbac::v1::ClusterRoleBinding>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "admissionregistration.k8s.io",
+                "v1",
+                "MutatingWebhookConfiguration",
+                "mutatingwebhookconfigurations",
+                "mutatingwebhookconfiguration",
+                false,
+                &[],
+                &["api-extensions"],
+                &[],
+            ),
+            normalize: normalize::<admissionregistration::v1::MutatingWebhookConfiguration>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingWebhookConfiguration",
+                "validatingwebhookconfigurations",
+                "validatingwebhookconfiguration",
+                false,
+                &[],
+                &["api-extensions"],
+                &[],
+            ),
+            normalize: normalize::<admissionregistration::v1::ValidatingWebhookConfiguration>,
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "scheduling.k8s.io",
+                "v1",
+                "PriorityClass",
+                "priorityclasses",
+                "priorityclass",
+                false,
+                &["pc"],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<scheduling::v1::PriorityClass>,
             fields: &[],
             tracks_generation: false,
             has_status: false,

@@ -15,6 +15,7 @@
 
 pub mod bench;
 pub mod embedded;
+pub mod encryption;
 pub mod etcd;
 pub mod memory;
 #[cfg(test)]

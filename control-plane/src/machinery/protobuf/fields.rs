@@ -3,6 +3,17 @@
 //! Regenerate: `SKIFF_REGENERATE_PB_FIELDS=1 cargo test -p skiff-control-plane --lib field_table_is_current`.
 
 pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
+    ("io.k8s.api.admissionregistration.v1.MatchCondition", &[(1, "name"), (2, "expression")]),
+    ("io.k8s.api.admissionregistration.v1.MutatingWebhook", &[(1, "name"), (2, "clientConfig"), (3, "rules"), (4, "failurePolicy"), (9, "matchPolicy"), (5, "namespaceSelector"), (11, "objectSelector"), (6, "sideEffects"), (7, "timeoutSeconds"), (8, "admissionReviewVersions"), (10, "reinvocationPolicy"), (12, "matchConditions")]),
+    ("io.k8s.api.admissionregistration.v1.MutatingWebhookConfiguration", &[(1, "metadata"), (2, "webhooks")]),
+    ("io.k8s.api.admissionregistration.v1.MutatingWebhookConfigurationList", &[(1, "metadata"), (2, "items")]),
+    ("io.k8s.api.admissionregistration.v1.RuleWithOperations", &[(1, "operations"), (2, ">Rule")]),
+    ("io.k8s.api.admissionregistration.v1.RuleWithOperations>Rule", &[(1, "apiGroups"), (2, "apiVersions"), (3, "resources"), (4, "scope")]),
+    ("io.k8s.api.admissionregistration.v1.ServiceReference", &[(1, "namespace"), (2, "name"), (3, "path"), (4, "port")]),
+    ("io.k8s.api.admissionregistration.v1.ValidatingWebhook", &[(1, "name"), (2, "clientConfig"), (3, "rules"), (4, "failurePolicy"), (9, "matchPolicy"), (5, "namespaceSelector"), (10, "objectSelector"), (6, "sideEffects"), (7, "timeoutSeconds"), (8, "admissionReviewVersions"), (11, "matchConditions")]),
+    ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration", &[(1, "metadata"), (2, "webhooks")]),
+    ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfigurationList", &[(1, "metadata"), (2, "items")]),
+    ("io.k8s.api.admissionregistration.v1.WebhookClientConfig", &[(3, "url"), (1, "service"), (2, "caBundle")]),
     ("io.k8s.api.apps.v1.DaemonSet", &[(1, "metadata"), (2, "spec"), (3, "status")]),
     ("io.k8s.api.apps.v1.DaemonSetCondition", &[(1, "type"), (2, "status"), (3, "lastTransitionTime"), (4, "reason"), (5, "message")]),
     ("io.k8s.api.apps.v1.DaemonSetList", &[(1, "metadata"), (2, "items")]),
@@ -251,6 +262,8 @@ pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
     ("io.k8s.api.rbac.v1.RoleList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.api.rbac.v1.RoleRef", &[(1, "apiGroup"), (2, "kind"), (3, "name")]),
     ("io.k8s.api.rbac.v1.Subject", &[(1, "kind"), (2, "apiGroup"), (3, "name"), (4, "namespace")]),
+    ("io.k8s.api.scheduling.v1.PriorityClass", &[(1, "metadata"), (2, "value"), (3, "globalDefault"), (4, "description"), (5, "preemptionPolicy")]),
+    ("io.k8s.api.scheduling.v1.PriorityClassList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIGroup", &[(1, "name"), (2, "versions"), (3, "preferredVersion"), (4, "serverAddressByClientCIDRs")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIGroupList", &[(1, "groups")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIResource", &[(1, "name"), (6, "singularName"), (2, "namespaced"), (8, "group"), (9, "version"), (3, "kind"), (4, "verbs"), (5, "shortNames"), (7, "categories"), (10, "storageVersionHash")]),

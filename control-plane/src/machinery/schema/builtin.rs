@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::Resource;
-use k8s_openapi::api::{apps, autoscaling, batch, coordination, core, discovery, rbac};
+use k8s_openapi::api::{
+    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, rbac,
+    scheduling,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
@@ -46,6 +49,8 @@ const SERVED_GROUP_VERSIONS: &[(&str, &str)] = &[
     ("coordination.k8s.io", "v1"),
     ("discovery.k8s.io", "v1"),
     ("rbac.authorization.k8s.io", "v1"),
+    ("admissionregistration.k8s.io", "v1"),
+    ("scheduling.k8s.io", "v1"),
 ];
 
 pub(super) fn build() -> BTreeMap<String, Value> {
@@ -78,6 +83,9 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<rbac::v1::ClusterRole>(g, true),
         kind::<rbac::v1::RoleBinding>(g, true),
         kind::<rbac::v1::ClusterRoleBinding>(g, true),
+        kind::<admissionregistration::v1::MutatingWebhookConfiguration>(g, true),
+        kind::<admissionregistration::v1::ValidatingWebhookConfiguration>(g, true),
+        kind::<scheduling::v1::PriorityClass>(g, true),
     ];
     g.subschema_for::<meta::Status>();
     g.subschema_for::<meta::DeleteOptions>();

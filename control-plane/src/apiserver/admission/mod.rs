@@ -1,0 +1,460 @@
+//! The admission chain: after decoding and defaulting, every write passes the mutating
+//! plugins in order, then (after the kind's own strategy and validation) the validating
+//! plugins, as upstream's `admission.Interface` chain does. Built in: NamespaceLifecycle,
+//! ServiceAccount, Priority and the mutating webhooks; NodeRestriction and the validating
+//! webhooks. Each plugin is a trait object that says which requests it [`handles`] and
+//! admits or validates an [`AdmissionRequest`].
+//!
+//! [`handles`]: MutatingPlugin::handles
+
+mod namespace;
+mod noderestriction;
+mod priority;
+mod serviceaccount;
+pub mod webhook;
+
+use std::future::Future;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use self::namespace::NamespaceLifecycle;
+pub use self::noderestriction::NodeRestriction;
+pub use self::priority::Priority;
+pub use self::serviceaccount::ServiceAccount;
+pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
+use super::ApiServer;
+use super::registry::ResourceType;
+use super::status::ApiResult;
+use super::user::{UserInfo, names};
+
+tokio::task_local! {
+    /// The user of the request being served (set by the dispatcher for the request's task).
+    static USER: UserInfo;
+}
+
+/// Run `f` (one request) as `user`: the admission chain and audit read it.
+pub async fn with_user<F: Future>(user: UserInfo, f: F) -> F::Output {
+    USER.scope(user, f).await
+}
+
+/// The user of the request being served. Without one (authentication not wired, in-process
+/// callers, tests) it is the cluster admin: `system:admin` in `system:masters`.
+pub fn current_user() -> UserInfo {
+    USER.try_with(UserInfo::clone).unwrap_or_else(|_| admin())
+}
+
+/// The identity requests get when authentication put none in the request.
+pub fn admin() -> UserInfo {
+    UserInfo::new("system:admin", &[names::MASTERS, names::AUTHENTICATED])
+}
+
+/// What the request does (upstream `admission.Operation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    /// Upstream's spelling ("CREATE", ...), as in AdmissionReview and webhook rules.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// The resource a request addresses: group/version/plural and subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource<'a> {
+    pub group: &'a str,
+    pub version: &'a str,
+    pub resource: &'a str,
+    pub subresource: Option<&'a str>,
+}
+
+impl Resource<'_> {
+    /// A core/v1 resource without subresource?
+    pub fn is_core(&self, plural: &str) -> bool {
+        self.group.is_empty() && self.resource == plural
+    }
+}
+
+/// One write as admission sees it (upstream `admission.Attributes`).
+#[derive(Debug, Clone)]
+pub struct AdmissionRequest {
+    /// A unique id of this admission (the AdmissionReview's `request.uid`).
+    pub uid: String,
+    pub operation: Operation,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    /// The plural resource name ("pods").
+    pub resource: &'static str,
+    pub subresource: Option<String>,
+    pub namespaced: bool,
+    pub namespace: Option<String>,
+    /// Empty on a create with generateName (the name is generated after mutation).
+    pub name: String,
+    /// The new object (None on delete).
+    pub object: Option<Value>,
+    /// The current object (update, delete).
+    pub old_object: Option<Value>,
+    pub user: UserInfo,
+    pub dry_run: bool,
+    /// A webhook patched the object (the apiserver decodes it again, pruning what the
+    /// kind does not declare).
+    pub patched: bool,
+}
+
+impl AdmissionRequest {
+    /// A request on `rt` by the current request's user.
+    pub fn new(rt: &ResourceType, operation: Operation, namespace: Option<&str>) -> Self {
+        AdmissionRequest {
+            uid: uuid::Uuid::new_v4().to_string(),
+            operation,
+            group: rt.desc.group,
+            version: rt.desc.version,
+            kind: rt.desc.kind,
+            resource: rt.desc.plural,
+            subresource: None,
+            namespaced: rt.desc.namespaced,
+            namespace: namespace.map(str::to_string),
+            name: String::new(),
+            object: None,
+            old_object: None,
+            user: current_user(),
+            dry_run: false,
+            patched: false,
+        }
+    }
+
+    pub fn resource(&self) -> Resource<'_> {
+        Resource {
+            group: self.group,
+            version: self.version,
+            resource: self.resource,
+            subresource: self.subresource.as_deref(),
+        }
+    }
+
+    /// The object the request is about: the new one, else (delete) the old one.
+    pub fn subject(&self) -> Option<&Value> {
+        self.object.as_ref().or(self.old_object.as_ref())
+    }
+
+    /// `pods "web" is forbidden: <why>`: upstream's admission denial message shape.
+    pub fn forbidden(&self, why: impl std::fmt::Display) -> super::status::ApiError {
+        let qualified = if self.group.is_empty() {
+            self.resource.to_string()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        };
+        super::status::ApiError::forbidden(format!(
+            "{qualified} \"{}\" is forbidden: {why}",
+            self.name
+        ))
+        .with_details(self.group, self.resource, &self.name)
+    }
+}
+
+/// A plugin of the mutating phase (upstream `admission.MutationInterface`).
+#[async_trait]
+pub trait MutatingPlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Whether the plugin looks at this operation on this resource at all.
+    fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
+    /// Whether the plugin has anything to do for this user now (no webhook configured, not
+    /// a node): lets the apiserver skip building a request nobody looks at.
+    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+        true
+    }
+    /// Change `req.object` or refuse the request.
+    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()>;
+}
+
+/// A plugin of the validating phase (upstream `admission.ValidationInterface`).
+#[async_trait]
+pub trait ValidatingPlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
+    /// See [`MutatingPlugin::active`].
+    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+        true
+    }
+    /// Refuse the request or let it pass; the object is final here.
+    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()>;
+}
+
+/// The ordered plugins.
+pub struct Chain {
+    mutating: Vec<Box<dyn MutatingPlugin>>,
+    validating: Vec<Box<dyn ValidatingPlugin>>,
+}
+
+impl Chain {
+    /// The default chain, in upstream's plugin order.
+    pub fn builtin() -> Chain {
+        Chain {
+            mutating: vec![
+                Box::new(NamespaceLifecycle),
+                Box::new(ServiceAccount),
+                Box::new(Priority),
+                Box::new(MutatingWebhooks),
+            ],
+            validating: vec![
+                Box::new(NodeRestriction),
+                Box::new(Priority),
+                Box::new(ValidatingWebhooks),
+            ],
+        }
+    }
+
+    pub fn new(
+        mutating: Vec<Box<dyn MutatingPlugin>>,
+        validating: Vec<Box<dyn ValidatingPlugin>>,
+    ) -> Chain {
+        Chain { mutating, validating }
+    }
+
+    /// The names of the plugins, mutating then validating.
+    pub fn plugin_names(&self) -> Vec<&'static str> {
+        self.mutating
+            .iter()
+            .map(|p| p.name())
+            .chain(self.validating.iter().map(|p| p.name()))
+            .collect()
+    }
+
+    /// Whether any mutating plugin would look at this request.
+    pub fn mutates(
+        &self,
+        server: &ApiServer,
+        op: Operation,
+        r: Resource<'_>,
+        user: &UserInfo,
+    ) -> bool {
+        self.mutating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+    }
+
+    /// Whether any validating plugin would look at this request.
+    pub fn validates(
+        &self,
+        server: &ApiServer,
+        op: Operation,
+        r: Resource<'_>,
+        user: &UserInfo,
+    ) -> bool {
+        self.validating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+    }
+
+    /// The mutating phase.
+    pub async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+        for p in &self.mutating {
+            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
+                p.admit(server, req).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The validating phase.
+    pub async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+        for p in &self.validating {
+            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
+                p.validate(server, req).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Chain::builtin()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The calls the resource handlers make.
+
+fn resource<'a>(rt: &'a ResourceType, sub: Option<&'a str>) -> Resource<'a> {
+    Resource {
+        group: rt.desc.group,
+        version: rt.desc.version,
+        resource: rt.desc.plural,
+        subresource: sub,
+    }
+}
+
+fn name_of(obj: &Value) -> String {
+    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// Decode a webhook-patched object again as the kind's type (pruning unknown fields).
+fn renormalize(rt: &ResourceType, req: &AdmissionRequest, obj: Value) -> ApiResult<Value> {
+    if !req.patched {
+        return Ok(obj);
+    }
+    (rt.normalize)(obj).map_err(|e| {
+        super::status::ApiError::bad_request(format!(
+            "error decoding {} {} patched by an admission webhook: {e}",
+            rt.kind(),
+            rt.desc.api_version()
+        ))
+    })
+}
+
+/// Create, mutating phase (after decoding and defaulting): the admitted object.
+pub async fn admit_create(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    obj: Value,
+    dry_run: bool,
+) -> ApiResult<Value> {
+    let user = current_user();
+    if !server.admission.mutates(server, Operation::Create, resource(rt, None), &user) {
+        return Ok(obj);
+    }
+    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
+    req.name = name_of(&obj);
+    req.object = Some(obj);
+    req.dry_run = dry_run;
+    server.admission.admit(server, &mut req).await?;
+    let obj = req.object.take().unwrap_or(Value::Null);
+    renormalize(rt, &req, obj)
+}
+
+/// Create, validating phase (after the kind's validation, name generated).
+pub async fn validate_create(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    obj: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let user = current_user();
+    if !server.admission.validates(server, Operation::Create, resource(rt, None), &user) {
+        return Ok(());
+    }
+    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
+    req.name = name_of(obj);
+    req.object = Some(obj.clone());
+    req.dry_run = dry_run;
+    server.admission.validate(server, &req).await
+}
+
+/// Update (main resource or a subresource), mutating phase: the admitted new object.
+#[allow(clippy::too_many_arguments)]
+pub async fn admit_update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    new: Value,
+    old: &Value,
+    dry_run: bool,
+) -> ApiResult<Value> {
+    let user = current_user();
+    if !server.admission.mutates(server, Operation::Update, resource(rt, sub), &user) {
+        return Ok(new);
+    }
+    let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
+    req.name = name.to_string();
+    req.subresource = sub.map(str::to_string);
+    req.object = Some(new);
+    req.old_object = Some(old.clone());
+    req.dry_run = dry_run;
+    server.admission.admit(server, &mut req).await?;
+    let obj = req.object.take().unwrap_or(Value::Null);
+    renormalize(rt, &req, obj)
+}
+
+/// Update, validating phase.
+#[allow(clippy::too_many_arguments)]
+pub async fn validate_update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    new: &Value,
+    old: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let user = current_user();
+    if !server.admission.validates(server, Operation::Update, resource(rt, sub), &user) {
+        return Ok(());
+    }
+    let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
+    req.name = name.to_string();
+    req.subresource = sub.map(str::to_string);
+    req.object = Some(new.clone());
+    req.old_object = Some(old.clone());
+    req.dry_run = dry_run;
+    server.admission.validate(server, &req).await
+}
+
+/// A subresource create (pods/binding): both phases over the subresource's body.
+pub async fn admit_subresource_create(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    sub: &str,
+    body: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
+    req.name = name.to_string();
+    req.subresource = Some(sub.to_string());
+    req.object = Some(body.clone());
+    req.dry_run = dry_run;
+    server.admission.admit(server, &mut req).await?;
+    server.admission.validate(server, &req).await
+}
+
+/// Delete: both phases with the current object as oldObject.
+pub async fn admit_delete(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    current: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let user = current_user();
+    let r = resource(rt, None);
+    if !server.admission.mutates(server, Operation::Delete, r, &user)
+        && !server.admission.validates(server, Operation::Delete, r, &user)
+    {
+        return Ok(());
+    }
+    let mut req = AdmissionRequest::new(rt, Operation::Delete, ns);
+    req.name = name.to_string();
+    req.old_object = Some(current.clone());
+    req.dry_run = dry_run;
+    server.admission.admit(server, &mut req).await?;
+    server.admission.validate(server, &req).await
+}
+
+/// The labels of an object's metadata.
+pub(crate) fn labels_of(obj: Option<&Value>) -> std::collections::BTreeMap<String, String> {
+    obj.and_then(|o| o.pointer("/metadata/labels"))
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;
