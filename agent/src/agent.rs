@@ -48,7 +48,6 @@ pub struct AgentHandle {
     pods: JoinHandle<crate::pods::Result<()>>,
     static_pods: Option<JoinHandle<()>>,
     network: Option<JoinHandle<()>>,
-    proxy: Option<JoinHandle<()>>,
     dns: Option<crate::dns::DnsServer>,
     streaming: Option<crate::streaming::StreamingServer>,
 }
@@ -82,7 +81,7 @@ impl Drop for AgentHandle {
     fn drop(&mut self) {
         self.heartbeat.abort();
         self.pods.abort();
-        for t in [&self.static_pods, &self.network, &self.proxy].into_iter().flatten() {
+        for t in [&self.static_pods, &self.network].into_iter().flatten() {
             t.abort();
         }
     }
@@ -146,16 +145,6 @@ pub async fn start<R: Runtime + Clone>(
         .network
         .clone()
         .map(|glue| tokio::spawn(network_glue(client.clone(), config.node_name.clone(), glue)));
-    let proxy = config.proxy.clone().map(|proxy| {
-        let client = client.clone();
-        tokio::spawn(async move {
-            // The proxy's data plane is pinned: when it stops, forwarding goes on with the
-            // last programmed state; the agent keeps syncing pods.
-            if let Err(e) = skiff_proxy::daemon::run(client, proxy).await {
-                tracing::error!(error = %e, "the service proxy stopped");
-            }
-        })
-    });
     let pods = tokio::spawn(PodSync::new(ctx, allocatable).run());
     Ok(AgentHandle {
         node_name: config.node_name.clone(),
@@ -163,7 +152,6 @@ pub async fn start<R: Runtime + Clone>(
         pods,
         static_pods,
         network,
-        proxy,
         dns,
         streaming,
     })

@@ -121,20 +121,11 @@ pub struct AgentConfig {
     /// The logs/exec endpoint ([`crate::streaming`]); `None`: not served. Its bound port is
     /// published as the Node's kubelet endpoint.
     pub streaming: Option<crate::streaming::StreamingConfig>,
-    /// Parent cgroup of every pod (`<parent>/pod<uid>`, the kubelet's cgroupfs layout), so
-    /// the node's pods can be found, limited and cleaned up as a group; `None`: the
-    /// runtime's default.
-    pub cgroup_parent: Option<String>,
-    /// The eBPF service proxy run in process ([`skiff_proxy::daemon`]); `None`: not run
-    /// (tests, simulation, or a separate `skiff-proxy`).
-    pub proxy: Option<skiff_proxy::daemon::ProxyConfig>,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            cgroup_parent: None,
-            proxy: None,
             node_name: String::new(),
             node_ip: None,
             root_dir: PathBuf::from(DEFAULT_ROOT_DIR),

@@ -113,27 +113,6 @@ struct RunArgs {
     /// The node's resolv.conf (upstreams of the cluster DNS for other names).
     #[arg(long, default_value = "/etc/resolv.conf")]
     resolv_conf: PathBuf,
-    /// Parent cgroup of the node's pods (`<parent>/pod<uid>`).
-    #[arg(long, default_value = "/skiff")]
-    cgroup_parent: String,
-    /// Do not run the eBPF service proxy in process (e.g. when skiff-proxy runs on its own).
-    #[arg(long)]
-    no_proxy: bool,
-    /// bpffs directory of the proxy's pinned maps and links (one per node).
-    #[arg(long, default_value = "/sys/fs/bpf/skiff")]
-    proxy_pin_dir: PathBuf,
-    /// cgroup v2 directory the socket-LB hooks attach to (default: the cgroup v2 root).
-    #[arg(long)]
-    proxy_cgroup: Option<PathBuf>,
-    /// Node-facing interfaces that get the XDP program (NodePort, ExternalIPs; repeatable).
-    #[arg(long)]
-    proxy_xdp_interface: Vec<String>,
-    /// Interfaces that get the tc programs (repeatable).
-    #[arg(long)]
-    proxy_tc_interface: Vec<String>,
-    /// Where the proxy serves /metrics.
-    #[arg(long, default_value = "127.0.0.1:10249")]
-    proxy_metrics_addr: std::net::SocketAddr,
 }
 
 async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
@@ -197,23 +176,6 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
         s.root_dir = c.root_dir.clone();
         s.serving_names = vec![c.node_name.clone(), c.effective_node_ip().to_string()];
         c.streaming = Some(s);
-    }
-    c.cgroup_parent = Some(args.cgroup_parent.clone()).filter(|p| !p.is_empty());
-    if !args.no_proxy {
-        let node_ip = match c.effective_node_ip() {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(ip) => bail!("the service proxy needs an IPv4 node address, not {ip}"),
-        };
-        c.proxy = Some(skiff_proxy::daemon::ProxyConfig {
-            node_name: c.node_name.clone(),
-            node_ip,
-            pin_dir: args.proxy_pin_dir.clone(),
-            cgroup: args.proxy_cgroup.clone(),
-            xdp_interfaces: args.proxy_xdp_interface.clone(),
-            tc_interfaces: args.proxy_tc_interface.clone(),
-            metrics_addr: Some(args.proxy_metrics_addr),
-            ..Default::default()
-        });
     }
     if !args.no_dns {
         let listen = c.cluster_dns.iter().map(|ip| std::net::SocketAddr::new(*ip, 53));

@@ -147,11 +147,6 @@ pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::Pod
                 }),
                 ..Default::default()
             }),
-            cgroup_parent: config
-                .cgroup_parent
-                .as_ref()
-                .map(|parent| format!("{}/pod{uid}", parent.trim_end_matches('/')))
-                .unwrap_or_default(),
             ..Default::default()
         }),
         windows: None,
