@@ -2,6 +2,8 @@
 //! verbs over the store, and watches served from the watch cache.
 
 pub mod alloc;
+pub mod authn;
+pub mod authz;
 pub mod cache;
 mod discovery;
 mod handlers;
@@ -54,6 +56,8 @@ pub struct ApiConfig {
     /// How often store history is compacted to the revision seen one period earlier
     /// (upstream's --etcd-compaction-interval, 5 minutes).
     pub compaction_interval: Duration,
+    /// Authentication and authorization (off by default in the library; skiff-server on).
+    pub auth: authn::AuthConfig,
 }
 
 impl Default for ApiConfig {
@@ -65,6 +69,7 @@ impl Default for ApiConfig {
             default_watch_timeout: Duration::from_secs(1800),
             watch_history: 10_000,
             compaction_interval: Duration::from_secs(300),
+            auth: authn::AuthConfig::default(),
         }
     }
 }
@@ -78,6 +83,7 @@ pub struct ApiServer {
     pub alloc: Allocators,
     pub config: ApiConfig,
     pub metrics: handlers::Metrics,
+    pub auth: authn::Auth,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +98,8 @@ pub enum Error {
         #[source]
         source: Box<ApiError>,
     },
+    #[error("configuring authentication")]
+    Auth(#[source] authn::Error),
 }
 
 impl ApiServer {
@@ -103,6 +111,7 @@ impl ApiServer {
             .map_err(Error::Cache)?;
         let openapi = OpenApiDocs::build(&registry.descs()).map_err(Error::OpenApi)?;
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
+        let auth = authn::Auth::new(config.auth.clone()).map_err(Error::Auth)?;
         let server = Arc::new(ApiServer {
             registry,
             store,
@@ -111,9 +120,13 @@ impl ApiServer {
             alloc,
             config,
             metrics: handlers::Metrics::default(),
+            auth,
         });
         server.repair_allocations();
         server.bootstrap().await?;
+        authz::defaults::ensure(&server)
+            .await
+            .map_err(|(name, e)| Error::Bootstrap { name, source: Box::new(e) })?;
         Ok(server)
     }
 
@@ -178,13 +191,24 @@ impl ApiServer {
 
     /// The router: the HTTP face of the apiserver, also usable in process as a tower service.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new().fallback(dispatch).with_state(self.clone())
+        Router::new()
+            .fallback(dispatch)
+            .layer(axum::middleware::from_fn_with_state(self.clone(), authn::layer))
+            .with_state(self.clone())
     }
 
     /// A kube-rs client that calls this apiserver in memory through its tower service
     /// (no TCP, no TLS): how the in-process scheduler and controllers talk to the API.
+    /// Its requests carry the privileged `system:apiserver` identity (system:masters), which
+    /// only in-process callers can hold.
     pub fn client(self: &Arc<Self>) -> kube::Client {
-        kube::Client::new(self.router(), "default")
+        let service = tower::ServiceBuilder::new()
+            .map_request(|mut req: http::Request<kube::client::Body>| {
+                req.extensions_mut().insert(authn::InProcess::apiserver());
+                req
+            })
+            .service(self.router());
+        kube::Client::new(service, "default")
     }
 
     /// Periodic compaction of store history (upstream: every 5 minutes).
