@@ -172,8 +172,7 @@ pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> 
     let mut req: Value = if body.is_empty() {
         json!({})
     } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("decoding the TokenRequest: {e}")))?
+        crate::apiserver::authz::parse_body(body, "TokenRequest")?
     };
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let audiences: Vec<String> = match spec.get("audiences").and_then(Value::as_array) {
