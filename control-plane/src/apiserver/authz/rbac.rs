@@ -4,7 +4,7 @@
 //! resourceNames, nonResourceURLs).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use serde_json::{Value, json};
@@ -42,7 +42,7 @@ struct Snapshot {
 /// The authorizer's index, refreshed lazily from the watch cache.
 #[derive(Default)]
 pub struct RbacCache {
-    snapshot: Mutex<Option<Arc<Snapshot>>>,
+    snapshot: RwLock<Option<Arc<Snapshot>>>,
 }
 
 fn resource_names() -> [&'static str; 4] {
@@ -128,7 +128,12 @@ fn build(server: &ApiServer, fingerprint: [(Revision, usize); 4]) -> Snapshot {
 impl RbacCache {
     fn current(&self, server: &ApiServer) -> Arc<Snapshot> {
         let fp = fingerprint(server);
-        let mut guard = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = self.snapshot.read().unwrap_or_else(|e| e.into_inner()).as_ref()
+            && s.fingerprint == fp
+        {
+            return s.clone();
+        }
+        let mut guard = self.snapshot.write().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = guard.as_ref()
             && s.fingerprint == fp
         {
@@ -233,7 +238,7 @@ pub fn rule_allows(r: &PolicyRule, a: &Attributes) -> bool {
         }
         match r.resource_names.as_deref() {
             None | Some([]) => true,
-            Some(names) => !a.name.is_empty() && names.iter().any(|n| *n == a.name),
+            Some(names) => !a.name.is_empty() && names.contains(&a.name),
         }
     } else {
         let urls = r.non_resource_urls.as_deref().unwrap_or_default();
