@@ -1,8 +1,8 @@
 //! The Node authorizer (upstream's, chained before RBAC): a node's identity
-//! (`system:node:<name>` in `system:nodes`) may read the pods bound to it and the secrets,
-//! configmaps, PVCs and service accounts they reference, read services, endpoints,
-//! endpointslices and nodes, and write only its own Node, its own Lease, its pods' status
-//! and events.
+//! (`system:node:<name>` in `system:nodes`) may read pods (as upstream's NodeRules) and only
+//! the secrets, configmaps, PVCs and service accounts its own pods reference, read
+//! services, endpoints, endpointslices and nodes, and write only its own Node, its own
+//! Lease, its pods' status (and delete its pods) and events.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -101,14 +101,6 @@ fn referenced(server: &ApiServer, node: &str, ns: &str, kind: &str, name: &str) 
     pods_on(server, node, Some(ns)).iter().any(|p| references(&p.value(), kind).contains(name))
 }
 
-/// `fieldSelector=<field>=<value>` (also `==`) among the selector's terms.
-fn selects(selector: &str, field: &str, value: &str) -> bool {
-    selector.split(',').any(|term| {
-        let term = term.trim();
-        term == format!("{field}={value}") || term == format!("{field}=={value}")
-    })
-}
-
 pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
     let Some(node) = a.user.node_name() else { return Decision::NoOpinion(String::new()) };
     if !a.resource_request {
@@ -123,15 +115,11 @@ pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
             "update" | "patch" | "delete" if a.name == node => Decision::Allow,
             _ => deny(node, "cannot modify node objects other than its own"),
         },
+        // Reading pods is upstream's NodeRules (get/list/watch on all pods): the agent lists
+        // its own with spec.nodeName=<node>, and its cluster DNS cache watches every pod.
         ("", "pods", "") => match a.verb.as_str() {
-            "get" | "delete" if pod_bound(server, node, &a.namespace, &a.name) => Decision::Allow,
-            "list" | "watch" if selects(&a.field_selector, "spec.nodeName", node) => {
-                Decision::Allow
-            }
-            "list" | "watch" => deny(
-                node,
-                "can only list or watch pods with fieldSelector spec.nodeName=<its name>",
-            ),
+            "get" | "list" | "watch" => Decision::Allow,
+            "delete" if pod_bound(server, node, &a.namespace, &a.name) => Decision::Allow,
             _ => no_relationship(node),
         },
         ("", "pods", "status") => match a.verb.as_str() {
