@@ -171,6 +171,12 @@ fn scenario(minor: u32) {
         &["create", "deployment", "d", "--image", "busybox", "-n", "team"],
         r#"deployments.apps is forbidden: User "viewer" cannot create resource "deployments" in API group "apps" in the namespace "team""#,
     );
+    let whoami = viewer.ok(&["auth", "whoami", "-o", "json"]);
+    let whoami: serde_json::Value = serde_json::from_str(&whoami).expect("whoami JSON");
+    assert_eq!(whoami["status"]["userInfo"]["username"], "viewer", "{whoami}");
+    let groups = whoami["status"]["userInfo"]["groups"].to_string();
+    assert!(groups.contains("viewers") && groups.contains("system:authenticated"), "{groups}");
+    assert_eq!(can_i(&viewer, &["create", "pods", "--subresource", "exec", "-n", "team"]), "no");
     assert_eq!(can_i(&viewer, &["list", "pods", "-n", "team"]), "yes");
     assert_eq!(can_i(&viewer, &["get", "pods", "--subresource", "log", "-n", "team"]), "yes");
     assert_eq!(can_i(&viewer, &["delete", "pods", "-n", "team"]), "no");

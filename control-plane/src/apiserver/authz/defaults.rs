@@ -186,11 +186,14 @@ pub fn objects() -> Vec<Value> {
         binding("system:discovery", "system:discovery", &[("Group", "system:authenticated")]),
         role(
             "system:basic-user",
-            vec![rule(
-                &["authorization.k8s.io"],
-                &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
-                &["create"],
-            )],
+            vec![
+                rule(
+                    &["authorization.k8s.io"],
+                    &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                    &["create"],
+                ),
+                rule(&["authentication.k8s.io"], &["selfsubjectreviews"], &["create"]),
+            ],
         ),
         binding("system:basic-user", "system:basic-user", &[("Group", "system:authenticated")]),
         role("system:public-info-viewer", vec![urls(public_paths, &["get"])]),

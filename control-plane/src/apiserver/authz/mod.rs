@@ -73,6 +73,14 @@ impl Attributes {
             if a.resource == "namespaces" && a.namespace.is_empty() {
                 a.namespace = a.name.clone();
             }
+            // Upstream (AuthorizePodWebsocketUpgradeCreatePermission): exec, attach and
+            // port-forward over a websocket GET need `create`, as over POST.
+            if a.resource == "pods"
+                && matches!(a.subresource.as_str(), "exec" | "attach" | "portforward")
+                && a.verb == "get"
+            {
+                a.verb = "create".into();
+            }
         } else {
             a.verb = match *method {
                 Method::GET | Method::HEAD => "get",
@@ -284,6 +292,10 @@ pub enum Special {
     SelfSubjectAccessReview,
     SubjectAccessReview,
     SelfSubjectRulesReview,
+    /// `kubectl auth whoami` (authentication.k8s.io, any version).
+    SelfSubjectReview {
+        version: String,
+    },
     /// A node's client certificate for a joining agent (bootstrap token holders).
     NodeCsr,
 }
@@ -306,6 +318,9 @@ impl Special {
             ("authorization.k8s.io", "selfsubjectrulesreviews", "") => {
                 Some(Special::SelfSubjectRulesReview)
             }
+            ("authentication.k8s.io", "selfsubjectreviews", "") => {
+                Some(Special::SelfSubjectReview { version: a.version.clone() })
+            }
             ("certificates.k8s.io", "certificatesigningrequests", "") => Some(Special::NodeCsr),
             _ => None,
         }
@@ -325,6 +340,7 @@ impl Special {
             Special::SelfSubjectAccessReview => access_review(server, &user, &body, true),
             Special::SubjectAccessReview => access_review(server, &user, &body, false),
             Special::SelfSubjectRulesReview => rules_review(server, &user, &body),
+            Special::SelfSubjectReview { version } => Ok(self_subject_review(&user, &version)),
             Special::NodeCsr => authn::join::sign_node_csr(server, &user, &body).await,
         };
         match result {
@@ -492,6 +508,23 @@ fn access_review(
     }
     review["status"] = status;
     Ok(review)
+}
+
+/// SelfSubjectReview: who the caller is (the request body carries nothing else).
+fn self_subject_review(user: &UserInfo, version: &str) -> Value {
+    let mut info = json!({"username": user.name, "groups": user.groups});
+    if !user.uid.is_empty() {
+        info["uid"] = json!(user.uid);
+    }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
+    json!({
+        "apiVersion": format!("authentication.k8s.io/{version}"),
+        "kind": "SelfSubjectReview",
+        "metadata": {"creationTimestamp": null},
+        "status": {"userInfo": info},
+    })
 }
 
 /// SelfSubjectRulesReview: the RBAC rules that apply to the caller in a namespace.
