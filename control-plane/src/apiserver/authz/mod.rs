@@ -552,3 +552,47 @@ fn rules_review(server: &ApiServer, caller: &UserInfo, body: &Bytes) -> ApiResul
     });
     Ok(review)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(method: Method, path: &str, query: Option<&str>) -> Attributes {
+        Attributes::from_request(&UserInfo::new("bob", &[]), &method, path, query).unwrap()
+    }
+
+    #[test]
+    fn forbidden_messages_match_upstream() {
+        let a = attrs(Method::GET, "/api/v1/namespaces/team/pods", None);
+        assert_eq!(
+            forbidden(&a, "").message,
+            r#"pods is forbidden: User "bob" cannot list resource "pods" in API group "" in the namespace "team""#
+        );
+        let a = attrs(Method::DELETE, "/apis/apps/v1/namespaces/team/deployments/web", None);
+        let e = forbidden(&a, "");
+        assert_eq!(
+            e.message,
+            r#"deployments.apps "web" is forbidden: User "bob" cannot delete resource "deployments" in API group "apps" in the namespace "team""#
+        );
+        assert_eq!((e.kind.as_deref(), e.name.as_deref()), (Some("deployments"), Some("web")));
+        let a = attrs(Method::GET, "/api/v1/namespaces/team/pods/p/log", None);
+        assert_eq!(
+            forbidden(&a, "").message,
+            r#"pods "p" is forbidden: User "bob" cannot get resource "pods/log" in API group "" in the namespace "team""#
+        );
+        let a = attrs(Method::PATCH, "/api/v1/nodes/n2", None);
+        assert_eq!(
+            forbidden(&a, "because").message,
+            r#"nodes "n2" is forbidden: User "bob" cannot patch resource "nodes" in API group "" at the cluster scope: because"#
+        );
+        let a = attrs(Method::GET, "/metrics", None);
+        assert_eq!(
+            forbidden(&a, "").message,
+            r#"forbidden: User "bob" cannot get path "/metrics""#
+        );
+        let a = attrs(Method::GET, "/api/v1/watch/namespaces/x/pods", Some("fieldSelector=a%3Db"));
+        assert_eq!((a.verb.as_str(), a.field_selector.as_str()), ("watch", "a=b"));
+        let a = attrs(Method::GET, "/api/v1/namespaces/x/pods/p/exec", None);
+        assert_eq!(a.verb, "create");
+    }
+}
