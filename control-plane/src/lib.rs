@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod controllers;
+pub mod join;
 pub mod leader;
 pub mod machinery;
 pub mod pki;

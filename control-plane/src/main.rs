@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use skiff_control_plane::apiserver::alloc::Cidr;
+use skiff_control_plane::apiserver::authn::AuthorizationMode;
 use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::scheduler::SchedulerConfig;
-use skiff_control_plane::server::{self, ServerConfig, StoreConfig};
+use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};
 
 #[derive(Parser)]
 #[command(name = "skiff-server", about = "skiff control plane: a Kubernetes-compatible apiserver")]
@@ -55,6 +56,39 @@ struct Args {
     /// Encrypt Secrets at rest with this AES-GCM key (32 bytes, raw or base64).
     #[arg(long)]
     encryption_key_file: Option<PathBuf>,
+    /// Static bearer tokens: CSV lines `token,user,uid,"group1,group2"` (upstream format).
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Authorizers: `Node,RBAC` (default) or `AlwaysAllow`.
+    #[arg(long, default_value = "Node,RBAC")]
+    authorization_mode: String,
+    /// Serve plain HTTP with authentication and authorization off. Local development only.
+    #[arg(long)]
+    insecure_http: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Bootstrap join tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum TokenCommand {
+    /// Create a join token (printed on stdout) for `skiff-agent --server URL --token TOKEN`.
+    Create {
+        /// Admin kubeconfig of the running server (default: <data-dir>/admin.kubeconfig).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Validity in seconds.
+        #[arg(long, default_value_t = 86400)]
+        ttl: u64,
+    },
 }
 
 #[tokio::main]
@@ -66,6 +100,23 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(Command::Token { command: TokenCommand::Create { kubeconfig, ttl } }) = args.command
+    {
+        let kubeconfig = kubeconfig.unwrap_or_else(|| args.data_dir.join("admin.kubeconfig"));
+        let token = skiff_control_plane::join::create_token(
+            &kubeconfig,
+            std::time::Duration::from_secs(ttl),
+        )
+        .await
+        .context("creating a join token")?;
+        println!("{token}");
+        return Ok(());
+    }
+    let authorization = match args.authorization_mode.as_str() {
+        "Node,RBAC" | "RBAC,Node" | "RBAC" => AuthorizationMode::NodeRbac,
+        "AlwaysAllow" => AuthorizationMode::AlwaysAllow,
+        other => anyhow::bail!("--authorization-mode {other:?}: expected Node,RBAC or AlwaysAllow"),
+    };
     let mut config = ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
@@ -100,6 +151,11 @@ async fn main() -> Result<()> {
         config.controllers = Some(controllers);
         config.scheduler = Some(SchedulerConfig::default());
     }
+    config.auth = AuthOptions {
+        token_auth_file: args.token_auth_file,
+        authorization,
+        insecure_http: args.insecure_http,
+    };
     if let Some(servers) = args.etcd_servers {
         config.store = StoreConfig::Etcd {
             endpoints: servers.split(',').map(str::to_string).collect(),

@@ -11,6 +11,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::apiserver::authn::{AuthConfig, PeerCert};
 use crate::apiserver::{self, ApiConfig, ApiServer};
 use crate::pki::{self, Pki};
 use crate::store::DynStore;
@@ -46,6 +47,29 @@ pub struct ServerConfig {
     pub encryption_provider_config: Option<PathBuf>,
     /// Encryption at rest of Secrets with one AES-GCM key (`--encryption-key-file`).
     pub encryption_key_file: Option<PathBuf>,
+    pub auth: AuthOptions,
+}
+
+/// Authentication and authorization options of skiff-server.
+#[derive(Debug, Clone)]
+pub struct AuthOptions {
+    /// `--token-auth-file`: static bearer tokens (CSV: token,user,uid,"group1,group2").
+    pub token_auth_file: Option<PathBuf>,
+    /// `--authorization-mode`: Node,RBAC (default) or AlwaysAllow.
+    pub authorization: apiserver::authn::AuthorizationMode,
+    /// `--insecure-http`: serve plain HTTP with authentication and authorization off (every
+    /// request is an administrator). Local development only.
+    pub insecure_http: bool,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        AuthOptions {
+            token_auth_file: None,
+            authorization: apiserver::authn::AuthorizationMode::NodeRbac,
+            insecure_http: false,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -60,6 +84,7 @@ impl Default for ServerConfig {
             advertise_address: None,
             encryption_provider_config: None,
             encryption_key_file: None,
+            auth: AuthOptions::default(),
         }
     }
 }
@@ -72,6 +97,8 @@ pub enum Error {
     Encryption(#[source] crate::store::encryption::Error),
     #[error("setting up the PKI")]
     Pki(#[from] pki::Error),
+    #[error("loading the token file")]
+    TokenFile(#[source] apiserver::authn::Error),
     #[error("starting the apiserver")]
     Api(#[from] apiserver::Error),
     #[error("listening on {addr}")]
@@ -141,10 +168,11 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         config.listen.ip().to_string()
     };
     let pki = Pki::load_or_create(&config.data_dir, std::slice::from_ref(&host))?;
-    let store = open_store(&config).await?;
     let mut api_config = config.api.clone();
+    api_config.auth = auth_config(&config, &pki)?;
     api_config.kubelet_client =
         Some(apiserver::proxy::KubeletClient::new(pki.kubelet_client_config()?));
+    let store = open_store(&config).await?;
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);
     let listener = TcpListener::bind(config.listen)
@@ -191,9 +219,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     }
 
     let kubeconfig = config.data_dir.join("admin.kubeconfig");
+    let router = api.router();
+    if config.auth.insecure_http {
+        write_insecure_kubeconfig(&kubeconfig, &format!("http://{host}:{}", addr.port()))?;
+        tracing::warn!(%addr, "serving plain HTTP without authentication (--insecure-http)");
+        serve_plain(listener, router);
+        return Ok(Running { addr, api, kubeconfig });
+    }
     pki.write_admin_kubeconfig(&kubeconfig, &format!("https://{host}:{}", addr.port()))?;
     let acceptor = TlsAcceptor::from(Arc::new(pki.server_config()?));
-    let router = api.router();
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = match listener.accept().await {
@@ -206,14 +240,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
-            // The peer's address for the audit log's sourceIPs.
-            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
-                router.clone(),
-                move |mut r: http::Request<hyper::body::Incoming>| {
-                    r.extensions_mut().insert(apiserver::audit::PeerAddr(peer));
-                    r
-                },
-            ));
+            let router = router.clone();
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {
                     Ok(t) => t,
@@ -222,6 +249,24 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                         return;
                     }
                 };
+                // rustls verified the chain against the cluster CA; the leaf names the user.
+                let cert = PeerCert(
+                    tls.get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| apiserver::authn::user_from_cert(c.as_ref())),
+                );
+                let service = TowerToHyperService::new(
+                    tower::ServiceBuilder::new()
+                        .map_request(move |mut req: http::Request<hyper::body::Incoming>| {
+                            req.extensions_mut().insert(cert.clone());
+                            // The peer's address for the audit log's sourceIPs.
+                            req.extensions_mut().insert(apiserver::audit::PeerAddr(peer));
+                            req
+                        })
+                        .service(router),
+                );
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 builder.http2().max_concurrent_streams(1000);
                 if let Err(e) =
@@ -304,6 +349,56 @@ pub fn choose_host_address(route: &str, fib_trie: &str) -> Option<Ipv4Addr> {
         .find(|ip| subnets.iter().any(|(net, mask)| u32::from(**ip) & mask == *net))
         .or(locals.first())
         .copied()
+}
+
+fn auth_config(config: &ServerConfig, pki: &Pki) -> Result<AuthConfig, Error> {
+    let static_tokens = match &config.auth.token_auth_file {
+        Some(path) => apiserver::authn::tokens::load_token_file(path).map_err(Error::TokenFile)?,
+        None => Vec::new(),
+    };
+    Ok(AuthConfig {
+        enabled: !config.auth.insecure_http,
+        authorization: config.auth.authorization,
+        static_tokens,
+        sa_key_pem: pki.sa_key_pem.clone(),
+        sa_pub_pem: pki.sa_pub_pem.clone(),
+        ca_cert_pem: pki.ca_cert_pem.clone(),
+        ca_key_pem: pki.ca_key_pem.clone(),
+        ..config.api.auth.clone()
+    })
+}
+
+fn write_insecure_kubeconfig(path: &std::path::Path, server: &str) -> Result<(), Error> {
+    let cfg = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {server}\ncontexts:\n- name: admin@skiff\n  context:\n    cluster: skiff\n    user: admin\ncurrent-context: admin@skiff\nusers:\n- name: admin\n  user: {{}}\n"
+    );
+    std::fs::write(path, cfg)
+        .map_err(|source| Error::Pki(pki::Error::Io { path: path.to_path_buf(), source }))
+}
+
+fn serve_plain(listener: TcpListener, router: axum::Router) {
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let service = TowerToHyperService::new(router.clone());
+            tokio::spawn(async move {
+                let builder = auto::Builder::new(TokioExecutor::new());
+                if let Err(e) =
+                    builder.serve_connection_with_upgrades(TokioIo::new(tcp), service).await
+                {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                }
+            });
+        }
+    });
 }
 
 fn hostname() -> String {

@@ -61,6 +61,53 @@ impl TestServer {
     pub fn kubectl(&self, minor: u32) -> Kubectl {
         Kubectl::new(minor, &self.kubeconfig)
     }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// The server's PKI (CA, keys) from its data dir.
+    pub fn pki(&self) -> skiff_control_plane::pki::Pki {
+        skiff_control_plane::pki::Pki::load_or_create(self.dir.path(), &[])
+            .expect("loading the PKI")
+    }
+
+    /// A kubeconfig (written into the data dir as `<file>`) authenticating with a client
+    /// certificate for `user` in `groups`, signed by the server's CA.
+    pub fn cert_kubeconfig(&self, file: &str, user: &str, groups: &[&str]) -> PathBuf {
+        let pki = self.pki();
+        let (cert, key) = pki.issue_client(user, groups).expect("issuing a client certificate");
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, pki.kubeconfig(&self.url(), "user", &cert, &key))
+            .expect("writing a kubeconfig");
+        path
+    }
+
+    /// A kubeconfig with a bearer token (`None`: no credentials at all) and `ca_pem` as the
+    /// trusted CA (default: the server's CA).
+    pub fn token_kubeconfig(
+        &self,
+        file: &str,
+        token: Option<&str>,
+        ca_pem: Option<&str>,
+    ) -> PathBuf {
+        use base64::Engine;
+        let pki = self.pki();
+        let ca = base64::engine::general_purpose::STANDARD
+            .encode(ca_pem.unwrap_or(&pki.ca_cert_pem).as_bytes());
+        let user = match token {
+            Some(t) => format!("    token: {t}\n"),
+            None => "    {}\n".to_string(),
+        };
+        let cfg = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: c\n  context:\n    cluster: skiff\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n{user}",
+            self.url()
+        );
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, cfg).expect("writing a kubeconfig");
+        path
+    }
 }
 
 impl Drop for TestServer {

@@ -132,6 +132,13 @@ impl ResourceCache {
         self.len() == 0
     }
 
+    /// The revision of this resource's last change (changes whenever its objects do; what
+    /// derived indexes such as the RBAC authorizer's compare to know they are current).
+    pub fn last_change(&self) -> Revision {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.history.back().map_or(state.history_floor, |e| e.rv)
+    }
+
     /// Subscribe from `from` (events with rv > from), or with `None` get a snapshot of all
     /// current objects as ADDED events first.
     pub fn subscribe(

@@ -4,6 +4,8 @@
 pub mod admission;
 pub mod alloc;
 pub mod audit;
+pub mod authn;
+pub mod authz;
 pub mod cache;
 mod discovery;
 mod handlers;
@@ -62,6 +64,8 @@ pub struct ApiConfig {
     pub kubelet_client: Option<proxy::KubeletClient>,
     /// `--audit-log-path` / `--audit-level` (no path: no audit log).
     pub audit: audit::AuditConfig,
+    /// Authentication and authorization (off by default in the library; skiff-server on).
+    pub auth: authn::AuthConfig,
 }
 
 impl Default for ApiConfig {
@@ -75,6 +79,7 @@ impl Default for ApiConfig {
             compaction_interval: Duration::from_secs(300),
             kubelet_client: None,
             audit: audit::AuditConfig::default(),
+            auth: authn::AuthConfig::default(),
         }
     }
 }
@@ -92,6 +97,7 @@ pub struct ApiServer {
     pub admission: admission::Chain,
     /// The audit log, when configured.
     pub audit: Option<audit::AuditLog>,
+    pub auth: authn::Auth,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +114,8 @@ pub enum Error {
         #[source]
         source: Box<ApiError>,
     },
+    #[error("configuring authentication")]
+    Auth(#[source] authn::Error),
 }
 
 impl ApiServer {
@@ -120,6 +128,7 @@ impl ApiServer {
         let openapi = OpenApiDocs::build(&registry.descs()).map_err(Error::OpenApi)?;
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
         let audit = audit::AuditLog::open(&config.audit).map_err(Error::Audit)?;
+        let auth = authn::Auth::new(config.auth.clone()).map_err(Error::Auth)?;
         let server = Arc::new(ApiServer {
             registry,
             store,
@@ -130,9 +139,13 @@ impl ApiServer {
             metrics: handlers::Metrics::default(),
             admission: admission::Chain::builtin(),
             audit,
+            auth,
         });
         server.repair_allocations();
         server.bootstrap().await?;
+        authz::defaults::ensure(&server)
+            .await
+            .map_err(|(name, e)| Error::Bootstrap { name, source: Box::new(e) })?;
         Ok(server)
     }
 
@@ -197,13 +210,24 @@ impl ApiServer {
 
     /// The router: the HTTP face of the apiserver, also usable in process as a tower service.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new().fallback(dispatch).with_state(self.clone())
+        Router::new()
+            .fallback(dispatch)
+            .layer(axum::middleware::from_fn_with_state(self.clone(), authn::layer))
+            .with_state(self.clone())
     }
 
     /// A kube-rs client that calls this apiserver in memory through its tower service
     /// (no TCP, no TLS): how the in-process scheduler and controllers talk to the API.
+    /// Its requests carry the privileged `system:apiserver` identity (system:masters), which
+    /// only in-process callers can hold.
     pub fn client(self: &Arc<Self>) -> kube::Client {
-        kube::Client::new(self.router(), "default")
+        let service = tower::ServiceBuilder::new()
+            .map_request(|mut req: http::Request<kube::client::Body>| {
+                req.extensions_mut().insert(authn::InProcess::apiserver());
+                req
+            })
+            .service(self.router());
+        kube::Client::new(service, "default")
     }
 
     /// Periodic compaction of store history (upstream: every 5 minutes).

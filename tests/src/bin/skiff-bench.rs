@@ -2,7 +2,8 @@
 //! starts a release skiff-server as its own process and measures, in one run:
 //! creates/s with 1 and 64 concurrent clients (and the raw embedded store as the floor),
 //! LIST of 10k and 100k pods, watch delivery latency with 1,000 watchers, and server RSS
-//! at 10k pods. It prints a table and writes JSON to target/bench/apiserver.json.
+//! at 10k pods, and the authentication + authorization cost per request (a non-admin user
+//! under Node,RBAC with 1,000 bindings vs AlwaysAllow, two servers in the same run). It prints a table and writes JSON to target/bench/apiserver.json.
 //! `skiff-bench scheduler <server-binary>`: see `bench_scheduler` (target/bench/scheduler.json).
 
 use std::path::{Path, PathBuf};
@@ -55,9 +56,14 @@ fn free_port() -> u16 {
 }
 
 async fn start_server(bin: &Path) -> Result<ServerProcess> {
+    start_server_with(bin, &[]).await
+}
+
+async fn start_server_with(bin: &Path, extra_args: &[&str]) -> Result<ServerProcess> {
     let dir = tempfile::tempdir()?;
     let port = free_port();
     let child = Command::new(bin)
+        .args(extra_args)
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--listen")
@@ -323,6 +329,12 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
     record("LIST 100k pods (consistent)", l100k, "ms", format!("{} MB", size / 1_000_000));
     record("server RSS at 100k pods", server.rss_mb(), "MB", String::new());
 
+    drop(client);
+    drop(server);
+    for (name, value, unit, note) in auth_cost(server_bin).await? {
+        record(&name, value, unit, note);
+    }
+
     std::fs::create_dir_all(out_dir)?;
     let json: Vec<Value> = rows
         .iter()
@@ -332,6 +344,129 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
     std::fs::write(&path, serde_json::to_vec_pretty(&json)?)?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+const AUTH_BINDINGS: usize = 1_000;
+const AUTH_REQUESTS: usize = 3_000;
+
+async fn post_json(client: &Client, path: &str, body: Value) -> Result<()> {
+    let req = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    client.request_text(req).await?;
+    Ok(())
+}
+
+/// A server with 1,000 RBAC bindings (none of them the measured user's but one) and a
+/// kubeconfig of a non-admin user bound to `view` in namespace `authz`.
+async fn auth_fixture(server: &ServerProcess) -> Result<Client> {
+    let admin = client(&server.kubeconfig).await?;
+    create_ns(&admin, "authz").await?;
+    post_json(
+        &admin,
+        "/api/v1/namespaces/authz/pods",
+        serde_json::from_slice(&pod("authz", "p", None))?,
+    )
+    .await?;
+    let rb = |name: String, ns: Option<&str>, kind: &str, subject: String| {
+        let mut b = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": if ns.is_some() { "RoleBinding" } else { "ClusterRoleBinding" },
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+        });
+        if let Some(ns) = ns {
+            b["metadata"]["namespace"] = json!(ns);
+        }
+        b
+    };
+    for i in 0..AUTH_BINDINGS / 2 {
+        post_json(
+            &admin,
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            rb(format!("crb-{i}"), None, "User", format!("user-{i}")),
+        )
+        .await?;
+        post_json(
+            &admin,
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/authz/rolebindings",
+            rb(format!("rb-{i}"), Some("authz"), "Group", format!("group-{i}")),
+        )
+        .await?;
+    }
+    post_json(
+        &admin,
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/authz/rolebindings",
+        rb("bench-user".into(), Some("authz"), "User", "bench-user".into()),
+    )
+    .await?;
+    let data_dir = server.kubeconfig.parent().context("data dir")?;
+    let pki = skiff_control_plane::pki::Pki::load_or_create(data_dir, &[])?;
+    let (cert, key) = pki.issue_client("bench-user", &["bench-group"])?;
+    let kc = Kubeconfig::read_from(&server.kubeconfig)?;
+    let url = kc
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .context("server URL")?;
+    let path = data_dir.join("bench-user.kubeconfig");
+    std::fs::write(&path, pki.kubeconfig(&url, "bench-user", &cert, &key))?;
+    client(&path).await
+}
+
+/// Mean latency (µs) of sequential GETs of one pod, after a warm-up.
+async fn get_latency_us(client: &Client, n: usize) -> Result<f64> {
+    let get = || {
+        http::Request::get("/api/v1/namespaces/authz/pods/p")
+            .body(Vec::new())
+            .map_err(anyhow::Error::from)
+    };
+    for _ in 0..200 {
+        client.request_text(get()?).await?;
+    }
+    let started = Instant::now();
+    for _ in 0..n {
+        client.request_text(get()?).await?;
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// Authentication + authorization cost per request: the same non-admin user's GETs against
+/// a server authorizing with Node,RBAC over 1,000 bindings and one with AlwaysAllow
+/// (authorization disabled), in the same run; interleaved rounds, best of three each.
+async fn auth_cost(server_bin: &Path) -> Result<Vec<(String, f64, &'static str, String)>> {
+    let rbac_server = start_server(server_bin).await?;
+    let allow_server =
+        start_server_with(server_bin, &["--authorization-mode", "AlwaysAllow"]).await?;
+    let rbac = auth_fixture(&rbac_server).await?;
+    let allow = auth_fixture(&allow_server).await?;
+    let (mut best_rbac, mut best_allow) = (f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        best_rbac = best_rbac.min(get_latency_us(&rbac, AUTH_REQUESTS).await?);
+        best_allow = best_allow.min(get_latency_us(&allow, AUTH_REQUESTS).await?);
+    }
+    Ok(vec![
+        (
+            format!("GET latency, RBAC user ({AUTH_BINDINGS} bindings)"),
+            best_rbac,
+            "us",
+            "client cert authn + Node,RBAC authz".into(),
+        ),
+        (
+            "GET latency, authorization disabled".into(),
+            best_allow,
+            "us",
+            "client cert authn + AlwaysAllow".into(),
+        ),
+        (
+            "authz cost per request (difference)".into(),
+            best_rbac - best_allow,
+            "us",
+            format!("{:.1}% of the request", (best_rbac - best_allow) / best_rbac * 100.0),
+        ),
+    ])
 }
 
 #[tokio::main]
@@ -366,6 +501,15 @@ async fn main() -> Result<()> {
             let out = PathBuf::from(args.get(3).map(String::as_str).unwrap_or("target/bench"));
             bench_scheduler::scheduler_bench(&bin, &out).await
         }
-        other => bail!("unknown benchmark {other:?} (known: apiserver, creates, scheduler)"),
+        // Only the auth rows of the apiserver benchmark.
+        Some("auth") => {
+            let bin = PathBuf::from(args.get(2).context("usage: skiff-bench auth <skiff-server>")?);
+            println!("{:<44} {:>12} {:<8} note", "measure", "value", "unit");
+            for (name, value, unit, note) in auth_cost(&bin).await? {
+                println!("{name:<44} {value:>12.1} {unit:<8} {note}");
+            }
+            Ok(())
+        }
+        other => bail!("unknown benchmark {other:?} (known: apiserver, auth, creates, scheduler)"),
     }
 }

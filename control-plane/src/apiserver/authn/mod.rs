@@ -1,0 +1,239 @@
+//! Authentication: who is calling. Client certificates verified by the TLS listener against
+//! the cluster CA (CN = user, O = groups), bearer tokens (static token file, ServiceAccount
+//! JWTs, bootstrap join tokens), anonymous otherwise; then impersonation and authorization
+//! run in [`layer`], which leaves the final [`UserInfo`] in the request's extensions.
+
+pub mod join;
+pub mod serviceaccount;
+pub mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+
+use super::ApiServer;
+use super::authz;
+use super::status::ApiError;
+use super::user::{UserInfo, names};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading the token file {path}")]
+    ReadTokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    TokenFileLine { path: PathBuf, line: usize, message: String },
+    #[error("loading the service account key")]
+    ServiceAccountKey(#[source] jsonwebtoken::errors::Error),
+}
+
+/// Which authorizers decide (upstream `--authorization-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AuthorizationMode {
+    /// Node, then RBAC (upstream's recommended `Node,RBAC`).
+    #[default]
+    NodeRbac,
+    /// Every authenticated request is allowed (benchmarks, development).
+    AlwaysAllow,
+}
+
+/// Authentication and authorization settings of the apiserver.
+#[derive(Clone, Default)]
+pub struct AuthConfig {
+    /// Off (the library default, for in-process tests): every request runs as a member of
+    /// system:masters. `skiff-server` turns it on.
+    pub enabled: bool,
+    pub authorization: AuthorizationMode,
+    /// `--token-auth-file` entries.
+    pub static_tokens: Vec<tokens::StaticToken>,
+    /// PEM of the ServiceAccount token signing key (PKCS#8 EC P-256) and its public key.
+    pub sa_key_pem: String,
+    pub sa_pub_pem: String,
+    /// The cluster CA, which signs node client certificates for joining agents.
+    pub ca_cert_pem: String,
+    pub ca_key_pem: String,
+    /// Token issuer and the audiences the apiserver accepts (upstream defaults).
+    pub issuer: String,
+    pub audiences: Vec<String>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("enabled", &self.enabled)
+            .field("authorization", &self.authorization)
+            .field("static_tokens", &self.static_tokens.len())
+            .field("issuer", &self.issuer)
+            .field("audiences", &self.audiences)
+            .finish_non_exhaustive()
+    }
+}
+
+pub const DEFAULT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// The runtime form of [`AuthConfig`]: parsed keys and token tables.
+pub struct Auth {
+    pub config: AuthConfig,
+    pub sa: Option<serviceaccount::Keys>,
+    pub static_tokens: std::collections::HashMap<String, UserInfo>,
+    pub rbac: authz::rbac::RbacCache,
+}
+
+impl Auth {
+    pub fn new(config: AuthConfig) -> Result<Auth, Error> {
+        let sa = if config.sa_key_pem.is_empty() {
+            None
+        } else {
+            Some(serviceaccount::Keys::new(&config.sa_key_pem, &config.sa_pub_pem)?)
+        };
+        let static_tokens =
+            config.static_tokens.iter().map(|t| (t.token.clone(), t.user.clone())).collect();
+        Ok(Auth { config, sa, static_tokens, rbac: Default::default() })
+    }
+
+    pub fn issuer(&self) -> &str {
+        if self.config.issuer.is_empty() { DEFAULT_ISSUER } else { &self.config.issuer }
+    }
+
+    pub fn audiences(&self) -> Vec<String> {
+        if self.config.audiences.is_empty() {
+            vec![self.issuer().to_string()]
+        } else {
+            self.config.audiences.clone()
+        }
+    }
+}
+
+/// The verified client certificate's user, put in each request's extensions by the TLS
+/// listener for the connection (`None`: no certificate was presented).
+#[derive(Debug, Clone, Default)]
+pub struct PeerCert(pub Option<UserInfo>);
+
+/// The identity of in-process callers (`ApiServer::client()`), inserted by a tower layer
+/// around the in-memory service. Requests from the network never carry it: extensions are
+/// not part of the wire format and the listener inserts only [`PeerCert`].
+#[derive(Debug, Clone)]
+pub struct InProcess(pub UserInfo);
+
+impl InProcess {
+    pub fn apiserver() -> Self {
+        InProcess(UserInfo::new(names::APISERVER, &[names::MASTERS, names::AUTHENTICATED]))
+    }
+}
+
+/// The user named by a DER client certificate's subject (CN = user, O = groups).
+pub fn user_from_cert(der: &[u8]) -> Option<UserInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    if name.is_empty() {
+        return None;
+    }
+    let groups =
+        subject.iter_organization().filter_map(|o| o.as_str().ok().map(str::to_string)).collect();
+    Some(UserInfo { name, groups, ..Default::default() })
+}
+
+/// Paths anonymous clients may read (upstream's system:public-info-viewer).
+pub fn is_public_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
+        || path.starts_with("/healthz/")
+        || path.starts_with("/livez/")
+        || path.starts_with("/readyz/")
+}
+
+/// The one object anonymous clients may read besides the health and version paths.
+pub const CLUSTER_INFO_PATH: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+
+pub fn unauthorized() -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+}
+
+/// Authenticate the request's credentials. `Ok(None)`: no credentials (anonymous).
+pub fn authenticate(
+    server: &ApiServer,
+    headers: &http::HeaderMap,
+    cert: Option<&UserInfo>,
+) -> Result<Option<UserInfo>, ApiError> {
+    if let Some(user) = cert {
+        return Ok(Some(user.clone()));
+    }
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else { return Ok(None) };
+    let value = value.to_str().map_err(|_| unauthorized())?;
+    let Some(token) = value.strip_prefix("Bearer ").map(str::trim) else {
+        return Err(unauthorized());
+    };
+    if token.is_empty() {
+        return Err(unauthorized());
+    }
+    if let Some(user) = server.auth.static_tokens.get(token) {
+        return Ok(Some(user.clone()));
+    }
+    if let Some((id, secret)) = tokens::parse_bootstrap(token) {
+        return tokens::authenticate_bootstrap(server, id, secret)
+            .map(Some)
+            .ok_or_else(unauthorized);
+    }
+    if token.matches('.').count() == 2 {
+        return serviceaccount::authenticate(server, token).map(Some).map_err(|e| {
+            tracing::debug!(error = %e, "service account token refused");
+            unauthorized()
+        });
+    }
+    Err(unauthorized())
+}
+
+/// Upstream adds system:authenticated to every authenticated user.
+fn with_authenticated(mut user: UserInfo) -> UserInfo {
+    if !user.in_group(names::AUTHENTICATED) && user.name != names::ANONYMOUS {
+        user.groups.push(names::AUTHENTICATED.to_string());
+    }
+    user
+}
+
+/// The middleware in front of dispatch: authentication, impersonation, authorization, and
+/// the auth-owned endpoints (TokenRequest, access reviews, node join).
+pub async fn layer(State(server): State<Arc<ApiServer>>, mut req: Request, next: Next) -> Response {
+    match admit(&server, &mut req) {
+        Ok(None) => next.run(req).await,
+        Ok(Some(special)) => special.run(&server, req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Decide on a request; `Ok(Some(_))` when an auth endpoint answers it.
+fn admit(server: &ApiServer, req: &mut Request) -> Result<Option<authz::Special>, ApiError> {
+    let user = if let Some(InProcess(user)) = req.extensions().get::<InProcess>() {
+        user.clone()
+    } else if !server.auth.config.enabled {
+        UserInfo::new("system:admin", &[names::MASTERS, names::AUTHENTICATED])
+    } else {
+        let cert = req.extensions().get::<PeerCert>().and_then(|p| p.0.as_ref());
+        match authenticate(server, req.headers(), cert)? {
+            Some(user) => with_authenticated(user),
+            None => UserInfo::anonymous(),
+        }
+    };
+    let path = req.uri().path().to_string();
+    if user.name == names::ANONYMOUS
+        && !is_public_path(&path)
+        && !(req.method() == http::Method::GET && path == CLUSTER_INFO_PATH)
+    {
+        return Err(unauthorized());
+    }
+    let user = authz::impersonate(server, user, req.headers())?;
+    let attrs = authz::Attributes::from_request(&user, req.method(), &path, req.uri().query())?;
+    let special = authz::Special::of(&attrs);
+    if server.auth.config.enabled {
+        authz::authorize(server, &attrs)?;
+    }
+    req.extensions_mut().insert(user);
+    Ok(special)
+}

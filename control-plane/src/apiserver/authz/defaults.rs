@@ -1,0 +1,322 @@
+//! The default ClusterRoles and ClusterRoleBindings created at start (upstream's bootstrap
+//! policy, trimmed to the resources skiff serves): cluster-admin, admin, edit, view, the
+//! discovery roles, and the roles of the scheduler, controller manager, proxy, nodes and
+//! bootstrappers. Existing objects are left as they are (an administrator's edits win).
+
+use bytes::Bytes;
+use http::{HeaderValue, header};
+use serde_json::{Value, json};
+
+use crate::apiserver::ApiServer;
+use crate::apiserver::request::Query;
+use crate::apiserver::status::ApiError;
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] =
+    &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
+}
+
+fn urls(paths: &[&str], verbs: &[&str]) -> Value {
+    json!({"nonResourceURLs": paths, "verbs": verbs})
+}
+
+fn role(name: &str, rules: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+                     "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}},
+        "rules": rules,
+    })
+}
+
+fn binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> Value {
+    let subjects: Vec<Value> = subjects
+        .iter()
+        .map(|(kind, n)| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": n}))
+        .collect();
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+                     "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": subjects,
+    })
+}
+
+/// Namespaced resources a viewer may read (not secrets, as upstream's `view`).
+const VIEW_CORE: &[&str] = &[
+    "pods",
+    "pods/log",
+    "pods/status",
+    "services",
+    "services/status",
+    "endpoints",
+    "configmaps",
+    "persistentvolumeclaims",
+    "persistentvolumeclaims/status",
+    "replicationcontrollers",
+    "replicationcontrollers/scale",
+    "replicationcontrollers/status",
+    "serviceaccounts",
+    "events",
+    "limitranges",
+    "resourcequotas",
+    "resourcequotas/status",
+    "bindings",
+    "namespaces",
+    "namespaces/status",
+];
+const VIEW_APPS: &[&str] = &[
+    "deployments",
+    "deployments/scale",
+    "deployments/status",
+    "replicasets",
+    "replicasets/scale",
+    "replicasets/status",
+    "statefulsets",
+    "statefulsets/scale",
+    "statefulsets/status",
+    "daemonsets",
+    "daemonsets/status",
+    "controllerrevisions",
+];
+const VIEW_BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
+
+fn view_rules() -> Vec<Value> {
+    vec![
+        rule(&[""], VIEW_CORE, READ),
+        rule(&["apps"], VIEW_APPS, READ),
+        rule(&["batch"], VIEW_BATCH, READ),
+        rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+        rule(
+            &["autoscaling"],
+            &["horizontalpodautoscalers", "horizontalpodautoscalers/status"],
+            READ,
+        ),
+        rule(&["networking.k8s.io"], &["ingresses", "ingresses/status", "networkpolicies"], READ),
+        rule(&["policy"], &["poddisruptionbudgets", "poddisruptionbudgets/status"], READ),
+    ]
+}
+
+fn edit_rules() -> Vec<Value> {
+    let mut rules = view_rules();
+    rules.extend([
+        rule(
+            &[""],
+            &[
+                "pods",
+                "pods/attach",
+                "pods/exec",
+                "pods/portforward",
+                "pods/proxy",
+                "pods/eviction",
+                "services",
+                "services/proxy",
+                "endpoints",
+                "configmaps",
+                "secrets",
+                "persistentvolumeclaims",
+                "replicationcontrollers",
+                "replicationcontrollers/scale",
+                "serviceaccounts",
+                "events",
+            ],
+            WRITE,
+        ),
+        rule(&[""], &["serviceaccounts/token"], &["create"]),
+        rule(
+            &["apps"],
+            &[
+                "deployments",
+                "deployments/scale",
+                "deployments/rollback",
+                "replicasets",
+                "replicasets/scale",
+                "statefulsets",
+                "statefulsets/scale",
+                "daemonsets",
+            ],
+            WRITE,
+        ),
+        rule(&["batch"], &["jobs", "cronjobs"], WRITE),
+        rule(&["discovery.k8s.io"], &["endpointslices"], WRITE),
+        rule(&["autoscaling"], &["horizontalpodautoscalers"], WRITE),
+        rule(&["networking.k8s.io"], &["ingresses", "networkpolicies"], WRITE),
+        rule(&["policy"], &["poddisruptionbudgets"], WRITE),
+        rule(&["coordination.k8s.io"], &["leases"], WRITE),
+    ]);
+    rules
+}
+
+fn admin_rules() -> Vec<Value> {
+    let mut rules = edit_rules();
+    rules.extend([
+        rule(&["rbac.authorization.k8s.io"], &["roles", "rolebindings"], WRITE),
+        rule(&["authorization.k8s.io"], &["localsubjectaccessreviews"], &["create"]),
+    ]);
+    rules
+}
+
+/// The default ClusterRoles and ClusterRoleBindings.
+pub fn objects() -> Vec<Value> {
+    let discovery_paths = &[
+        "/api",
+        "/api/*",
+        "/apis",
+        "/apis/*",
+        "/healthz",
+        "/livez",
+        "/readyz",
+        "/version",
+        "/version/",
+        "/openapi",
+        "/openapi/*",
+    ];
+    let public_paths = &["/healthz", "/livez", "/readyz", "/version", "/version/"];
+    vec![
+        role("cluster-admin", vec![rule(&["*"], &["*"], &["*"]), urls(&["*"], &["*"])]),
+        binding("cluster-admin", "cluster-admin", &[("Group", "system:masters")]),
+        role("admin", admin_rules()),
+        role("edit", edit_rules()),
+        role("view", view_rules()),
+        role("system:discovery", vec![urls(discovery_paths, &["get"])]),
+        binding("system:discovery", "system:discovery", &[("Group", "system:authenticated")]),
+        role(
+            "system:basic-user",
+            vec![
+                rule(
+                    &["authorization.k8s.io"],
+                    &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                    &["create"],
+                ),
+                rule(&["authentication.k8s.io"], &["selfsubjectreviews"], &["create"]),
+            ],
+        ),
+        binding("system:basic-user", "system:basic-user", &[("Group", "system:authenticated")]),
+        role("system:public-info-viewer", vec![urls(public_paths, &["get"])]),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            &[("Group", "system:authenticated"), ("Group", "system:unauthenticated")],
+        ),
+        role(
+            "system:node-proxier",
+            vec![
+                rule(&[""], &["services", "endpoints", "nodes"], READ),
+                rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+                rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+            ],
+        ),
+        binding("system:node-proxier", "system:node-proxier", &[("User", "system:kube-proxy")]),
+        role(
+            "system:kube-scheduler",
+            vec![
+                rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+                rule(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["create", "get", "list", "watch", "update"],
+                ),
+                rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+                rule(&[""], &["bindings", "pods/binding"], &["create"]),
+                rule(&[""], &["pods/status"], &["patch", "update"]),
+                rule(
+                    &[""],
+                    &[
+                        "nodes",
+                        "namespaces",
+                        "services",
+                        "persistentvolumeclaims",
+                        "persistentvolumes",
+                        "replicationcontrollers",
+                        "configmaps",
+                    ],
+                    READ,
+                ),
+                rule(&["apps"], &["replicasets", "statefulsets"], READ),
+                rule(&["policy"], &["poddisruptionbudgets"], READ),
+                rule(
+                    &["storage.k8s.io"],
+                    &["storageclasses", "csinodes", "csidrivers", "csistoragecapacities"],
+                    READ,
+                ),
+            ],
+        ),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            &[("User", "system:kube-scheduler")],
+        ),
+        // skiff's controllers run in process as system:apiserver; an out-of-process
+        // controller manager gets the powers its controllers need: all objects.
+        role("system:kube-controller-manager", vec![rule(&["*"], &["*"], WRITE)]),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            &[("User", "system:kube-controller-manager")],
+        ),
+        // Nodes are authorized by the Node authorizer; the role is kept for parity and its
+        // binding has no subjects, as upstream's.
+        role(
+            "system:node",
+            vec![
+                rule(&[""], &["nodes"], &["create", "get", "list", "watch", "patch", "update"]),
+                rule(&[""], &["nodes/status"], &["patch", "update"]),
+                rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+                rule(&[""], &["pods/status"], &["patch", "update"]),
+                rule(&[""], &["services", "endpoints"], READ),
+                rule(&[""], &["secrets", "configmaps", "persistentvolumeclaims"], &["get"]),
+                rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+                rule(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["create", "delete", "get", "patch", "update"],
+                ),
+            ],
+        ),
+        binding("system:node", "system:node", &[]),
+        role(
+            "system:node-bootstrapper",
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests"],
+                &["create", "get", "list", "watch"],
+            )],
+        ),
+        binding(
+            "system:node-bootstrapper",
+            "system:node-bootstrapper",
+            &[("Group", "system:bootstrappers")],
+        ),
+    ]
+}
+
+/// Create the default policy objects that do not exist yet.
+pub async fn ensure(server: &ApiServer) -> Result<(), (String, ApiError)> {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let query = Query::parse(Some("fieldManager=skiff-server"));
+    for obj in objects() {
+        let plural = match obj["kind"].as_str() {
+            Some("ClusterRole") => "clusterroles",
+            _ => "clusterrolebindings",
+        };
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let Some(rt) = server.registry.find("rbac.authorization.k8s.io", "v1", plural) else {
+            continue;
+        };
+        if server.cache.resource(rt).get(&rt.key(None, &name)).is_some() {
+            continue;
+        }
+        let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        match crate::apiserver::handlers::create(server, rt, None, &query, &headers, &body).await {
+            Ok(_) => {}
+            Err(e) if e.reason == "AlreadyExists" => {}
+            Err(e) => return Err((name, e)),
+        }
+    }
+    Ok(())
+}

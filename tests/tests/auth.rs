@@ -1,0 +1,453 @@
+//! Authentication and authorization end to end with real kubectl (1.33 and 1.27): separate
+//! kubeconfigs for the admin, a user bound to `view` in one namespace, nodes, a service
+//! account, a static token, anonymous clients and a joining agent.
+
+use std::path::Path;
+
+use skiff_control_plane::apiserver::authn::serviceaccount::{
+    self, Claims, KubernetesClaims, ObjectRef,
+};
+use skiff_control_plane::server::ServerConfig;
+use skiff_tests::{Kubectl, TestServer};
+
+fn start() -> TestServer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, "static-secret-token,static-user,1001,\"devs,qa\"\n")
+        .expect("token file");
+    let mut config = ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        ..Default::default()
+    };
+    config.auth.token_auth_file = Some(tokens);
+    TestServer::start_with(dir, config)
+}
+
+fn stdout(k: &Kubectl, args: &[&str]) -> (bool, String, String) {
+    let out = k.run(args, None);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_forbidden(k: &Kubectl, args: &[&str], message: &str) {
+    let err = k.fails(args);
+    // kubectl prints "Error from server (Forbidden): <message>", or for some commands
+    // "error: failed to create deployment: <message>".
+    assert!(
+        (err.contains("(Forbidden)") || err.contains(" is forbidden: ")) && err.contains(message),
+        "{args:?}: expected Forbidden with {message:?}, got: {err}"
+    );
+}
+
+fn assert_unauthorized(k: &Kubectl, args: &[&str]) {
+    let err = k.fails(args);
+    // client-go reports a 401 as "You must be logged in to the server (<message>)".
+    assert!(
+        err.contains("You must be logged in to the server"),
+        "{args:?}: expected Unauthorized, got: {err}"
+    );
+}
+
+fn can_i(k: &Kubectl, args: &[&str]) -> String {
+    let mut full = vec!["auth", "can-i"];
+    full.extend_from_slice(args);
+    let (_, out, err) = stdout(k, &full);
+    // "yes", "no", or "no - <reason>".
+    let answer = out.split_whitespace().next().unwrap_or_default().to_string();
+    assert!(answer == "yes" || answer == "no", "auth can-i {args:?}: {out:?} {err}");
+    answer
+}
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: other}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: s1, namespace: team}
+stringData: {k: v}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: s2, namespace: team}
+stringData: {k: v}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1, namespace: team}
+spec:
+  nodeName: n1
+  containers:
+  - name: c
+    image: busybox
+    env:
+    - name: X
+      valueFrom: {secretKeyRef: {name: s1, key: k}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p2, namespace: team}
+spec:
+  nodeName: n2
+  containers: [{name: c, image: busybox}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: viewer-view, namespace: team}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: viewer}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: robot, namespace: team}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: robot-edit, namespace: team}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+subjects: [{kind: ServiceAccount, name: robot, namespace: team}]
+"#;
+
+fn scenario(minor: u32) {
+    let server = start();
+    let admin = server.kubectl(minor);
+    admin.ok_stdin(&["apply", "-f", "-"], Some(OBJECTS));
+
+    // The admin (system:masters) can do everything, and impersonate.
+    assert_eq!(can_i(&admin, &["delete", "nodes"]), "yes");
+    admin.ok(&["get", "pods", "-n", "team", "--as", "viewer"]);
+    assert_forbidden(
+        &admin,
+        &["get", "pods", "-n", "other", "--as", "viewer"],
+        r#"pods is forbidden: User "viewer" cannot list resource "pods" in API group "" in the namespace "other""#,
+    );
+
+    // A user bound to `view` in `team` (client certificate from the cluster CA).
+    let viewer =
+        Kubectl::new(minor, &server.cert_kubeconfig("viewer.kubeconfig", "viewer", &["viewers"]));
+    let pods = viewer.ok(&["get", "pods", "-n", "team", "-o", "name"]);
+    assert!(pods.contains("pod/p1") && pods.contains("pod/p2"), "{pods}");
+    viewer.ok(&["get", "pod", "p1", "-n", "team"]);
+    viewer.ok(&["get", "serviceaccounts,configmaps,services", "-n", "team"]);
+    assert_forbidden(
+        &viewer,
+        &["get", "pods", "-n", "other"],
+        r#"pods is forbidden: User "viewer" cannot list resource "pods" in API group "" in the namespace "other""#,
+    );
+    assert_forbidden(
+        &viewer,
+        &["delete", "pod", "p1", "-n", "team"],
+        r#"pods "p1" is forbidden: User "viewer" cannot delete resource "pods" in API group "" in the namespace "team""#,
+    );
+    assert_forbidden(
+        &viewer,
+        &["get", "secrets", "-n", "team"],
+        r#"secrets is forbidden: User "viewer" cannot list resource "secrets" in API group "" in the namespace "team""#,
+    );
+    assert_forbidden(
+        &viewer,
+        &["get", "nodes"],
+        r#"nodes is forbidden: User "viewer" cannot list resource "nodes" in API group "" at the cluster scope"#,
+    );
+    assert_forbidden(
+        &viewer,
+        &["create", "deployment", "d", "--image", "busybox", "-n", "team"],
+        r#"deployments.apps is forbidden: User "viewer" cannot create resource "deployments" in API group "apps" in the namespace "team""#,
+    );
+    let whoami = viewer.ok(&["auth", "whoami", "-o", "json"]);
+    let whoami: serde_json::Value = serde_json::from_str(&whoami).expect("whoami JSON");
+    assert_eq!(whoami["status"]["userInfo"]["username"], "viewer", "{whoami}");
+    let groups = whoami["status"]["userInfo"]["groups"].to_string();
+    assert!(groups.contains("viewers") && groups.contains("system:authenticated"), "{groups}");
+    assert_eq!(can_i(&viewer, &["create", "pods", "--subresource", "exec", "-n", "team"]), "no");
+    assert_eq!(can_i(&viewer, &["list", "pods", "-n", "team"]), "yes");
+    assert_eq!(can_i(&viewer, &["get", "pods", "--subresource", "log", "-n", "team"]), "yes");
+    assert_eq!(can_i(&viewer, &["delete", "pods", "-n", "team"]), "no");
+    assert_eq!(can_i(&viewer, &["list", "pods", "-n", "other"]), "no");
+    assert_forbidden(
+        &viewer,
+        &["get", "pods", "-n", "team", "--as", "admin"],
+        r#"users "admin" is forbidden: User "viewer" cannot impersonate resource "users" in API group "" at the cluster scope"#,
+    );
+
+    // A static token (--token-auth-file): authenticated, no bindings until its group gets one.
+    let static_user = Kubectl::new(
+        minor,
+        &server.token_kubeconfig("static.kubeconfig", Some("static-secret-token"), None),
+    );
+    assert_forbidden(
+        &static_user,
+        &["get", "pods", "-n", "team"],
+        r#"User "static-user" cannot list"#,
+    );
+    admin.ok(&[
+        "create",
+        "clusterrolebinding",
+        "devs-view",
+        "--clusterrole",
+        "view",
+        "--group",
+        "devs",
+    ]);
+    wait_until(|| static_user.run(&["get", "pods", "-n", "other"], None).status.success());
+    assert_unauthorized(
+        &Kubectl::new(minor, &server.token_kubeconfig("bad.kubeconfig", Some("not-a-token"), None)),
+        &["get", "pods"],
+    );
+
+    // Anonymous (kube-rs: kubectl prompts for a user name when a kubeconfig has none):
+    // only health and version.
+    anonymous_requests(&server.token_kubeconfig("anon.kubeconfig", None, None));
+
+    // A node: reads what its pods need, writes only its own Node and its pods' status.
+    let n1 = Kubectl::new(
+        minor,
+        &server.cert_kubeconfig("n1.kubeconfig", "system:node:n1", &["system:nodes"]),
+    );
+    n1.ok(&["get", "nodes"]);
+    n1.ok(&["get", "pod", "p1", "-n", "team"]);
+    // Reading pods is open to nodes, as upstream's NodeRules (the agent's DNS watches all).
+    n1.ok(&["get", "pod", "p2", "-n", "team"]);
+    n1.ok(&["get", "pods", "-A", "--field-selector", "spec.nodeName=n1"]);
+    n1.ok(&["get", "secret", "s1", "-n", "team"]);
+    n1.ok(&["label", "node", "n1", "ready=yes"]);
+    assert_forbidden(
+        &n1,
+        &["label", "node", "n2", "ready=yes"],
+        r#"nodes "n2" is forbidden: User "system:node:n1" cannot patch resource "nodes""#,
+    );
+    assert_forbidden(
+        &n1,
+        &["delete", "node", "n2"],
+        r#"User "system:node:n1" cannot delete resource "nodes""#,
+    );
+    assert_forbidden(
+        &n1,
+        &["delete", "pod", "p2", "-n", "team"],
+        r#"pods "p2" is forbidden: User "system:node:n1" cannot delete resource "pods""#,
+    );
+    assert_forbidden(
+        &n1,
+        &["annotate", "pod", "p2", "-n", "team", "x=y"],
+        r#"pods "p2" is forbidden: User "system:node:n1" cannot"#,
+    );
+    assert_forbidden(&n1, &["get", "secret", "s2", "-n", "team"], "no relationship found");
+    assert_forbidden(
+        &n1,
+        &["create", "namespace", "n1-ns"],
+        r#"User "system:node:n1" cannot create resource "namespaces""#,
+    );
+    // Its pods' status: allowed for p1, not for p2.
+    let status_patch = r#"{"status":{"message":"from n1"}}"#;
+    n1.ok(&[
+        "patch",
+        "pod",
+        "p1",
+        "-n",
+        "team",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        status_patch,
+    ]);
+    assert_forbidden(
+        &n1,
+        &[
+            "patch",
+            "pod",
+            "p2",
+            "-n",
+            "team",
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            status_patch,
+        ],
+        r#"pods "p2" is forbidden: User "system:node:n1" cannot get resource "pods/status" in API group "" in the namespace "team": no relationship found between node 'n1' and this object"#,
+    );
+
+    // A service account token from the TokenRequest API (kubectl create token).
+    let token = admin.ok(&["create", "token", "robot", "-n", "team"]).trim().to_string();
+    let robot =
+        Kubectl::new(minor, &server.token_kubeconfig("robot.kubeconfig", Some(&token), None));
+    robot.ok(&["get", "pods", "-n", "team"]);
+    robot.ok(&["create", "configmap", "from-robot", "-n", "team", "--from-literal", "a=b"]);
+    assert_forbidden(
+        &robot,
+        &["get", "pods", "-n", "other"],
+        r#"User "system:serviceaccount:team:robot" cannot list resource "pods" in API group "" in the namespace "other""#,
+    );
+    // Expired, foreign-signed and tampered tokens are refused.
+    let pki = server.pki();
+    let sa_uid = admin.ok(&["get", "sa", "robot", "-n", "team", "-o", "jsonpath={.metadata.uid}"]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let claims = |exp: i64| Claims {
+        iss: "https://kubernetes.default.svc.cluster.local".into(),
+        sub: "system:serviceaccount:team:robot".into(),
+        aud: vec!["https://kubernetes.default.svc.cluster.local".into()],
+        exp,
+        nbf: now - 7200,
+        iat: now - 7200,
+        jti: "test".into(),
+        kubernetes: KubernetesClaims {
+            namespace: "team".into(),
+            serviceaccount: ObjectRef { name: "robot".into(), uid: sa_uid.clone() },
+            pod: None,
+        },
+    };
+    let valid = serviceaccount::sign_with(&pki.sa_key_pem, &claims(now + 3600)).expect("sign");
+    let expired = serviceaccount::sign_with(&pki.sa_key_pem, &claims(now - 60)).expect("sign");
+    let foreign = serviceaccount::sign_with(&pki.ca_key_pem, &claims(now + 3600)).expect("sign");
+    let mut tampered = valid.clone();
+    tampered.insert_str(tampered.find('.').expect("jwt") + 1, "eyJ4IjoxfQ");
+    Kubectl::new(minor, &server.token_kubeconfig("valid.kubeconfig", Some(&valid), None))
+        .ok(&["get", "pods", "-n", "team"]);
+    for (name, t) in [("expired", &expired), ("foreign", &foreign), ("tampered", &tampered)] {
+        let k = Kubectl::new(
+            minor,
+            &server.token_kubeconfig(&format!("{name}.kubeconfig"), Some(t), None),
+        );
+        assert_unauthorized(&k, &["get", "pods", "-n", "team"]);
+    }
+    // Recreating the ServiceAccount invalidates its tokens (uid check).
+    admin.ok(&["delete", "sa", "robot", "-n", "team"]);
+    admin.ok(&["create", "sa", "robot", "-n", "team"]);
+    wait_until(|| !robot.run(&["get", "pods", "-n", "team"], None).status.success());
+    assert_unauthorized(&robot, &["get", "pods", "-n", "team"]);
+
+    // TLS: a client trusting another CA fails the handshake.
+    let wrong_ca = Kubectl::new(
+        minor,
+        &server.token_kubeconfig(
+            "wrong-ca.kubeconfig",
+            Some("static-secret-token"),
+            Some(&pki.admin_cert_pem),
+        ),
+    );
+    let err = wrong_ca.fails(&["get", "pods"]);
+    assert!(err.contains("x509") || err.contains("certificate"), "{err}");
+}
+
+fn anonymous_requests(kubeconfig: &Path) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("client config");
+        let client = kube::Client::try_from(config).expect("client");
+        let get = |path: &str| http::Request::get(path).body(Vec::new()).expect("request");
+        for path in ["/healthz", "/livez", "/readyz", "/version"] {
+            client.request_text(get(path)).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+        let code = |r: Result<String, kube::Error>| match r {
+            Err(kube::Error::Api(s)) => s.code,
+            other => panic!("expected an API error, got {other:?}"),
+        };
+        assert_eq!(code(client.request_text(get("/api/v1/namespaces/team/pods")).await), 401);
+        assert_eq!(code(client.request_text(get("/apis")).await), 401);
+        assert_eq!(code(client.request_text(get("/metrics")).await), 401);
+        let create = http::Request::post("/api/v1/namespaces")
+            .header("content-type", "application/json")
+            .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"anon"}}"#.to_vec())
+            .expect("request");
+        assert_eq!(code(client.request_text(create).await), 401);
+        let delete = http::Request::delete("/api/v1/namespaces/team/pods/p1")
+            .body(Vec::new())
+            .expect("request");
+        assert_eq!(code(client.request_text(delete).await), 401);
+    });
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "condition not reached within 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn kubectl_1_33() {
+    scenario(33);
+}
+
+#[test]
+fn kubectl_1_27() {
+    scenario(27);
+}
+
+/// A join token: good for one node certificate and nothing else.
+#[test]
+fn join_token_single_use() {
+    let server = start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let token = rt
+        .block_on(skiff_control_plane::join::create_token(
+            &server.kubeconfig,
+            std::time::Duration::from_secs(600),
+        ))
+        .expect("creating a join token");
+    // The token alone reads nothing.
+    let as_token =
+        Kubectl::new(33, &server.token_kubeconfig("join.kubeconfig", Some(&token), None));
+    let id = token.split('.').next().expect("id");
+    assert_forbidden(
+        &as_token,
+        &["get", "pods", "-A"],
+        &format!(r#"User "system:bootstrap:{id}" cannot list resource "pods""#),
+    );
+    assert_forbidden(
+        &as_token,
+        &["create", "namespace", "x"],
+        "cannot create resource \"namespaces\"",
+    );
+    // Joining yields a node identity.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = rt
+        .block_on(skiff_control_plane::join::bootstrap(&server.url(), &token, "n3", dir.path()))
+        .expect("joining with the token");
+    let node = Kubectl::new(33, &kubeconfig);
+    node.ok(&["get", "nodes"]);
+    assert_eq!(can_i(&node, &["create", "namespaces"]), "no");
+    assert_eq!(can_i(&node, &["patch", "nodes/n3"]), "yes");
+    assert_eq!(can_i(&node, &["patch", "nodes/n1"]), "no");
+    // ...once.
+    let again = rt.block_on(skiff_control_plane::join::bootstrap(
+        &server.url(),
+        &token,
+        "n4",
+        &dir.path().join("again"),
+    ));
+    assert!(again.is_err(), "a join token was accepted twice");
+    wait_until(|| {
+        String::from_utf8_lossy(&as_token.run(&["get", "pods", "-A"], None).stderr)
+            .contains("Unauthorized")
+    });
+    assert_unauthorized(&as_token, &["get", "pods", "-A"]);
+    assert!(!Path::new(&dir.path().join("again/kubelet.kubeconfig")).exists());
+}
