@@ -185,6 +185,9 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     // kube-controller-manager do).
     let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
     if let Some(mut cc) = config.controllers.clone() {
+        if cc.root_ca_pem.is_none() {
+            cc.root_ca_pem = Some(pki.ca_cert_pem.clone());
+        }
         if cc.apiserver_endpoint.is_none() {
             cc.apiserver_endpoint = apiserver_endpoint(&config, addr.port());
         }

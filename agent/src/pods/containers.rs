@@ -125,6 +125,48 @@ impl<'a> EnvSources<'a> {
         Ok(self.config_maps.get(name).and_then(|c| c.as_ref()))
     }
 
+    /// A ServiceAccount token bound to `pod`, minted through TokenRequest (the projected
+    /// `serviceAccountToken` volume source).
+    pub async fn service_account_token(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+    ) -> Result<String, ConfigError> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let sa_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: source.audience.clone().into_iter().collect(),
+                expiration_seconds: Some(source.expiration_seconds.unwrap_or(3607)),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+            },
+            ..Default::default()
+        };
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
+        let answer =
+            api.create_token_request(&sa_name, &Default::default(), &request).await.map_err(
+                |e| ConfigError(format!("requesting a token of serviceaccount {sa_name}: {e}")),
+            )?;
+        answer
+            .status
+            .map(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ConfigError(format!("serviceaccount {sa_name}: empty token")))
+    }
+
     pub async fn secret(&mut self, name: &str) -> Result<Option<&Secret>, ConfigError> {
         if !self.secrets.contains_key(name) {
             let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);

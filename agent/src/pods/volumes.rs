@@ -238,9 +238,11 @@ async fn materialize_one(
                 let items = d.items.as_deref().unwrap_or_default();
                 files.extend(downward_files(pod, items, mode, pod_ip, host_ip)?);
             }
-            if src.service_account_token.is_some() {
-                // Token projection needs the TokenRequest API (issue 7); left empty.
-                tracing::debug!(volume = %v.name, "serviceAccountToken projection not supported");
+            if let Some(t) = &src.service_account_token {
+                // Minted once when the volume is written; rotation before expiry (the
+                // kubelet refreshes at 80% of the lifetime) is not done yet.
+                let token = sources.service_account_token(pod, t).await?;
+                files.insert(t.path.clone(), (token.into_bytes(), mode));
             }
         }
         write_files(&dir, &files)?;

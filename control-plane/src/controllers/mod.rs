@@ -51,6 +51,9 @@ pub struct ControllerConfig {
     /// Endpoints/EndpointSlice (upstream `--advertise-address`/`--secure-port`); `None`
     /// leaves them alone.
     pub apiserver_endpoint: Option<(String, u16)>,
+    /// The cluster CA (PEM) published as the `kube-root-ca.crt` ConfigMap in every
+    /// namespace; `None`: not published.
+    pub root_ca_pem: Option<String>,
     /// `--terminated-pod-gc-threshold`: terminated pods kept before the pod GC deletes the
     /// oldest (upstream 12500; 0 disables).
     pub terminated_pod_gc_threshold: usize,
@@ -69,6 +72,7 @@ impl Default for ControllerConfig {
             node_cidr_mask: 24,
             event_ttl: Duration::from_secs(3600),
             apiserver_endpoint: None,
+            root_ca_pem: None,
             terminated_pod_gc_threshold: 12500,
             pod_gc_period: Duration::from_secs(20),
             pod_gc_quarantine: Duration::from_secs(40),

@@ -1,9 +1,11 @@
 //! The ServiceAccount controller: a `default` ServiceAccount in every active namespace,
-//! recreated when deleted (upstream serviceaccounts-controller).
+//! recreated when deleted (upstream serviceaccounts-controller), and the `kube-root-ca.crt`
+//! ConfigMap with the cluster CA next to it (upstream root-ca-cert-publisher), which the
+//! projected `kube-api-access-*` volume of every pod reads.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -16,11 +18,19 @@ use super::Context;
 use super::informer::{Change, informer, run_applier};
 
 pub const DEFAULT_NAME: &str = "default";
+/// The ConfigMap holding the cluster CA (`ca.crt`) in every namespace.
+pub const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("creating the default ServiceAccount in {namespace}")]
     Create {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("publishing {ROOT_CA_CONFIGMAP} in {namespace}")]
+    PublishRootCa {
         namespace: String,
         #[source]
         source: kube::Error,
@@ -65,13 +75,25 @@ async fn reconcile(ns: &Namespace, ctx: &Context) -> Result<Action, Error> {
         ..Default::default()
     };
     match api.create(&PostParams::default(), &sa).await {
-        Ok(_) => Ok(Action::await_change()),
+        Ok(_) => {}
         // Exists already, or the namespace is going away.
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 403 || e.code == 404 => {
-            Ok(Action::await_change())
-        }
-        Err(source) => Err(Error::Create { namespace: name, source }),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 403 || e.code == 404 => {}
+        Err(source) => return Err(Error::Create { namespace: name, source }),
     }
+    if let Some(ca) = &ctx.config.root_ca_pem {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &name);
+        let cm = ConfigMap {
+            metadata: ObjectMeta { name: Some(ROOT_CA_CONFIGMAP.into()), ..Default::default() },
+            data: Some([("ca.crt".to_string(), ca.clone())].into()),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &cm).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 403 || e.code == 404 => {}
+            Err(source) => return Err(Error::PublishRootCa { namespace: name, source }),
+        }
+    }
+    Ok(Action::await_change())
 }
 
 #[cfg(test)]
