@@ -89,7 +89,17 @@ pub struct Auth {
 impl Auth {
     pub fn new(config: AuthConfig) -> Result<Auth, Error> {
         let sa = if config.sa_key_pem.is_empty() {
-            None
+            // No configured key (an in-process apiserver): an ephemeral one, so TokenRequest
+            // works as it does on a real server; its tokens die with the process.
+            match rcgen::KeyPair::generate() {
+                Ok(key) => {
+                    Some(serviceaccount::Keys::new(&key.serialize_pem(), &key.public_key_pem())?)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no ServiceAccount signing key: TokenRequest disabled");
+                    None
+                }
+            }
         } else {
             Some(serviceaccount::Keys::new(&config.sa_key_pem, &config.sa_pub_pem)?)
         };
