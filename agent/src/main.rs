@@ -116,15 +116,30 @@ struct RunArgs {
 }
 
 async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
-    if args.server.is_some() || args.token.is_some() {
-        bail!(
-            "--server/--token: joining with a token is not available yet (the token exchange \
-             is part of \"Control plane III\"); use --kubeconfig FILE"
-        );
-    }
-    let path: &Path = match &args.kubeconfig {
-        Some(p) => p,
-        None => bail!("--kubeconfig FILE is required"),
+    // Joining with a bootstrap token: once, then the node's own kubeconfig (the token is
+    // single-use) under the root dir is what later starts use.
+    let joined;
+    let path: &Path = match (&args.kubeconfig, &args.server, &args.token) {
+        (Some(p), None, None) => p,
+        (None, Some(server), Some(token)) => {
+            let node_name = match &args.node_name {
+                Some(n) => n.clone(),
+                None => config::host_name().context("no --node-name and no host name")?,
+            };
+            let dir = args.root_dir.join("pki");
+            joined = dir.join("kubelet.kubeconfig");
+            if !joined.exists() {
+                skiff_control_plane::join::bootstrap(server, token, &node_name, &dir)
+                    .await
+                    .with_context(|| format!("joining {server} with the bootstrap token"))?;
+                tracing::info!(kubeconfig = %joined.display(), "joined the cluster");
+            }
+            &joined
+        }
+        (None, None, None) => {
+            bail!("--kubeconfig FILE, or --server URL --token TOKEN, is required")
+        }
+        _ => bail!("use either --kubeconfig FILE or --server URL --token TOKEN (both together)"),
     };
     let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
