@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use skiff_agent::config::{self, AgentConfig};
 use skiff_agent::runtime::cri::CriRuntime;
-use skiff_agent::{agent, images, simulate};
+use skiff_agent::{agent, images, lab, simulate};
 
 #[derive(Debug, Parser)]
 #[command(name = "skiff-agent", version, about = "skiff's node agent")]
@@ -25,6 +25,9 @@ enum Command {
     /// Test images: import an OCI archive, build the busybox test images.
     #[command(subcommand)]
     Images(images::ImagesCommand),
+    /// A whole cluster on this machine in network namespaces (`cargo xtask up`, e2e tests).
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
     /// N simulated nodes in this process: the real agent code over the in-memory runtime.
     Simulate {
         /// Number of nodes.
@@ -158,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Images(cmd)) => images::run_command(cmd).await,
+        Some(Command::Lab(cmd)) => lab::run_command(cmd).await,
         Some(Command::Simulate { nodes, prefix, cpu_millis, memory_mib }) => {
             let client = client(&cli.run).await?;
             let cfg = simulate::SimulateConfig {
