@@ -156,6 +156,10 @@ pub struct LabState {
     pub subnet: Ipv4Network,
     pub host_link: Option<String>,
     pub host_ip: Ipv4Addr,
+    /// A client namespace on the segment ("outside" the nodes: NodePorts from elsewhere),
+    /// address the subnet's 250th.
+    pub outside_netns: Option<String>,
+    pub outside_ip: Ipv4Addr,
     pub server_data_dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub server: Option<Proc>,
@@ -202,6 +206,14 @@ impl LabState {
 
     pub fn node(&self, name: &str) -> Option<&NodeState> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// A command run in the outside client's namespace.
+    pub fn outside_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.outside_netns.as_deref().unwrap_or("")))
+            .args(args);
+        c
     }
 
     /// A command run in a node's network namespace.
@@ -294,7 +306,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
             tracing::info!(dir = %config.dir.display(), "lab already running");
             return Ok(state);
         }
-        down(&config.dir)?;
+        down(&config.dir).await?;
     }
     let bin_dir = match &config.bin_dir {
         Some(d) => d.clone(),
@@ -338,6 +350,8 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         subnet: config.subnet,
         host_link: None,
         host_ip,
+        outside_netns: None,
+        outside_ip: config.subnet.nth(250).unwrap_or(host_ip),
         server_data_dir: config.server_data_dir.clone(),
         kubeconfig: config.server_data_dir.join("admin.kubeconfig"),
         server: None,
@@ -350,7 +364,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         Ok(()) => Ok(state),
         Err(e) => {
             tracing::error!(error = %e, "lab up failed; taking it down");
-            let _ = down(&config.dir);
+            let _ = down(&config.dir).await;
             Err(e)
         }
     }
@@ -376,6 +390,36 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         &host_link,
     ]))?;
     run(Command::new("ip").args(["link", "set", &host_link, "up"]))?;
+
+    // The outside client.
+    let out = format!("{}-out", state.name);
+    run(Command::new("ip").args(["netns", "add", &out]))?;
+    state.outside_netns = Some(out.clone());
+    state.save()?;
+    let out_ns = format!("--net=/run/netns/{out}");
+    run(Command::new("nsenter")
+        .args([&lab_ns, "ip", "link", "add", "o0", "type", "veth", "peer", "name", "eth0"]))?;
+    run(Command::new("nsenter").args([
+        &lab_ns,
+        "ip",
+        "link",
+        "set",
+        "eth0",
+        "netns",
+        &format!("/run/netns/{out}"),
+    ]))?;
+    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "set", "o0", "master", "br0", "up"]))?;
+    run(Command::new("nsenter").args([
+        &out_ns,
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/{}", state.outside_ip, state.subnet.prefix()),
+        "dev",
+        "eth0",
+    ]))?;
+    run(Command::new("nsenter").args([&out_ns, "ip", "link", "set", "eth0", "up"]))?;
+    run(Command::new("nsenter").args([&out_ns, "ip", "link", "set", "lo", "up"]))?;
 
     // The server, on the host's lab address.
     let _ = std::fs::remove_file(&state.kubeconfig);
@@ -524,7 +568,7 @@ pub async fn client(kubeconfig: &Path) -> Result<kube::Client, kube::Error> {
 /// Takes down the lab recorded in `dir` and removes every trace of it (processes, pods and
 /// shims, mounts, cgroups, bpffs pins, namespaces, links, the server's data dir and `dir`).
 /// Nothing there: nothing to do.
-pub fn down(dir: &Path) -> Result<()> {
+pub async fn down(dir: &Path) -> Result<()> {
     let Some(mut state) = LabState::load(dir)? else {
         return Ok(());
     };
@@ -537,6 +581,15 @@ pub fn down(dir: &Path) -> Result<()> {
         stop(&p, Duration::from_secs(5));
     }
     for n in &mut state.nodes {
+        // Pods through CRI first: their network goes through CNI DEL, and containerd knows
+        // them wherever their cgroups are.
+        if n.containerd.as_ref().is_some_and(alive) {
+            let socket = ContainerdConfig::under(&n.containerd_dir).socket;
+            let removed = tokio::time::timeout(Duration::from_secs(60), remove_pods(&socket)).await;
+            if !matches!(removed, Ok(Ok(()))) {
+                tracing::warn!(node = %n.name, "removing the pods through CRI failed");
+            }
+        }
         if let Some(p) = n.containerd.take() {
             stop(&p, Duration::from_secs(5));
         }
@@ -554,10 +607,25 @@ pub fn down(dir: &Path) -> Result<()> {
     if let Some(link) = &state.host_link {
         let _ = Command::new("ip").args(["link", "del", link]).stderr(Stdio::null()).status();
     }
+    if let Some(out) = &state.outside_netns {
+        let _ = Command::new("ip").args(["netns", "del", out]).stderr(Stdio::null()).status();
+    }
     let _ =
         Command::new("ip").args(["netns", "del", &state.lab_netns]).stderr(Stdio::null()).status();
     let _ = std::fs::remove_dir_all(&state.server_data_dir);
     std::fs::remove_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })
+}
+
+async fn remove_pods(socket: &Path) -> Result<(), crate::runtime::Error> {
+    use crate::runtime::Runtime;
+    let cri = crate::runtime::cri::CriRuntime::connect(socket)
+        .await?
+        .with_request_timeout(Duration::from_secs(20));
+    for sb in cri.list_pod_sandboxes(&Default::default()).await? {
+        let _ = cri.stop_pod_sandbox(&sb.id).await;
+        let _ = cri.remove_pod_sandbox(&sb.id).await;
+    }
+    Ok(())
 }
 
 /// Unmounts whatever is mounted below `dir` (deepest first; pod volumes of the agent).
@@ -732,7 +800,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
             let state = up(&config).await?;
             println!("{}", state.kubeconfig.display());
         }
-        LabCommand::Down { dir } => down(&dir)?,
+        LabCommand::Down { dir } => down(&dir).await?,
         LabCommand::Status { dir } => {
             let state = loaded(&dir)?;
             println!("{}", serde_json::to_string_pretty(&state)?);
