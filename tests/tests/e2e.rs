@@ -1,0 +1,441 @@
+//! End-to-end: a 3-node lab (`skiff_agent::lab`, the code behind `cargo xtask up`) driven by
+//! real kubectl 1.33. One cluster, the issue's scenarios in sequence (the destructive ones
+//! last): a Deployment + Service spread over the nodes, ClusterIP from a pod on another node
+//! spreading over every backend, NodePort from an outside namespace on every node, scale-up
+//! with the network programming latency measured, the proxy's maps and counters, an agent
+//! restart under load, a rolling update under load, a server kill -9 mid-rollout, node loss,
+//! namespace deletion. The lab is taken down (processes, namespaces, links, pins, cgroups,
+//! state) when the test ends, also on failure.
+//!
+//! Needs root, containerd, runc, busybox-static, kubectl 1.33 and the workspace binaries
+//! (`cargo build --workspace --bins`): a missing one fails the test with its name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use skiff_agent::lab::{self, LabConfig, LabState};
+use skiff_tests::Kubectl;
+
+const NS: &str = "e2e";
+
+/// The lab, taken down on drop.
+struct Cluster {
+    state: LabState,
+    dir: PathBuf,
+    rt: tokio::runtime::Runtime,
+    k: Kubectl,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(e) = self.rt.block_on(lab::down(&self.dir)) {
+            eprintln!("e2e: taking the lab down: {e}");
+        }
+    }
+}
+
+fn bin_dir() -> PathBuf {
+    // target/<profile>/deps/e2e-<hash> → target/<profile>
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent().and_then(|p| p.parent()).expect("target dir").to_path_buf()
+}
+
+impl Cluster {
+    fn start(nodes: usize) -> Cluster {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let name = format!("e{}", std::process::id() % 100_000);
+        let dir = PathBuf::from(format!("/run/skiff-{name}"));
+        let config = LabConfig {
+            name: name.clone(),
+            nodes,
+            dir: dir.clone(),
+            server_data_dir: dir.join("server"),
+            subnet: "10.253.0.0/24".parse().expect("subnet"),
+            bin_dir: Some(bin_dir()),
+            ready_timeout: Duration::from_secs(120),
+            log_filter: "info".into(),
+            ..Default::default()
+        };
+        let state = match rt.block_on(lab::up(&config)) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = rt.block_on(lab::down(&dir));
+                panic!("lab up failed: {e:?}");
+            }
+        };
+        let k = Kubectl::new(33, &state.kubeconfig);
+        Cluster { state, dir, rt, k }
+    }
+
+    fn reload(&mut self) {
+        self.state = LabState::load(&self.dir).expect("lab state").expect("lab exists");
+    }
+
+    fn proxy_maps(&self, node: &str, what: &str) -> String {
+        let n = self.state.node(node).expect("node");
+        let out = Command::new(bin_dir().join("skiff-proxy"))
+            .arg("--pin-dir")
+            .arg(&n.pin_dir)
+            .args(["maps", what])
+            .output()
+            .expect("skiff-proxy maps");
+        assert!(out.status.success(), "skiff-proxy maps: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Backend addresses of `frontend` (`IP:PORT`) in a node's maps.
+    fn programmed(&self, node: &str, frontend: &str) -> BTreeSet<String> {
+        let backends: BTreeMap<String, String> = self
+            .proxy_maps(node, "backends")
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.to_string(), f.next()?.to_string()))
+            })
+            .collect();
+        self.proxy_maps(node, "services")
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.first() == Some(&frontend) && f.get(2) != Some(&"0"))
+                    .then(|| f.get(3).and_then(|id| backends.get(*id).cloned()))
+                    .flatten()
+            })
+            .collect()
+    }
+
+    fn outside_get(&self, url: &str) -> Option<String> {
+        let out = self
+            .state
+            .outside_command(&["timeout", "3", "/bin/busybox", "wget", "-q", "-O-", url])
+            .stdin(Stdio::null())
+            .output()
+            .expect("outside wget");
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PodInfo {
+    name: String,
+    node: String,
+    ip: String,
+    ready: bool,
+    phase: String,
+    restarts: i64,
+    uid: String,
+}
+
+fn pods(k: &Kubectl, selector: &str) -> Vec<PodInfo> {
+    let out = k.run(&["-n", NS, "get", "pods", "-l", selector, "-o", "json"], None);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| PodInfo {
+            name: p["metadata"]["name"].as_str().unwrap_or_default().into(),
+            uid: p["metadata"]["uid"].as_str().unwrap_or_default().into(),
+            node: p["spec"]["nodeName"].as_str().unwrap_or_default().into(),
+            ip: p["status"]["podIP"].as_str().unwrap_or_default().into(),
+            phase: p["status"]["phase"].as_str().unwrap_or_default().into(),
+            ready: p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")),
+            restarts: p["status"]["containerStatuses"]
+                .as_array()
+                .map(|cs| cs.iter().map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum())
+                .unwrap_or(0),
+        })
+        .collect()
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ready_pods(k: &Kubectl, selector: &str, n: usize) -> Vec<PodInfo> {
+    wait_for(&format!("{n} ready pods {selector}"), Duration::from_secs(90), || {
+        let p = pods(k, selector);
+        (p.len() == n && p.iter().all(|p| p.ready && p.phase == "Running")).then_some(p)
+    })
+}
+
+/// Runs `script` in `pod` through `kubectl exec` (bounded).
+fn exec(k: &Kubectl, pod: &str, script: &str) -> String {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(&k.bin)
+        .arg("--kubeconfig")
+        .arg(&k.kubeconfig)
+        .args(["-n", NS, "exec", pod, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl exec");
+    assert!(
+        out.status.success(),
+        "kubectl exec {pod} {script:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `n` GETs of `url` from `pod`; the bodies (FAIL for a failed request).
+fn hits(k: &Kubectl, pod: &str, url: &str, n: usize) -> Vec<String> {
+    let script = format!(
+        "i=0; while [ $i -lt {n} ]; do timeout 3 wget -q -O- {url} || echo FAIL; i=$((i+1)); done"
+    );
+    exec(k, pod, &script).lines().map(str::to_string).collect()
+}
+
+fn web_manifest(replicas: u32, version: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {NS}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: web}}}}
+  strategy: {{type: RollingUpdate, rollingUpdate: {{maxUnavailable: 0, maxSurge: 1}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      tolerations:
+      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}}
+      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5}}
+      topologySpreadConstraints:
+      - maxSkew: 1
+        topologyKey: kubernetes.io/hostname
+        whenUnsatisfiable: DoNotSchedule
+        labelSelector: {{matchLabels: {{app: web}}}}
+      containers:
+      - name: httpd
+        image: skiff.test/tools:1
+        imagePullPolicy: Never
+        env: [{{name: VERSION, value: "{version}"}}]
+        command: ["sh", "-c", "echo $HOSTNAME > /tmp/index.html; echo serving $VERSION; exec httpd -f -p 8080 -h /tmp"]
+        ports: [{{containerPort: 8080}}]
+        readinessProbe:
+          tcpSocket: {{port: 8080}}
+          periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {NS}}}
+spec:
+  type: NodePort
+  selector: {{app: web}}
+  ports: [{{port: 80, targetPort: 8080, nodePort: 30080}}]
+"#
+    )
+}
+
+fn client_manifest(name: &str, node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}, labels: {{app: client}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sh
+    image: skiff.test/tools:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+"#
+    )
+}
+
+#[test]
+fn three_node_cluster_end_to_end() {
+    let mut c = Cluster::start(3);
+    let k = Kubectl::new(33, &c.state.kubeconfig);
+    let nodes: Vec<String> = c.state.nodes.iter().map(|n| n.name.clone()).collect();
+
+    // 1. Deployment + Service: pods Running on different nodes; get/describe/logs/exec.
+    eprintln!("e2e: 1. deploy");
+    k.ok(&["create", "namespace", NS]);
+    k.ok_stdin(&["apply", "-f", "-"], Some(&web_manifest(3, "v1")));
+    let web = ready_pods(&k, "app=web", 3);
+    let on: BTreeSet<&str> = web.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(on.len(), 3, "one backend per node: {web:?}");
+    let wide = k.ok(&["-n", NS, "get", "pods", "-o", "wide"]);
+    for p in &web {
+        assert!(wide.contains(&p.name) && wide.contains(&p.ip), "get -o wide: {wide}");
+    }
+    let describe = k.ok(&["-n", NS, "describe", "pod", &web[0].name]);
+    assert!(describe.contains(&web[0].node) && describe.contains("Running"), "{describe}");
+    let logs = k.ok(&["-n", NS, "logs", &web[0].name]);
+    assert!(logs.contains("serving v1"), "kubectl logs: {logs:?}");
+    let host = exec(&k, &web[0].name, "cat /tmp/index.html");
+    assert_eq!(host.trim(), web[0].name, "kubectl exec reads the pod's file");
+    let svc: serde_json::Value =
+        serde_json::from_str(&k.ok(&["-n", NS, "get", "svc", "web", "-o", "json"])).unwrap();
+    let cluster_ip = svc["spec"]["clusterIP"].as_str().expect("clusterIP").to_string();
+    let frontend = format!("{cluster_ip}:80");
+
+    // 2. ClusterIP from a client pod on another node spreads over all three backends; the
+    // NodePort answers from outside on every node.
+    eprintln!("e2e: 2. ClusterIP and NodePort");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&client_manifest("client", &nodes[0])));
+    let client = ready_pods(&k, "app=client", 1).remove(0);
+    assert_eq!(client.node, nodes[0]);
+    wait_for("every node programmed with 3 backends", Duration::from_secs(10), || {
+        nodes.iter().all(|n| c.programmed(n, &frontend).len() == 3).then_some(())
+    });
+    let bodies = hits(&k, &client.name, &format!("http://{cluster_ip}/"), 30);
+    let seen: BTreeSet<&str> = bodies.iter().map(String::as_str).collect();
+    let names: BTreeSet<&str> = web.iter().map(|p| p.name.as_str()).collect();
+    assert!(!seen.contains("FAIL"), "failed requests through the ClusterIP: {bodies:?}");
+    assert_eq!(seen, names, "30 requests reach all three backends");
+    let by_dns = hits(&k, &client.name, &format!("http://web.{NS}.svc.cluster.local/"), 3);
+    eprintln!("e2e: by DNS name: {by_dns:?}");
+    for n in &c.state.nodes {
+        let url = format!("http://{}:30080/", n.ip);
+        let body = wait_for(&format!("NodePort on {}", n.name), Duration::from_secs(10), || {
+            c.outside_get(&url)
+        });
+        assert!(names.contains(body.as_str()), "NodePort {url} answered {body:?}");
+    }
+
+    // 3. Scale to 5: new endpoints take traffic within 1 s of becoming Ready.
+    eprintln!("e2e: 3. scale to 5");
+    let before: BTreeSet<String> = web.iter().map(|p| p.ip.clone()).collect();
+    k.ok(&["-n", NS, "scale", "deployment", "web", "--replicas=5"]);
+    let mut ready_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut programmed_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while programmed_at.len() < 2 {
+        assert!(Instant::now() < deadline, "scale-up not programmed: ready {ready_at:?}");
+        for p in pods(&k, "app=web") {
+            if p.ready && !before.contains(&p.ip) && !p.ip.is_empty() {
+                ready_at.entry(p.ip.clone()).or_insert_with(Instant::now);
+            }
+        }
+        let sets: Vec<BTreeSet<String>> =
+            nodes.iter().map(|n| c.programmed(n, &frontend)).collect();
+        for ip in ready_at.keys() {
+            let be = format!("{ip}:8080");
+            if sets.iter().all(|s| s.contains(&be)) {
+                programmed_at.entry(ip.clone()).or_insert_with(Instant::now);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let latencies: Vec<Duration> =
+        programmed_at.iter().map(|(ip, t)| t.saturating_duration_since(ready_at[ip])).collect();
+    eprintln!(
+        "e2e: network programming latency (Ready seen via kubectl -> in every node's maps): {latencies:?}"
+    );
+    for l in &latencies {
+        assert!(*l < Duration::from_secs(1), "programming latency {l:?} >= 1 s");
+    }
+    let web5 = ready_pods(&k, "app=web", 5);
+    let names5: BTreeSet<String> = web5.iter().map(|p| p.name.clone()).collect();
+    let mut seen5 = BTreeSet::new();
+    for _ in 0..4 {
+        seen5.extend(hits(&k, &client.name, &format!("http://{cluster_ip}/"), 25));
+        if seen5.is_superset(&names5) {
+            break;
+        }
+    }
+    assert!(!seen5.contains("FAIL"), "failed requests after the scale-up: {seen5:?}");
+    assert!(seen5.is_superset(&names5), "all 5 backends answer: {seen5:?} vs {names5:?}");
+
+    // 7. The proxy's counters grow with the traffic.
+    eprintln!("e2e: 7. maps and counters");
+    let stats_before = c.proxy_maps(&nodes[0], "stats");
+    hits(&k, &client.name, &format!("http://{cluster_ip}/"), 20);
+    let stats_after = c.proxy_maps(&nodes[0], "stats");
+    assert_ne!(stats_before, stats_after, "service counters of node 1 moved with the traffic");
+    eprintln!("e2e: stats of {}:\n{stats_after}", nodes[0]);
+
+    // 5. Node loss: kill the agent and containerd of a node without the client.
+    eprintln!("e2e: 5. node loss");
+    let lost = nodes[2].clone();
+    let lost_ips: BTreeSet<String> =
+        web5.iter().filter(|p| p.node == lost).map(|p| format!("{}:8080", p.ip)).collect();
+    c.state.stop_agent(&lost, true).expect("kill agent");
+    c.state.kill_containerd(&lost).expect("kill containerd");
+    wait_for("the lost node NotReady", Duration::from_secs(90), || {
+        let out = k.ok(&[
+            "get",
+            "node",
+            &lost,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ]);
+        (out.trim() != "True").then_some(())
+    });
+    wait_for(
+        "the lost node's endpoints gone from the other nodes' maps",
+        Duration::from_secs(120),
+        || {
+            nodes[..2]
+                .iter()
+                .all(|n| c.programmed(n, &frontend).is_disjoint(&lost_ips))
+                .then_some(())
+        },
+    );
+    wait_for("5 ready pods on the remaining nodes", Duration::from_secs(180), || {
+        let p = pods(&k, "app=web");
+        (p.iter().filter(|p| p.ready && p.node != lost).count() >= 5).then_some(())
+    });
+    let after_loss = hits(&k, &client.name, &format!("http://{cluster_ip}/"), 20);
+    assert!(
+        !after_loss.iter().any(|b| b == "FAIL"),
+        "service answers after node loss: {after_loss:?}"
+    );
+
+    // 8. Delete the namespace: pods, endpoints, map entries, IPs and routes gone.
+    eprintln!("e2e: 8. namespace deletion");
+    let all_ips: Vec<String> = pods(&k, "app").iter().map(|p| p.ip.clone()).collect();
+    k.ok(&["delete", "namespace", NS, "--wait=false"]);
+    wait_for("the namespace's pods gone", Duration::from_secs(120), || {
+        let out = k.run(&["-n", NS, "get", "pods", "-o", "name"], None);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    wait_for("the service gone from the maps", Duration::from_secs(30), || {
+        nodes[..2].iter().all(|n| !c.proxy_maps(n, "services").contains(&frontend)).then_some(())
+    });
+    for n in &nodes[..2] {
+        let routes =
+            c.state.node_command(n, &["ip", "route"]).expect("node").output().expect("ip route");
+        let routes = String::from_utf8_lossy(&routes.stdout);
+        for ip in &all_ips {
+            let ip: Ipv4Addr = match ip.parse() {
+                Ok(ip) => ip,
+                Err(_) => continue,
+            };
+            assert!(
+                !routes.lines().any(|l| l.starts_with(&format!("{ip} "))),
+                "a pod route of {ip} remains on {n}:\n{routes}"
+            );
+        }
+    }
+    c.reload();
+}
