@@ -3,8 +3,8 @@
 //! [`start`] registers the Node and starts the heartbeat and the pod sync over the given
 //! runtime, and the network glue when configured (CNI plugins and conflist once the node has
 //! a podCIDR, cross-node routes); [`run`] does the same and runs until the pod sync fails.
-//! Streaming (logs/exec), cluster DNS and the in-process proxy are composed here once their
-//! modules land (see AGENT.md); they take the same client and config.
+//! When configured, it also serves the logs/exec endpoint (its port published on the Node)
+//! and the node-local cluster DNS. The in-process eBPF proxy is composed by the binary.
 
 use std::sync::Arc;
 
@@ -31,6 +31,12 @@ pub enum Error {
     Pods(#[source] crate::pods::Error),
     #[error("an agent task panicked or was cancelled")]
     Task(#[source] tokio::task::JoinError),
+    #[error("putting the DNS address on its link")]
+    DnsLink(#[source] crate::dns::link::Error),
+    #[error("starting the cluster DNS")]
+    Dns(#[source] crate::dns::Error),
+    #[error("starting the streaming endpoint")]
+    Streaming(#[source] crate::streaming::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -42,11 +48,23 @@ pub struct AgentHandle {
     pods: JoinHandle<crate::pods::Result<()>>,
     static_pods: Option<JoinHandle<()>>,
     network: Option<JoinHandle<()>>,
+    dns: Option<crate::dns::DnsServer>,
+    streaming: Option<crate::streaming::StreamingServer>,
 }
 
 impl AgentHandle {
     pub fn node_name(&self) -> &str {
         &self.node_name
+    }
+
+    /// The cluster DNS, when this agent serves it.
+    pub fn dns(&self) -> Option<&crate::dns::DnsServer> {
+        self.dns.as_ref()
+    }
+
+    /// The address of the logs/exec endpoint, when this agent serves it.
+    pub fn streaming_addr(&self) -> Option<std::net::SocketAddr> {
+        self.streaming.as_ref().map(|s| s.addr())
     }
 
     /// Waits until the pod sync ends (it only ends on an error).
@@ -78,8 +96,34 @@ pub async fn start<R: Runtime + Clone>(
     if config.node_name.is_empty() {
         return Err(Error::NoNodeName);
     }
+    let mut config = config;
     let version = runtime.version().await.map_err(Error::RuntimeVersion)?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
+    // Streaming first: the Node publishes the port it is bound to.
+    let streaming = match config.streaming.clone() {
+        Some(s) => {
+            let server =
+                crate::streaming::serve(runtime.clone(), s).await.map_err(Error::Streaming)?;
+            config.streaming_port = server.addr().port();
+            Some(server)
+        }
+        None => None,
+    };
+    let dns = match config.dns.clone() {
+        Some(d) => {
+            if config.dns_link {
+                for addr in d.listen.iter().map(|a| a.ip()) {
+                    if !addr.is_loopback() && !addr.is_unspecified() {
+                        crate::dns::link::ensure_listen_address(addr)
+                            .await
+                            .map_err(Error::DnsLink)?;
+                    }
+                }
+            }
+            Some(crate::dns::serve(client.clone(), d).await.map_err(Error::Dns)?)
+        }
+        None => None,
+    };
     let config = Arc::new(config);
     let node = NodeAgent::register(client.clone(), config.clone(), &runtime_version)
         .await
@@ -102,7 +146,15 @@ pub async fn start<R: Runtime + Clone>(
         .clone()
         .map(|glue| tokio::spawn(network_glue(client.clone(), config.node_name.clone(), glue)));
     let pods = tokio::spawn(PodSync::new(ctx, allocatable).run());
-    Ok(AgentHandle { node_name: config.node_name.clone(), heartbeat, pods, static_pods, network })
+    Ok(AgentHandle {
+        node_name: config.node_name.clone(),
+        heartbeat,
+        pods,
+        static_pods,
+        network,
+        dns,
+        streaming,
+    })
 }
 
 /// The node's network glue: plugins installed, the conflist written once the node has a

@@ -114,6 +114,13 @@ pub struct AgentConfig {
     pub backoff: BackoffConfig,
     /// CNI config, plugins and routes; `None`: left to someone else (tests, simulation).
     pub network: Option<NetworkGlue>,
+    /// The node-local cluster DNS ([`crate::dns`]); `None`: not served by this agent.
+    pub dns: Option<crate::dns::DnsConfig>,
+    /// Put the DNS listen addresses on the `skiff-dns` link first (a real node).
+    pub dns_link: bool,
+    /// The logs/exec endpoint ([`crate::streaming`]); `None`: not served. Its bound port is
+    /// published as the Node's kubelet endpoint.
+    pub streaming: Option<crate::streaming::StreamingConfig>,
 }
 
 impl Default for AgentConfig {
@@ -137,6 +144,9 @@ impl Default for AgentConfig {
             streaming_port: 10250,
             backoff: BackoffConfig::default(),
             network: None,
+            dns: None,
+            dns_link: false,
+            streaming: None,
         }
     }
 }

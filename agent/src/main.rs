@@ -101,9 +101,24 @@ struct RunArgs {
     /// Leave CNI config, plugins and routes to someone else.
     #[arg(long)]
     no_network: bool,
+    /// Port of the logs/exec endpoint (published as the Node's kubelet endpoint).
+    #[arg(long, default_value_t = 10250)]
+    streaming_port: u16,
+    /// PEM CA of the apiserver's client certificate (default: the kubeconfig's CA).
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
+    /// Do not serve logs/exec.
+    #[arg(long)]
+    no_streaming: bool,
+    /// Do not serve the node-local cluster DNS.
+    #[arg(long)]
+    no_dns: bool,
+    /// The node's resolv.conf (upstreams of the cluster DNS for other names).
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    resolv_conf: PathBuf,
 }
 
-async fn client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
     if args.server.is_some() || args.token.is_some() {
         bail!(
             "--server/--token: joining with a token is not available yet (the token exchange \
@@ -118,10 +133,11 @@ async fn client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("loading {}", path.display()))?;
-    kube::Client::try_from(cfg).context("building the API client")
+    let client = kube::Client::try_from(cfg.clone()).context("building the API client")?;
+    Ok((client, cfg))
 }
 
-fn agent_config(args: &RunArgs) -> anyhow::Result<AgentConfig> {
+fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<AgentConfig> {
     let node_name = match &args.node_name {
         Some(n) => n.clone(),
         None => config::host_name().context("no --node-name and no host name")?,
@@ -147,6 +163,38 @@ fn agent_config(args: &RunArgs) -> anyhow::Result<AgentConfig> {
         }
         c.network = Some(glue);
     }
+    if !args.no_streaming {
+        let ca = match &args.client_ca_file {
+            Some(path) => {
+                let pem = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                skiff_agent::streaming::StreamingConfig::ca_from_pem(&pem)?
+            }
+            None => kube_config.root_cert.clone().context(
+                "the kubeconfig has no CA for the streaming endpoint: pass --client-ca-file",
+            )?,
+        };
+        let mut s = skiff_agent::streaming::StreamingConfig::new(ca);
+        s.listen = std::net::SocketAddr::from(([0, 0, 0, 0], args.streaming_port));
+        s.root_dir = c.root_dir.clone();
+        s.serving_names = vec![c.node_name.clone(), c.effective_node_ip().to_string()];
+        c.streaming = Some(s);
+    }
+    if !args.no_dns {
+        let listen = c.cluster_dns.iter().map(|ip| std::net::SocketAddr::new(*ip, 53));
+        let d = skiff_agent::dns::DnsConfig::default()
+            .with_listen(listen)
+            .with_cluster_domain(c.cluster_domain.clone());
+        let d = match d.clone().with_resolv_conf(&args.resolv_conf) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "no upstream resolvers: names outside the cluster get REFUSED");
+                d
+            }
+        };
+        c.dns = Some(d);
+        c.dns_link = true;
+    }
     Ok(c)
 }
 
@@ -163,7 +211,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Images(cmd)) => images::run_command(cmd).await,
         Some(Command::Lab(cmd)) => lab::run_command(cmd).await,
         Some(Command::Simulate { nodes, prefix, cpu_millis, memory_mib }) => {
-            let client = client(&cli.run).await?;
+            let (client, _) = client(&cli.run).await?;
             let cfg = simulate::SimulateConfig {
                 nodes,
                 prefix,
@@ -177,8 +225,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         None => {
-            let client = client(&cli.run).await?;
-            let config = agent_config(&cli.run)?;
+            let (client, kube_config) = client(&cli.run).await?;
+            let config = agent_config(&cli.run, &kube_config)?;
             let runtime =
                 CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
                     format!("connecting to containerd at {}", config.containerd_socket.display())

@@ -589,3 +589,44 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
     let body = std::fs::read_to_string(&conflist).expect("conflist written");
     assert!(body.contains("10.244.7.0/24"), "{body}");
 }
+
+#[tokio::test]
+async fn agent_serves_dns_and_streaming_and_publishes_the_streaming_port() {
+    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    let dir = tempfile::tempdir().expect("tmp");
+    let pki =
+        skiff_control_plane::pki::Pki::load_or_create(&dir.path().join("pki"), &[]).expect("pki");
+    let mut c = config(dir.path());
+    let ca = skiff_agent::streaming::StreamingConfig::ca_from_pem(&pki.ca_cert_pem).expect("ca");
+    let mut s = skiff_agent::streaming::StreamingConfig::new(ca);
+    s.listen = "127.0.0.1:0".parse().expect("addr");
+    s.root_dir = dir.path().to_path_buf();
+    c.streaming = Some(s);
+    c.dns = Some(
+        skiff_agent::dns::DnsConfig::default().with_listen(["127.0.0.1:0".parse().expect("addr")]),
+    );
+    let agent = agent::start(client.clone(), c, MemoryRuntime::new()).await.expect("agent");
+    let port = agent.streaming_addr().expect("streaming serves").port();
+    assert_ne!(port, 0);
+    let node = Api::<Node>::all(client.clone()).get(NODE).await.expect("node");
+    let published = node
+        .status
+        .and_then(|s| s.daemon_endpoints)
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|e| e.port);
+    assert_eq!(published, Some(i32::from(port)), "the Node points at the bound port");
+    let dns = agent.dns().expect("dns serves");
+    assert!(!dns.local_addrs().is_empty());
+    let mut synced = false;
+    for _ in 0..100 {
+        if dns.is_synced() {
+            synced = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(synced, "the DNS watches synced");
+}

@@ -21,10 +21,19 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             "--example",
             "bench_dataplane",
         ])),
+        // agent/examples/bench_dns.rs: queries/s, p99 and RSS of the cluster DNS at 10k services.
+        "dns" => run(cargo().current_dir(root).args([
+            "run",
+            "--release",
+            "-p",
+            "skiff-agent",
+            "--example",
+            "bench_dns",
+        ])),
         "scheduler" => crate::scheduler_bench::bench(root),
         "agent" => agent(root),
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, dns, scheduler)"
         ),
     }
 }

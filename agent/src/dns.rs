@@ -1,1 +1,0 @@
-//! Cluster DNS served from the agent's watch cache (Services, EndpointSlices, Pods).
