@@ -240,6 +240,14 @@ impl LabState {
             .arg(ContainerdConfig::under(&node.containerd_dir).cni_conf_dir)
             .arg("--cni-bin-dir")
             .arg(ContainerdConfig::under(&node.containerd_dir).cni_bin_dir)
+            .arg("--cni-data-dir")
+            .arg(node.dir.join("ipam"))
+            .args(["--cgroup-parent", &node.cgroup_parent])
+            .arg("--proxy-pin-dir")
+            .arg(&node.pin_dir)
+            .arg("--proxy-cgroup")
+            .arg(cgroup2_dir(&node.cgroup_parent))
+            .args(["--proxy-xdp-interface", "lab0"])
             .env("RUST_LOG", &self.log_filter);
         c
     }
@@ -248,6 +256,10 @@ impl LabState {
     pub fn start_agent(&mut self, node: &str) -> Result<()> {
         let Some(i) = self.nodes.iter().position(|n| n.name == node) else { return Ok(()) };
         let n = self.nodes[i].clone();
+        // The pods' cgroup v2 directory must exist for the proxy's socket-LB hooks (the
+        // first pod would make it); it goes with the node's cgroups in [`down`].
+        let cg = cgroup2_dir(&n.cgroup_parent);
+        std::fs::create_dir_all(&cg).map_err(|source| Error::Write { path: cg, source })?;
         let log = n.dir.join("agent.log");
         let marker = n.dir.join("agent").to_string_lossy().into_owned();
         let proc = spawn_background(self.agent_command(&n), &log, &marker)?;
@@ -626,6 +638,20 @@ async fn remove_pods(socket: &Path) -> Result<(), crate::runtime::Error> {
         let _ = cri.remove_pod_sandbox(&sb.id).await;
     }
     Ok(())
+}
+
+/// The cgroup v2 directory of a cgroup parent (the unified hierarchy's mount point from
+/// mountinfo: `/sys/fs/cgroup` on a pure v2 host, `/sys/fs/cgroup/unified` on a hybrid one).
+pub fn cgroup2_dir(parent: &str) -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let root = info
+        .lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            post.starts_with("cgroup2 ").then(|| pre.split(' ').nth(4).map(PathBuf::from))?
+        })
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+    root.join(parent.trim_start_matches('/'))
 }
 
 /// Unmounts whatever is mounted below `dir` (deepest first; pod volumes of the agent).
