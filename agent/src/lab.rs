@@ -247,7 +247,7 @@ impl LabState {
             .arg(&node.pin_dir)
             .arg("--proxy-cgroup")
             .arg(cgroup2_dir(&node.cgroup_parent))
-            .args(["--proxy-xdp-interface", "lab0"])
+            .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"])
             .env("RUST_LOG", &self.log_filter);
         c
     }
@@ -433,6 +433,16 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     run(Command::new("nsenter").args([&out_ns, "ip", "link", "set", "eth0", "up"]))?;
     run(Command::new("nsenter").args([&out_ns, "ip", "link", "set", "lo", "up"]))?;
 
+    // Native XDP on veths: frames the nodes' XDP sends back out of lab0 (NodePort to a
+    // remote backend, replies, RSTs) are received by the bridge ports only with NAPI on
+    // (GRO); and the links XDP rewrites packets from must carry full checksums (no
+    // CHECKSUM_PARTIAL left for a later stage that an XDP frame no longer has).
+    ethtool_set(Some(&out), "eth0", ETHTOOL_STXCSUM, 0)?;
+    ethtool_set(None, &host_link, ETHTOOL_STXCSUM, 0)?;
+    for port in ["h0", "o0"] {
+        ethtool_set(Some(&state.lab_netns), port, ETHTOOL_SGRO, 1)?;
+    }
+
     // The server, on the host's lab address.
     let _ = std::fs::remove_file(&state.kubeconfig);
     state.start_server()?;
@@ -472,6 +482,8 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         ]))?;
         run(Command::new("nsenter").args([&ns, "ip", "link", "set", "lab0", "up"]))?;
         run(Command::new("nsenter").args([&ns, "ip", "link", "set", "lo", "up"]))?;
+        ethtool_set(Some(&n.netns), "lab0", ETHTOOL_STXCSUM, 0)?;
+        ethtool_set(Some(&state.lab_netns), &port, ETHTOOL_SGRO, 1)?;
 
         let mut cc = ContainerdConfig::under(&n.containerd_dir);
         cc.log_file = n.dir.join("containerd.log");
@@ -638,6 +650,55 @@ async fn remove_pods(socket: &Path) -> Result<(), crate::runtime::Error> {
         let _ = cri.remove_pod_sandbox(&sb.id).await;
     }
     Ok(())
+}
+
+const ETHTOOL_STXCSUM: u32 = 0x17;
+const ETHTOOL_SGRO: u32 = 0x2c;
+
+/// An ethtool "set value" command (`ETHTOOL_STXCSUM`, `ETHTOOL_SGRO`) on `iface` in the
+/// namespace `/run/netns/<netns>` (the caller's when `None`); ethtool(8) is not needed.
+fn ethtool_set(netns: Option<&str>, iface: &str, cmd: u32, data: u32) -> Result<()> {
+    use nix::libc;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let call = || -> std::io::Result<()> {
+        let mut val = EthtoolValue { cmd, data };
+        // SAFETY: a zeroed ifreq is valid; the name is copied within its bounds (15 bytes
+        // and the zero); ifru_data points at `val`, which outlives the ioctl; the socket is
+        // closed right after.
+        unsafe {
+            let mut ifr: libc::ifreq = std::mem::zeroed();
+            for (d, s) in ifr.ifr_name.iter_mut().zip(iface.bytes().take(15)) {
+                *d = s as libc::c_char;
+            }
+            ifr.ifr_ifru.ifru_data = (&mut val as *mut EthtoolValue).cast();
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let rc = libc::ioctl(fd, 0x8946 /* SIOCETHTOOL */, &mut ifr);
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if rc != 0 {
+                return Err(err);
+            }
+        }
+        Ok(())
+    };
+    let command = format!("ethtool cmd {cmd:#x}={data} on {iface} in {netns:?}");
+    let result = match netns {
+        None => call(),
+        Some(ns) => {
+            let ns = skiff_cni::netns::NetNs::open(format!("/run/netns/{ns}"))
+                .map_err(|e| Error::Command { command: command.clone(), stderr: e.to_string() })?;
+            skiff_cni::netns::run_in(&ns, call)
+                .map_err(|e| Error::Command { command: command.clone(), stderr: e.to_string() })?
+        }
+    };
+    result.map_err(|e| Error::Command { command, stderr: e.to_string() })
 }
 
 /// The cgroup v2 directory of a cgroup parent (the unified hierarchy's mount point from

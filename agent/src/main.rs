@@ -134,6 +134,10 @@ struct RunArgs {
     /// Node-facing interfaces for the proxy's XDP NodePort path (repeatable).
     #[arg(long = "proxy-xdp-interface")]
     proxy_xdp_interfaces: Vec<String>,
+    /// Interfaces for the proxy's tc per-packet path, e.g. reverse translation of NodePort
+    /// replies leaving the node (repeatable).
+    #[arg(long = "proxy-tc-interface")]
+    proxy_tc_interfaces: Vec<String>,
 }
 
 /// The in-process proxy's config (None: --no-proxy, or an IPv6 node address).
@@ -145,6 +149,7 @@ fn proxy_config(args: &RunArgs, config: &AgentConfig) -> Option<skiff_proxy::dae
         pin_dir: args.proxy_pin_dir.clone(),
         cgroup: args.proxy_cgroup.clone(),
         xdp_interfaces: args.proxy_xdp_interfaces.clone(),
+        tc_interfaces: args.proxy_tc_interfaces.clone(),
         ..Default::default()
     })
 }
