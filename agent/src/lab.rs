@@ -287,6 +287,26 @@ impl LabState {
         self.save()
     }
 
+    /// Starts a node's containerd again (after [`LabState::kill_containerd`]): it recovers
+    /// its running pods' shims.
+    pub async fn start_containerd(&mut self, node: &str) -> Result<()> {
+        let Some(i) = self.nodes.iter().position(|n| n.name == node) else { return Ok(()) };
+        let n = self.nodes[i].clone();
+        let mut cc = ContainerdConfig::under(&n.containerd_dir);
+        cc.log_file = n.dir.join("containerd.log");
+        cc.cgroup_parent = n.cgroup_parent.clone();
+        let c = Containerd::start(&cc, Some(&n.netns))
+            .await
+            .map_err(|source| Error::Containerd { node: n.name.clone(), source })?;
+        self.nodes[i].containerd = c.pid().map(|pid| Proc {
+            pid,
+            marker: cc.config_file.to_string_lossy().into_owned(),
+            log: cc.log_file.clone(),
+        });
+        std::mem::forget(c);
+        self.save()
+    }
+
     /// Kills skiff-server with SIGKILL.
     pub fn kill_server(&mut self) -> Result<()> {
         if let Some(p) = self.server.take() {
@@ -854,6 +874,12 @@ pub enum LabCommand {
         dir: PathBuf,
         node: String,
     },
+    /// Start a node's containerd again.
+    StartContainerd {
+        #[arg(long, default_value = "/var/lib/skiff/lab")]
+        dir: PathBuf,
+        node: String,
+    },
     /// kill -9 skiff-server.
     KillServer {
         #[arg(long, default_value = "/var/lib/skiff/lab")]
@@ -896,6 +922,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
         LabCommand::StopAgent { dir, node, kill } => loaded(&dir)?.stop_agent(&node, kill)?,
         LabCommand::StartAgent { dir, node } => loaded(&dir)?.start_agent(&node)?,
         LabCommand::KillContainerd { dir, node } => loaded(&dir)?.kill_containerd(&node)?,
+        LabCommand::StartContainerd { dir, node } => loaded(&dir)?.start_containerd(&node).await?,
         LabCommand::KillServer { dir } => loaded(&dir)?.kill_server()?,
         LabCommand::StartServer { dir } => loaded(&dir)?.start_server()?,
     }

@@ -411,6 +411,13 @@ fn three_node_cluster_end_to_end() {
         "service answers after node loss: {after_loss:?}"
     );
 
+    // The node comes back: containerd recovers its pods' shims, the agent adopts them and
+    // finishes the evicted pods' deletion.
+    eprintln!("e2e: the lost node returns");
+    c.rt.block_on(c.state.start_containerd(&lost)).expect("containerd back");
+    c.state.start_agent(&lost).expect("agent back");
+    c.rt.block_on(lab::wait_ready(&c.state, Duration::from_secs(90))).expect("node Ready again");
+
     // 8. Delete the namespace: pods, endpoints, map entries, IPs and routes gone.
     eprintln!("e2e: 8. namespace deletion");
     let all_ips: Vec<String> = pods(&k, "app").iter().map(|p| p.ip.clone()).collect();
@@ -420,9 +427,27 @@ fn three_node_cluster_end_to_end() {
         String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
     });
     wait_for("the service gone from the maps", Duration::from_secs(30), || {
-        nodes[..2].iter().all(|n| !c.proxy_maps(n, "services").contains(&frontend)).then_some(())
+        nodes.iter().all(|n| !c.proxy_maps(n, "services").contains(&frontend)).then_some(())
     });
-    for n in &nodes[..2] {
+    let endpoints = k.run(&["-n", NS, "get", "endpointslices", "-o", "name"], None);
+    assert!(String::from_utf8_lossy(&endpoints.stdout).trim().is_empty(), "endpoint slices remain");
+    for n in &c.state.nodes {
+        // skiff-cni's IPAM store: one file per allocated address (under <dir>/<network>/).
+        let mut allocated = Vec::new();
+        let mut stack = vec![n.dir.join("ipam")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                } else if e.file_name().to_string_lossy().parse::<Ipv4Addr>().is_ok() {
+                    allocated.push(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        let leaked: Vec<&String> = allocated.iter().filter(|ip| all_ips.contains(ip)).collect();
+        assert!(leaked.is_empty(), "pod IPs still allocated on {}: {leaked:?}", n.name);
+    }
+    for n in &nodes {
         let routes =
             c.state.node_command(n, &["ip", "route"]).expect("node").output().expect("ip route");
         let routes = String::from_utf8_lossy(&routes.stdout);
@@ -438,4 +463,5 @@ fn three_node_cluster_end_to_end() {
         }
     }
     c.reload();
+    assert!(c.state.running(), "every lab process still runs");
 }
