@@ -26,7 +26,6 @@ struct Cluster {
     state: LabState,
     dir: PathBuf,
     rt: tokio::runtime::Runtime,
-    k: Kubectl,
 }
 
 impl Drop for Cluster {
@@ -70,8 +69,7 @@ impl Cluster {
                 panic!("lab up failed: {e:?}");
             }
         };
-        let k = Kubectl::new(33, &state.kubeconfig);
-        Cluster { state, dir, rt, k }
+        Cluster { state, dir, rt }
     }
 
     fn reload(&mut self) {
@@ -210,6 +208,30 @@ fn hits(k: &Kubectl, pod: &str, url: &str, n: usize) -> Vec<String> {
     exec(k, pod, &script).lines().map(str::to_string).collect()
 }
 
+/// GETs of `url` from `pod` in a loop for `secs` seconds, in the background; the join gives
+/// (ok, failed).
+fn load(k: &Kubectl, pod: &str, url: &str, secs: u32) -> std::thread::JoinHandle<(u64, u64)> {
+    let script = format!(
+        "end=$(( $(date +%s) + {secs} )); ok=0; fail=0; while [ $(date +%s) -lt $end ]; do \
+         if timeout 3 wget -q -O /dev/null {url}; then ok=$((ok+1)); else fail=$((fail+1)); fi; \
+         done; echo $ok $fail"
+    );
+    let mut cmd = Command::new("timeout");
+    cmd.arg(format!("{}", secs + 60))
+        .arg(&k.bin)
+        .arg("--kubeconfig")
+        .arg(&k.kubeconfig)
+        .args(["-n", NS, "exec", pod, "--", "sh", "-c", &script])
+        .stdin(Stdio::null());
+    std::thread::spawn(move || {
+        let out = cmd.output().expect("kubectl exec (load)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut f = text.split_whitespace().map(|n| n.parse::<u64>().unwrap_or(0));
+        assert!(out.status.success(), "load exec failed: {}", String::from_utf8_lossy(&out.stderr));
+        (f.next().unwrap_or(0), f.next().unwrap_or(u64::MAX))
+    })
+}
+
 fn web_manifest(replicas: u32, version: &str) -> String {
     format!(
         r#"apiVersion: apps/v1
@@ -238,6 +260,8 @@ spec:
         env: [{{name: VERSION, value: "{version}"}}]
         command: ["sh", "-c", "echo $HOSTNAME > /tmp/index.html; echo serving $VERSION; exec httpd -f -p 8080 -h /tmp"]
         ports: [{{containerPort: 8080}}]
+        lifecycle:
+          preStop: {{exec: {{command: ["sleep", "2"]}}}}
         readinessProbe:
           tcpSocket: {{port: 8080}}
           periodSeconds: 1
@@ -374,6 +398,56 @@ fn three_node_cluster_end_to_end() {
     assert_ne!(stats_before, stats_after, "service counters of node 1 moved with the traffic");
     eprintln!("e2e: stats of {}:\n{stats_after}", nodes[0]);
 
+    let url = format!("http://{cluster_ip}/");
+
+    // 4. Rolling update under continuous requests: zero failures.
+    eprintln!("e2e: 4. rolling update under load");
+    let running = load(&k, &client.name, &url, 40);
+    std::thread::sleep(Duration::from_secs(3));
+    k.ok_stdin(&["apply", "-f", "-"], Some(&web_manifest(5, "v2")));
+    k.ok(&["-n", NS, "rollout", "status", "deployment/web", "--timeout=150s"]);
+    let (ok, failed) = running.join().expect("load thread");
+    eprintln!("e2e: rolling update: {ok} requests ok, {failed} failed");
+    assert!(ok > 20, "too few requests ran: {ok}");
+    assert_eq!(failed, 0, "failed requests during the rolling update");
+
+    // 6. Restart an agent under load: no request fails, no pod restarts. The agent of a node
+    // with backends but without the client (the client's exec stream runs through its own
+    // node's agent).
+    eprintln!("e2e: 6. agent restart under load");
+    let before: Vec<(String, String, i64)> =
+        pods(&k, "app").iter().map(|p| (p.name.clone(), p.uid.clone(), p.restarts)).collect();
+    let running = load(&k, &client.name, &url, 20);
+    std::thread::sleep(Duration::from_secs(3));
+    c.state.stop_agent(&nodes[1], true).expect("kill -9 the agent");
+    std::thread::sleep(Duration::from_secs(1));
+    c.state.start_agent(&nodes[1]).expect("agent back");
+    let (ok, failed) = running.join().expect("load thread");
+    eprintln!("e2e: agent restart: {ok} requests ok, {failed} failed");
+    assert_eq!(failed, 0, "failed requests across the agent restart");
+    std::thread::sleep(Duration::from_secs(3));
+    let after: Vec<(String, String, i64)> =
+        pods(&k, "app").iter().map(|p| (p.name.clone(), p.uid.clone(), p.restarts)).collect();
+    assert_eq!(before, after, "pods (names, uids, restart counts) unchanged by the agent restart");
+
+    // 9. kill -9 skiff-server mid-rollout: the rollout completes after it returns.
+    eprintln!("e2e: 9. server kill -9 mid-rollout");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&web_manifest(5, "v3")));
+    std::thread::sleep(Duration::from_millis(1500));
+    c.state.kill_server().expect("kill -9 skiff-server");
+    std::thread::sleep(Duration::from_secs(1));
+    c.state.start_server().expect("server back");
+    wait_for("the apiserver back", Duration::from_secs(30), || {
+        k.run(&["get", "nodes"], None).status.success().then_some(())
+    });
+    k.ok(&["-n", NS, "rollout", "status", "deployment/web", "--timeout=180s"]);
+    let web_v3 = ready_pods(&k, "app=web", 5);
+    for p in &web_v3 {
+        let logs = k.ok(&["-n", NS, "logs", &p.name]);
+        assert!(logs.contains("serving v3"), "{} runs v3: {logs:?}", p.name);
+    }
+    let web5 = web_v3;
+
     // 5. Node loss: kill the agent and containerd of a node without the client.
     eprintln!("e2e: 5. node loss");
     let lost = nodes[2].clone();
@@ -464,4 +538,140 @@ fn three_node_cluster_end_to_end() {
     }
     c.reload();
     assert!(c.state.running(), "every lab process still runs");
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// `cargo xtask bench e2e`: network programming latency (an endpoint turning Ready in its
+/// EndpointSlice → present in every node's maps) and pod start latency (API create →
+/// Running and Ready) in a 3-node lab; a table and `target/bench/e2e.json`.
+#[test]
+#[ignore = "benchmark: run by `cargo xtask bench e2e`"]
+fn bench_e2e() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let c = Cluster::start(3);
+    let k = Kubectl::new(33, &c.state.kubeconfig);
+    let nodes: Vec<String> = c.state.nodes.iter().map(|n| n.name.clone()).collect();
+    k.ok(&["create", "namespace", NS]);
+    k.ok_stdin(&["apply", "-f", "-"], Some(&web_manifest(3, "v1")));
+    ready_pods(&k, "app=web", 3);
+    let svc: serde_json::Value =
+        serde_json::from_str(&k.ok(&["-n", NS, "get", "svc", "web", "-o", "json"])).unwrap();
+    let frontend = format!("{}:80", svc["spec"]["clusterIP"].as_str().expect("clusterIP"));
+    let client = c.rt.block_on(lab::client(&c.state.kubeconfig)).expect("client");
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), NS);
+    let ready_ips = || -> BTreeSet<String> {
+        c.rt.block_on(slices.list(&Default::default()))
+            .map(|l| {
+                l.items
+                    .iter()
+                    .flat_map(|s| s.endpoints.iter())
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .flat_map(|e| e.addresses.iter().cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    // Network programming: 3 → 6 → 3, three times (9 new endpoints).
+    let mut programming = Vec::new();
+    for round in 0..3 {
+        let base = ready_ips();
+        k.ok(&["-n", NS, "scale", "deployment", "web", "--replicas=6"]);
+        let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut done: BTreeMap<String, Instant> = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while done.len() < 3 {
+            assert!(Instant::now() < deadline, "round {round}: not programmed: {seen:?}");
+            for ip in ready_ips().difference(&base) {
+                seen.entry(ip.clone()).or_insert_with(Instant::now);
+            }
+            let sets: Vec<BTreeSet<String>> =
+                nodes.iter().map(|n| c.programmed(n, &frontend)).collect();
+            for ip in seen.keys() {
+                if sets.iter().all(|s| s.contains(&format!("{ip}:8080"))) {
+                    done.entry(ip.clone()).or_insert_with(Instant::now);
+                }
+            }
+        }
+        programming.extend(
+            done.iter().map(|(ip, t)| t.saturating_duration_since(seen[ip]).as_secs_f64() * 1e3),
+        );
+        k.ok(&["-n", NS, "scale", "deployment", "web", "--replicas=3"]);
+        ready_pods(&k, "app=web", 3);
+    }
+
+    // Pod start: 15 pods created at once, create → Ready.
+    let pods_api: kube::Api<Pod> = kube::Api::namespaced(client, NS);
+    let mut created = BTreeMap::new();
+    for i in 0..15 {
+        let name = format!("start-{i}");
+        let node = &nodes[i % nodes.len()];
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"app": "start"}},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "sh", "image": "skiff.test/tools:1",
+                    "imagePullPolicy": "Never", "command": ["sleep", "3600"]}],
+            },
+        }))
+        .expect("pod");
+        c.rt.block_on(pods_api.create(&Default::default(), &pod)).expect("create pod");
+        created.insert(name, Instant::now());
+    }
+    let mut started: BTreeMap<String, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while started.len() < created.len() {
+        assert!(Instant::now() < deadline, "pods not started: {started:?}");
+        let list = c.rt.block_on(pods_api.list(&Default::default())).expect("list pods");
+        for p in list.items {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready && created.contains_key(&name) {
+                started.entry(name).or_insert_with(Instant::now);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut pod_start: Vec<f64> = started
+        .iter()
+        .map(|(n, t)| t.saturating_duration_since(created[n]).as_secs_f64() * 1e3)
+        .collect();
+    programming.sort_by(f64::total_cmp);
+    pod_start.sort_by(f64::total_cmp);
+    let row = |name: &str, v: &[f64]| {
+        println!(
+            "{name:<44} {:>8.1} {:>8.1} {:>6}",
+            percentile(v, 0.5),
+            percentile(v, 0.99),
+            v.len()
+        )
+    };
+    println!("\n{:<44} {:>8} {:>8} {:>6}", "e2e (3-node lab)", "p50 ms", "p99 ms", "n");
+    row("network programming (Ready -> every node)", &programming);
+    row("pod start (create -> Ready, local image)", &pod_start);
+    let out = skiff_tests::workspace_root().join("target/bench");
+    std::fs::create_dir_all(&out).expect("target/bench");
+    let json = serde_json::json!({
+        "nodes": nodes.len(),
+        "network_programming_ms": {"p50": percentile(&programming, 0.5),
+            "p99": percentile(&programming, 0.99), "samples": programming},
+        "pod_start_ms": {"p50": percentile(&pod_start, 0.5),
+            "p99": percentile(&pod_start, 0.99), "samples": pod_start},
+    });
+    std::fs::write(out.join("e2e.json"), serde_json::to_vec_pretty(&json).unwrap())
+        .expect("writing e2e.json");
+    println!("wrote {}", out.join("e2e.json").display());
 }
