@@ -248,6 +248,10 @@ impl LabState {
             .arg("--proxy-cgroup")
             .arg(cgroup2_dir(&node.cgroup_parent))
             .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"])
+            // No upstream resolvers for the cluster DNS: names outside the cluster are
+            // REFUSED instead of forwarded (nothing leaves the machine).
+            .arg("--resolv-conf")
+            .arg(self.dir.join("resolv.conf"))
             .env("RUST_LOG", &self.log_filter);
         c
     }
@@ -545,6 +549,9 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let resolv = state.dir.join("resolv.conf");
+    std::fs::write(&resolv, "# skiff lab: no upstream resolvers (nothing leaves the machine)\n")
+        .map_err(|source| Error::Write { path: resolv, source })?;
     let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
     for name in &names {
         state.start_agent(name)?;
