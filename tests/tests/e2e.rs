@@ -662,7 +662,7 @@ fn bench_e2e() {
     println!("\n{:<44} {:>8} {:>8} {:>6}", "e2e (3-node lab)", "p50 ms", "p99 ms", "n");
     row("network programming (Ready -> every node)", &programming);
     row("pod start (create -> Ready, local image)", &pod_start);
-    let out = skiff_tests::workspace_root().join("target/bench");
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&out).expect("target/bench");
     let json = serde_json::json!({
         "nodes": nodes.len(),
