@@ -168,7 +168,10 @@ async fn network_glue(client: Client, node_name: String, glue: NetworkGlue) {
     let cidr = wait_for_pod_cidr(&client, &node_name).await;
     match crate::network::write_cni_config(
         &glue.cni_conf_dir,
-        &crate::network::CniSettings::new(cidr),
+        &match &glue.cni_data_dir {
+            Some(dir) => crate::network::CniSettings::new(cidr).data_dir(dir),
+            None => crate::network::CniSettings::new(cidr),
+        },
     ) {
         Ok(path) => tracing::info!(path = %path.display(), %cidr, "CNI config written"),
         Err(e) => tracing::error!(error = %e, "writing the CNI config"),

@@ -35,6 +35,9 @@ pub struct NetworkGlue {
     pub install_plugins: bool,
     /// Keep routes to other nodes' pod CIDRs (netlink, in the agent's network namespace).
     pub routes: Option<skiff_cni::routes::RouteConfig>,
+    /// skiff-cni's IPAM store directory (conflist `dataDir`); `None`: skiff-cni's default.
+    /// Nodes sharing a machine (the lab) need one each.
+    pub cni_data_dir: Option<PathBuf>,
 }
 
 impl NetworkGlue {
@@ -46,6 +49,7 @@ impl NetworkGlue {
             cni_bin_dir: "/var/lib/skiff/cni/bin".into(),
             install_plugins: true,
             routes: Some(skiff_cni::routes::RouteConfig::new(node_name)),
+            cni_data_dir: None,
         }
     }
 }
@@ -121,6 +125,9 @@ pub struct AgentConfig {
     /// The logs/exec endpoint ([`crate::streaming`]); `None`: not served. Its bound port is
     /// published as the Node's kubelet endpoint.
     pub streaming: Option<crate::streaming::StreamingConfig>,
+    /// cgroup parent of the pods (`LinuxPodSandboxConfig.cgroup_parent`); empty: the
+    /// runtime's default. Nodes sharing a machine (the lab) need one each.
+    pub cgroup_parent: String,
 }
 
 impl Default for AgentConfig {
@@ -144,6 +151,7 @@ impl Default for AgentConfig {
             streaming_port: 10250,
             backoff: BackoffConfig::default(),
             network: None,
+            cgroup_parent: String::new(),
             dns: None,
             dns_link: false,
             streaming: None,

@@ -12,6 +12,7 @@ pub mod config;
 pub mod containerd;
 pub mod dns;
 pub mod images;
+pub mod lab;
 pub mod network;
 pub mod node;
 pub mod pods;

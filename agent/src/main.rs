@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use skiff_agent::config::{self, AgentConfig};
 use skiff_agent::runtime::cri::CriRuntime;
-use skiff_agent::{agent, images, simulate};
+use skiff_agent::{agent, images, lab, simulate};
 
 #[derive(Debug, Parser)]
 #[command(name = "skiff-agent", version, about = "skiff's node agent")]
@@ -25,6 +25,9 @@ enum Command {
     /// Test images: import an OCI archive, build the busybox test images.
     #[command(subcommand)]
     Images(images::ImagesCommand),
+    /// A whole cluster on this machine in network namespaces (`cargo xtask up`, e2e tests).
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
     /// N simulated nodes in this process: the real agent code over the in-memory runtime.
     Simulate {
         /// Number of nodes.
@@ -95,6 +98,12 @@ struct RunArgs {
     /// The service network (an unreachable route covers it).
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: ipnetwork::Ipv4Network,
+    /// skiff-cni's IPAM store directory (default: skiff-cni's own, /var/lib/cni/skiff).
+    #[arg(long)]
+    cni_data_dir: Option<PathBuf>,
+    /// cgroup parent of the pods (default: the runtime's).
+    #[arg(long, default_value = "")]
+    cgroup_parent: String,
     /// Leave CNI config, plugins and routes to someone else.
     #[arg(long)]
     no_network: bool,
@@ -113,6 +122,36 @@ struct RunArgs {
     /// The node's resolv.conf (upstreams of the cluster DNS for other names).
     #[arg(long, default_value = "/etc/resolv.conf")]
     resolv_conf: PathBuf,
+    /// Do not run the eBPF service proxy in process.
+    #[arg(long)]
+    no_proxy: bool,
+    /// bpffs directory of the proxy's pinned maps and links.
+    #[arg(long, default_value = "/sys/fs/bpf/skiff")]
+    proxy_pin_dir: PathBuf,
+    /// cgroup v2 directory of the proxy's socket-LB hooks (default: the cgroup v2 root).
+    #[arg(long)]
+    proxy_cgroup: Option<PathBuf>,
+    /// Node-facing interfaces for the proxy's XDP NodePort path (repeatable).
+    #[arg(long = "proxy-xdp-interface")]
+    proxy_xdp_interfaces: Vec<String>,
+    /// Interfaces for the proxy's tc per-packet path, e.g. reverse translation of NodePort
+    /// replies leaving the node (repeatable).
+    #[arg(long = "proxy-tc-interface")]
+    proxy_tc_interfaces: Vec<String>,
+}
+
+/// The in-process proxy's config (None: --no-proxy, or an IPv6 node address).
+fn proxy_config(args: &RunArgs, config: &AgentConfig) -> Option<skiff_proxy::daemon::ProxyConfig> {
+    let std::net::IpAddr::V4(node_ip) = config.effective_node_ip() else { return None };
+    (!args.no_proxy).then(|| skiff_proxy::daemon::ProxyConfig {
+        node_name: config.node_name.clone(),
+        node_ip,
+        pin_dir: args.proxy_pin_dir.clone(),
+        cgroup: args.proxy_cgroup.clone(),
+        xdp_interfaces: args.proxy_xdp_interfaces.clone(),
+        tc_interfaces: args.proxy_tc_interfaces.clone(),
+        ..Default::default()
+    })
 }
 
 async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
@@ -164,11 +203,13 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
     c.sandbox_image = args.sandbox_image.clone();
     c.static_pod_dir = args.static_pod_dir.clone();
     c.max_pods = args.max_pods;
+    c.cgroup_parent = args.cgroup_parent.clone();
     c.heartbeat = Duration::from_secs(args.heartbeat_seconds.max(1));
     if !args.no_network {
         let mut glue = config::NetworkGlue::new(&c.node_name);
         glue.cni_conf_dir = args.cni_conf_dir.clone();
         glue.cni_bin_dir = args.cni_bin_dir.clone();
+        glue.cni_data_dir = args.cni_data_dir.clone();
         if let Some(r) = glue.routes.as_mut() {
             r.cluster_cidr = args.cluster_cidr;
             r.service_cidr = args.service_cidr;
@@ -221,6 +262,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Images(cmd)) => images::run_command(cmd).await,
+        Some(Command::Lab(cmd)) => lab::run_command(cmd).await,
         Some(Command::Simulate { nodes, prefix, cpu_millis, memory_mib }) => {
             let (client, _) = client(&cli.run).await?;
             let cfg = simulate::SimulateConfig {
@@ -242,6 +284,19 @@ async fn main() -> anyhow::Result<()> {
                 CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
                     format!("connecting to containerd at {}", config.containerd_socket.display())
                 })?;
+            let proxy = proxy_config(&cli.run, &config).map(|pc| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    loop {
+                        match skiff_proxy::daemon::run(client.clone(), pc.clone()).await {
+                            Ok(()) => tracing::warn!("proxy ended; restarting"),
+                            Err(e) => tracing::error!(error = ?e, "proxy"),
+                        }
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                })
+            });
+            let _proxy = proxy.map(|h| h.abort_handle());
             tokio::select! {
                 r = agent::run(client, config, runtime) => r.context("skiff-agent")?,
                 _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),

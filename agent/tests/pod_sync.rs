@@ -591,6 +591,7 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
         cni_bin_dir: dir.path().join("bin"),
         install_plugins: false,
         routes: None,
+        cni_data_dir: None,
     });
     let _agent = agent::start(client.clone(), c, rt).await.expect("agent");
     let conflist = dir.path().join("net.d").join(skiff_agent::network::CONFLIST_NAME);

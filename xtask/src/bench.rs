@@ -32,8 +32,23 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
         ])),
         "scheduler" => crate::scheduler_bench::bench(root),
         "agent" => agent(root),
+        // tests/tests/e2e.rs bench_e2e: network programming and pod start in a 3-node lab.
+        "e2e" => {
+            run(cargo().current_dir(root).args(["build", "--workspace", "--bins"]))?;
+            run(cargo().current_dir(root).args([
+                "test",
+                "-p",
+                "skiff-tests",
+                "--test",
+                "e2e",
+                "bench_e2e",
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]))
+        }
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, dns, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, dns, e2e, scheduler)"
         ),
     }
 }

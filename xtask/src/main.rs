@@ -1,9 +1,11 @@
 //! Project tasks: `cargo xtask setup | up | down | test | bench <name>`.
 //!
 //! `setup` installs what the project needs on a fresh Debian machine (idempotently);
-//! `up` starts a cluster on the embedded store; `test` runs every test suite.
+//! `up` starts a cluster (server + N lab nodes) in the background, `down` removes it;
+//! `test` runs every test suite.
 
 mod bench;
+mod cluster;
 mod cni;
 mod ebpf;
 mod images;
@@ -27,19 +29,15 @@ struct Cli {
 enum Cmd {
     /// Install system packages, toolchain components and the Python client venv.
     Setup,
-    /// Build and start skiff-server on the embedded store (foreground; Ctrl-C stops it).
+    /// Install what is missing, build, start skiff-server and N nodes (each a network
+    /// namespace on a lab bridge with containerd and skiff-agent) in the background, wait
+    /// until Ready. Kubeconfig: /var/lib/skiff/server/admin.kubeconfig.
     Up {
-        /// Data directory of the server (its admin.kubeconfig is written there).
-        #[arg(long, default_value = "/var/lib/skiff/server")]
-        data_dir: PathBuf,
-        #[arg(long, default_value = "0.0.0.0:6443")]
-        listen: String,
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
     },
-    /// Stop what `up` started and remove its state.
-    Down {
-        #[arg(long, default_value = "/var/lib/skiff/server")]
-        data_dir: PathBuf,
-    },
+    /// Stop everything `up` started and remove every trace of it.
+    Down,
     /// Run the whole test suite (Rust, real kubectl, Python client).
     Test,
     /// Build the eBPF object (ebpf/ for bpfel-unknown-none) and print its path.
@@ -67,8 +65,8 @@ fn main() -> Result<()> {
     let root = project_root();
     match cli.command {
         Cmd::Setup => setup::all(&root),
-        Cmd::Up { data_dir, listen } => up(&root, &data_dir, &listen),
-        Cmd::Down { data_dir } => down(&data_dir),
+        Cmd::Up { nodes } => cluster::up(&root, nodes),
+        Cmd::Down => cluster::down(&root),
         Cmd::Test => test(&root),
         Cmd::BuildEbpf { release, install } => {
             if install {
@@ -98,49 +96,8 @@ pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
-
-fn up(root: &Path, data_dir: &Path, listen: &str) -> Result<()> {
-    setup::all(root)?;
-    run(cargo().current_dir(root).args(["build", "--release", "-p", "skiff-control-plane"]))?;
-    let server = root.join("target/release/skiff-server");
-    eprintln!(
-        "xtask: starting skiff-server; kubeconfig: {}\n       try: kubectl --kubeconfig {} get namespaces",
-        data_dir.join("admin.kubeconfig").display(),
-        data_dir.join("admin.kubeconfig").display()
-    );
-    let pid_file = data_dir.join("skiff-server.pid");
-    std::fs::create_dir_all(data_dir)?;
-    let mut child = Command::new(server)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .arg("--listen")
-        .arg(listen)
-        .spawn()
-        .context("starting skiff-server")?;
-    std::fs::write(&pid_file, child.id().to_string())?;
-    let status = child.wait()?;
-    let _ = std::fs::remove_file(&pid_file);
-    if !status.success() {
-        bail!("skiff-server exited: {status}");
-    }
-    Ok(())
-}
-
-fn down(data_dir: &Path) -> Result<()> {
-    let pid_file = data_dir.join("skiff-server.pid");
-    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-        let _ = Command::new("kill").arg(pid.trim()).status();
-        let _ = std::fs::remove_file(&pid_file);
-    }
-    if data_dir.exists() {
-        std::fs::remove_dir_all(data_dir)
-            .with_context(|| format!("removing {}", data_dir.display()))?;
-    }
-    eprintln!("xtask: stopped skiff-server and removed {}", data_dir.display());
-    Ok(())
 }
 
 fn test(root: &Path) -> Result<()> {

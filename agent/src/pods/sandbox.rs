@@ -134,6 +134,7 @@ pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::Pod
         labels,
         annotations: pod.annotations().clone().into_iter().collect(),
         linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: config.cgroup_parent.clone(),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(api::NamespaceOption {
                     network: mode(host_network),

@@ -1,0 +1,106 @@
+//! `cargo xtask up [--nodes N]` and `cargo xtask down`: a whole cluster on this machine.
+//!
+//! The lab itself (lab bridge in its own namespace, one namespace per node with its own
+//! containerd and skiff-agent hosting the proxy, skiff-server on the host's lab address) is
+//! `skiff_agent::lab`, driven through `skiff-agent lab up|down`: xtask does not link the
+//! agent (it installs protoc, which the agent needs to build). The end-to-end tests use the
+//! same code.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::{cargo, run};
+
+/// The lab's state directory and the server's data dir (its admin.kubeconfig).
+pub const LAB_DIR: &str = "/var/lib/skiff/lab";
+pub const SERVER_DIR: &str = "/var/lib/skiff/server";
+
+fn release_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("release")
+}
+
+/// Release builds of every binary the lab runs (the proxy's build script builds and embeds
+/// the eBPF object with the pinned toolchain).
+pub fn build(root: &Path) -> Result<PathBuf> {
+    run(cargo().current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "skiff-control-plane",
+        "-p",
+        "skiff-agent",
+        "-p",
+        "skiff-cni",
+        "-p",
+        "skiff-proxy",
+        "--bins",
+    ]))?;
+    crate::ebpf::build_ebpf(root, true)?;
+    Ok(release_dir(root))
+}
+
+/// Installs what is missing, builds, starts an N-node lab and returns once the nodes are
+/// Ready.
+pub fn up(root: &Path, nodes: usize) -> Result<()> {
+    crate::setup::all(root)?;
+    let bin = build(root)?;
+    // The test images (also built into each node by the lab; here for `ctr import` by hand).
+    run(Command::new(bin.join("skiff-agent"))
+        .args(["images", "build"])
+        .arg(bin.parent().unwrap_or(&bin).join("images")))?;
+    run(Command::new(bin.join("skiff-agent")).args([
+        "lab",
+        "up",
+        "--nodes",
+        &nodes.to_string(),
+        "--dir",
+        LAB_DIR,
+        "--server-data-dir",
+        SERVER_DIR,
+    ]))
+    .context("starting the lab (logs under /var/lib/skiff/lab)")?;
+    let kubeconfig = Path::new(SERVER_DIR).join("admin.kubeconfig");
+    println!(
+        "\nskiff is up: {nodes} node(s), logs under {LAB_DIR}/ (server.log, node-*/agent.log, \
+         node-*/containerd.log)\n\n  export KUBECONFIG={}\n  kubectl get nodes -o wide\n  \
+         kubectl create deployment web --image=skiff.test/tools:1 --replicas=2 -- httpd -f -p 8080\n  \
+         kubectl expose deployment web --port=80 --target-port=8080 --type=NodePort\n\n\
+         `cargo xtask down` removes it all.",
+        kubeconfig.display()
+    );
+    Ok(())
+}
+
+/// Stops everything `up` started and removes every trace; nothing to do when nothing runs.
+pub fn down(root: &Path) -> Result<()> {
+    let agent = ["release", "debug"]
+        .iter()
+        .map(|p| release_dir(root).with_file_name(p).join("skiff-agent"))
+        .find(|p| p.is_file());
+    let agent = match agent {
+        Some(a) => a,
+        None if Path::new(LAB_DIR).join("lab.json").exists() => {
+            run(cargo().current_dir(root).args([
+                "build",
+                "--release",
+                "-p",
+                "skiff-agent",
+                "--bin",
+                "skiff-agent",
+            ]))?;
+            release_dir(root).join("skiff-agent")
+        }
+        None => {
+            eprintln!("xtask: no lab in {LAB_DIR}");
+            return Ok(());
+        }
+    };
+    run(Command::new(agent).args(["lab", "down", "--dir", LAB_DIR]))?;
+    eprintln!("xtask: the lab is down ({LAB_DIR} and {SERVER_DIR} removed)");
+    Ok(())
+}
