@@ -504,3 +504,36 @@ fn run(cmd: &mut Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// What the control plane's ServiceAccount controller gives a namespace, for tests over an
+/// in-process apiserver that runs without controllers: the `default` ServiceAccount and the
+/// `kube-root-ca.crt` ConfigMap, which the admission-injected `kube-api-access-*` volume of
+/// every pod reads. Existing objects are left alone.
+pub async fn seed_namespace(client: &kube::Client, namespace: &str) {
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use kube::api::{Api, PostParams};
+    let sa = ServiceAccount {
+        metadata: kube::api::ObjectMeta { name: Some("default".into()), ..Default::default() },
+        ..Default::default()
+    };
+    if let Err(e) = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+    {
+        tracing::debug!(error = %e, "seeding the default ServiceAccount");
+    }
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("kube-root-ca.crt".into()),
+            ..Default::default()
+        },
+        data: Some([("ca.crt".to_string(), "test CA\n".to_string())].into()),
+        ..Default::default()
+    };
+    if let Err(e) = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &cm)
+        .await
+    {
+        tracing::debug!(error = %e, "seeding kube-root-ca.crt");
+    }
+}

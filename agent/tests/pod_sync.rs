@@ -45,7 +45,7 @@ impl Harness {
             .await
             .expect("apiserver");
         let client = api.client();
-        seed_namespace(&client).await;
+        skiff_agent::testing::seed_namespace(&client, "default").await;
         let rt = MemoryRuntime::new();
         rt.add_image("skiff.test/pause:1");
         rt.add_image("busybox:1");
@@ -84,25 +84,6 @@ impl Harness {
         }
         panic!("timed out waiting for {name}: {what}; last: {:#?}", last.and_then(|p| p.status));
     }
-}
-
-/// What the control plane's ServiceAccount controller gives every namespace (this
-/// apiserver runs without controllers): the `default` ServiceAccount and the
-/// `kube-root-ca.crt` ConfigMap, which the admission-injected `kube-api-access-*` volume reads.
-async fn seed_namespace(client: &Client) {
-    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
-    let _ = Api::<ServiceAccount>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &sa)
-        .await;
-    let cm: ConfigMap = serde_json::from_value(
-        json!({"metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": "test CA"}}),
-    )
-    .expect("cm");
-    let _ = Api::<ConfigMap>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &cm)
-        .await;
 }
 
 fn pod(name: &str, spec: serde_json::Value) -> serde_json::Value {
@@ -534,7 +515,7 @@ async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
         .await
         .expect("apiserver");
     let client = api.client();
-    seed_namespace(&client).await;
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let rt = MemoryRuntime::new();
     rt.add_image("skiff.test/pause:1");
     rt.add_image("busybox:1");
@@ -582,7 +563,7 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
         .await
         .expect("apiserver");
     let client = api.client();
-    seed_namespace(&client).await;
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let rt = MemoryRuntime::new();
     let dir = tempfile::tempdir().expect("tmp");
     let mut c = config(dir.path());
@@ -619,7 +600,7 @@ async fn agent_serves_dns_and_streaming_and_publishes_the_streaming_port() {
         .await
         .expect("apiserver");
     let client = api.client();
-    seed_namespace(&client).await;
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let dir = tempfile::tempdir().expect("tmp");
     let pki =
         skiff_control_plane::pki::Pki::load_or_create(&dir.path().join("pki"), &[]).expect("pki");

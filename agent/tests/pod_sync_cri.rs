@@ -36,6 +36,7 @@ async fn pods_run_restart_and_terminate_through_the_cri_client() {
         .await
         .expect("apiserver");
     let client = api.client();
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let dir = tempfile::tempdir().expect("tmp");
     let memory = MemoryRuntime::new();
     memory.add_image("skiff.test/pause:1");

@@ -16,6 +16,7 @@ async fn simulated_nodes_register_and_run_their_pods() {
         .await
         .expect("apiserver");
     let client = api.client();
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let state = tempfile::tempdir().expect("tmp");
     let cfg = SimulateConfig {
         state_dir: Some(state.path().to_path_buf()),

@@ -138,12 +138,21 @@ async fn kill_9_loses_no_acknowledged_write() {
     // object created since, in order.
     let c = client(dir.path()).await;
     let api: Api<ConfigMap> = Api::namespaced(c, "default");
-    let total = api.list(&ListParams::default()).await.expect("list").items.len();
+    // The test's own objects (the controllers publish kube-root-ca.crt in the namespace too).
+    let ours = |cm: &ConfigMap| cm.metadata.name.as_deref().is_some_and(|n| n.starts_with('r'));
+    let total = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .filter(|c| ours(c))
+        .count();
     let mut stream = api.watch(&WatchParams::default(), &rv0).await.expect("watch").boxed();
     let mut added = 0;
     while added < total {
         match tokio::time::timeout(Duration::from_secs(10), stream.try_next()).await {
-            Ok(Ok(Some(WatchEvent::Added(_)))) => added += 1,
+            Ok(Ok(Some(WatchEvent::Added(cm)))) if ours(&cm) => added += 1,
             Ok(Ok(Some(WatchEvent::Error(e)))) => {
                 panic!("watch from {rv0} after restart failed: {e:?}")
             }
