@@ -336,8 +336,15 @@ fn three_node_cluster_end_to_end() {
     let names: BTreeSet<&str> = web.iter().map(|p| p.name.as_str()).collect();
     assert!(!seen.contains("FAIL"), "failed requests through the ClusterIP: {bodies:?}");
     assert_eq!(seen, names, "30 requests reach all three backends");
-    let by_dns = hits(&k, &client.name, &format!("http://web.{NS}.svc.cluster.local/"), 3);
-    eprintln!("e2e: by DNS name: {by_dns:?}");
+    // By name through the node-local cluster DNS: the full name, and the short one through
+    // the pod's search domains.
+    for url in [format!("http://web.{NS}.svc.cluster.local/"), "http://web/".to_string()] {
+        let by_dns = hits(&k, &client.name, &url, 3);
+        assert!(
+            by_dns.iter().all(|b| names.contains(b.as_str())),
+            "{url} through the cluster DNS answered {by_dns:?}"
+        );
+    }
     for n in &c.state.nodes {
         let url = format!("http://{}:30080/", n.ip);
         let body = wait_for(&format!("NodePort on {}", n.name), Duration::from_secs(10), || {
