@@ -62,6 +62,8 @@ pub enum Error {
     BinaryMissing { binary: String, beside: PathBuf },
     #[error("the lab subnet {0} is too small for the host and {1} nodes")]
     SubnetTooSmall(Ipv4Network, usize),
+    #[error("DNS upstream {0} is outside the lab subnet {1}: lab traffic stays on the machine")]
+    UpstreamOutsideLab(Ipv4Addr, Ipv4Network),
     #[error("skiff-server did not write {path} within {timeout:?}; its log:\n{log}")]
     ServerNotReady { path: PathBuf, timeout: Duration, log: String },
     #[error("the nodes were not Ready within {timeout:?}: {detail}")]
@@ -102,6 +104,10 @@ pub struct LabConfig {
     pub ready_timeout: Duration,
     /// `RUST_LOG` of the server and agents.
     pub log_filter: String,
+    /// Upstream resolvers of the nodes' cluster DNS (the `nameserver` lines of the resolv.conf
+    /// the agents read). Empty by default: names outside the cluster are REFUSED, nothing
+    /// leaves the machine. Tests point it at a resolver they run on the lab segment.
+    pub dns_upstreams: Vec<Ipv4Addr>,
 }
 
 impl Default for LabConfig {
@@ -120,6 +126,7 @@ impl Default for LabConfig {
             bin_dir: None,
             ready_timeout: Duration::from_secs(120),
             log_filter: "info".into(),
+            dns_upstreams: Vec::new(),
         }
     }
 }
@@ -248,8 +255,8 @@ impl LabState {
             .arg("--proxy-cgroup")
             .arg(cgroup2_dir(&node.cgroup_parent))
             .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"])
-            // No upstream resolvers for the cluster DNS: names outside the cluster are
-            // REFUSED instead of forwarded (nothing leaves the machine).
+            // The lab's own resolv.conf: no upstream resolvers unless the lab was given some
+            // on its segment (names outside the cluster are REFUSED, nothing leaves the machine).
             .arg("--resolv-conf")
             .arg(self.dir.join("resolv.conf"))
             .env("RUST_LOG", &self.log_filter);
@@ -358,6 +365,9 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
     }
     if config.subnet.size() < 16 + config.nodes as u32 {
         return Err(Error::SubnetTooSmall(config.subnet, config.nodes));
+    }
+    if let Some(ns) = config.dns_upstreams.iter().find(|ns| !config.subnet.contains(**ns)) {
+        return Err(Error::UpstreamOutsideLab(*ns, config.subnet));
     }
     std::fs::create_dir_all(&config.dir)
         .map_err(|source| Error::Write { path: config.dir.clone(), source })?;
@@ -550,8 +560,13 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let resolv = state.dir.join("resolv.conf");
-    std::fs::write(&resolv, "# skiff lab: no upstream resolvers (nothing leaves the machine)\n")
-        .map_err(|source| Error::Write { path: resolv, source })?;
+    let mut text = String::from(
+        "# skiff lab: upstreams on the lab segment only (nothing leaves the machine)\n",
+    );
+    for ns in &config.dns_upstreams {
+        text.push_str(&format!("nameserver {ns}\n"));
+    }
+    std::fs::write(&resolv, text).map_err(|source| Error::Write { path: resolv, source })?;
     let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
     for name in &names {
         state.start_agent(name)?;

@@ -11,15 +11,78 @@
 //! (`cargo build --workspace --bins`): a missing one fails the test with its name.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 use skiff_agent::lab::{self, LabConfig, LabState};
 use skiff_tests::Kubectl;
 
 const NS: &str = "e2e";
+/// The lab segment; the host (skiff-server, and the test's upstream resolver) takes `.1`.
+const LAB_SUBNET: &str = "10.253.0.0/24";
+const LAB_HOST: Ipv4Addr = Ipv4Addr::new(10, 253, 0, 1);
+/// What the test's upstream resolver answers for every name under `upstream.test.` (an
+/// address of the lab segment no one uses: nothing is sent to it).
+const UPSTREAM_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 253, 0, 200);
+
+/// An upstream resolver for the nodes' cluster DNS, on the host's lab address (UDP port 53):
+/// `*.upstream.test.` has one A record, anything else is NXDOMAIN. Counts its queries; stops
+/// on drop.
+struct Upstream {
+    queries: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    fn start(ip: Ipv4Addr) -> Upstream {
+        let socket = UdpSocket::bind((ip, 53)).expect("upstream resolver on the lab address");
+        socket.set_read_timeout(Some(Duration::from_millis(100))).expect("read timeout");
+        let (queries, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let (counter, stopping) = (queries.clone(), stop.clone());
+        let zone = Name::from_ascii("upstream.test.").expect("zone");
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 1500];
+            while !stopping.load(Ordering::SeqCst) {
+                let Ok((len, peer)) = socket.recv_from(&mut buf) else { continue };
+                let Ok(query) = Message::from_vec(&buf[..len]) else { continue };
+                let Some(q) = query.queries.first() else { continue };
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut resp = Message::response(query.metadata.id, OpCode::Query);
+                resp.metadata.recursion_desired = query.metadata.recursion_desired;
+                resp.metadata.recursion_available = true;
+                resp.add_query(q.clone());
+                if !zone.zone_of(q.name()) {
+                    resp.metadata.response_code = ResponseCode::NXDomain;
+                } else if q.query_type() == RecordType::A {
+                    let a = RData::A(A(UPSTREAM_ANSWER));
+                    resp.add_answer(Record::from_rdata(q.name().clone(), 30, a));
+                }
+                if let Ok(bytes) = resp.to_vec() {
+                    let _ = socket.send_to(&bytes, peer);
+                }
+            }
+        });
+        Upstream { queries, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 /// The lab, taken down on drop.
 struct Cluster {
@@ -56,7 +119,8 @@ impl Cluster {
             nodes,
             dir: dir.clone(),
             server_data_dir: dir.join("server"),
-            subnet: "10.253.0.0/24".parse().expect("subnet"),
+            subnet: LAB_SUBNET.parse().expect("subnet"),
+            dns_upstreams: vec![LAB_HOST],
             bin_dir: Some(bin_dir()),
             ready_timeout: Duration::from_secs(120),
             log_filter: "info".into(),
@@ -297,6 +361,7 @@ spec:
 #[test]
 fn three_node_cluster_end_to_end() {
     let mut c = Cluster::start(3);
+    let upstream = Upstream::start(LAB_HOST);
     let k = Kubectl::new(33, &c.state.kubeconfig);
     let nodes: Vec<String> = c.state.nodes.iter().map(|n| n.name.clone()).collect();
 
@@ -345,6 +410,62 @@ fn three_node_cluster_end_to_end() {
             "{url} through the cluster DNS answered {by_dns:?}"
         );
     }
+    // Names outside the cluster domain are forwarded to the node's upstream: here the
+    // resolver this test runs on the lab segment.
+    let out = exec(&k, &client.name, "nslookup www.upstream.test. 2>&1; true");
+    assert!(
+        out.contains(&UPSTREAM_ANSWER.to_string()),
+        "www.upstream.test through the cluster DNS and the lab upstream: {out}"
+    );
+    assert!(upstream.queries.load(Ordering::SeqCst) > 0, "the upstream was asked");
+    // A service deleted is NXDOMAIN within 1 s: `gone` resolves by its short name; a loop in
+    // the client pod asks for its full name until the answer is NXDOMAIN, from before the
+    // delete; the time from `kubectl delete` returning to the loop ending bounds the delay.
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: gone, namespace: {NS}}}\n\
+             spec: {{selector: {{app: web}}, ports: [{{port: 80, targetPort: 8080}}]}}\n"
+        )),
+    );
+    let gone_ip = k.ok(&["-n", NS, "get", "svc", "gone", "-o", "jsonpath={.spec.clusterIP}"]);
+    wait_for("`gone` resolving by its short name", Duration::from_secs(10), || {
+        exec(&k, &client.name, "nslookup gone 2>&1; true").contains(gone_ip.trim()).then_some(())
+    });
+    let watching = {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("30")
+            .arg(&k.bin)
+            .arg("--kubeconfig")
+            .arg(&k.kubeconfig)
+            .args(["-n", NS, "exec", &client.name, "--", "sh", "-c"])
+            .arg(format!(
+                "i=0; until nslookup gone.{NS}.svc.cluster.local. 2>&1 | grep -q NXDOMAIN; \
+                 do i=$((i+1)); done; echo $i"
+            ))
+            .stdin(Stdio::null());
+        std::thread::spawn(move || {
+            (cmd.output().expect("kubectl exec (nslookup loop)"), Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!watching.is_finished(), "NXDOMAIN for `gone` before it was deleted");
+    k.ok(&["-n", NS, "delete", "svc", "gone"]);
+    let deleted = Instant::now();
+    let (out, ended) = watching.join().expect("nslookup loop");
+    let lookups: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    assert!(
+        out.status.success() && lookups > 0,
+        "the nslookup loop: {} {:?}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let delay = ended.saturating_duration_since(deleted);
+    eprintln!(
+        "e2e: NXDOMAIN {delay:?} after `kubectl delete svc` returned ({lookups} lookups before)"
+    );
+    assert!(delay < Duration::from_secs(1), "NXDOMAIN {delay:?} after the delete");
+
     for n in &c.state.nodes {
         let url = format!("http://{}:30080/", n.ip);
         let body = wait_for(&format!("NodePort on {}", n.name), Duration::from_secs(10), || {
