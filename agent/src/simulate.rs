@@ -27,6 +27,8 @@ pub enum Error {
         #[source]
         source: agent::Error,
     },
+    #[error("no simulated node {0}")]
+    UnknownNode(String),
     #[error("creating the state directory {path}")]
     StateDir {
         path: String,
@@ -53,6 +55,8 @@ pub struct SimulateConfig {
     pub relist: Duration,
     /// State directory (volumes, logs) of all nodes; a per-process temp dir when `None`.
     pub state_dir: Option<PathBuf>,
+    /// Zones (`topology.kubernetes.io/zone`) given round-robin to the nodes; none when empty.
+    pub zones: Vec<String>,
 }
 
 impl Default for SimulateConfig {
@@ -65,6 +69,7 @@ impl Default for SimulateConfig {
             heartbeat: Duration::from_secs(10),
             relist: Duration::from_secs(1),
             state_dir: None,
+            zones: Vec::new(),
         }
     }
 }
@@ -82,6 +87,14 @@ impl SimulateConfig {
         self.relist = every;
         self
     }
+    pub fn with_heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = every;
+        self
+    }
+    pub fn with_zones(mut self, zones: &[&str]) -> Self {
+        self.zones = zones.iter().map(|z| z.to_string()).collect();
+        self
+    }
 }
 
 /// The fake InternalIP of node `index` (in 172.30.0.0/15, never routed).
@@ -89,11 +102,19 @@ pub fn node_ip(index: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 30, 0, 1)) + index as u32))
 }
 
-/// A running simulated node.
+/// The first pod address of node `index`: each node hands out its own /24 of 10.128.0.0/9.
+pub fn pod_network(index: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + ((index as u32) << 8))
+}
+
+/// A simulated node: its runtime (containers outlive the agent, as on a real node) and its
+/// agent while it runs.
 pub struct SimulatedNode {
     pub name: String,
     pub runtime: MemoryRuntime,
-    pub agent: AgentHandle,
+    pub agent: Option<AgentHandle>,
+    client: Client,
+    config: AgentConfig,
 }
 
 /// Running simulated nodes; dropping stops them (Node objects stay, as with a dead kubelet)
@@ -116,6 +137,33 @@ impl Simulation {
     pub fn node_names(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.name.clone()).collect()
     }
+
+    fn node(&mut self, name: &str) -> Result<&mut SimulatedNode> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .ok_or_else(|| Error::UnknownNode(name.into()))
+    }
+
+    /// Stops a node's agent as a crash would (no more heartbeats or status); its containers
+    /// keep running in the runtime.
+    pub fn stop_node(&mut self, name: &str) -> Result<()> {
+        self.node(name)?.agent = None;
+        Ok(())
+    }
+
+    /// Starts a stopped node's agent again over the same runtime (it adopts what runs).
+    pub async fn resume_node(&mut self, name: &str) -> Result<()> {
+        let node = self.node(name)?;
+        if node.agent.is_none() {
+            let agent =
+                agent::start(node.client.clone(), node.config.clone(), node.runtime.clone())
+                    .await
+                    .map_err(|source| Error::StartNode { node: name.into(), source })?;
+            node.agent = Some(agent);
+        }
+        Ok(())
+    }
 }
 
 /// Starts `config.nodes` agents over in-memory runtimes.
@@ -132,7 +180,7 @@ pub async fn start(client: Client, config: SimulateConfig) -> Result<Simulation>
     let mut sim = Simulation { nodes: Vec::with_capacity(config.nodes), temp_dir };
     for i in 0..config.nodes {
         let name = format!("{}-{i}", config.prefix);
-        let runtime = MemoryRuntime::new();
+        let runtime = MemoryRuntime::new().with_pod_network(pod_network(i));
         runtime.set_pull_any(true);
         let mut c = AgentConfig::new(name.clone())
             .with_node_ip(node_ip(i))
@@ -142,10 +190,20 @@ pub async fn start(client: Client, config: SimulateConfig) -> Result<Simulation>
             .with_relist(config.relist);
         c.host_conditions = false;
         c.node_labels.insert(SIMULATED_LABEL.into(), "true".into());
-        let agent = agent::start(client.clone(), c, runtime.clone())
+        if !config.zones.is_empty() {
+            let zone = config.zones[i % config.zones.len()].clone();
+            c.node_labels.insert("topology.kubernetes.io/zone".into(), zone);
+        }
+        let agent = agent::start(client.clone(), c.clone(), runtime.clone())
             .await
             .map_err(|source| Error::StartNode { node: name.clone(), source })?;
-        sim.nodes.push(SimulatedNode { name, runtime, agent });
+        sim.nodes.push(SimulatedNode {
+            name,
+            runtime,
+            agent: Some(agent),
+            client: client.clone(),
+            config: c,
+        });
     }
     Ok(sim)
 }

@@ -9,5 +9,4 @@ pub mod machinery;
 pub mod pki;
 pub mod scheduler;
 pub mod server;
-pub mod simnodes;
 pub mod store;

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use skiff_agent::simulate::{self, SimulateConfig};
 use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::scheduler::SchedulerConfig;
 use skiff_control_plane::server::ServerConfig;
-use skiff_control_plane::simnodes::{SimConfig, SimulatedNodes};
 use skiff_tests::TestServer;
 
 const APP: &str = r#"
@@ -71,7 +71,7 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployment_runs_on_simulated_nodes() {
     let server = server_with_control_plane();
-    let sim = SimulatedNodes::start(client(&server).await, SimConfig::default().with_count(3))
+    let sim = simulate::start(client(&server).await, SimulateConfig::default().with_nodes(3))
         .await
         .expect("simulated nodes");
     let k = server.kubectl(33);

@@ -1,5 +1,6 @@
 //! The cluster-lifecycle controllers together (`controllers::run`) against the apiserver in
-//! memory with simulated nodes: node loss, namespace deletion with garbage collection.
+//! memory with simulated nodes (`skiff-agent simulate`: the real agent over its in-memory
+//! runtime): node loss, namespace deletion with garbage collection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +10,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use skiff_agent::simulate::{self, SimulateConfig, Simulation};
 use skiff_control_plane::apiserver::ApiServer;
 use skiff_control_plane::controllers::{self, ControllerConfig};
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
-use skiff_control_plane::simnodes::{SimConfig, SimulatedNodes};
 use skiff_control_plane::store::memory::MemoryStore;
 
 async fn wait_for<F, Fut>(what: &str, f: F)
@@ -42,7 +43,7 @@ where
 struct Cluster {
     _api: Arc<ApiServer>,
     client: Client,
-    sim: SimulatedNodes,
+    sim: Simulation,
     controllers: tokio::task::JoinHandle<()>,
 }
 
@@ -53,16 +54,20 @@ impl Drop for Cluster {
 }
 
 async fn cluster(nodes: usize) -> Cluster {
+    cluster_with(SimulateConfig::default().with_nodes(nodes)).await
+}
+
+async fn cluster_with(sim: SimulateConfig) -> Cluster {
     let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
         .await
         .expect("apiserver");
     let client = api.client();
-    let sim = SimulatedNodes::start(client.clone(), SimConfig::default().with_count(nodes))
-        .await
-        .expect("simulated nodes");
+    let sim = simulate::start(client.clone(), sim).await.expect("simulated nodes");
     let config = ControllerConfig {
         // Endpoints may not hold loopback addresses (validation), so a documentation address.
         apiserver_endpoint: Some(("192.0.2.1".into(), 6443)),
+        // Published as kube-root-ca.crt, which the agents mount into every pod.
+        root_ca_pem: Some("test CA\n".into()),
         ..Default::default()
     };
     let controllers = tokio::spawn(controllers::run(client.clone(), config));
@@ -99,7 +104,7 @@ fn ready_ips(slices: &[EndpointSlice]) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn node_loss_marks_not_ready_drops_endpoints_and_evicts() {
-    let c = cluster(3).await;
+    let mut c = cluster(3).await;
     let pp = PostParams::default();
     Api::<Service>::namespaced(c.client.clone(), "default")
         .create(&pp, &service("default"))
@@ -241,7 +246,7 @@ fn node_of(p: &Pod) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn lost_node_pods_are_recreated_elsewhere_and_collected_when_out_of_service() {
-    let c = cluster(3).await;
+    let mut c = cluster(3).await;
     let _scheduler =
         AbortOnDrop(tokio::spawn(scheduler::run(c.client.clone(), SchedulerConfig::default())));
     let rs: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
@@ -360,4 +365,117 @@ async fn kubernetes_service_names_the_advertised_apiserver_address() {
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)),
         "the https port targets the port the apiserver serves on"
     );
+}
+
+fn ready_of(node: &Node) -> Option<String> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready").map(|c| c.status.clone())
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The node lifecycle's timings, one by one: Ready through the 40 s grace period, then
+/// Unknown with upstream's reason and message and the unreachable taints; pods marked not
+/// Ready at once (endpoints drop) but evicted only after their 300 s default toleration;
+/// the node back: Ready, taints gone, the evicted pod's deletion finished by its agent.
+#[tokio::test(start_paused = true)]
+async fn lost_node_timings_follow_the_grace_period_and_tolerations() {
+    // Heartbeats every 2 s so that the grace period is measured from the stop, not from a
+    // renewal up to 10 s earlier.
+    let mut c = cluster_with(
+        SimulateConfig::default().with_nodes(3).with_heartbeat(Duration::from_secs(2)),
+    )
+    .await;
+    let pp = PostParams::default();
+    Api::<Service>::namespaced(c.client.clone(), "default")
+        .create(&pp, &service("default"))
+        .await
+        .expect("service");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    for (p, n) in [("web-0", "sim-node-0"), ("web-1", "sim-node-1")] {
+        pods.create(&pp, &pod("default", p, n)).await.expect("pod");
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "default");
+    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    let ready_endpoints =
+        || async { ready_ips(&slices.list(&lp).await.expect("slices").items).len() };
+    wait_for("2 ready endpoints", || async { ready_endpoints().await == 2 }).await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    wait_for("podCIDRs", || async {
+        let l = nodes.list(&ListParams::default()).await.expect("nodes");
+        let mut cidrs: Vec<String> =
+            l.items.iter().filter_map(|n| n.spec.as_ref()?.pod_cidr.clone()).collect();
+        cidrs.sort();
+        cidrs == ["10.244.0.0/24", "10.244.1.0/24", "10.244.2.0/24"]
+    })
+    .await;
+
+    // Still fine well within the grace period.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(ready_of(&nodes.get("sim-node-0").await.expect("node")).as_deref(), Some("True"));
+
+    c.sim.stop_node("sim-node-0").expect("stop");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        ready_of(&nodes.get("sim-node-0").await.expect("node")).as_deref(),
+        Some("True"),
+        "not NotReady before the 40 s grace period"
+    );
+    wait_for("sim-node-0 NotReady", || async {
+        ready_of(&nodes.get("sim-node-0").await.expect("node")).as_deref() == Some("Unknown")
+    })
+    .await;
+    let lost = nodes.get("sim-node-0").await.expect("node");
+    let cond = lost
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready condition");
+    assert_eq!(cond.reason.as_deref(), Some("NodeStatusUnknown"));
+    assert_eq!(cond.message.as_deref(), Some("Kubelet stopped posting node status."));
+    let taints: Vec<(String, String)> = lost
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect();
+    let unreachable = "node.kubernetes.io/unreachable".to_string();
+    assert!(taints.contains(&(unreachable.clone(), "NoSchedule".into())), "{taints:?}");
+    assert!(taints.contains(&(unreachable, "NoExecute".into())), "{taints:?}");
+    assert_eq!(ready_of(&nodes.get("sim-node-1").await.expect("node")).as_deref(), Some("True"));
+    wait_for("web-0 Ready=False", || async { !pod_ready(&pods.get("web-0").await.expect("pod")) })
+        .await;
+    wait_for("endpoints drop web-0", || async { ready_endpoints().await == 1 }).await;
+    assert!(pods.get("web-0").await.expect("pod").metadata.deletion_timestamp.is_none());
+
+    // The admission default toleration is 300 s: evicted after it, not before.
+    tokio::time::sleep(Duration::from_secs(240)).await;
+    assert!(
+        pods.get("web-0").await.expect("pod").metadata.deletion_timestamp.is_none(),
+        "evicted before its toleration ran out"
+    );
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    wait_for("web-0 evicted", || async {
+        pods.get("web-0").await.expect("pod").metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    assert!(pods.get("web-1").await.expect("pod").metadata.deletion_timestamp.is_none());
+
+    // The node comes back: Ready again, taints gone; its agent finishes the evicted pod's
+    // deletion.
+    c.sim.resume_node("sim-node-0").await.expect("resume");
+    wait_for("sim-node-0 back", || async {
+        let n = nodes.get("sim-node-0").await.expect("node");
+        ready_of(&n).as_deref() == Some("True")
+            && n.spec.and_then(|s| s.taints).unwrap_or_default().is_empty()
+    })
+    .await;
+    wait_for("web-0 gone", || async { pods.get_opt("web-0").await.expect("get").is_none() }).await;
 }

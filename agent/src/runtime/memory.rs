@@ -38,6 +38,8 @@ pub struct MemoryRuntime {
 struct State {
     next_id: u64,
     next_ip: u32,
+    /// Sandbox IPs are `ip_base + next_ip` (10.88.0.0 unless set).
+    ip_base: u32,
     images: BTreeMap<String, api::Image>,
     /// Images PullImage can fetch (a stand-in for a registry).
     pullable: BTreeMap<String, ()>,
@@ -83,12 +85,23 @@ fn labels_match(have: &HashMap<String, String>, want: &HashMap<String, String>) 
 impl MemoryRuntime {
     pub fn new() -> Self {
         MemoryRuntime {
-            inner: Arc::new(Mutex::new(State { next_ip: 2, ..State::default() })),
+            inner: Arc::new(Mutex::new(State {
+                next_ip: 2,
+                ip_base: u32::from(Ipv4Addr::new(10, 88, 0, 0)),
+                ..State::default()
+            })),
             behavior: Arc::new(Mutex::new(Arc::new(|_: &api::ContainerConfig| Behavior::Run))),
             exec: Arc::new(Mutex::new(Arc::new(|_: &api::ContainerStatus, _: &[String]| {
                 api::ExecSyncResponse { stdout: Vec::new(), stderr: Vec::new(), exit_code: 0 }
             }))),
         }
+    }
+
+    /// Sandboxes get addresses from `base` on (`base + 2`, `base + 3`, ...): distinct ranges
+    /// keep pod IPs unique across several runtimes (simulated nodes).
+    pub fn with_pod_network(self, base: Ipv4Addr) -> Self {
+        self.lock().ip_base = u32::from(base);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -226,7 +239,7 @@ impl Runtime for MemoryRuntime {
         s.calls.push(format!("RunPodSandbox {id}"));
         let n = s.next_ip;
         s.next_ip += 1;
-        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 88, 0, 0)) + n);
+        let ip = Ipv4Addr::from(s.ip_base + n);
         let status = api::PodSandboxStatus {
             id: id.clone(),
             metadata: config.metadata.clone(),

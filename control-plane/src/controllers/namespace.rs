@@ -179,13 +179,11 @@ mod tests {
 
     use super::*;
     use crate::controllers::ControllerConfig;
-    use crate::controllers::testutil::{api, pod, wait_for};
-    use crate::simnodes::{SimConfig, SimulatedNodes};
+    use crate::controllers::testutil::{api, pod, report_running, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn namespace_deletion_cascades_then_removes_the_namespace() {
         let (_api, client) = api().await;
-        let _sim = SimulatedNodes::start(client.clone(), SimConfig::default()).await.expect("sim");
         let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
         let ctl = tokio::spawn(run(ctx));
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -194,9 +192,25 @@ mod tests {
         namespaces.create(&PostParams::default(), &ns).await.expect("create ns");
         let pp = PostParams::default();
         let pods: Api<Pod> = Api::namespaced(client.clone(), "doomed");
-        let mut running = pod("running", "x", Some("sim-node-0"));
+        let mut running = pod("running", "x", Some("node-0"));
         running.metadata.namespace = Some("doomed".into());
         pods.create(&pp, &running).await.expect("pod");
+        report_running(&client, "doomed", "running", "10.244.0.2").await;
+        // node-0's agent, as far as this test needs it: it finishes graceful deletions.
+        let agent = {
+            let pods = pods.clone();
+            tokio::spawn(async move {
+                loop {
+                    for p in pods.list(&ListParams::default()).await.expect("pods").items {
+                        if p.metadata.deletion_timestamp.is_some() {
+                            let now = DeleteParams::default().grace_period(0);
+                            let _ = pods.delete(&p.name_any(), &now).await;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
         let mut pending = pod("pending", "x", None);
         pending.metadata.namespace = Some("doomed".into());
         pods.create(&pp, &pending).await.expect("pod");
@@ -227,6 +241,7 @@ mod tests {
         assert!(svcs.list(&ListParams::default()).await.expect("svcs").items.is_empty());
         assert!(cms.list(&ListParams::default()).await.expect("cms").items.is_empty());
         ctl.abort();
+        agent.abort();
     }
 
     #[tokio::test]

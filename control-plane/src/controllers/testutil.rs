@@ -44,3 +44,36 @@ pub fn pod(name: &str, app: &str, node: Option<&str>) -> Pod {
     }))
     .expect("pod")
 }
+
+/// Creates Ready nodes `name` with an optional `topology.kubernetes.io/zone` label (the node
+/// objects an agent registers; nothing heartbeats them: for controllers that read nodes but
+/// not their Leases).
+pub async fn ready_nodes(client: &Client, nodes: &[(&str, Option<&str>)]) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let api: Api<Node> = Api::all(client.clone());
+    for (name, zone) in nodes {
+        let labels = zone.map(|z| json!({"topology.kubernetes.io/zone": z}));
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("node");
+        api.create(&PostParams::default(), &node).await.expect("create node");
+        let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("node status");
+    }
+}
+
+/// What the node's agent reports once a pod's containers run and are ready: phase Running,
+/// Ready, `ip` (a status patch, as the agent writes it).
+pub async fn report_running(client: &Client, namespace: &str, name: &str, ip: &str) {
+    use kube::api::{Api, Patch, PatchParams};
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"},
+                       {"type": "ContainersReady", "status": "True"}]}});
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+}

@@ -5,9 +5,8 @@ use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 use super::*;
-use crate::controllers::testutil::{api, pod, wait_for};
+use crate::controllers::testutil::{api, pod, ready_nodes, report_running, wait_for};
 use crate::controllers::{ControllerConfig, endpoints};
-use crate::simnodes::{SimConfig, SimulatedNodes};
 
 fn svc(target: serde_json::Value) -> Service {
     serde_json::from_value(json!({
@@ -186,10 +185,8 @@ fn ready_count(slices: &[EndpointSlice]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_follows_pods_through_the_api() {
     let (_api, client) = api().await;
-    let _sim =
-        SimulatedNodes::start(client.clone(), SimConfig::default().with_zones(&["za", "zb"]))
-            .await
-            .expect("sim");
+    let nodes = [("node-0", Some("za")), ("node-1", Some("zb")), ("node-2", Some("za"))];
+    ready_nodes(&client, &nodes).await;
     let config = ControllerConfig {
         apiserver_endpoint: Some(("192.0.2.10".into(), 6443)),
         ..Default::default()
@@ -202,14 +199,12 @@ async fn controller_follows_pods_through_the_api() {
     services.create(&PostParams::default(), &s).await.expect("service");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for i in 0..150 {
-        let node = format!("sim-node-{}", i % 3);
-        pods.create(&PostParams::default(), &pod(&format!("web-{i}"), "web", Some(&node)))
-            .await
-            .expect("pod");
+        let (name, node) = (format!("web-{i}"), format!("node-{}", i % 3));
+        pods.create(&PostParams::default(), &pod(&name, "web", Some(&node))).await.expect("pod");
+        report_running(&client, "default", &name, &format!("10.244.{}.{}", i % 3, 2 + i / 3)).await;
     }
-    pods.create(&PostParams::default(), &pod("other", "other", Some("sim-node-0")))
-        .await
-        .expect("pod");
+    pods.create(&PostParams::default(), &pod("other", "other", Some("node-0"))).await.expect("pod");
+    report_running(&client, "default", "other", "10.244.0.200").await;
     wait_for("150 ready endpoints", || async {
         ready_count(&slices_of(&client, "web").await) == 150
     })
@@ -220,7 +215,7 @@ async fn controller_follows_pods_through_the_api() {
     assert_eq!(sizes, vec![50, 100], "split at 100 endpoints");
     let ep = &slices[0].endpoints[0];
     let node = ep.node_name.clone().expect("nodeName");
-    let want_zone = if node == "sim-node-1" { "zb" } else { "za" };
+    let want_zone = if node == "node-1" { "zb" } else { "za" };
     assert_eq!(ep.zone.as_deref(), Some(want_zone));
     assert_eq!(slices[0].ports.as_ref().expect("ports")[0].port, Some(8080), "named port resolved");
     let eps: Api<Endpoints> = Api::namespaced(client.clone(), "default");
@@ -233,8 +228,10 @@ async fn controller_follows_pods_through_the_api() {
     let e = eps.get("web").await.expect("endpoints");
     assert!(e.annotations().contains_key(TRIGGER_TIME_ANNOTATION));
 
-    // A pod deleted: the simulated node finishes the deletion and the endpoint goes away.
-    pods.delete("web-7", &Default::default()).await.expect("delete");
+    // A pod deleted (at once, as its node's agent would finish it): the endpoint goes away.
+    pods.delete("web-7", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete");
     wait_for("149 endpoints", || async {
         let s = slices_of(&client, "web").await;
         s.iter().flat_map(|s| s.endpoints.iter()).count() == 149
