@@ -11,25 +11,23 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
     Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
     PodTemplateSpec, Taint, Toleration,
 };
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info_span, warn};
 
 use super::Context;
 use super::deployment::scaled_value;
-use super::events::{EventRecorder, EventType};
+use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
-use super::informer::{Retries, object_key};
+use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
 /// Errors of one DaemonSet reconcile.
@@ -54,38 +52,20 @@ pub enum Error {
     },
 }
 
-struct Ctx {
-    client: Client,
-    recorder: EventRecorder,
-    /// Per-object exponential backoff after failed reconciles.
-    retries: Retries,
-}
-
 /// Run the DaemonSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let controller =
         Controller::new(Api::<DaemonSet>::all(client.clone()), watcher::Config::default());
     let store = controller.store();
-    let cctx = Arc::new(Ctx {
-        recorder: EventRecorder::new(client.clone(), "daemonset-controller"),
-        retries: Retries::default(),
-        client: client.clone(),
-    });
-    controller
+    let cctx = Ctx::new(client.clone(), "daemonset-controller");
+    let controller = controller
         .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
         // Any node change may change which nodes should run which daemons.
         .watches(Api::<Node>::all(client), watcher::Config::default(), move |_node: Node| {
             store.state().iter().map(|ds| ObjectRef::from_obj(ds.as_ref())).collect::<Vec<_>>()
-        })
-        .run(reconcile, error_policy, cctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-}
-
-fn error_policy(ds: Arc<DaemonSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(daemonset = %ds.name_any(), error = %error, "reconcile failed");
-    ctx.retries.failed(&object_key(ds.as_ref()))
+        });
+    run_controller(controller, cctx, reconcile).await;
 }
 
 /// The tolerations every daemon pod gets (`AddOrUpdateDaemonPodTolerations`).
@@ -238,18 +218,6 @@ fn template_for_node(template: &PodTemplateSpec, node: &str) -> PodTemplateSpec 
 }
 
 async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = ds.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", daemonset = %format!("{ns}/{}", ds.name_any()));
-    let key = object_key(ds.as_ref());
-    let cctx = ctx.clone();
-    let out = reconcile_inner(ds, ctx).instrument(span).await;
-    if out.is_ok() {
-        cctx.retries.succeeded(&key);
-    }
-    out
-}
-
-async fn reconcile_inner(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
     let perr = |source| Error::Pods { ds: name.clone(), source };

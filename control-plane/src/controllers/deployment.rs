@@ -8,24 +8,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info_span, warn};
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
+use super::events::EventType;
 use super::hash::{self, POD_TEMPLATE_HASH};
-use super::informer::{Retries, object_key};
+use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
 
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
@@ -77,43 +75,18 @@ pub enum Error {
     },
 }
 
-struct Ctx {
-    client: Client,
-    recorder: EventRecorder,
-    /// Per-object exponential backoff after failed reconciles.
-    retries: Retries,
-}
-
 /// Run the Deployment controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let cctx = Arc::new(Ctx {
-        recorder: EventRecorder::new(client.clone(), "deployment-controller"),
-        retries: Retries::default(),
-        client: client.clone(),
-    });
-    Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<ReplicaSet>::all(client), watcher::Config::default())
-        .run(reconcile, error_policy, cctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-}
-
-fn error_policy(d: Arc<Deployment>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(deployment = %d.name_any(), error = %error, "reconcile failed");
-    ctx.retries.failed(&object_key(d.as_ref()))
+    let cctx = Ctx::new(client.clone(), "deployment-controller");
+    let controller =
+        Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default())
+            .owns(Api::<ReplicaSet>::all(client), watcher::Config::default());
+    run_controller(controller, cctx, reconcile).await;
 }
 
 async fn reconcile(d: Arc<Deployment>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = d.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", deployment = %format!("{ns}/{}", d.name_any()));
-    let key = object_key(d.as_ref());
-    let cctx = ctx.clone();
-    let out = Reconcile::new(d, ctx).run().instrument(span).await;
-    if out.is_ok() {
-        cctx.retries.succeeded(&key);
-    }
-    out
+    Reconcile::new(d, ctx).run().await
 }
 
 /// Resolve an int-or-percent against `total` (`intstr.GetScaledValueFromIntOrPercent`).

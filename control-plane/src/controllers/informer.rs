@@ -90,6 +90,66 @@ impl Retries {
     }
 }
 
+/// What a workload controller's reconciles share: the client, the controller's event
+/// recorder and per-object retries.
+pub struct WorkloadCtx {
+    pub client: kube::Client,
+    pub recorder: super::events::EventRecorder,
+    /// Per-object exponential backoff after failed reconciles.
+    pub retries: Retries,
+}
+
+impl WorkloadCtx {
+    /// A context whose events come from `component` (e.g. `deployment-controller`).
+    pub fn new(client: kube::Client, component: &str) -> Arc<WorkloadCtx> {
+        Arc::new(WorkloadCtx {
+            recorder: super::events::EventRecorder::new(client.clone(), component),
+            retries: Retries::default(),
+            client,
+        })
+    }
+}
+
+/// Runs a kube-runtime `Controller` (its `owns`/`watches` already wired) until the future is
+/// dropped, with what every workload controller does around `reconcile`: a `reconcile` span
+/// naming the object, its retry count reset on success, a warning and exponential backoff
+/// ([`Retries`]) on failure.
+pub async fn run_controller<K, E, F, Fut>(
+    controller: kube::runtime::Controller<K>,
+    ctx: Arc<WorkloadCtx>,
+    reconcile: F,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    E: std::error::Error + Send + 'static,
+    F: Fn(Arc<K>, Arc<WorkloadCtx>) -> Fut,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let kind = K::kind(&()).to_string();
+    controller
+        .run(
+            move |obj: Arc<K>, ctx: Arc<WorkloadCtx>| {
+                let key = object_key(obj.as_ref());
+                let span = tracing::info_span!("reconcile", kind = %kind, object = %key);
+                let reconciled = reconcile(obj, ctx.clone()).instrument(span);
+                async move {
+                    let out = reconciled.await;
+                    if out.is_ok() {
+                        ctx.retries.succeeded(&key);
+                    }
+                    out
+                }
+            },
+            |obj: Arc<K>, error: &E, ctx: Arc<WorkloadCtx>| {
+                let key = object_key(obj.as_ref());
+                tracing::warn!(object = %key, error = %error, "reconcile failed");
+                ctx.retries.failed(&key)
+            },
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
 /// `namespace/name` of an object: the key [`Retries`] counts failures under.
 pub fn object_key<K: Resource>(obj: &K) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())

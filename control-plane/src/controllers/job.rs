@@ -14,21 +14,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info_span, warn};
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
-use super::informer::{Retries, object_key};
+use super::events::EventType;
+use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
 /// Errors of one Job reconcile.
@@ -54,43 +52,13 @@ pub enum Error {
     },
 }
 
-struct Ctx {
-    client: Client,
-    recorder: EventRecorder,
-    /// Per-object exponential backoff after failed reconciles.
-    retries: Retries,
-}
-
 /// Run the Job controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let cctx = Arc::new(Ctx {
-        recorder: EventRecorder::new(client.clone(), "job-controller"),
-        retries: Retries::default(),
-        client: client.clone(),
-    });
-    Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Pod>::all(client), watcher::Config::default())
-        .run(reconcile, error_policy, cctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-}
-
-fn error_policy(job: Arc<Job>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(job = %job.name_any(), error = %error, "reconcile failed");
-    ctx.retries.failed(&object_key(job.as_ref()))
-}
-
-async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = job.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", job = %format!("{ns}/{}", job.name_any()));
-    let key = object_key(job.as_ref());
-    let cctx = ctx.clone();
-    let out = reconcile_inner(job, ctx).instrument(span).await;
-    if out.is_ok() {
-        cctx.retries.succeeded(&key);
-    }
-    out
+    let cctx = Ctx::new(client.clone(), "job-controller");
+    let controller = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Pod>::all(client), watcher::Config::default());
+    run_controller(controller, cctx, reconcile).await;
 }
 
 fn condition<'a>(s: &'a JobStatus, type_: &str) -> Option<&'a JobCondition> {
@@ -151,7 +119,7 @@ pub fn decide(
     }
 }
 
-async fn reconcile_inner(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let now = pods::now();

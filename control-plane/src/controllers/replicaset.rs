@@ -5,20 +5,18 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info_span, warn};
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
-use super::informer::{Retries, object_key};
+use super::events::EventType;
+use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
 /// Errors of one ReplicaSet reconcile.
@@ -41,13 +39,6 @@ pub enum Error {
 /// Upstream's `BurstReplicas`: at most this many pods created or deleted per reconcile.
 const BURST_REPLICAS: usize = 500;
 
-struct Ctx {
-    client: Client,
-    recorder: EventRecorder,
-    /// Per-object exponential backoff after failed reconciles.
-    retries: Retries,
-}
-
 /// Run the ReplicaSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
@@ -55,12 +46,8 @@ pub async fn run(ctx: Arc<Context>) {
     let pod_api: Api<Pod> = Api::all(client.clone());
     let controller = Controller::new(rs_api, watcher::Config::default());
     let store = controller.store();
-    let cctx = Arc::new(Ctx {
-        recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
-        retries: Retries::default(),
-        client,
-    });
-    controller
+    let cctx = Ctx::new(client.clone(), "replicaset-controller");
+    let controller = controller
         .owns(pod_api.clone(), watcher::Config::default())
         // Orphans: a pod without a controller wakes the ReplicaSets whose selector matches it.
         .watches(pod_api, watcher::Config::default(), move |pod: Pod| {
@@ -76,30 +63,11 @@ pub async fn run(ctx: Arc<Context>) {
                 })
                 .map(|rs| ObjectRef::from_obj(rs.as_ref()))
                 .collect::<Vec<_>>()
-        })
-        .run(reconcile, error_policy, cctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-}
-
-fn error_policy(rs: Arc<ReplicaSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(replicaset = %rs.name_any(), error = %error, "reconcile failed");
-    ctx.retries.failed(&object_key(rs.as_ref()))
+        });
+    run_controller(controller, cctx, reconcile).await;
 }
 
 async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = rs.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", replicaset = %format!("{ns}/{}", rs.name_any()));
-    let key = object_key(rs.as_ref());
-    let cctx = ctx.clone();
-    let out = reconcile_inner(rs, ctx).instrument(span).await;
-    if out.is_ok() {
-        cctx.retries.succeeded(&key);
-    }
-    out
-}
-
-async fn reconcile_inner(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rs.namespace().unwrap_or_default();
     let name = rs.name_any();
     let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);

@@ -13,20 +13,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info_span, warn};
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
+use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
-use super::informer::{Retries, object_key};
+use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
@@ -49,43 +47,14 @@ pub enum Error {
     },
 }
 
-struct Ctx {
-    client: Client,
-    recorder: EventRecorder,
-    /// Per-object exponential backoff after failed reconciles.
-    retries: Retries,
-}
-
 /// Run the StatefulSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let cctx = Arc::new(Ctx {
-        recorder: EventRecorder::new(client.clone(), "statefulset-controller"),
-        retries: Retries::default(),
-        client: client.clone(),
-    });
-    Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Pod>::all(client), watcher::Config::default())
-        .run(reconcile, error_policy, cctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-}
-
-fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(statefulset = %sts.name_any(), error = %error, "reconcile failed");
-    ctx.retries.failed(&object_key(sts.as_ref()))
-}
-
-async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = sts.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", statefulset = %format!("{ns}/{}", sts.name_any()));
-    let key = object_key(sts.as_ref());
-    let cctx = ctx.clone();
-    let out = reconcile_inner(sts, ctx).instrument(span).await;
-    if out.is_ok() {
-        cctx.retries.succeeded(&key);
-    }
-    out
+    let cctx = Ctx::new(client.clone(), "statefulset-controller");
+    let controller =
+        Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default())
+            .owns(Api::<Pod>::all(client), watcher::Config::default());
+    run_controller(controller, cctx, reconcile).await;
 }
 
 /// The ordinal of a pod named `<sts>-<n>`.
@@ -103,7 +72,7 @@ enum Step<'a> {
     Delete(&'a Pod, &'static str),
 }
 
-async fn reconcile_inner(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = sts.namespace().unwrap_or_default();
     let name = sts.name_any();
     let perr = |source| Error::Pods { sts: name.clone(), source };
