@@ -25,7 +25,7 @@ pub enum Error {
     StartNode {
         node: String,
         #[source]
-        source: agent::Error,
+        source: Box<agent::Error>,
     },
     #[error("no simulated node {0}")]
     UnknownNode(String),
@@ -159,7 +159,7 @@ impl Simulation {
             let agent =
                 agent::start(node.client.clone(), node.config.clone(), node.runtime.clone())
                     .await
-                    .map_err(|source| Error::StartNode { node: name.into(), source })?;
+                    .map_err(|e| Error::StartNode { node: name.into(), source: Box::new(e) })?;
             node.agent = Some(agent);
         }
         Ok(())
@@ -196,7 +196,7 @@ pub async fn start(client: Client, config: SimulateConfig) -> Result<Simulation>
         }
         let agent = agent::start(client.clone(), c.clone(), runtime.clone())
             .await
-            .map_err(|source| Error::StartNode { node: name.clone(), source })?;
+            .map_err(|e| Error::StartNode { node: name.clone(), source: Box::new(e) })?;
         sim.nodes.push(SimulatedNode {
             name,
             runtime,
