@@ -17,10 +17,10 @@ use super::containers::{ConfigError, EnvSources, container_config, mounts, resol
 use super::images::{PullBackoff, PullPolicy, ensure_image, pull_policy};
 use super::probes::ProbeTracker;
 use super::sandbox::sandbox_config;
-use super::status::{self, Knowledge, Observed, SandboxView, is_exited, is_running};
+use super::status::{self, Knowledge, Observed, is_exited, is_running};
 use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
 use crate::config::AgentConfig;
-use crate::runtime::{CONTAINER_NAME_LABEL, POD_UID_LABEL, Runtime, api};
+use crate::runtime::{Runtime, api};
 
 /// What a worker remembers about its pod between passes (lost on agent restart, which only
 /// resets back-offs and probe counters).
@@ -53,6 +53,8 @@ pub async fn worker<R: Runtime + Clone>(
     mut rx: watch::Receiver<Option<Arc<Pod>>>,
 ) {
     let mut st = WorkerState::default();
+    let woken = ctx.cache.subscribe(&uid);
+    let _forget = Forget(&ctx.cache, &uid);
     loop {
         let pod = rx.borrow_and_update().clone();
         let Some(pod) = pod else {
@@ -67,18 +69,26 @@ pub async fn worker<R: Runtime + Clone>(
             Ok(Step::Wait(d)) => d,
             Err(e) => {
                 tracing::warn!(pod = %key(&pod), error = %e, "pod sync");
+                // What the cache says may be what failed: the next pass asks the runtime.
+                ctx.cache.invalidate(&uid);
                 ctx.config.pod_relist.max(Duration::from_millis(100))
             }
         };
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },
+            _ = woken.notified() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }
 }
 
-fn uid_labels(uid: &str) -> HashMap<String, String> {
-    HashMap::from([(POD_UID_LABEL.to_string(), uid.to_string())])
+/// Drops the worker's pod from the runtime cache when the worker ends (or is aborted).
+struct Forget<'a>(&'a super::relist::RuntimeCache, &'a str);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget(self.1);
+    }
 }
 
 fn rt_err<'a>(
@@ -88,46 +98,9 @@ fn rt_err<'a>(
     move |source| Error::Runtime { call, pod: pod.to_string(), source }
 }
 
-/// What the runtime has for pod `uid`.
+/// What the runtime has for pod `uid`, asked directly (workers go through the cache).
 pub async fn observe<R: Runtime>(runtime: &R, uid: &str) -> Result<Observed> {
-    let labels = uid_labels(uid);
-    let sandboxes =
-        runtime.list_pod_sandboxes(&labels).await.map_err(rt_err("ListPodSandbox", uid))?;
-    let newest =
-        sandboxes.iter().max_by_key(|s| (s.metadata.as_ref().map(|m| m.attempt), s.created_at));
-    let sandbox = match newest {
-        Some(sb) => {
-            let ready = sb.state == api::PodSandboxState::SandboxReady as i32;
-            let ip = match runtime.pod_sandbox_status(&sb.id).await {
-                Ok(s) => s.network.map(|n| n.ip).unwrap_or_default(),
-                Err(e) if e.is_not_found() => String::new(),
-                Err(e) => return Err(rt_err("PodSandboxStatus", uid)(e)),
-            };
-            Some(SandboxView {
-                id: sb.id.clone(),
-                ready,
-                ip,
-                attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-            })
-        }
-        None => None,
-    };
-    let mut containers: HashMap<String, Vec<api::ContainerStatus>> = HashMap::new();
-    for c in runtime.list_containers(&labels).await.map_err(rt_err("ListContainers", uid))? {
-        let status = match runtime.container_status(&c.id).await {
-            Ok(s) => s,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(rt_err("ContainerStatus", uid)(e)),
-        };
-        let name = c.labels.get(CONTAINER_NAME_LABEL).cloned().unwrap_or_default();
-        containers.entry(name).or_default().push(status);
-    }
-    for v in containers.values_mut() {
-        v.sort_by_key(|c| {
-            std::cmp::Reverse((c.metadata.as_ref().map(|m| m.attempt), c.created_at))
-        });
-    }
-    Ok(Observed { sandbox, containers })
+    super::relist::observe_direct(runtime, uid).await
 }
 
 /// The pod's own context for one pass.
@@ -363,7 +336,7 @@ pub async fn sync_pod<R: Runtime>(
         return Ok(Step::Wait(relist * 10));
     }
     let spec = pod.spec.clone().unwrap_or_default();
-    let mut obs = observe(&ctx.runtime, &uid).await?;
+    let mut obs = ctx.cache.observe(&ctx.runtime, &uid, false).await?;
     let policy = spec.restart_policy.clone();
 
     // Sandbox.
@@ -376,10 +349,12 @@ pub async fn sync_pod<R: Runtime>(
             }
             None => 0,
         };
-        if let Some(step) = create_sandbox(ctx, pod, st, attempt).await? {
+        let created = create_sandbox(ctx, pod, st, attempt).await;
+        // The runtime changed (or may have): what the cache has is stale either way.
+        obs = ctx.cache.observe(&ctx.runtime, &uid, true).await?;
+        if let Some(step) = created? {
             return Ok(step);
         }
-        obs = observe(&ctx.runtime, &uid).await?;
     }
     let Some(sb) = obs.sandbox.clone() else { return Ok(Step::Wait(relist)) };
     let mut pass = Pass {
@@ -480,7 +455,7 @@ pub async fn sync_pod<R: Runtime>(
     let next = pass.next;
 
     // Status.
-    let obs = if pass.acted { observe(&ctx.runtime, &uid).await? } else { obs };
+    let obs = if pass.acted { ctx.cache.observe(&ctx.runtime, &uid, true).await? } else { obs };
     let computed = status::compute(pod, &obs, &st.know, &ctx.host_ip, &ctx.runtime_name);
     let base = st.last_written.as_ref().or(pod.status.as_ref());
     if status::differs(base, &computed) {
