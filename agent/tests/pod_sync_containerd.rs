@@ -402,3 +402,73 @@ async fn bad_input_absent_image_invalid_command_and_an_unrunnable_pod() {
     .await;
     h.wait_for("good", "Running", 60, |p| running(p, "c")).await;
 }
+
+/// `<hierarchy>/<parent>/pod<uid>` in every cgroup hierarchy.
+fn pod_cgroup_dirs(parent: &str, uid: &str) -> Vec<std::path::PathBuf> {
+    skiff_agent::containerd::cgroup_mounts()
+        .expect("cgroup mounts")
+        .into_iter()
+        .map(|m| m.join(parent.trim_start_matches('/')).join(format!("pod{uid}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_cgroup_dirs_go_with_the_pod_and_on_adoption() {
+    let mut h = Harness::new(215).await;
+    let parent = h.rig.cgroup_parent().to_string();
+    let spec = json!({"terminationGracePeriodSeconds": 1, "containers": [{
+        "name": "c", "image": TOOLS_IMAGE, "imagePullPolicy": "IfNotPresent",
+        "command": ["sleep", "3600"]}]});
+
+    // A deleted pod's cgroup directory goes with it.
+    let a = h.create("a", spec.clone()).await;
+    let a_uid = a.uid().expect("uid");
+    h.wait_for("a", "Running", 60, |p| running(p, "c")).await;
+    let dirs = pod_cgroup_dirs(&parent, &a_uid);
+    assert!(dirs.iter().any(|d| d.is_dir()), "pods live under <parent>/pod<uid>: {dirs:?}");
+    h.pods().delete("a", &DeleteParams::default()).await.expect("delete");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while h.pods().get_opt("a").await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "pod a was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<_> = dirs.iter().filter(|d| d.exists()).collect();
+    assert!(left.is_empty(), "cgroup directories left behind: {left:?}");
+
+    // A pod removed from the API while no agent runs: the next agent removes its sandbox
+    // and cgroups, and stray pod directories of unknown pods.
+    let b = h.create("b", spec.clone()).await;
+    let b_uid = b.uid().expect("uid");
+    h.wait_for("b", "Running", 60, |p| running(p, "c")).await;
+    drop(h.agent.take());
+    let force = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    h.pods().delete("b", &force).await.expect("force delete");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.pods().get_opt("b").await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "pod b was not force-deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b_dirs = pod_cgroup_dirs(&parent, &b_uid);
+    assert!(b_dirs.iter().any(|d| d.is_dir()), "b's cgroups are there while no agent runs");
+    let stray = pod_cgroup_dirs(&parent, "00000000-stray");
+    for d in &stray {
+        if d.parent().is_some_and(|p| p.is_dir()) {
+            std::fs::create_dir(d).expect("stray cgroup dir");
+        }
+    }
+    h.start_agent().await;
+    let labels = HashMap::from([(POD_UID_LABEL.to_string(), b_uid.clone())]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let sandboxes = h.cri.list_pod_sandboxes(&labels).await.expect("list");
+        let left: Vec<_> = b_dirs.iter().chain(&stray).filter(|d| d.exists()).collect();
+        if sandboxes.is_empty() && left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "adoption left sandboxes {sandboxes:#?} and cgroup directories {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -195,4 +195,22 @@ pub async fn remove_pod<R: Runtime>(ctx: &PodContext<R>, uid: &str, grace: i64) 
         Err(e) => tracing::warn!(uid, error = %e, "listing the sandboxes of a removed pod"),
     }
     volumes::cleanup(&ctx.config, uid);
+    remove_pod_cgroups(&ctx.config, uid);
+}
+
+/// Removes pod `uid`'s cgroup directory (`<parent>/pod<uid>`) from every cgroup hierarchy:
+/// runc removes its containers' own directories, never the parent it created for them.
+/// Best effort (a directory still holding processes stays); returns how many went.
+pub fn remove_pod_cgroups(config: &crate::config::AgentConfig, uid: &str) -> usize {
+    let dir = super::sandbox::pod_cgroup_parent(config, uid);
+    if dir.is_empty() {
+        return 0;
+    }
+    match crate::containerd::remove_cgroup_dirs(&dir) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(uid, error = %e, "removing the pod's cgroup directories");
+            0
+        }
+    }
 }
