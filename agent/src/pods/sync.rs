@@ -35,6 +35,11 @@ pub struct WorkerState {
     last_written: Option<PodStatus>,
     /// When the deletion of the pod was first seen (the grace period counts from here).
     pub(super) deleting_since: Option<Instant>,
+    /// When the pod's projected ServiceAccount tokens are written again.
+    token_refresh_at: Option<Instant>,
+    /// Whether this worker decided yet about tokens written before it started (an agent
+    /// restart): those are refreshed at once, their age is unknown.
+    tokens_checked: bool,
 }
 
 /// The outcome of a pass.
@@ -143,8 +148,60 @@ impl<R: Runtime> Pass<'_, R> {
             &self.ctx.host_ip,
         )
         .await?;
+        if sources.token_refresh_at.is_some() {
+            self.st.token_refresh_at = sources.token_refresh_at;
+        }
         self.volume_paths = Some(v.clone());
         Ok(v)
+    }
+
+    /// Writes the projected ServiceAccount tokens again when they are due (80% of their
+    /// lifetime, the kubelet's token manager), and wakes the worker for the next time.
+    async fn refresh_tokens(&mut self) {
+        let now = Instant::now();
+        if !self.st.tokens_checked {
+            self.st.tokens_checked = true;
+            let uid = self.pod.uid().unwrap_or_default();
+            let written = self.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
+                volumes::has_token(v)
+                    && volumes::volume_dir(
+                        &self.ctx.config,
+                        &uid,
+                        "kubernetes.io~projected",
+                        &v.name,
+                    )
+                    .is_dir()
+            });
+            if self.st.token_refresh_at.is_none() && written {
+                self.st.token_refresh_at = Some(now);
+            }
+        }
+        let Some(at) = self.st.token_refresh_at else { return };
+        if now >= at {
+            let client = self.ctx.client.clone();
+            let mut sources = EnvSources::new(&client, &self.pod.namespace().unwrap_or_default());
+            let refreshed = volumes::refresh_tokens(
+                &mut sources,
+                &self.ctx.config,
+                self.pod,
+                &self.pod_ip,
+                &self.ctx.host_ip,
+            )
+            .await;
+            match refreshed {
+                Ok(n) => {
+                    tracing::debug!(pod = %key(self.pod), volumes = n, "ServiceAccount tokens refreshed");
+                    self.st.token_refresh_at = sources.token_refresh_at;
+                }
+                Err(ConfigError(msg)) => {
+                    tracing::warn!(pod = %key(self.pod), error = %msg, "refreshing ServiceAccount tokens");
+                    self.st.token_refresh_at = Some(now + Duration::from_secs(10));
+                }
+            }
+        }
+        if let Some(at) = self.st.token_refresh_at {
+            self.wake_within(at.saturating_duration_since(now));
+        }
     }
 
     /// Creates and starts one container instance (image, env, mounts, create, start).
@@ -452,6 +509,7 @@ pub async fn sync_pod<R: Runtime>(
             }
         }
     }
+    pass.refresh_tokens().await;
     let next = pass.next;
 
     // Status.
