@@ -2,9 +2,13 @@
 //! it) over N pods on one node, and the agent's RSS.
 //!
 //! The apiserver runs in process; the runtime is either the in-memory runtime (the default:
-//! measures the agent's own overhead — watch, sync, status writes) or a real containerd
-//! (`--containerd-socket PATH`, with `--image` present locally and the sandbox image
-//! imported). Prints a table and writes JSON to `--out` (default target/bench/agent.json).
+//! measures the agent's own overhead — watch, sync, status writes), a real containerd the
+//! bench starts itself (`--rig`: the testing rig's node — its own network namespace,
+//! containerd, skiff-cni, the test images imported; needs root, containerd, runc and
+//! busybox-static, and skiff-cni beside this binary or in `$SKIFF_CNI_BIN`), or an existing
+//! containerd (`--containerd-socket PATH`, with `--image` present locally and the sandbox
+//! image imported). Prints a table and writes JSON to `--out` (default
+//! target/bench/agent.json).
 //!
 //! Targets (issue 6): p50 < 0.5 s, p99 < 1.5 s with containerd; upstream SLO p99 <= 5 s.
 
@@ -21,9 +25,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_agent::config::AgentConfig;
-use skiff_agent::runtime::Runtime;
 use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::memory::MemoryRuntime;
+use skiff_agent::runtime::{Result as RtResult, Runtime, api};
+use skiff_agent::testing::{NodeRig, NodeRigConfig};
 use skiff_control_plane::apiserver::ApiServer;
 use skiff_control_plane::store::memory::MemoryStore;
 
@@ -33,6 +38,8 @@ struct Args {
     image: String,
     out: PathBuf,
     concurrency: usize,
+    rig: bool,
+    no_cache: bool,
 }
 
 fn args() -> Result<Args> {
@@ -42,6 +49,8 @@ fn args() -> Result<Args> {
         image: "skiff.test/tools:1".into(),
         out: PathBuf::from("target/bench/agent.json"),
         concurrency: 1,
+        rig: false,
+        no_cache: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,6 +61,8 @@ fn args() -> Result<Args> {
             "--image" => a.image = value()?,
             "--out" => a.out = value()?.into(),
             "--concurrency" => a.concurrency = value()?.parse()?,
+            "--rig" => a.rig = true,
+            "--no-cache" => a.no_cache = true,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -82,12 +93,19 @@ async fn measure<R: Runtime + Clone>(
     runtime: R,
     a: &Args,
     root: PathBuf,
+    cgroup_parent: String,
 ) -> Result<serde_json::Value> {
     let mut config = AgentConfig::new("bench-node")
         .with_node_ip("192.0.2.30".parse()?)
         .with_root_dir(root)
         .with_resources(64_000, 256 << 30);
     config.max_pods = (a.pods as u32 + 10).max(110);
+    config.cgroup_parent = cgroup_parent;
+    config.pod_cache = !a.no_cache;
+    let runtime = Timed::new(runtime);
+    let calls = runtime.calls.clone();
+    config.host_conditions = false;
+    skiff_agent::testing::seed_namespace(&client, "default").await;
     let agent = skiff_agent::agent::start(client.clone(), config, runtime).await?;
     let rss_idle = rss_kib();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -138,6 +156,23 @@ async fn measure<R: Runtime + Clone>(
     }
     let total = start.elapsed();
     let rss_loaded = rss_kib();
+    let during = std::mem::take(&mut *calls.lock().unwrap_or_else(|e| e.into_inner()));
+    // Idle: what the agent asks the runtime per second with every pod running.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = std::mem::take(&mut *calls.lock().unwrap_or_else(|e| e.into_inner()));
+    let idle_calls_per_s = idle.values().map(Vec::len).sum::<usize>() as f64 / 3.0;
+    let mut breakdown = serde_json::Map::new();
+    let mut methods: Vec<_> = during.into_iter().collect();
+    methods.sort_by(|a, b| a.0.cmp(b.0));
+    for (m, mut d) in methods {
+        d.sort();
+        breakdown.insert(
+            m.to_string(),
+            json!({"calls": d.len(),
+                   "p50_ms": percentile(&d, 0.5).as_secs_f64() * 1e3,
+                   "p99_ms": percentile(&d, 0.99).as_secs_f64() * 1e3}),
+        );
+    }
     let mut lat: Vec<Duration> = running
         .iter()
         .filter_map(|(n, t)| created.get(n).map(|c| t.saturating_duration_since(*c)))
@@ -167,6 +202,9 @@ async fn measure<R: Runtime + Clone>(
         "all_running_s": total.as_secs_f64(),
         "rss_idle_kib": rss_idle,
         "rss_loaded_kib": rss_loaded,
+        "pod_cache": !a.no_cache,
+        "idle_cri_calls_per_s": idle_calls_per_s,
+        "cri_calls_while_starting": breakdown,
     }))
 }
 
@@ -176,25 +214,55 @@ async fn main() -> Result<()> {
     let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await?;
     let client = api.client();
     let root = tempfile::tempdir()?;
-    let (mode, mut result) = match &a.socket {
-        Some(socket) => {
-            let cri = CriRuntime::connect(socket).await?;
-            ("containerd", measure(client, cri, &a, root.path().to_path_buf()).await?)
+    let root_dir = root.path().to_path_buf();
+    let (mode, mut result) = match (&a.socket, a.rig) {
+        (_, true) => {
+            let rig = NodeRig::start(NodeRigConfig::default())
+                .await
+                .map_err(|e| anyhow::anyhow!("starting the node rig: {e:#?}"))?;
+            let cri = CriRuntime::connect(rig.socket()).await?;
+            let parent = rig.cgroup_parent().to_string();
+            let r = measure(client, cri, &a, root_dir, parent).await;
+            drop(rig);
+            ("containerd", r?)
         }
-        None => {
+        (Some(socket), false) => {
+            let cri = CriRuntime::connect(socket).await?;
+            ("containerd", measure(client, cri, &a, root_dir, String::new()).await?)
+        }
+        (None, false) => {
             let memory = MemoryRuntime::new();
             memory.add_image("skiff.test/pause:1");
             memory.add_image(&a.image);
-            ("memory", measure(client, memory, &a, root.path().to_path_buf()).await?)
+            ("memory", measure(client, memory, &a, root_dir, String::new()).await?)
         }
     };
     result["runtime"] = json!(mode);
     result["note"] = json!("RSS is of the whole bench process (agent + in-process apiserver)");
     println!("agent pod start latency ({mode} runtime, {} pods)", a.pods);
-    for k in
-        ["p50_ms", "p90_ms", "p99_ms", "max_ms", "all_running_s", "rss_idle_kib", "rss_loaded_kib"]
-    {
-        println!("  {k:<16} {}", result[k]);
+    for k in [
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "all_running_s",
+        "rss_idle_kib",
+        "rss_loaded_kib",
+        "pod_cache",
+        "idle_cri_calls_per_s",
+    ] {
+        println!("  {k:<22} {}", result[k]);
+    }
+    println!("  CRI calls while the pods started (count, p50 ms, p99 ms):");
+    if let Some(calls) = result["cri_calls_while_starting"].as_object() {
+        for (m, v) in calls {
+            println!(
+                "    {m:<20} {:>6} {:>9.2} {:>9.2}",
+                v["calls"],
+                v["p50_ms"].as_f64().unwrap_or(0.0),
+                v["p99_ms"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     if let Some(dir) = a.out.parent() {
         std::fs::create_dir_all(dir)?;
@@ -202,4 +270,106 @@ async fn main() -> Result<()> {
     std::fs::write(&a.out, serde_json::to_vec_pretty(&result)?)?;
     println!("written to {}", a.out.display());
     Ok(())
+}
+
+type CallLog = Arc<std::sync::Mutex<HashMap<&'static str, Vec<Duration>>>>;
+
+/// The runtime under test, timing every call by method (where the pod start time goes).
+#[derive(Clone)]
+struct Timed<R> {
+    inner: R,
+    calls: CallLog,
+}
+
+impl<R> Timed<R> {
+    fn new(inner: R) -> Self {
+        Timed { inner, calls: Default::default() }
+    }
+
+    async fn time<T>(&self, method: &'static str, f: impl std::future::Future<Output = T>) -> T {
+        let t = Instant::now();
+        let out = f.await;
+        let d = t.elapsed();
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).entry(method).or_default().push(d);
+        out
+    }
+}
+
+impl<R: Runtime> Runtime for Timed<R> {
+    async fn version(&self) -> RtResult<api::VersionResponse> {
+        self.time("Version", self.inner.version()).await
+    }
+    async fn image_status(&self, image: &str) -> RtResult<Option<api::Image>> {
+        self.time("ImageStatus", self.inner.image_status(image)).await
+    }
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        sandbox: Option<&api::PodSandboxConfig>,
+    ) -> RtResult<String> {
+        self.time("PullImage", self.inner.pull_image(image, auth, sandbox)).await
+    }
+    async fn list_images(&self) -> RtResult<Vec<api::Image>> {
+        self.time("ListImages", self.inner.list_images()).await
+    }
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> RtResult<String> {
+        self.time("RunPodSandbox", self.inner.run_pod_sandbox(config)).await
+    }
+    async fn stop_pod_sandbox(&self, id: &str) -> RtResult<()> {
+        self.time("StopPodSandbox", self.inner.stop_pod_sandbox(id)).await
+    }
+    async fn remove_pod_sandbox(&self, id: &str) -> RtResult<()> {
+        self.time("RemovePodSandbox", self.inner.remove_pod_sandbox(id)).await
+    }
+    async fn pod_sandbox_status(&self, id: &str) -> RtResult<api::PodSandboxStatus> {
+        self.time("PodSandboxStatus", self.inner.pod_sandbox_status(id)).await
+    }
+    async fn list_pod_sandboxes(
+        &self,
+        labels: &HashMap<String, String>,
+    ) -> RtResult<Vec<api::PodSandbox>> {
+        self.time("ListPodSandbox", self.inner.list_pod_sandboxes(labels)).await
+    }
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: &api::PodSandboxConfig,
+    ) -> RtResult<String> {
+        self.time(
+            "CreateContainer",
+            self.inner.create_container(sandbox_id, config, sandbox_config),
+        )
+        .await
+    }
+    async fn start_container(&self, id: &str) -> RtResult<()> {
+        self.time("StartContainer", self.inner.start_container(id)).await
+    }
+    async fn stop_container(&self, id: &str, timeout_secs: i64) -> RtResult<()> {
+        self.time("StopContainer", self.inner.stop_container(id, timeout_secs)).await
+    }
+    async fn remove_container(&self, id: &str) -> RtResult<()> {
+        self.time("RemoveContainer", self.inner.remove_container(id)).await
+    }
+    async fn list_containers(
+        &self,
+        labels: &HashMap<String, String>,
+    ) -> RtResult<Vec<api::Container>> {
+        self.time("ListContainers", self.inner.list_containers(labels)).await
+    }
+    async fn container_status(&self, id: &str) -> RtResult<api::ContainerStatus> {
+        self.time("ContainerStatus", self.inner.container_status(id)).await
+    }
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_secs: i64,
+    ) -> RtResult<api::ExecSyncResponse> {
+        self.time("ExecSync", self.inner.exec_sync(id, cmd, timeout_secs)).await
+    }
+    async fn exec(&self, request: api::ExecRequest) -> RtResult<String> {
+        self.time("Exec", self.inner.exec(request)).await
+    }
 }

@@ -135,6 +135,11 @@ pub async fn start<R: Runtime + Clone>(
         host_ip: config.effective_node_ip().to_string(),
         runtime_name: version.runtime_name.clone(),
         events: crate::pods::events::Events::new(client.clone(), config.node_name.clone()),
+        cache: if config.pod_cache {
+            crate::pods::relist::RuntimeCache::new()
+        } else {
+            crate::pods::relist::RuntimeCache::disabled()
+        },
         config: config.clone(),
     });
     let heartbeat = tokio::spawn(node.run());

@@ -104,6 +104,10 @@ pub struct AgentConfig {
     /// How often a pod worker re-reads the runtime when nothing else wakes it (the
     /// kubelet's PLEG relist period: 1 s).
     pub pod_relist: Duration,
+    /// Workers read the runtime through the node-wide relist cache (`pods::relist`); off:
+    /// each worker asks the runtime about its own pod on every pass (3 + N calls; kept to
+    /// compare in `cargo xtask bench agent`).
+    pub pod_cache: bool,
     /// Pods capacity (kubelet `maxPods`: 110).
     pub max_pods: u32,
     /// CPU and memory capacity; `None`: read from the host.
@@ -144,6 +148,7 @@ impl Default for AgentConfig {
             heartbeat: Duration::from_secs(10),
             status_report: Duration::from_secs(300),
             pod_relist: Duration::from_secs(1),
+            pod_cache: true,
             max_pods: 110,
             resources: None,
             host_conditions: true,

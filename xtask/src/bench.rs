@@ -58,10 +58,19 @@ fn cargo() -> Command {
 }
 
 /// agent/examples/bench_agent.rs: pod start latency (create → Running) p50/p99 over 50 pods
-/// on one node and the agent's RSS. In-memory runtime by default; a real containerd with
-/// `SKIFF_BENCH_CONTAINERD=<CRI socket>` (images imported; `SKIFF_BENCH_IMAGE` names the
-/// container image, default skiff.test/tools:1). `SKIFF_BENCH_PODS` overrides the count.
+/// on one node and the agent's RSS. In-memory runtime by default; `SKIFF_BENCH_CONTAINERD=1`
+/// (or `rig`): a real containerd the bench starts in a network namespace of its own with the
+/// test images (needs root, containerd, runc, busybox-static; skiff-cni is built here);
+/// `SKIFF_BENCH_CONTAINERD=<CRI socket>`: an existing containerd (images imported;
+/// `SKIFF_BENCH_IMAGE` names the container image, default skiff.test/tools:1).
+/// `SKIFF_BENCH_PODS` overrides the count.
 fn agent(root: &Path) -> Result<()> {
+    let containerd = std::env::var("SKIFF_BENCH_CONTAINERD").ok().filter(|s| !s.is_empty());
+    let rig = matches!(containerd.as_deref(), Some("1" | "rig" | "true"));
+    if rig {
+        // The rig installs skiff-cni from beside the bench binary (target/release).
+        run(cargo().current_dir(root).args(["build", "--release", "-p", "skiff-cni"]))?;
+    }
     let mut cmd = cargo();
     cmd.current_dir(root).args([
         "run",
@@ -74,8 +83,14 @@ fn agent(root: &Path) -> Result<()> {
         "--out",
     ]);
     cmd.arg(root.join("target/bench/agent.json"));
-    if let Ok(socket) = std::env::var("SKIFF_BENCH_CONTAINERD") {
-        cmd.args(["--containerd-socket", &socket]);
+    match containerd {
+        Some(_) if rig => {
+            cmd.arg("--rig");
+        }
+        Some(socket) => {
+            cmd.args(["--containerd-socket", &socket]);
+        }
+        None => {}
     }
     if let Ok(image) = std::env::var("SKIFF_BENCH_IMAGE") {
         cmd.args(["--image", &image]);

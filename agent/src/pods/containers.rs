@@ -96,11 +96,20 @@ pub fn expand(s: &str, env: &[(String, String)]) -> String {
 }
 
 /// Fetches ConfigMaps and Secrets a container's env refers to (cached per sync).
+/// When a token with lifetime `ttl` is refreshed: at 80% of it, and after 24 h at most
+/// (the kubelet's token manager).
+pub fn token_refresh_after(ttl: std::time::Duration) -> std::time::Duration {
+    (ttl * 4 / 5).min(std::time::Duration::from_secs(24 * 3600))
+}
+
 pub struct EnvSources<'a> {
     client: &'a Client,
     namespace: String,
     config_maps: HashMap<String, Option<ConfigMap>>,
     secrets: HashMap<String, Option<Secret>>,
+    /// When the earliest ServiceAccount token minted through these sources must be
+    /// refreshed (80% of its lifetime, at most 24 h: the kubelet's token manager).
+    pub token_refresh_at: Option<tokio::time::Instant>,
 }
 
 impl<'a> EnvSources<'a> {
@@ -110,6 +119,7 @@ impl<'a> EnvSources<'a> {
             namespace: namespace.into(),
             config_maps: HashMap::new(),
             secrets: HashMap::new(),
+            token_refresh_at: None,
         }
     }
 
@@ -128,7 +138,7 @@ impl<'a> EnvSources<'a> {
     /// A ServiceAccount token bound to `pod`, minted through TokenRequest (the projected
     /// `serviceAccountToken` volume source).
     pub async fn service_account_token(
-        &self,
+        &mut self,
         pod: &k8s_openapi::api::core::v1::Pod,
         source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
     ) -> Result<String, ConfigError> {
@@ -160,11 +170,19 @@ impl<'a> EnvSources<'a> {
             api.create_token_request(&sa_name, &Default::default(), &request).await.map_err(
                 |e| ConfigError(format!("requesting a token of serviceaccount {sa_name}: {e}")),
             )?;
-        answer
-            .status
-            .map(|s| s.token)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| ConfigError(format!("serviceaccount {sa_name}: empty token")))
+        let status = answer.status.filter(|s| !s.token.is_empty());
+        let Some(status) = status else {
+            return Err(ConfigError(format!("serviceaccount {sa_name}: empty token")));
+        };
+        // The lifetime the apiserver granted (it may differ from the one asked for).
+        let asked = request.spec.expiration_seconds.unwrap_or(3607).max(1) as u64;
+        let granted = (status.expiration_timestamp.0.as_second()
+            - k8s_openapi::jiff::Timestamp::now().as_second())
+        .max(0) as u64;
+        let ttl = std::time::Duration::from_secs(if granted > 0 { granted } else { asked });
+        let refresh = tokio::time::Instant::now() + token_refresh_after(ttl);
+        self.token_refresh_at = Some(self.token_refresh_at.map_or(refresh, |t| t.min(refresh)));
+        Ok(status.token)
     }
 
     pub async fn secret(&mut self, name: &str) -> Result<Option<&Secret>, ConfigError> {

@@ -6,8 +6,10 @@
 //! observes the runtime (sandboxes and containers found by the pod-uid label), takes the
 //! steps that move it towards the spec ([`sync`]: sandbox, images, init containers in order,
 //! containers, probes, restarts with back-off; [`termination`] once deletion started) and
-//! writes the status only when it changed ([`status`]). Workers wake on a new object, on
-//! their own timers (probes, back-off) and every `pod_relist` (the kubelet's PLEG relist).
+//! writes the status only when it changed ([`status`]). Workers read the runtime through a
+//! node-wide cache ([`relist`], the kubelet's PLEG: two list calls per `pod_relist` for the
+//! whole node) and wake on a new object, on their own timers (probes, back-off), when the
+//! relist sees their pod change, and at least every `pod_relist`.
 //! After the first complete list, sandboxes whose pod no longer exists are removed
 //! ([`adopt`]); running ones of known pods are simply observed again, never restarted.
 
@@ -34,6 +36,7 @@ pub mod containers;
 pub mod events;
 pub mod images;
 pub mod probes;
+pub mod relist;
 pub mod sandbox;
 pub mod static_pods;
 pub mod status;
@@ -85,6 +88,8 @@ pub struct PodContext<R> {
     pub runtime_name: String,
     /// Events about pods (`kubectl describe`).
     pub events: events::Events,
+    /// The node-wide runtime cache ([`relist`]), shared by the pod workers.
+    pub cache: relist::RuntimeCache,
 }
 
 impl<R: Runtime> PodContext<R> {
@@ -146,6 +151,7 @@ impl<R: Runtime + Clone> PodSync<R> {
         let (reader, writer) = reflector::store();
         let mut stream = reflector(writer, watcher(api, cfg)).boxed();
         let mut guard = Workers::default();
+        guard.1 = Some(tokio::spawn(relist::run(self.ctx.clone())));
         let workers = &mut guard.0;
         let mut rejected: HashSet<String> = HashSet::new();
         let mut adopted = false;
@@ -233,15 +239,18 @@ impl<R: Runtime + Clone> PodSync<R> {
     }
 }
 
-/// The workers; aborted when the sync loop ends (their pods stay running in the runtime;
-/// a new agent adopts them).
+/// The workers and the relist task; aborted when the sync loop ends (their pods stay
+/// running in the runtime; a new agent adopts them).
 #[derive(Default)]
-struct Workers(HashMap<String, Worker>);
+struct Workers(HashMap<String, Worker>, Option<JoinHandle<()>>);
 
 impl Drop for Workers {
     fn drop(&mut self) {
         for w in self.0.values() {
             w.task.abort();
+        }
+        if let Some(t) = &self.1 {
+            t.abort();
         }
     }
 }

@@ -107,6 +107,18 @@ pub fn hostname(pod: &Pod) -> String {
     h.trim_end_matches(['-', '.']).to_string()
 }
 
+/// The cgroup parent of pod `uid`'s sandbox and containers: `<node parent>/pod<uid>` (the
+/// kubelet's cgroupfs layout), so the agent can remove what the runtime leaves behind
+/// ([`crate::pods::termination::remove_pod_cgroups`]); empty (the runtime's default) when
+/// the node has no cgroup parent.
+pub fn pod_cgroup_parent(config: &AgentConfig, uid: &str) -> String {
+    let parent = config.cgroup_parent.trim_end_matches('/');
+    if parent.is_empty() || uid.is_empty() {
+        return String::new();
+    }
+    format!("{parent}/pod{uid}")
+}
+
 /// The sandbox config of `pod` (attempt counts sandbox re-creations).
 pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::PodSandboxConfig {
     let uid = pod.uid().unwrap_or_default();
@@ -134,7 +146,7 @@ pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::Pod
         labels,
         annotations: pod.annotations().clone().into_iter().collect(),
         linux: Some(api::LinuxPodSandboxConfig {
-            cgroup_parent: config.cgroup_parent.clone(),
+            cgroup_parent: pod_cgroup_parent(config, &uid),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(api::NamespaceOption {
                     network: mode(host_network),

@@ -17,10 +17,10 @@ use super::containers::{ConfigError, EnvSources, container_config, mounts, resol
 use super::images::{PullBackoff, PullPolicy, ensure_image, pull_policy};
 use super::probes::ProbeTracker;
 use super::sandbox::sandbox_config;
-use super::status::{self, Knowledge, Observed, SandboxView, is_exited, is_running};
+use super::status::{self, Knowledge, Observed, is_exited, is_running};
 use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
 use crate::config::AgentConfig;
-use crate::runtime::{CONTAINER_NAME_LABEL, POD_UID_LABEL, Runtime, api};
+use crate::runtime::{Runtime, api};
 
 /// What a worker remembers about its pod between passes (lost on agent restart, which only
 /// resets back-offs and probe counters).
@@ -35,6 +35,11 @@ pub struct WorkerState {
     last_written: Option<PodStatus>,
     /// When the deletion of the pod was first seen (the grace period counts from here).
     pub(super) deleting_since: Option<Instant>,
+    /// When the pod's projected ServiceAccount tokens are written again.
+    token_refresh_at: Option<Instant>,
+    /// Whether this worker decided yet about tokens written before it started (an agent
+    /// restart): those are refreshed at once, their age is unknown.
+    tokens_checked: bool,
 }
 
 /// The outcome of a pass.
@@ -53,6 +58,8 @@ pub async fn worker<R: Runtime + Clone>(
     mut rx: watch::Receiver<Option<Arc<Pod>>>,
 ) {
     let mut st = WorkerState::default();
+    let woken = ctx.cache.subscribe(&uid);
+    let _forget = Forget(&ctx.cache, &uid);
     loop {
         let pod = rx.borrow_and_update().clone();
         let Some(pod) = pod else {
@@ -67,18 +74,26 @@ pub async fn worker<R: Runtime + Clone>(
             Ok(Step::Wait(d)) => d,
             Err(e) => {
                 tracing::warn!(pod = %key(&pod), error = %e, "pod sync");
+                // What the cache says may be what failed: the next pass asks the runtime.
+                ctx.cache.invalidate(&uid);
                 ctx.config.pod_relist.max(Duration::from_millis(100))
             }
         };
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },
+            _ = woken.notified() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }
 }
 
-fn uid_labels(uid: &str) -> HashMap<String, String> {
-    HashMap::from([(POD_UID_LABEL.to_string(), uid.to_string())])
+/// Drops the worker's pod from the runtime cache when the worker ends (or is aborted).
+struct Forget<'a>(&'a super::relist::RuntimeCache, &'a str);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget(self.1);
+    }
 }
 
 fn rt_err<'a>(
@@ -88,46 +103,9 @@ fn rt_err<'a>(
     move |source| Error::Runtime { call, pod: pod.to_string(), source }
 }
 
-/// What the runtime has for pod `uid`.
+/// What the runtime has for pod `uid`, asked directly (workers go through the cache).
 pub async fn observe<R: Runtime>(runtime: &R, uid: &str) -> Result<Observed> {
-    let labels = uid_labels(uid);
-    let sandboxes =
-        runtime.list_pod_sandboxes(&labels).await.map_err(rt_err("ListPodSandbox", uid))?;
-    let newest =
-        sandboxes.iter().max_by_key(|s| (s.metadata.as_ref().map(|m| m.attempt), s.created_at));
-    let sandbox = match newest {
-        Some(sb) => {
-            let ready = sb.state == api::PodSandboxState::SandboxReady as i32;
-            let ip = match runtime.pod_sandbox_status(&sb.id).await {
-                Ok(s) => s.network.map(|n| n.ip).unwrap_or_default(),
-                Err(e) if e.is_not_found() => String::new(),
-                Err(e) => return Err(rt_err("PodSandboxStatus", uid)(e)),
-            };
-            Some(SandboxView {
-                id: sb.id.clone(),
-                ready,
-                ip,
-                attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-            })
-        }
-        None => None,
-    };
-    let mut containers: HashMap<String, Vec<api::ContainerStatus>> = HashMap::new();
-    for c in runtime.list_containers(&labels).await.map_err(rt_err("ListContainers", uid))? {
-        let status = match runtime.container_status(&c.id).await {
-            Ok(s) => s,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(rt_err("ContainerStatus", uid)(e)),
-        };
-        let name = c.labels.get(CONTAINER_NAME_LABEL).cloned().unwrap_or_default();
-        containers.entry(name).or_default().push(status);
-    }
-    for v in containers.values_mut() {
-        v.sort_by_key(|c| {
-            std::cmp::Reverse((c.metadata.as_ref().map(|m| m.attempt), c.created_at))
-        });
-    }
-    Ok(Observed { sandbox, containers })
+    super::relist::observe_direct(runtime, uid).await
 }
 
 /// The pod's own context for one pass.
@@ -170,8 +148,60 @@ impl<R: Runtime> Pass<'_, R> {
             &self.ctx.host_ip,
         )
         .await?;
+        if sources.token_refresh_at.is_some() {
+            self.st.token_refresh_at = sources.token_refresh_at;
+        }
         self.volume_paths = Some(v.clone());
         Ok(v)
+    }
+
+    /// Writes the projected ServiceAccount tokens again when they are due (80% of their
+    /// lifetime, the kubelet's token manager), and wakes the worker for the next time.
+    async fn refresh_tokens(&mut self) {
+        let now = Instant::now();
+        if !self.st.tokens_checked {
+            self.st.tokens_checked = true;
+            let uid = self.pod.uid().unwrap_or_default();
+            let written = self.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
+                volumes::has_token(v)
+                    && volumes::volume_dir(
+                        &self.ctx.config,
+                        &uid,
+                        "kubernetes.io~projected",
+                        &v.name,
+                    )
+                    .is_dir()
+            });
+            if self.st.token_refresh_at.is_none() && written {
+                self.st.token_refresh_at = Some(now);
+            }
+        }
+        let Some(at) = self.st.token_refresh_at else { return };
+        if now >= at {
+            let client = self.ctx.client.clone();
+            let mut sources = EnvSources::new(&client, &self.pod.namespace().unwrap_or_default());
+            let refreshed = volumes::refresh_tokens(
+                &mut sources,
+                &self.ctx.config,
+                self.pod,
+                &self.pod_ip,
+                &self.ctx.host_ip,
+            )
+            .await;
+            match refreshed {
+                Ok(n) => {
+                    tracing::debug!(pod = %key(self.pod), volumes = n, "ServiceAccount tokens refreshed");
+                    self.st.token_refresh_at = sources.token_refresh_at;
+                }
+                Err(ConfigError(msg)) => {
+                    tracing::warn!(pod = %key(self.pod), error = %msg, "refreshing ServiceAccount tokens");
+                    self.st.token_refresh_at = Some(now + Duration::from_secs(10));
+                }
+            }
+        }
+        if let Some(at) = self.st.token_refresh_at {
+            self.wake_within(at.saturating_duration_since(now));
+        }
     }
 
     /// Creates and starts one container instance (image, env, mounts, create, start).
@@ -363,7 +393,7 @@ pub async fn sync_pod<R: Runtime>(
         return Ok(Step::Wait(relist * 10));
     }
     let spec = pod.spec.clone().unwrap_or_default();
-    let mut obs = observe(&ctx.runtime, &uid).await?;
+    let mut obs = ctx.cache.observe(&ctx.runtime, &uid, false).await?;
     let policy = spec.restart_policy.clone();
 
     // Sandbox.
@@ -376,10 +406,12 @@ pub async fn sync_pod<R: Runtime>(
             }
             None => 0,
         };
-        if let Some(step) = create_sandbox(ctx, pod, st, attempt).await? {
+        let created = create_sandbox(ctx, pod, st, attempt).await;
+        // The runtime changed (or may have): what the cache has is stale either way.
+        obs = ctx.cache.observe(&ctx.runtime, &uid, true).await?;
+        if let Some(step) = created? {
             return Ok(step);
         }
-        obs = observe(&ctx.runtime, &uid).await?;
     }
     let Some(sb) = obs.sandbox.clone() else { return Ok(Step::Wait(relist)) };
     let mut pass = Pass {
@@ -477,10 +509,11 @@ pub async fn sync_pod<R: Runtime>(
             }
         }
     }
+    pass.refresh_tokens().await;
     let next = pass.next;
 
     // Status.
-    let obs = if pass.acted { observe(&ctx.runtime, &uid).await? } else { obs };
+    let obs = if pass.acted { ctx.cache.observe(&ctx.runtime, &uid, true).await? } else { obs };
     let computed = status::compute(pod, &obs, &st.know, &ctx.host_ip, &ctx.runtime_name);
     let base = st.last_written.as_ref().or(pod.status.as_ref());
     if status::differs(base, &computed) {

@@ -28,6 +28,12 @@ pub fn grace_period(pod: &Pod) -> i64 {
         .max(0)
 }
 
+/// Whole seconds of `d`, rounded up: what is left of a grace period is never cut short
+/// (3.9 s left is a 4 s StopContainer timeout, not 3).
+fn ceil_secs(d: Duration) -> i64 {
+    d.as_millis().div_ceil(1000) as i64
+}
+
 /// Runs the preStop hook of `c` (bounded by `budget`).
 async fn pre_stop<R: Runtime>(
     ctx: &PodContext<R>,
@@ -86,8 +92,7 @@ pub async fn stop_container<R: Runtime>(
     let start = Instant::now();
     let budget = Duration::from_secs(grace.max(0) as u64);
     pre_stop(ctx, pod, c, id, budget).await;
-    let left =
-        budget.saturating_sub(start.elapsed()).as_secs().max(if grace > 0 { 2 } else { 0 }) as i64;
+    let left = ceil_secs(budget.saturating_sub(start.elapsed())).max(if grace > 0 { 2 } else { 0 });
     if let Err(e) = ctx.runtime.stop_container(id, left).await
         && !e.is_not_found()
     {
@@ -137,7 +142,7 @@ pub async fn terminate<R: Runtime>(
     let st_events = st.deleting_since.is_none();
     let since = *st.deleting_since.get_or_insert_with(Instant::now);
     let grace = grace_period(pod);
-    let left = Duration::from_secs(grace as u64).saturating_sub(since.elapsed()).as_secs() as i64;
+    let left = ceil_secs(Duration::from_secs(grace as u64).saturating_sub(since.elapsed()));
     let obs = observe(&ctx.runtime, &uid).await?;
     let spec = pod.spec.clone().unwrap_or_default();
     let stops = spec
@@ -190,4 +195,22 @@ pub async fn remove_pod<R: Runtime>(ctx: &PodContext<R>, uid: &str, grace: i64) 
         Err(e) => tracing::warn!(uid, error = %e, "listing the sandboxes of a removed pod"),
     }
     volumes::cleanup(&ctx.config, uid);
+    remove_pod_cgroups(&ctx.config, uid);
+}
+
+/// Removes pod `uid`'s cgroup directory (`<parent>/pod<uid>`) from every cgroup hierarchy:
+/// runc removes its containers' own directories, never the parent it created for them.
+/// Best effort (a directory still holding processes stays); returns how many went.
+pub fn remove_pod_cgroups(config: &crate::config::AgentConfig, uid: &str) -> usize {
+    let dir = super::sandbox::pod_cgroup_parent(config, uid);
+    if dir.is_empty() {
+        return 0;
+    }
+    match crate::containerd::remove_cgroup_dirs(&dir) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(uid, error = %e, "removing the pod's cgroup directories");
+            0
+        }
+    }
 }

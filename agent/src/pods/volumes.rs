@@ -239,8 +239,8 @@ async fn materialize_one(
                 files.extend(downward_files(pod, items, mode, pod_ip, host_ip)?);
             }
             if let Some(t) = &src.service_account_token {
-                // Minted once when the volume is written; rotation before expiry (the
-                // kubelet refreshes at 80% of the lifetime) is not done yet.
+                // Minted whenever the volume is written; [`refresh_tokens`] writes it again
+                // before the token expires (EnvSources::token_refresh_at says when).
                 let token = sources.service_account_token(pod, t).await?;
                 files.insert(t.path.clone(), (token.into_bytes(), mode));
             }
@@ -249,6 +249,33 @@ async fn materialize_one(
         return Ok(dir);
     }
     Err(ConfigError(format!("volume \"{}\": unsupported volume type", v.name)))
+}
+
+/// Whether `v` is a projected volume with a ServiceAccount token.
+pub fn has_token(v: &Volume) -> bool {
+    v.projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .any(|s| s.service_account_token.is_some())
+}
+
+/// Writes every projected volume of `pod` holding a ServiceAccount token again, with fresh
+/// tokens (the files are replaced by rename: a reader sees the old or the new token);
+/// `sources.token_refresh_at` then says when to do it next. Returns how many volumes.
+pub async fn refresh_tokens(
+    sources: &mut EnvSources<'_>,
+    config: &AgentConfig,
+    pod: &Pod,
+    pod_ip: &str,
+    host_ip: &str,
+) -> Result<usize, ConfigError> {
+    let uid = pod.uid().unwrap_or_default();
+    let mut n = 0;
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).filter(|v| has_token(v)) {
+        materialize_one(sources, config, pod, &uid, v, pod_ip, host_ip).await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Removes the pod's directory (volumes) once the pod is gone.

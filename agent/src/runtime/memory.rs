@@ -49,6 +49,8 @@ struct State {
     containers: BTreeMap<String, Record>,
     /// Every call, in order, as "Method id" (tests assert on what was asked of the runtime).
     calls: Vec<String>,
+    /// Read-only calls (lists and statuses) by method: counted, not logged.
+    reads: BTreeMap<&'static str, usize>,
 }
 
 struct Record {
@@ -153,6 +155,12 @@ impl MemoryRuntime {
     /// Every runtime call so far, as "Method id".
     pub fn calls(&self) -> Vec<String> {
         self.lock().calls.clone()
+    }
+
+    /// How many read-only calls (ListPodSandbox, PodSandboxStatus, ListContainers,
+    /// ContainerStatus) were made, by method.
+    pub fn reads(&self) -> BTreeMap<&'static str, usize> {
+        self.lock().reads.clone()
     }
 
     /// Ids of the containers currently in the given state.
@@ -281,14 +289,17 @@ impl Runtime for MemoryRuntime {
     }
 
     async fn pod_sandbox_status(&self, id: &str) -> Result<api::PodSandboxStatus> {
-        self.lock().sandboxes.get(id).cloned().ok_or_else(|| Error::not_found("sandbox", id))
+        let mut s = self.lock();
+        *s.reads.entry("PodSandboxStatus").or_default() += 1;
+        s.sandboxes.get(id).cloned().ok_or_else(|| Error::not_found("sandbox", id))
     }
 
     async fn list_pod_sandboxes(
         &self,
         labels: &HashMap<String, String>,
     ) -> Result<Vec<api::PodSandbox>> {
-        let s = self.lock();
+        let mut s = self.lock();
+        *s.reads.entry("ListPodSandbox").or_default() += 1;
         Ok(s.sandboxes
             .values()
             .filter(|sb| labels_match(&sb.labels, labels))
@@ -388,7 +399,8 @@ impl Runtime for MemoryRuntime {
         &self,
         labels: &HashMap<String, String>,
     ) -> Result<Vec<api::Container>> {
-        let s = self.lock();
+        let mut s = self.lock();
+        *s.reads.entry("ListContainers").or_default() += 1;
         Ok(s.containers
             .iter()
             .filter(|(_, r)| labels_match(&r.status.labels, labels))
@@ -408,7 +420,8 @@ impl Runtime for MemoryRuntime {
     }
 
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
-        let s = self.lock();
+        let mut s = self.lock();
+        *s.reads.entry("ContainerStatus").or_default() += 1;
         s.containers
             .get(id)
             .map(|r| r.status.clone())
