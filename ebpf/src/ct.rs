@@ -1,10 +1,10 @@
 //! Connection tracking for the per-packet paths: a FORWARD entry pins a client flow to its
 //! backend, a REPLY entry tells the reverse path which frontend (and client) to restore.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use skiff_ebpf_common::{
-    Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
-    flow_hash,
+    Backend, CT_REFRESH_NS, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir,
+    ct_flags, drop_reason, flow_hash,
 };
 
 use crate::{
@@ -26,21 +26,39 @@ pub fn key(flow: &Flow, dir: u8) -> CtKey {
     }
 }
 
+/// CLOCK_MONOTONIC at tick resolution: cheaper than `bpf_ktime_get_ns` and plenty for
+/// conntrack ages.
 #[inline(always)]
 fn now() -> u64 {
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-/// The REPLY entry matching `flow`, refreshed, if any.
+/// Copies an entry out and refreshes its `last_seen_ns` only when it is older than
+/// `CT_REFRESH_NS`: an established flow then reads its entry without writing it on every
+/// packet (the LRU map keeps its own recency for eviction).
+///
+/// # Safety
+/// `ptr` is a value pointer just returned by a lookup in `CONNTRACK`.
+#[inline(always)]
+unsafe fn read_refresh(ptr: *mut CtValue) -> CtValue {
+    // SAFETY: the caller's contract; last_seen is advisory, races are harmless.
+    unsafe {
+        let v = *ptr;
+        let t = now();
+        if t.wrapping_sub(v.last_seen_ns) > CT_REFRESH_NS {
+            (*ptr).last_seen_ns = t;
+        }
+        v
+    }
+}
+
+/// The REPLY entry matching `flow` if any (refreshed, see `read_refresh`).
 #[inline(always)]
 pub fn lookup_reply(flow: &Flow) -> Option<CtValue> {
     let ptr = CONNTRACK.get_ptr_mut(key(flow, ct_dir::REPLY))?;
-    // SAFETY: LRU value pointer from the map; last_seen is advisory, races are harmless.
-    unsafe {
-        (*ptr).last_seen_ns = now();
-        Some(*ptr)
-    }
+    // SAFETY: a value pointer just returned by the lookup.
+    Some(unsafe { read_refresh(ptr) })
 }
 
 /// Where a forward packet goes: the backend and whether this packet opened the flow.
@@ -66,11 +84,8 @@ pub fn forward(
 ) -> Result<Forward, u32> {
     let fkey = key(flow, ct_dir::FORWARD);
     if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
-        // SAFETY: LRU value pointer from the map, read and refreshed at once.
-        let v = unsafe {
-            (*ptr).last_seen_ns = now();
-            *ptr
-        };
+        // SAFETY: a value pointer just returned by the lookup.
+        let v = unsafe { read_refresh(ptr) };
         // The entry carries the backend's address: the proxy purges entries of removed
         // backends, so no backend lookup is needed on the established-flow path.
         let backend = Backend {

@@ -154,7 +154,9 @@ fn part1() -> Result<()> {
         let d = desired(n);
         let mut state = ServiceMapSync::new();
         let t = Instant::now();
-        state.sync(&mut maps, &d)?;
+        let plan = state.plan(&d);
+        let plan_full = t.elapsed();
+        state.apply(&mut maps, plan)?;
         let full_sync = t.elapsed();
         let mut d1 = d.clone();
         d1.frontends.insert(
@@ -168,6 +170,17 @@ fn part1() -> Result<()> {
         state.apply(&mut maps, plan)?;
         let add_one = t.elapsed();
         eprintln!("n={n}: add one service: plan {plan_time:?}, {n_ops} map ops, total {add_one:?}");
+        // The same services as kube-proxy's iptables mode would write them, loaded by
+        // iptables-restore into a fresh namespace (30k x 10 would take minutes: skipped).
+        let ipt_restore = if n <= 10_000 {
+            let ns = Netns::new(&format!("skb-r-{}-{n}", std::process::id()))?;
+            let rules = kube_proxy_rules(n);
+            let t = Instant::now();
+            ns.run(&["iptables-restore"], Some(&rules))?;
+            Some(t.elapsed())
+        } else {
+            None
+        };
 
         let target = vip(n / 2);
         let hit = tcp(CLIENT, 40000, target, 80);
@@ -251,6 +264,8 @@ fn part1() -> Result<()> {
         row.insert("xdp_miss_rep_ns", xdp_miss_rep);
         row.insert("full_sync_ms", full_sync.as_secs_f64() * 1e3);
         row.insert("add_one_ms", add_one.as_secs_f64() * 1e3);
+        row.insert("plan_ms", plan_full.as_secs_f64() * 1e3);
+        row.insert("iptables_restore_ms", ipt_restore.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3));
         rows.push(row);
         drop(maps);
         drop(dp);
@@ -259,21 +274,36 @@ fn part1() -> Result<()> {
         "dataplane: BPF_PROG_TEST_RUN ns/packet, single runs: median of {RUNS} (includes the kernel's per-call timer); map programming with {ENDPOINTS} endpoints/service"
     );
     println!(
-        "{:>9} {:>10} {:>11} {:>10} {:>11} {:>13} {:>11}",
-        "services", "tc hit", "tc miss", "xdp hit", "xdp miss", "full sync ms", "add one ms"
+        "{:>9} {:>8} {:>8} {:>8} {:>8} {:>11} {:>9} {:>10} {:>13} {:>10}",
+        "services",
+        "tc hit",
+        "tc miss",
+        "xdp hit",
+        "xdp miss",
+        "full sync",
+        "(plan)",
+        "add one",
+        "ipt-restore",
+        "ipt/skiff"
     );
     for r in &rows {
         println!(
-            "{:>9} {:>10.0} {:>11.0} {:>10.0} {:>11.0} {:>13.1} {:>11.3}",
+            "{:>9} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.1} ms {:>6.1} ms {:>7.3} ms {:>10.1} ms {:>9.1}x",
             r["services"],
             r["tc_hit_ns"],
             r["tc_miss_ns"],
             r["xdp_hit_ns"],
             r["xdp_miss_ns"],
             r["full_sync_ms"],
-            r["add_one_ms"]
+            r["plan_ms"],
+            r["add_one_ms"],
+            r["iptables_restore_ms"],
+            r["iptables_restore_ms"] / r["full_sync_ms"]
         );
     }
+    println!(
+        "(full sync and ipt-restore: {ENDPOINTS} endpoints per service; ipt-restore = kube-proxy-style rules into a fresh netns, not run at 30k)"
+    );
     println!("repeat=100000 (amortised; hit = identity frontend, rewrite is a no-op):");
     println!(
         "{:>9} {:>10} {:>11} {:>10} {:>11}",
@@ -429,6 +459,51 @@ fn run_client(
     let text = String::from_utf8_lossy(&out.stdout);
     let mut it = text.split_whitespace().map(|v| v.parse::<f64>());
     Ok((it.next().context("rate")??, it.next().context("p99")??))
+}
+
+/// The rules kube-proxy's iptables mode writes for `n` services of `ENDPOINTS` endpoints
+/// each (the endpoints of `desired(n)`): KUBE-SERVICES → KUBE-SVC-* (statistic) →
+/// KUBE-SEP-* (masquerade mark for hairpin, DNAT).
+fn kube_proxy_rules(n: usize) -> String {
+    use std::fmt::Write;
+    let mut r = String::from("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
+    for i in 0..n {
+        let _ = writeln!(r, ":KUBE-SVC-{i} - [0:0]");
+        for j in 0..ENDPOINTS {
+            let _ = writeln!(r, ":KUBE-SEP-{i}-{j} - [0:0]");
+        }
+    }
+    r += "-A OUTPUT -j KUBE-SERVICES\n-A PREROUTING -j KUBE-SERVICES\n";
+    r += "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n";
+    for i in 0..n {
+        let _ = writeln!(
+            r,
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"default/s{i}:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-{i}",
+            vip(i)
+        );
+        for j in 0..ENDPOINTS {
+            let ep = Ipv4Addr::from(
+                u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (i * ENDPOINTS + j) as u32,
+            );
+            if j + 1 < ENDPOINTS {
+                let _ = writeln!(
+                    r,
+                    "-A KUBE-SVC-{i} -m comment --comment \"default/s{i}:http\" -m statistic --mode random --probability {:.11} -j KUBE-SEP-{i}-{j}",
+                    1.0 / (ENDPOINTS - j) as f64
+                );
+            } else {
+                let _ = writeln!(
+                    r,
+                    "-A KUBE-SVC-{i} -m comment --comment \"default/s{i}:http\" -j KUBE-SEP-{i}-{j}"
+                );
+            }
+            let _ = writeln!(r, "-A KUBE-SEP-{i}-{j} -s {ep}/32 -j KUBE-MARK-MASQ");
+            let _ =
+                writeln!(r, "-A KUBE-SEP-{i}-{j} -p tcp -m tcp -j DNAT --to-destination {ep}:8080");
+        }
+    }
+    r += "COMMIT\n";
+    r
 }
 
 /// kube-proxy-style rules: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* DNAT, target last.
