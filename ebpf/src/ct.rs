@@ -3,12 +3,12 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use skiff_ebpf_common::{
-    Backend, CT_REFRESH_NS, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir,
-    ct_flags, drop_reason, flow_hash,
+    Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
+    flow_hash,
 };
 
 use crate::{
-    maps::{CONNTRACK, emit_flow, select_backend},
+    maps::{CONNTRACK, emit_flow, node_ip_be, select_backend},
     packet::Flow,
 };
 
@@ -34,46 +34,48 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-/// Copies an entry out and refreshes its `last_seen_ns` only when it is older than
-/// `CT_REFRESH_NS`: an established flow then reads its entry without writing it on every
-/// packet (the LRU map keeps its own recency for eviction).
-///
-/// # Safety
-/// `ptr` is a value pointer just returned by a lookup in `CONNTRACK`.
-#[inline(always)]
-unsafe fn read_refresh(ptr: *mut CtValue) -> CtValue {
-    // SAFETY: the caller's contract; last_seen is advisory, races are harmless.
-    unsafe {
-        let v = *ptr;
-        let t = now();
-        if t.wrapping_sub(v.last_seen_ns) > CT_REFRESH_NS {
-            (*ptr).last_seen_ns = t;
-        }
-        v
-    }
-}
-
-/// The REPLY entry matching `flow` if any (refreshed, see `read_refresh`).
+/// The REPLY entry matching `flow` if any (read only: see `CtValue::opened_ns`).
 #[inline(always)]
 pub fn lookup_reply(flow: &Flow) -> Option<CtValue> {
-    let ptr = CONNTRACK.get_ptr_mut(key(flow, ct_dir::REPLY))?;
-    // SAFETY: a value pointer just returned by the lookup.
-    Some(unsafe { read_refresh(ptr) })
+    // SAFETY: copied out at once; a concurrent update can at worst give a stale value.
+    unsafe { CONNTRACK.get(key(flow, ct_dir::REPLY)).copied() }
 }
 
 /// Where a forward packet goes: the backend and whether this packet opened the flow.
 pub struct Forward {
     pub backend_id: u32,
+    /// The frontend's rev-nat id.
+    pub rev_nat_id: u32,
     pub backend: Backend,
     pub new_conn: bool,
     /// Non-zero: also rewrite the source to this address (remote NodePort backend).
     pub snat_addr_be: u32,
 }
 
-/// Finds the flow's backend in conntrack (if it still exists) or selects one and records
-/// the FORWARD and REPLY entries. `frontend_vip_be` is the frontend's key address (0 for
-/// NodePort). With `snat_addr_be` != 0, flows to backends not on this
-/// node are SNATed to it (their replies are then addressed to that address).
+/// The backend of an established flow, from its FORWARD entry alone: the entry carries the
+/// backend's address and the frontend's id (the proxy purges entries of removed backends
+/// and frontends), so an established flow needs no service or backend lookup.
+#[inline(always)]
+pub fn established(flow: &Flow) -> Option<Forward> {
+    // SAFETY: copied out at once; a concurrent update can at worst give a stale value.
+    let v = unsafe { CONNTRACK.get(key(flow, ct_dir::FORWARD)).copied() }?;
+    let backend = Backend {
+        ip_be: v.nat_addr_be,
+        port_be: v.nat_port_be,
+        proto: flow.proto,
+        ..Backend::default()
+    };
+    let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { node_ip_be() } else { 0 };
+    Some(Forward {
+        backend_id: v.backend_id,
+        rev_nat_id: v.rev_nat_id,
+        backend,
+        new_conn: false,
+        snat_addr_be,
+    })
+}
+
+/// Finds the flow's backend in conntrack (if it still exists) or opens it (`open`).
 #[inline(always)]
 pub fn forward(
     flow: &Flow,
@@ -82,21 +84,25 @@ pub fn forward(
     snat_addr_be: u32,
     path: u8,
 ) -> Result<Forward, u32> {
-    let fkey = key(flow, ct_dir::FORWARD);
-    if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
-        // SAFETY: a value pointer just returned by the lookup.
-        let v = unsafe { read_refresh(ptr) };
-        // The entry carries the backend's address: the proxy purges entries of removed
-        // backends, so no backend lookup is needed on the established-flow path.
-        let backend = Backend {
-            ip_be: v.nat_addr_be,
-            port_be: v.nat_port_be,
-            proto: flow.proto,
-            ..Backend::default()
-        };
-        let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
-        return Ok(Forward { backend_id: v.backend_id, backend, new_conn: false, snat_addr_be });
+    if let Some(fwd) = established(flow) {
+        return Ok(fwd);
     }
+    open(flow, frontend_vip_be, frontend, snat_addr_be, path)
+}
+
+/// Selects a backend for a new flow and records the FORWARD and REPLY entries (and a flow
+/// event). `frontend_vip_be` is the frontend's key address (0 for NodePort). With
+/// `snat_addr_be` != 0, flows to backends not on this node are SNATed to it (their replies
+/// are then addressed to that address).
+#[inline(always)]
+pub fn open(
+    flow: &Flow,
+    frontend_vip_be: u32,
+    frontend: &ServiceValue,
+    snat_addr_be: u32,
+    path: u8,
+) -> Result<Forward, u32> {
+    let fkey = key(flow, ct_dir::FORWARD);
     let (backend_id, backend) = select_backend(
         frontend_vip_be,
         flow.dport_be,
@@ -116,7 +122,7 @@ pub fn forward(
         client_addr_be: flow.saddr_be,
         client_port_be: flow.sport_be,
         _pad: 0,
-        last_seen_ns: t,
+        opened_ns: t,
     };
     CONNTRACK.insert(fkey, fwd, 0).map_err(|_| drop_reason::CT_FULL)?;
     let reply_daddr = if snat_addr_be != 0 { snat_addr_be } else { flow.saddr_be };
@@ -138,7 +144,7 @@ pub fn forward(
         client_addr_be: flow.saddr_be,
         client_port_be: flow.sport_be,
         _pad: 0,
-        last_seen_ns: t,
+        opened_ns: t,
     };
     CONNTRACK.insert(rkey, rev, 0).map_err(|_| drop_reason::CT_FULL)?;
     emit_flow(FlowEvent {
@@ -155,5 +161,11 @@ pub fn forward(
         path,
         _pad: 0,
     });
-    Ok(Forward { backend_id, backend, new_conn: true, snat_addr_be })
+    Ok(Forward {
+        backend_id,
+        rev_nat_id: frontend.rev_nat_id,
+        backend,
+        new_conn: true,
+        snat_addr_be,
+    })
 }

@@ -86,7 +86,14 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         }
         Parsed::NoPorts => return Ok(ACT_OK),
     };
-    // Frontend first: forward packets (the common case) then need no reply lookup.
+    // An established flow first (the common case): its conntrack entry alone says where
+    // it goes. Then a new flow to a frontend; then a reply.
+    if let Some(fwd) = ct::established(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        return deliver(ctx, &flow, fwd);
+    }
     if let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) {
         return to_frontend(ctx, &flow, flow.daddr_be, &frontend, 0, egress);
     }
@@ -117,7 +124,7 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
     Ok(ACT_OK)
 }
 
-/// DNAT of a packet to a frontend (key address `vip_be`, 0 for NodePort); with
+/// DNAT of a new flow's packet to a frontend (key address `vip_be`, 0 for NodePort); with
 /// `snat_addr_be` != 0 a flow to a backend on another node is also SNATed to that address
 /// and sent out through the FIB.
 #[inline(always)]
@@ -142,9 +149,16 @@ fn to_frontend(
         }
         return reject_udp(ctx, flow, egress);
     }
-    let fwd = ct::forward(flow, vip_be, frontend, snat_addr_be, flow_path::TC)?;
+    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, flow_path::TC)?;
+    deliver(ctx, flow, fwd)
+}
+
+/// Rewrites a forward packet to its backend (and the node address, for SNATed flows),
+/// counts it, and lets it go.
+#[inline(always)]
+fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
     rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
-    count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    count_traffic(fwd.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
     if fwd.snat_addr_be == 0 {
         return Ok(ACT_OK);
     }

@@ -252,9 +252,6 @@ pub mod ct_flags {
     pub const SNAT: u16 = 1 << 0;
 }
 
-/// How stale `CtValue::last_seen_ns` may get before a packet refreshes it (1 s).
-pub const CT_REFRESH_NS: u64 = 1_000_000_000;
-
 /// Conntrack value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -275,9 +272,10 @@ pub struct CtValue {
     pub client_port_be: u16,
     /// Explicit padding, always zero.
     pub _pad: u16,
-    /// Last packet seen, CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`), refreshed at most
-    /// every `CT_REFRESH_NS` so an established flow does not dirty its entry per packet.
-    pub last_seen_ns: u64,
+    /// When the flow was opened, CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`). Packets of
+    /// an established flow only read their entry (no clock read, no write: the LRU map
+    /// keeps recency for eviction itself).
+    pub opened_ns: u64,
 }
 const _: () = assert!(size_of::<CtValue>() == 32);
 
