@@ -143,7 +143,12 @@ fn main() -> Result<()> {
 
 fn part1() -> Result<()> {
     let mut rows = Vec::new();
-    for n in [10usize, 1_000, 10_000, 30_000] {
+    // SKIFF_BENCH_SIZES=10,10000 measures only those service counts.
+    let sizes: Vec<usize> = match std::env::var("SKIFF_BENCH_SIZES") {
+        Ok(v) => v.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>()?,
+        Err(_) => vec![10, 1_000, 10_000, 30_000],
+    };
+    for n in sizes {
         let dir = tempfile::tempdir()?;
         let st = Command::new("mount").args(["-t", "bpf", "bpf"]).arg(dir.path()).status()?;
         ensure!(st.success(), "mounting bpffs (the benchmark needs root)");
@@ -169,18 +174,23 @@ fn part1() -> Result<()> {
         let n_ops = plan.ops.len();
         state.apply(&mut maps, plan)?;
         let add_one = t.elapsed();
-        eprintln!("n={n}: add one service: plan {plan_time:?}, {n_ops} map ops, total {add_one:?}");
+        eprintln!(
+            "n={n}: full sync: plan {plan_full:?}, apply {:?}; add one service: plan {plan_time:?}, {n_ops} map ops, total {add_one:?}",
+            full_sync - plan_full
+        );
         // The same services as kube-proxy's iptables mode would write them, loaded by
         // iptables-restore into a fresh namespace (30k x 10 would take minutes: skipped).
-        let ipt_restore = if n <= 10_000 {
-            let ns = Netns::new(&format!("skb-r-{}-{n}", std::process::id()))?;
-            let rules = kube_proxy_rules(n);
-            let t = Instant::now();
-            ns.run(&["iptables-restore"], Some(&rules))?;
-            Some(t.elapsed())
-        } else {
-            None
-        };
+        // (SKIFF_BENCH_IPTABLES=0 skips it.)
+        let ipt_restore =
+            if n <= 10_000 && std::env::var("SKIFF_BENCH_IPTABLES").as_deref() != Ok("0") {
+                let ns = Netns::new(&format!("skb-r-{}-{n}", std::process::id()))?;
+                let rules = kube_proxy_rules(n);
+                let t = Instant::now();
+                ns.run(&["iptables-restore"], Some(&rules))?;
+                Some(t.elapsed())
+            } else {
+                None
+            };
 
         let target = vip(n / 2);
         let hit = tcp(CLIENT, 40000, target, 80);
