@@ -75,21 +75,6 @@ pub fn established(flow: &Flow) -> Option<Forward> {
     })
 }
 
-/// Finds the flow's backend in conntrack (if it still exists) or opens it (`open`).
-#[inline(always)]
-pub fn forward(
-    flow: &Flow,
-    frontend_vip_be: u32,
-    frontend: &ServiceValue,
-    snat_addr_be: u32,
-    path: u8,
-) -> Result<Forward, u32> {
-    if let Some(fwd) = established(flow) {
-        return Ok(fwd);
-    }
-    open(flow, frontend_vip_be, frontend, snat_addr_be, path)
-}
-
 /// Selects a backend for a new flow and records the FORWARD and REPLY entries (and a flow
 /// event). `frontend_vip_be` is the frontend's key address (0 for NodePort). With
 /// `snat_addr_be` != 0, flows to backends not on this node are SNATed to it (their replies

@@ -54,6 +54,13 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         Parsed::NoPorts => return Ok(xdp_action::XDP_PASS),
     };
+    // An established flow first: its conntrack entry alone says where it goes.
+    if let Some(fwd) = ct::established(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        return deliver(ctx, &flow, fwd);
+    }
     let node_ip = node_ip_be();
     let to_node = node_ip != 0 && flow.daddr_be == node_ip;
     // A reply of a remote backend to a SNATed NodePort flow: addressed to the node (the SNAT
@@ -104,10 +111,17 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         return reject_udp(ctx, &flow);
     }
-    let fwd = ct::forward(&flow, vip_be, &frontend, node_ip, flow_path::XDP)?;
+    let fwd = ct::open(&flow, vip_be, &frontend, node_ip, flow_path::XDP)?;
+    deliver(ctx, &flow, fwd)
+}
+
+/// Rewrites a forward packet to its backend: a local one gets it through the stack, a
+/// remote one also gets the node address as source and is sent out through the FIB.
+#[inline(always)]
+fn deliver(ctx: &XdpContext, flow: &Flow, fwd: ct::Forward) -> Result<u32, u32> {
     rewrite(
         ctx,
-        &flow,
+        flow,
         IP_DST_OFF,
         flow.daddr_be,
         fwd.backend.ip_be,
@@ -115,12 +129,12 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         flow.dport_be,
         fwd.backend.port_be,
     )?;
-    count_traffic(frontend.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
+    count_traffic(fwd.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
     if fwd.snat_addr_be == 0 {
         return Ok(xdp_action::XDP_PASS);
     }
     let node_ip = fwd.snat_addr_be;
-    rewrite(ctx, &flow, IP_SRC_OFF, flow.saddr_be, node_ip, 0, flow.sport_be, flow.sport_be)?;
+    rewrite(ctx, flow, IP_SRC_OFF, flow.saddr_be, node_ip, 0, flow.sport_be, flow.sport_be)?;
     forward_out(ctx, fwd.backend.ip_be, node_ip)
 }
 
