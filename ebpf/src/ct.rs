@@ -1,14 +1,14 @@
 //! Connection tracking for the per-packet paths: a FORWARD entry pins a client flow to its
 //! backend, a REPLY entry tells the reverse path which frontend (and client) to restore.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use skiff_ebpf_common::{
     Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
     flow_hash,
 };
 
 use crate::{
-    maps::{CONNTRACK, emit_flow, select_backend},
+    maps::{CONNTRACK, emit_flow, node_ip_be, select_backend},
     packet::Flow,
 };
 
@@ -26,38 +26,61 @@ pub fn key(flow: &Flow, dir: u8) -> CtKey {
     }
 }
 
+/// CLOCK_MONOTONIC at tick resolution: cheaper than `bpf_ktime_get_ns` and plenty for
+/// conntrack ages.
 #[inline(always)]
 fn now() -> u64 {
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-/// The REPLY entry matching `flow`, refreshed, if any.
+/// The REPLY entry matching `flow` if any (read only: see `CtValue::opened_ns`).
 #[inline(always)]
 pub fn lookup_reply(flow: &Flow) -> Option<CtValue> {
-    let ptr = CONNTRACK.get_ptr_mut(key(flow, ct_dir::REPLY))?;
-    // SAFETY: LRU value pointer from the map; last_seen is advisory, races are harmless.
-    unsafe {
-        (*ptr).last_seen_ns = now();
-        Some(*ptr)
-    }
+    // SAFETY: copied out at once; a concurrent update can at worst give a stale value.
+    unsafe { CONNTRACK.get(key(flow, ct_dir::REPLY)).copied() }
 }
 
 /// Where a forward packet goes: the backend and whether this packet opened the flow.
 pub struct Forward {
     pub backend_id: u32,
+    /// The frontend's rev-nat id.
+    pub rev_nat_id: u32,
     pub backend: Backend,
     pub new_conn: bool,
     /// Non-zero: also rewrite the source to this address (remote NodePort backend).
     pub snat_addr_be: u32,
 }
 
-/// Finds the flow's backend in conntrack (if it still exists) or selects one and records
-/// the FORWARD and REPLY entries. `frontend_vip_be` is the frontend's key address (0 for
-/// NodePort). With `snat_addr_be` != 0, flows to backends not on this
-/// node are SNATed to it (their replies are then addressed to that address).
+/// The backend of an established flow, from its FORWARD entry alone: the entry carries the
+/// backend's address and the frontend's id (the proxy purges entries of removed backends
+/// and frontends), so an established flow needs no service or backend lookup.
 #[inline(always)]
-pub fn forward(
+pub fn established(flow: &Flow) -> Option<Forward> {
+    // SAFETY: copied out at once; a concurrent update can at worst give a stale value.
+    let v = unsafe { CONNTRACK.get(key(flow, ct_dir::FORWARD)).copied() }?;
+    let backend = Backend {
+        ip_be: v.nat_addr_be,
+        port_be: v.nat_port_be,
+        proto: flow.proto,
+        ..Backend::default()
+    };
+    let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { node_ip_be() } else { 0 };
+    Some(Forward {
+        backend_id: v.backend_id,
+        rev_nat_id: v.rev_nat_id,
+        backend,
+        new_conn: false,
+        snat_addr_be,
+    })
+}
+
+/// Selects a backend for a new flow and records the FORWARD and REPLY entries (and a flow
+/// event). `frontend_vip_be` is the frontend's key address (0 for NodePort). With
+/// `snat_addr_be` != 0, flows to backends not on this node are SNATed to it (their replies
+/// are then addressed to that address).
+#[inline(always)]
+pub fn open(
     flow: &Flow,
     frontend_vip_be: u32,
     frontend: &ServiceValue,
@@ -65,23 +88,6 @@ pub fn forward(
     path: u8,
 ) -> Result<Forward, u32> {
     let fkey = key(flow, ct_dir::FORWARD);
-    if let Some(ptr) = CONNTRACK.get_ptr_mut(fkey) {
-        // SAFETY: LRU value pointer from the map, read and refreshed at once.
-        let v = unsafe {
-            (*ptr).last_seen_ns = now();
-            *ptr
-        };
-        // The entry carries the backend's address: the proxy purges entries of removed
-        // backends, so no backend lookup is needed on the established-flow path.
-        let backend = Backend {
-            ip_be: v.nat_addr_be,
-            port_be: v.nat_port_be,
-            proto: flow.proto,
-            ..Backend::default()
-        };
-        let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { snat_addr_be } else { 0 };
-        return Ok(Forward { backend_id: v.backend_id, backend, new_conn: false, snat_addr_be });
-    }
     let (backend_id, backend) = select_backend(
         frontend_vip_be,
         flow.dport_be,
@@ -101,7 +107,7 @@ pub fn forward(
         client_addr_be: flow.saddr_be,
         client_port_be: flow.sport_be,
         _pad: 0,
-        last_seen_ns: t,
+        opened_ns: t,
     };
     CONNTRACK.insert(fkey, fwd, 0).map_err(|_| drop_reason::CT_FULL)?;
     let reply_daddr = if snat_addr_be != 0 { snat_addr_be } else { flow.saddr_be };
@@ -123,7 +129,7 @@ pub fn forward(
         client_addr_be: flow.saddr_be,
         client_port_be: flow.sport_be,
         _pad: 0,
-        last_seen_ns: t,
+        opened_ns: t,
     };
     CONNTRACK.insert(rkey, rev, 0).map_err(|_| drop_reason::CT_FULL)?;
     emit_flow(FlowEvent {
@@ -140,5 +146,11 @@ pub fn forward(
         path,
         _pad: 0,
     });
-    Ok(Forward { backend_id, backend, new_conn: true, snat_addr_be })
+    Ok(Forward {
+        backend_id,
+        rev_nat_id: frontend.rev_nat_id,
+        backend,
+        new_conn: true,
+        snat_addr_be,
+    })
 }

@@ -3,6 +3,7 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
+    bpf_printk,
     macros::map,
     maps::{
         Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, lpm_trie::Key,
@@ -10,8 +11,8 @@ use aya_ebpf::{
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason,
-    svc_flags,
+    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey,
+    drop_reason, svc_flags,
 };
 
 /// Service frontends and their backend slots.
@@ -39,14 +40,10 @@ pub static SOCK_REV: LruHashMap<SockRevKey, RevNat> = LruHashMap::pinned(65_536,
 #[map(name = "SKIFF_DROPS")]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(drop_reason::COUNT, 0);
 
-/// Per-service counters keyed by rev-nat id.
-#[map(name = "SKIFF_SVC_STATS")]
-pub static SERVICE_STATS: PerCpuHashMap<u32, Counters> =
-    PerCpuHashMap::pinned(65_536, BPF_F_NO_PREALLOC);
-
-/// Per-backend counters keyed by backend id.
-#[map(name = "SKIFF_BE_STATS")]
-pub static BACKEND_STATS: PerCpuHashMap<u32, Counters> =
+/// Traffic counters per (frontend, backend) pair: one per-CPU lookup per packet serves
+/// both the per-service and the per-backend numbers (user space sums them).
+#[map(name = "SKIFF_STATS")]
+pub static STATS: PerCpuHashMap<StatsKey, Counters> =
     PerCpuHashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
 /// Node configuration (one entry).
@@ -99,32 +96,48 @@ pub fn source_allowed(frontend: &ServiceValue, saddr_be: u32) -> bool {
 #[map(name = "SKIFF_FLOWS")]
 pub static FLOWS: RingBuf = RingBuf::pinned(256 * 1024, 0);
 
-/// Emits a new-flow event; a full ring buffer loses the event, never the packet.
+/// Emits a new-flow event (only ever for a new flow, never per packet); a full ring buffer
+/// loses the event, never the packet. With debug output on, also prints it.
 #[inline(always)]
 pub fn emit_flow(ev: FlowEvent) {
     let _ = FLOWS.output::<FlowEvent>(&ev, 0);
+    if debug_on() {
+        let (c, f, b) = (ev.client_addr_be, ev.frontend_addr_be, ev.backend_addr_be);
+        // SAFETY: the pointers name locals that outlive the call; %pI4 reads 4 bytes.
+        unsafe {
+            bpf_printk!(
+                c"skiff: new flow path=%u proto=%u %pI4 -> %pI4 -> backend %pI4",
+                ev.path,
+                ev.proto,
+                &c as *const u32,
+                &f as *const u32,
+                &b as *const u32
+            )
+        };
+    }
 }
 
-/// Counts one drop of `reason` (per CPU, no atomics needed).
+/// Counts one drop of `reason` (per CPU, no atomics needed); with debug output on, also
+/// prints it.
 #[inline(always)]
 pub fn count_drop(reason: u32) {
     if let Some(slot) = DROPS.get_ptr_mut(reason) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe { *slot += 1 };
     }
+    if debug_on() {
+        // SAFETY: a constant format and one integer argument.
+        unsafe { bpf_printk!(c"skiff: drop reason=%u", reason) };
+    }
 }
 
-/// Adds one packet of `bytes` (and a new connection if `new_conn`) to both counters.
+/// Adds one packet of `bytes` (and a new connection if `new_conn`) to the counters of the
+/// (frontend, backend) pair.
 #[inline(always)]
 pub fn count_traffic(rev_nat_id: u32, backend_id: u32, bytes: u64, new_conn: bool) {
-    bump(&SERVICE_STATS, rev_nat_id, bytes, new_conn);
-    bump(&BACKEND_STATS, backend_id, bytes, new_conn);
-}
-
-#[inline(always)]
-fn bump(map: &PerCpuHashMap<u32, Counters>, key: u32, bytes: u64, new_conn: bool) {
+    let key = StatsKey { rev_nat_id, backend_id };
     let add = Counters { packets: 1, bytes, new_conns: new_conn as u64 };
-    match map.get_ptr_mut(key) {
+    match STATS.get_ptr_mut(key) {
         Some(c) => {
             // SAFETY: per-CPU value, only this CPU writes it while the program runs.
             unsafe {
@@ -134,7 +147,7 @@ fn bump(map: &PerCpuHashMap<u32, Counters>, key: u32, bytes: u64, new_conn: bool
             }
         }
         None => {
-            let _ = map.insert(key, add, 0);
+            let _ = STATS.insert(key, add, 0);
         }
     }
 }
@@ -143,6 +156,12 @@ fn bump(map: &PerCpuHashMap<u32, Counters>, key: u32, bytes: u64, new_conn: bool
 #[inline(always)]
 pub fn node_ip_be() -> u32 {
     CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Whether debug output is switched on (`Config::debug`, written at run time).
+#[inline(always)]
+pub fn debug_on() -> bool {
+    CONFIG.get(0).is_some_and(|c| c.debug != 0)
 }
 
 /// Looks up the frontend (slot 0) of `vip:port/proto`.

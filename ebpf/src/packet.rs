@@ -10,8 +10,6 @@ use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
 pub const ETH_LEN: usize = 14;
 /// Offset of the IPv4 header (right after Ethernet).
 pub const L3_OFF: usize = ETH_LEN;
-/// Offset of the IPv4 header checksum.
-pub const IP_CSUM_OFF: usize = L3_OFF + 10;
 /// Offset of the IPv4 source address.
 pub const IP_SRC_OFF: usize = L3_OFF + 12;
 /// Offset of the IPv4 destination address.

@@ -4,7 +4,9 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
+    helpers::{
+        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_coarse_ns, bpf_set_retval,
+    },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
@@ -106,13 +108,21 @@ fn try_translate(ctx: &SockAddrContext) -> Result<(), u32> {
         backend_port_be: backend.port_be,
         _pad: 0,
     };
+    // An unconnected UDP socket goes through here on every sendmsg(): only its first
+    // datagram to a backend is a new flow (counted as a connection, one flow event).
+    // SAFETY: the value is only tested for presence.
+    let known = unsafe { SOCK_REV.get(key).is_some() };
+    if known {
+        count_traffic(frontend.rev_nat_id, backend_id, 0, false);
+        return Ok(());
+    }
     let value = RevNat { vip_be, port_be, _pad: 0 };
     // An LRU map: a failed insert only loses the reverse translation of one socket.
     let _ = SOCK_REV.insert(key, value, 0);
     count_traffic(frontend.rev_nat_id, backend_id, 0, true);
     emit_flow(FlowEvent {
         // SAFETY: helper without arguments.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: unsafe { bpf_ktime_get_coarse_ns() },
         client_addr_be: 0,
         frontend_addr_be: vip_be,
         backend_addr_be: backend.ip_be,

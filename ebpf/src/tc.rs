@@ -3,24 +3,36 @@
 //!
 //! One program serves both directions (attach it on ingress and egress): a packet addressed
 //! to a frontend gets its destination rewritten to a backend; otherwise a packet matching a
-//! REPLY conntrack entry gets its source restored to the frontend. Everything else passes
+//! REPLY conntrack entry gets its source restored to the frontend (and, for a NodePort flow
+//! SNATed here, its destination to the client, forwarded through the FIB); otherwise a
+//! packet to a NodePort of this node's address is DNATed (SNATed and forwarded for remote
+//! backends): the tc fallback on interfaces where XDP cannot attach. Everything else passes
 //! untouched.
 
+use core::mem::{size_of, zeroed};
+
 use aya_ebpf::{
+    EbpfContext,
     bindings::{
-        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT,
-        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
+        TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup,
     },
-    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail},
+    helpers::{
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
+    },
     macros::classifier,
     programs::TcContext,
 };
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason, flow_path};
+use skiff_ebpf_common::{
+    PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, flow_path, svc_flags,
+};
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, lookup_frontend},
-    packet::{Flow, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Parsed, parse},
+    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
+    packet::{
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace4, parse, ptr_at,
+    },
     reject,
 };
 
@@ -29,6 +41,8 @@ use crate::{
 const ACT_OK: i32 = TC_ACT_OK as i32;
 #[allow(clippy::unnecessary_cast)]
 const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
+
+const AF_INET: u8 = 2;
 
 /// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
 const MAX_HEADERS: usize = 94;
@@ -72,31 +86,117 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         }
         Parsed::NoPorts => return Ok(ACT_OK),
     };
-    // Frontend first: forward packets (the common case) then need no reply lookup.
-    let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) else {
-        if let Some(reply) = ct::lookup_reply(&flow) {
-            if flow.irregular != 0 {
-                return Err(flow.irregular);
-            }
-            rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
-            count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
+    // An established flow first (the common case): its conntrack entry alone says where
+    // it goes. Then a new flow to a frontend; then a reply.
+    if let Some(fwd) = ct::established(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
         }
-        return Ok(ACT_OK);
-    };
+        return deliver(ctx, &flow, fwd);
+    }
+    if let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) {
+        return to_frontend(ctx, &flow, flow.daddr_be, &frontend, 0, egress);
+    }
+    if let Some(reply) = ct::lookup_reply(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+        count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
+        if reply.flags & ct_flags::SNAT == 0 {
+            return Ok(ACT_OK);
+        }
+        // A remote backend's reply to a NodePort flow this node SNATed (the tc fallback of
+        // XDP): back to the client, out of the interface the FIB names.
+        rewrite(ctx, &flow, Field::Dst, reply.client_addr_be, reply.client_port_be)?;
+        return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
+    }
+    // NodePort on this node's address: the tc fallback where XDP could not attach (and pods
+    // reaching a NodePort of their own node).
+    let node_ip = node_ip_be();
+    if node_ip != 0
+        && flow.daddr_be == node_ip
+        && let Some(frontend) = lookup_frontend(0, flow.dport_be, flow.proto)
+        && frontend.flags & svc_flags::NODE_PORT != 0
+    {
+        return to_frontend(ctx, &flow, 0, &frontend, node_ip, egress);
+    }
+    Ok(ACT_OK)
+}
+
+/// DNAT of a new flow's packet to a frontend (key address `vip_be`, 0 for NodePort); with
+/// `snat_addr_be` != 0 a flow to a backend on another node is also SNATed to that address
+/// and sent out through the FIB.
+#[inline(always)]
+fn to_frontend(
+    ctx: &TcContext,
+    flow: &Flow,
+    vip_be: u32,
+    frontend: &ServiceValue,
+    snat_addr_be: u32,
+    egress: bool,
+) -> Result<i32, u32> {
     if flow.irregular != 0 {
         return Err(flow.irregular);
+    }
+    if !source_allowed(frontend, flow.saddr_be) {
+        return Err(drop_reason::SOURCE_RANGE);
     }
     if frontend.count == 0 {
         count_drop(drop_reason::NO_BACKEND);
         if flow.proto == PROTO_TCP {
-            return reject_tcp(ctx, &flow, egress);
+            return reject_tcp(ctx, flow, egress);
         }
-        return reject_udp(ctx, &flow, egress);
+        return reject_udp(ctx, flow, egress);
     }
-    let fwd = ct::forward(&flow, flow.daddr_be, &frontend, 0, flow_path::TC)?;
-    rewrite(ctx, &flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
-    count_traffic(frontend.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
-    Ok(ACT_OK)
+    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, flow_path::TC)?;
+    deliver(ctx, flow, fwd)
+}
+
+/// Rewrites a forward packet to its backend (and the node address, for SNATed flows),
+/// counts it, and lets it go.
+#[inline(always)]
+fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
+    rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
+    count_traffic(fwd.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    if fwd.snat_addr_be == 0 {
+        return Ok(ACT_OK);
+    }
+    rewrite(ctx, flow, Field::Src, fwd.snat_addr_be, flow.sport_be)?;
+    forward_out(ctx, fwd.backend.ip_be, fwd.snat_addr_be)
+}
+
+/// Sends a rewritten packet towards `daddr_be` through the FIB (new MACs, redirect to the
+/// egress interface); leaves it to the stack when the FIB cannot resolve the next hop yet.
+#[inline(always)]
+fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32> {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = saddr_be;
+    params.__bindgen_anon_4.ipv4_dst = daddr_be;
+    // SAFETY: reads a field of this program's own skb.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return Ok(ACT_OK);
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
 }
 
 /// Which end of the flow a rewrite changes.
@@ -106,8 +206,10 @@ enum Field {
     Dst,
 }
 
-/// Rewrites the address and port of one end, fixing the IPv4 and L4 checksums with the
-/// kernel helpers (which also handle CHECKSUM_PARTIAL skbs).
+/// Rewrites the address and port of one end. The address, the port and the IPv4 checksum
+/// are written directly (tc programs may write packet data; the verifier unclones the skb
+/// first); only the L4 checksum goes through the kernel helper, which also handles
+/// CHECKSUM_PARTIAL (pseudo header only) and CHECKSUM_COMPLETE (`skb->csum`) skbs.
 #[inline(always)]
 fn rewrite(
     ctx: &TcContext,
@@ -120,6 +222,17 @@ fn rewrite(
         Field::Src => (IP_SRC_OFF, flow.saddr_be, flow.l4_off, flow.sport_be),
         Field::Dst => (IP_DST_OFF, flow.daddr_be, flow.l4_off + 2, flow.dport_be),
     };
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    let addr: *mut u32 = ptr_at(ctx, addr_off)?;
+    let port: *mut u16 = ptr_at(ctx, port_off)?;
+    // SAFETY: the three pointers were bounds-checked by ptr_at just above.
+    unsafe {
+        if old_addr != new_addr_be {
+            (*ip).csum = csum_replace4((*ip).csum, old_addr, new_addr_be);
+            *addr = new_addr_be;
+        }
+        *port = new_port_be;
+    }
     let l4_flags = if flow.proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
     let fail = |_| drop_reason::REWRITE_FAILED;
     if old_addr != new_addr_be {
@@ -130,13 +243,10 @@ fn rewrite(
             BPF_F_PSEUDO_HDR as u64 | l4_flags | 4,
         )
         .map_err(fail)?;
-        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, new_addr_be as u64, 4).map_err(fail)?;
-        ctx.store(addr_off, &new_addr_be, 0).map_err(fail)?;
     }
     if old_port != new_port_be {
         ctx.l4_csum_replace(flow.csum_off, old_port as u64, new_port_be as u64, l4_flags | 2)
             .map_err(fail)?;
-        ctx.store(port_off, &new_port_be, 0).map_err(fail)?;
     }
     Ok(())
 }

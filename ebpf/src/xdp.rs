@@ -54,8 +54,18 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         Parsed::NoPorts => return Ok(xdp_action::XDP_PASS),
     };
-    // A reply of a remote backend to a SNATed NodePort flow.
-    if let Some(reply) = ct::lookup_reply(&flow) {
+    // An established flow first: its conntrack entry alone says where it goes.
+    if let Some(fwd) = ct::established(&flow) {
+        if flow.irregular != 0 {
+            return Err(flow.irregular);
+        }
+        return deliver(ctx, &flow, fwd);
+    }
+    let node_ip = node_ip_be();
+    let to_node = node_ip != 0 && flow.daddr_be == node_ip;
+    // A reply of a remote backend to a SNATed NodePort flow: addressed to the node (the SNAT
+    // address), so nothing else needs the conntrack lookup.
+    if to_node && let Some(reply) = ct::lookup_reply(&flow) {
         if reply.flags & ct_flags::SNAT == 0 {
             return Ok(xdp_action::XDP_PASS);
         }
@@ -85,7 +95,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         count_traffic(reply.rev_nat_id, reply.backend_id, packet_len(ctx), false);
         return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
     }
-    let Some((vip_be, frontend)) = external_frontend(&flow) else {
+    let Some((vip_be, frontend)) = external_frontend(&flow, to_node) else {
         return Ok(xdp_action::XDP_PASS);
     };
     if flow.irregular != 0 {
@@ -101,10 +111,17 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         return reject_udp(ctx, &flow);
     }
-    let fwd = ct::forward(&flow, vip_be, &frontend, node_ip_be(), flow_path::XDP)?;
+    let fwd = ct::open(&flow, vip_be, &frontend, node_ip, flow_path::XDP)?;
+    deliver(ctx, &flow, fwd)
+}
+
+/// Rewrites a forward packet to its backend: a local one gets it through the stack, a
+/// remote one also gets the node address as source and is sent out through the FIB.
+#[inline(always)]
+fn deliver(ctx: &XdpContext, flow: &Flow, fwd: ct::Forward) -> Result<u32, u32> {
     rewrite(
         ctx,
-        &flow,
+        flow,
         IP_DST_OFF,
         flow.daddr_be,
         fwd.backend.ip_be,
@@ -112,12 +129,12 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         flow.dport_be,
         fwd.backend.port_be,
     )?;
-    count_traffic(frontend.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
+    count_traffic(fwd.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
     if fwd.snat_addr_be == 0 {
         return Ok(xdp_action::XDP_PASS);
     }
     let node_ip = fwd.snat_addr_be;
-    rewrite(ctx, &flow, IP_SRC_OFF, flow.saddr_be, node_ip, 0, flow.sport_be, flow.sport_be)?;
+    rewrite(ctx, flow, IP_SRC_OFF, flow.saddr_be, node_ip, 0, flow.sport_be, flow.sport_be)?;
     forward_out(ctx, fwd.backend.ip_be, node_ip)
 }
 
@@ -126,23 +143,21 @@ fn packet_len(ctx: &XdpContext) -> u64 {
     (ctx.data_end() - ctx.data()) as u64
 }
 
-/// The frontend an external packet addresses: an ExternalIP/LB IP by address, or a NodePort
-/// on this node's address; with the frontend's key address.
+/// The frontend an external packet addresses: a NodePort when it is addressed to this
+/// node (`to_node`), else an ExternalIP/LB IP by address; with the frontend's key address.
 #[inline(always)]
-fn external_frontend(flow: &Flow) -> Option<(u32, ServiceValue)> {
+fn external_frontend(flow: &Flow, to_node: bool) -> Option<(u32, ServiceValue)> {
     const EXTERNAL: u16 = svc_flags::EXTERNAL_IP | svc_flags::LOAD_BALANCER;
-    if let Some(f) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto)
-        && f.flags & EXTERNAL != 0
-    {
-        return Some((flow.daddr_be, f));
-    }
-    let node_ip = node_ip_be();
-    if node_ip != 0
-        && flow.daddr_be == node_ip
+    if to_node
         && let Some(f) = lookup_frontend(0, flow.dport_be, flow.proto)
         && f.flags & svc_flags::NODE_PORT != 0
     {
         return Some((0, f));
+    }
+    if let Some(f) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto)
+        && f.flags & EXTERNAL != 0
+    {
+        return Some((flow.daddr_be, f));
     }
     None
 }

@@ -143,7 +143,12 @@ fn main() -> Result<()> {
 
 fn part1() -> Result<()> {
     let mut rows = Vec::new();
-    for n in [10usize, 1_000, 10_000, 30_000] {
+    // SKIFF_BENCH_SIZES=10,10000 measures only those service counts.
+    let sizes: Vec<usize> = match std::env::var("SKIFF_BENCH_SIZES") {
+        Ok(v) => v.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>()?,
+        Err(_) => vec![10, 1_000, 10_000, 30_000],
+    };
+    for n in sizes {
         let dir = tempfile::tempdir()?;
         let st = Command::new("mount").args(["-t", "bpf", "bpf"]).arg(dir.path()).status()?;
         ensure!(st.success(), "mounting bpffs (the benchmark needs root)");
@@ -154,7 +159,9 @@ fn part1() -> Result<()> {
         let d = desired(n);
         let mut state = ServiceMapSync::new();
         let t = Instant::now();
-        state.sync(&mut maps, &d)?;
+        let plan = state.plan(&d);
+        let plan_full = t.elapsed();
+        state.apply(&mut maps, plan)?;
         let full_sync = t.elapsed();
         let mut d1 = d.clone();
         d1.frontends.insert(
@@ -167,7 +174,23 @@ fn part1() -> Result<()> {
         let n_ops = plan.ops.len();
         state.apply(&mut maps, plan)?;
         let add_one = t.elapsed();
-        eprintln!("n={n}: add one service: plan {plan_time:?}, {n_ops} map ops, total {add_one:?}");
+        eprintln!(
+            "n={n}: full sync: plan {plan_full:?}, apply {:?}; add one service: plan {plan_time:?}, {n_ops} map ops, total {add_one:?}",
+            full_sync - plan_full
+        );
+        // The same services as kube-proxy's iptables mode would write them, loaded by
+        // iptables-restore into a fresh namespace (30k x 10 would take minutes: skipped).
+        // (SKIFF_BENCH_IPTABLES=0 skips it.)
+        let ipt_restore =
+            if n <= 10_000 && std::env::var("SKIFF_BENCH_IPTABLES").as_deref() != Ok("0") {
+                let ns = Netns::new(&format!("skb-r-{}-{n}", std::process::id()))?;
+                let rules = kube_proxy_rules(n);
+                let t = Instant::now();
+                ns.run(&["iptables-restore"], Some(&rules))?;
+                Some(t.elapsed())
+            } else {
+                None
+            };
 
         let target = vip(n / 2);
         let hit = tcp(CLIENT, 40000, target, 80);
@@ -199,27 +222,32 @@ fn part1() -> Result<()> {
         let xdp_hit = measure(&mut xdp, &np_hit)?;
         let xdp_miss = measure(&mut xdp, &np_miss)?;
         // Amortised over `repeat` runs of one packet (no per-call timer overhead). A packet
-        // is rewritten in place across repeats, so the hit uses an identity frontend (its
-        // one backend is the frontend itself): lookups, conntrack and counters run, the
-        // rewrite is a no-op.
-        let ident = Ipv4Addr::new(10, 250, 0, 1);
+        // is rewritten in place across repeats, so the hit uses a ping-pong pair of
+        // frontends, each the other's only backend (different ports): every run is an
+        // established-flow hit with a real rewrite of address, port and both checksums.
+        let (ping, pong) = (Ipv4Addr::new(10, 250, 0, 1), Ipv4Addr::new(10, 250, 0, 2));
         let mut d2 = d1.clone();
-        d2.frontends.insert(
-            Frontend { ip: ident, port: 80, proto: PROTO_TCP },
-            FrontendSpec {
-                service: "default/identity:http".into(),
-                flags: svc_flags::CLUSTER_IP | svc_flags::EXTERNAL_IP,
-                affinity_timeout_s: 0,
-                source_ranges: Vec::new(),
-                backends: vec![BackendSpec {
-                    addr: BackendAddr { ip: ident, port: 80, proto: PROTO_TCP },
-                    terminating: false,
-                    local: true,
-                }],
-            },
-        );
+        for (ip, port, to, to_port) in [(ping, 80, pong, 81), (pong, 81, ping, 80)] {
+            d2.frontends.insert(
+                Frontend { ip, port, proto: PROTO_TCP },
+                FrontendSpec {
+                    service: format!("default/pingpong-{port}:http"),
+                    flags: svc_flags::CLUSTER_IP | svc_flags::EXTERNAL_IP,
+                    affinity_timeout_s: 0,
+                    source_ranges: Vec::new(),
+                    backends: vec![BackendSpec {
+                        addr: BackendAddr { ip: to, port: to_port, proto: PROTO_TCP },
+                        terminating: false,
+                        local: true,
+                    }],
+                },
+            );
+        }
         state.sync(&mut maps, &d2)?;
-        let ident_pkt = tcp(CLIENT, 40002, ident, 80);
+        let ping_pkt = tcp(CLIENT, 40002, ping, 80);
+        // The floor: an ICMP packet is parsed and passed (no map lookup).
+        let mut icmp = tcp(CLIENT, 40003, ping, 80);
+        icmp[23] = 1;
         let rep = |dp: &mut Dataplane, xdp: bool, pkt: &[u8]| -> Result<f64> {
             let mut out = vec![0u8; 256];
             let opts = TestRunOptions {
@@ -235,9 +263,11 @@ fn part1() -> Result<()> {
             };
             Ok(d.as_nanos() as f64)
         };
-        let tc_hit_rep = rep(&mut dp, false, &ident_pkt)?;
+        let tc_hit_rep = rep(&mut dp, false, &ping_pkt)?;
         let tc_miss_rep = rep(&mut dp, false, &miss)?;
-        let xdp_hit_rep = rep(&mut dp, true, &ident_pkt)?;
+        let tc_floor_rep = rep(&mut dp, false, &icmp)?;
+        let xdp_floor_rep = rep(&mut dp, true, &icmp)?;
+        let xdp_hit_rep = rep(&mut dp, true, &ping_pkt)?;
         let xdp_miss_rep = rep(&mut dp, true, &np_miss)?;
         let mut row = BTreeMap::new();
         row.insert("services", n as f64);
@@ -249,8 +279,12 @@ fn part1() -> Result<()> {
         row.insert("tc_miss_rep_ns", tc_miss_rep);
         row.insert("xdp_hit_rep_ns", xdp_hit_rep);
         row.insert("xdp_miss_rep_ns", xdp_miss_rep);
+        row.insert("tc_floor_rep_ns", tc_floor_rep);
+        row.insert("xdp_floor_rep_ns", xdp_floor_rep);
         row.insert("full_sync_ms", full_sync.as_secs_f64() * 1e3);
         row.insert("add_one_ms", add_one.as_secs_f64() * 1e3);
+        row.insert("plan_ms", plan_full.as_secs_f64() * 1e3);
+        row.insert("iptables_restore_ms", ipt_restore.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3));
         rows.push(row);
         drop(maps);
         drop(dp);
@@ -259,34 +293,53 @@ fn part1() -> Result<()> {
         "dataplane: BPF_PROG_TEST_RUN ns/packet, single runs: median of {RUNS} (includes the kernel's per-call timer); map programming with {ENDPOINTS} endpoints/service"
     );
     println!(
-        "{:>9} {:>10} {:>11} {:>10} {:>11} {:>13} {:>11}",
-        "services", "tc hit", "tc miss", "xdp hit", "xdp miss", "full sync ms", "add one ms"
+        "{:>9} {:>8} {:>8} {:>8} {:>8} {:>11} {:>9} {:>10} {:>13} {:>10}",
+        "services",
+        "tc hit",
+        "tc miss",
+        "xdp hit",
+        "xdp miss",
+        "full sync",
+        "(plan)",
+        "add one",
+        "ipt-restore",
+        "ipt/skiff"
     );
     for r in &rows {
         println!(
-            "{:>9} {:>10.0} {:>11.0} {:>10.0} {:>11.0} {:>13.1} {:>11.3}",
+            "{:>9} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.1} ms {:>6.1} ms {:>7.3} ms {:>10.1} ms {:>9.1}x",
             r["services"],
             r["tc_hit_ns"],
             r["tc_miss_ns"],
             r["xdp_hit_ns"],
             r["xdp_miss_ns"],
             r["full_sync_ms"],
-            r["add_one_ms"]
+            r["plan_ms"],
+            r["add_one_ms"],
+            r["iptables_restore_ms"],
+            r["iptables_restore_ms"] / r["full_sync_ms"]
         );
     }
-    println!("repeat=100000 (amortised; hit = identity frontend, rewrite is a no-op):");
     println!(
-        "{:>9} {:>10} {:>11} {:>10} {:>11}",
-        "services", "tc hit", "tc miss", "xdp hit", "xdp miss"
+        "(full sync and ipt-restore: {ENDPOINTS} endpoints per service; ipt-restore = kube-proxy-style rules into a fresh netns, not run at 30k)"
+    );
+    println!(
+        "repeat=100000 (amortised, no per-call timer; hit = established flow with a full rewrite, tc ClusterIP / xdp ExternalIP; floor = ICMP, parsed and passed):"
+    );
+    println!(
+        "{:>9} {:>10} {:>11} {:>10} {:>10} {:>11} {:>10}",
+        "services", "tc hit", "tc miss", "tc floor", "xdp hit", "xdp miss", "xdp floor"
     );
     for r in &rows {
         println!(
-            "{:>9} {:>10.0} {:>11.0} {:>10.0} {:>11.0}",
+            "{:>9} {:>10.0} {:>11.0} {:>10.0} {:>10.0} {:>11.0} {:>10.0}",
             r["services"],
             r["tc_hit_rep_ns"],
             r["tc_miss_rep_ns"],
+            r["tc_floor_rep_ns"],
             r["xdp_hit_rep_ns"],
-            r["xdp_miss_rep_ns"]
+            r["xdp_miss_rep_ns"],
+            r["xdp_floor_rep_ns"]
         );
     }
     let first = &rows[0];
@@ -429,6 +482,51 @@ fn run_client(
     let text = String::from_utf8_lossy(&out.stdout);
     let mut it = text.split_whitespace().map(|v| v.parse::<f64>());
     Ok((it.next().context("rate")??, it.next().context("p99")??))
+}
+
+/// The rules kube-proxy's iptables mode writes for `n` services of `ENDPOINTS` endpoints
+/// each (the endpoints of `desired(n)`): KUBE-SERVICES → KUBE-SVC-* (statistic) →
+/// KUBE-SEP-* (masquerade mark for hairpin, DNAT).
+fn kube_proxy_rules(n: usize) -> String {
+    use std::fmt::Write;
+    let mut r = String::from("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
+    for i in 0..n {
+        let _ = writeln!(r, ":KUBE-SVC-{i} - [0:0]");
+        for j in 0..ENDPOINTS {
+            let _ = writeln!(r, ":KUBE-SEP-{i}-{j} - [0:0]");
+        }
+    }
+    r += "-A OUTPUT -j KUBE-SERVICES\n-A PREROUTING -j KUBE-SERVICES\n";
+    r += "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n";
+    for i in 0..n {
+        let _ = writeln!(
+            r,
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"default/s{i}:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-{i}",
+            vip(i)
+        );
+        for j in 0..ENDPOINTS {
+            let ep = Ipv4Addr::from(
+                u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (i * ENDPOINTS + j) as u32,
+            );
+            if j + 1 < ENDPOINTS {
+                let _ = writeln!(
+                    r,
+                    "-A KUBE-SVC-{i} -m comment --comment \"default/s{i}:http\" -m statistic --mode random --probability {:.11} -j KUBE-SEP-{i}-{j}",
+                    1.0 / (ENDPOINTS - j) as f64
+                );
+            } else {
+                let _ = writeln!(
+                    r,
+                    "-A KUBE-SVC-{i} -m comment --comment \"default/s{i}:http\" -j KUBE-SEP-{i}-{j}"
+                );
+            }
+            let _ = writeln!(r, "-A KUBE-SEP-{i}-{j} -s {ep}/32 -j KUBE-MARK-MASQ");
+            let _ =
+                writeln!(r, "-A KUBE-SEP-{i}-{j} -p tcp -m tcp -j DNAT --to-destination {ep}:8080");
+        }
+    }
+    r += "COMMIT\n";
+    r
 }
 
 /// kube-proxy-style rules: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* DNAT, target last.

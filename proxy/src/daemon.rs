@@ -38,7 +38,8 @@ pub struct ProxyConfig {
     pub cgroup: Option<PathBuf>,
     /// Interfaces that get the tc program on ingress and egress (per-packet path).
     pub tc_interfaces: Vec<String>,
-    /// Node-facing interfaces that get the XDP program (NodePort/ExternalIP/LB).
+    /// Node-facing interfaces that get the XDP program (NodePort/ExternalIP/LB); where XDP
+    /// cannot attach, the tc programs (ingress and egress) serve them instead.
     pub xdp_interfaces: Vec<String>,
     /// Where `/metrics` is served; default 127.0.0.1:10249, kube-proxy's metrics address.
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -116,12 +117,41 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
     }
     for iface in &config.xdp_interfaces {
         let pin = links.join(format!("xdp-{iface}"));
-        if !loader::link_pinned(&pin) {
-            dataplane.attach_xdp(iface)?.pin(&pin)?;
+        let tc_pins =
+            [links.join(format!("tc-{iface}-ingress")), links.join(format!("tc-{iface}-egress"))];
+        let tc_there = tc_pins.iter().all(|p| loader::link_pinned(p));
+        // Pinned by a previous run: XDP, or the tc fallback (kept as it is, so a restart
+        // changes nothing on the wire).
+        if loader::link_pinned(&pin) || (tc_there && !config.tc_interfaces.contains(iface)) {
+            continue;
+        }
+        match dataplane.attach_xdp(iface) {
+            Ok(x) => x.pin(&pin)?,
+            Err(e) if tc_there => {
+                warn!(iface, error = %error_chain(&e), "XDP could not attach; the tc programs already there serve NodePort");
+            }
+            Err(e) => {
+                warn!(iface, error = %error_chain(&e), "XDP could not attach; NodePort served by the tc fallback");
+                let (ingress, egress) = dataplane.attach_tc_nodeport(iface)?;
+                ingress.pin(&tc_pins[0])?;
+                egress.pin(&tc_pins[1])?;
+            }
         }
     }
     let maps = ServiceMaps::open_pinned(&config.pin_dir)?;
     Ok(RunningDataplane { dataplane, maps })
+}
+
+/// An error with its causes, for one log line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
+    }
+    out
 }
 
 /// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.

@@ -2,6 +2,7 @@
 //! EndpointSlices, computes the desired frontends and backends, diffs them against the pinned
 //! BPF maps and applies incremental updates; loads and attaches the eBPF programs.
 
+pub mod batch;
 pub mod daemon;
 pub mod desired;
 pub mod http;

@@ -223,14 +223,29 @@ impl Dataplane {
             Err(_) => prog.attach(iface, XdpMode::Skb).map_err(|e| prog_err(name, "attach", e))?,
         };
         let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
-        // Remote NodePort flows are SNATed to the node address in XDP; when the FIB cannot
-        // resolve the next hop yet, the packet goes up the stack with that (local) source,
-        // which the stack would drop as martian. accept_local lets it forward the packet
-        // (and resolve the neighbour for the next ones, which XDP then redirects itself).
-        let sysctl = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"));
-        std::fs::write(&sysctl, "1").map_err(|source| Error::Sysctl { path: sysctl, source })?;
+        accept_local(iface)?;
         Ok(XdpAttachment { _link: link })
     }
+
+    /// The tc fallback for a node-facing interface where XDP cannot attach: the tc program
+    /// on ingress and egress serves NodePort/ExternalIP/LB there (DNAT, SNAT to the node
+    /// address and FIB redirect for remote backends, reverse translation of replies).
+    pub fn attach_tc_nodeport(&mut self, iface: &str) -> Result<(TcAttachment, TcAttachment)> {
+        let ingress = self.attach_tc(iface, TcAttachType::Ingress)?;
+        let egress = self.attach_tc(iface, TcAttachType::Egress)?;
+        accept_local(iface)?;
+        Ok((ingress, egress))
+    }
+}
+
+/// Remote NodePort flows are SNATed to the node address (in XDP or the tc fallback); when
+/// the FIB cannot resolve the next hop yet, the packet goes up the stack with that (local)
+/// source, which the stack would drop as martian, and so would it the reverse-translated
+/// replies of local backends on the tc fallback. accept_local lets it forward them (and
+/// resolve the neighbour for the next ones, which the programs then redirect themselves).
+fn accept_local(iface: &str) -> Result<()> {
+    let sysctl = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"));
+    std::fs::write(&sysctl, "1").map_err(|source| Error::Sysctl { path: sysctl, source })
 }
 
 impl Dataplane {

@@ -54,6 +54,15 @@ enum Cmd {
     Flows,
     /// Detach the pinned socket-LB links (uninstall).
     Unpin,
+    /// Switch the programs' debug output (new flows and drops, printed to the kernel trace
+    /// buffer: /sys/kernel/tracing/trace_pipe) on or off at run time; no argument shows it.
+    Debug { state: Option<DebugState> },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DebugState {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -110,6 +119,14 @@ async fn main() -> Result<()> {
         }
         Cmd::Maps { what } => print_maps(&cli.pin_dir, what),
         Cmd::Flows => stream_flows(&cli.pin_dir).await,
+        Cmd::Debug { state } => {
+            if let Some(state) = state {
+                skiff_proxy::maps::set_debug(&cli.pin_dir, matches!(state, DebugState::On))?;
+            }
+            let on = skiff_proxy::maps::debug_enabled(&cli.pin_dir)?;
+            println!("debug output {}", if on { "on" } else { "off" });
+            Ok(())
+        }
         Cmd::Unpin => {
             let n = loader::unpin_links(&cli.pin_dir.join("links"))?;
             println!("unpinned {n} links");

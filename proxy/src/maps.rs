@@ -1,13 +1,14 @@
 //! Typed user-space access to the pinned data-plane maps: writes of service/backend entries,
 //! conntrack purges, and the reads behind `skiff-proxy maps ...`.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Counters, CtKey, CtValue, FlowEvent, MaglevTable, RevNat,
-    ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, drop_reason, map_names,
+    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MaglevTable,
+    RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason, map_names,
 };
 
 /// Errors of map access.
@@ -25,6 +26,12 @@ pub enum Error {
         step: &'static str,
         #[source]
         source: Box<aya::maps::MapError>,
+    },
+    #[error("map {name}: batched update")]
+    Batch {
+        name: &'static str,
+        #[source]
+        source: crate::batch::Error,
     },
 }
 
@@ -53,8 +60,7 @@ pub struct ServiceMaps {
     maglev: HashMap<MapData, u32, MaglevTable>,
     source_ranges: LpmTrie<MapData, SourceRangeKey, u32>,
     drops: PerCpuArray<MapData, u64>,
-    service_stats: PerCpuHashMap<MapData, u32, Counters>,
-    backend_stats: PerCpuHashMap<MapData, u32, Counters>,
+    stats: PerCpuHashMap<MapData, StatsKey, Counters>,
 }
 
 macro_rules! typed {
@@ -76,14 +82,27 @@ impl ServiceMaps {
             maglev: typed!(dir, map_names::MAGLEV),
             source_ranges: typed!(dir, map_names::SOURCE_RANGES),
             drops: typed!(dir, map_names::DROPS),
-            service_stats: typed!(dir, map_names::SERVICE_STATS),
-            backend_stats: typed!(dir, map_names::BACKEND_STATS),
+            stats: typed!(dir, map_names::STATS),
         })
     }
 
     /// Writes a backend.
     pub fn put_backend(&mut self, id: u32, b: Backend) -> Result<()> {
         self.backends.insert(id, b, 0).map_err(access(map_names::BACKENDS, "insert"))
+    }
+
+    /// Writes backends in one batched syscall (element by element where the kernel has no
+    /// batch support).
+    pub fn put_backends(&mut self, entries: &[(u32, Backend)]) -> Result<()> {
+        let name = map_names::BACKENDS;
+        let (keys, values): (Vec<u32>, Vec<Backend>) = entries.iter().copied().unzip();
+        match crate::batch::update(self.backends.map().fd().as_fd(), &keys, &values) {
+            Ok(()) => Ok(()),
+            Err(e) if e.unsupported() => {
+                entries.iter().try_for_each(|(id, b)| self.put_backend(*id, *b))
+            }
+            Err(source) => Err(Error::Batch { name, source }),
+        }
     }
 
     /// Removes a backend (absent is fine).
@@ -96,6 +115,20 @@ impl ServiceMaps {
         self.services.insert(k, v, 0).map_err(access(map_names::SERVICES, "insert"))
     }
 
+    /// Writes service slots in one batched syscall, in order (element by element where the
+    /// kernel has no batch support).
+    pub fn put_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<()> {
+        let name = map_names::SERVICES;
+        let (keys, values): (Vec<ServiceKey>, Vec<ServiceValue>) = entries.iter().copied().unzip();
+        match crate::batch::update(self.services.map().fd().as_fd(), &keys, &values) {
+            Ok(()) => Ok(()),
+            Err(e) if e.unsupported() => {
+                entries.iter().try_for_each(|(k, v)| self.put_service(*k, *v))
+            }
+            Err(source) => Err(Error::Batch { name, source }),
+        }
+    }
+
     /// Removes a service slot (absent is fine).
     pub fn remove_service(&mut self, k: ServiceKey) -> Result<()> {
         ignore_missing(self.services.remove(&k)).map_err(access(map_names::SERVICES, "remove"))
@@ -104,6 +137,19 @@ impl ServiceMaps {
     /// Writes a rev-nat entry.
     pub fn put_rev_nat(&mut self, id: u32, v: RevNat) -> Result<()> {
         self.rev_nat.insert(id, v, 0).map_err(access(map_names::REV_NAT, "insert"))
+    }
+
+    /// Writes rev-nat entries in one batched syscall.
+    pub fn put_rev_nats(&mut self, entries: &[(u32, RevNat)]) -> Result<()> {
+        let name = map_names::REV_NAT;
+        let (keys, values): (Vec<u32>, Vec<RevNat>) = entries.iter().copied().unzip();
+        match crate::batch::update(self.rev_nat.map().fd().as_fd(), &keys, &values) {
+            Ok(()) => Ok(()),
+            Err(e) if e.unsupported() => {
+                entries.iter().try_for_each(|(id, v)| self.put_rev_nat(*id, *v))
+            }
+            Err(source) => Err(Error::Batch { name, source }),
+        }
     }
 
     /// Removes a rev-nat entry (absent is fine).
@@ -247,15 +293,32 @@ impl ServiceMaps {
         Ok(per_cpu.iter().sum())
     }
 
-    /// Per-service counters (by rev-nat id), summed over CPUs.
+    /// Per-service counters (by rev-nat id), summed over CPUs and backends.
     pub fn service_stats(&self) -> Result<Vec<(u32, Counters)>> {
-        sum_stats(&self.service_stats).map_err(access(map_names::SERVICE_STATS, "iter"))
+        sum_stats(&self.stats, |k| k.rev_nat_id).map_err(access(map_names::STATS, "iter"))
     }
 
-    /// Per-backend counters (by backend id), summed over CPUs.
+    /// Per-backend counters (by backend id), summed over CPUs and frontends.
     pub fn backend_stats(&self) -> Result<Vec<(u32, Counters)>> {
-        sum_stats(&self.backend_stats).map_err(access(map_names::BACKEND_STATS, "iter"))
+        sum_stats(&self.stats, |k| k.backend_id).map_err(access(map_names::STATS, "iter"))
     }
+}
+
+/// Switches the programs' debug output (`Config::debug`: new flows and drops printed to the
+/// kernel trace buffer) in the maps pinned in `dir`, at run time; off by default.
+pub fn set_debug(dir: &Path, on: bool) -> Result<()> {
+    let name = map_names::CONFIG;
+    let mut config: Array<MapData, Config> = typed!(dir, name);
+    let mut c = config.get(&0, 0).map_err(access(name, "get"))?;
+    c.debug = u32::from(on);
+    config.set(0, c, 0).map_err(access(name, "set"))
+}
+
+/// Whether the programs' debug output is on (`Config::debug` in the maps pinned in `dir`).
+pub fn debug_enabled(dir: &Path) -> Result<bool> {
+    let name = map_names::CONFIG;
+    let config: Array<MapData, Config> = typed!(dir, name);
+    Ok(config.get(&0, 0).map_err(access(name, "get"))?.debug != 0)
 }
 
 /// Reader of the new-flow ring buffer (`skiff-proxy flows`). One reader at a time: the
@@ -283,21 +346,20 @@ impl FlowReader {
 }
 
 fn sum_stats(
-    map: &PerCpuHashMap<MapData, u32, Counters>,
+    map: &PerCpuHashMap<MapData, StatsKey, Counters>,
+    by: impl Fn(&StatsKey) -> u32,
 ) -> Result<Vec<(u32, Counters)>, aya::maps::MapError> {
-    let mut out = Vec::new();
+    let mut sums: std::collections::BTreeMap<u32, Counters> = std::collections::BTreeMap::new();
     for item in map.iter() {
         let (k, per_cpu) = item?;
-        let mut c = Counters::default();
+        let c = sums.entry(by(&k)).or_default();
         for v in per_cpu.iter() {
             c.packets += v.packets;
             c.bytes += v.bytes;
             c.new_conns += v.new_conns;
         }
-        out.push((k, c));
     }
-    out.sort_by_key(|(k, _)| *k);
-    Ok(out)
+    Ok(sums.into_iter().collect())
 }
 
 fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {

@@ -407,26 +407,30 @@ impl ServiceMapSync {
 
     /// Applies a plan to the maps; on success the mirror becomes the plan's state. On error
     /// the mirror is left as it was: the next (level-triggered) sync redoes the rest.
+    ///
+    /// Consecutive writes are batched (one `BPF_MAP_UPDATE_BATCH` per map instead of one
+    /// syscall per element). Within a run of writes, maps are flushed referenced-first
+    /// (backends, rev-nat, Maglev, source ranges, then service slots in plan order, slot 0
+    /// after its slots), so every step still only names entries already written; a removal
+    /// flushes the pending writes before it runs.
     pub fn apply(&mut self, maps: &mut ServiceMaps, plan: Plan) -> Result<usize> {
         let n = plan.ops.len();
+        let mut pending = PendingWrites::default();
         for op in &plan.ops {
-            let r = match op {
-                MapOp::PutBackend(id, b) => maps.put_backend(*id, *b),
-                MapOp::PutRevNat(id, v) => maps.put_rev_nat(*id, *v),
-                MapOp::PutService(k, v) => maps.put_service(*k, *v),
-                MapOp::RemoveService(k) => maps.remove_service(*k),
-                MapOp::RemoveRevNat(id) => maps.remove_rev_nat(*id),
-                MapOp::PutMaglev(id, t) => maps.put_maglev(*id, t),
-                MapOp::RemoveMaglev(id) => maps.remove_maglev(*id),
-                MapOp::PutSourceRange(id, a, l) => maps.put_source_range(*id, *a, *l),
-                MapOp::RemoveSourceRange(id, a, l) => maps.remove_source_range(*id, *a, *l),
-                MapOp::PurgeFlows { pairs, backend_ids, removed } => {
-                    maps.purge_flows(pairs, backend_ids, removed).map(|_| ())
+            match op {
+                MapOp::PutBackend(id, b) => pending.backends.push((*id, *b)),
+                MapOp::PutRevNat(id, v) => pending.rev_nats.push((*id, *v)),
+                MapOp::PutService(k, v) => pending.services.push((*k, *v)),
+                MapOp::PutMaglev(id, t) => pending.maglev.push((*id, t)),
+                MapOp::PutSourceRange(id, a, l) => pending.ranges.push((*id, *a, *l)),
+                other => {
+                    pending.flush(maps)?;
+                    apply_one(maps, other)
+                        .map_err(|source| Error::Apply { op: format!("{other:?}"), source })?;
                 }
-                MapOp::RemoveBackend(id) => maps.remove_backend(*id),
-            };
-            r.map_err(|source| Error::Apply { op: format!("{op:?}"), source })?;
+            }
         }
+        pending.flush(maps)?;
         self.commit(plan.delta);
         Ok(n)
     }
@@ -435,6 +439,63 @@ impl ServiceMapSync {
     pub fn sync(&mut self, maps: &mut ServiceMaps, desired: &DesiredState) -> Result<usize> {
         let plan = self.plan(desired);
         self.apply(maps, plan)
+    }
+}
+
+/// Writes collected from a run of consecutive put operations.
+#[derive(Default)]
+struct PendingWrites<'a> {
+    backends: Vec<(u32, Backend)>,
+    rev_nats: Vec<(u32, RevNat)>,
+    maglev: Vec<(u32, &'a MaglevTable)>,
+    ranges: Vec<(u32, Ipv4Addr, u8)>,
+    services: Vec<(ServiceKey, ServiceValue)>,
+}
+
+impl PendingWrites<'_> {
+    /// Writes everything pending, referenced maps first, and empties the lists.
+    fn flush(&mut self, maps: &mut ServiceMaps) -> Result<()> {
+        let fail = |op: String| move |source| Error::Apply { op, source };
+        if !self.backends.is_empty() {
+            maps.put_backends(&self.backends)
+                .map_err(fail(format!("PutBackend x{}", self.backends.len())))?;
+        }
+        if !self.rev_nats.is_empty() {
+            maps.put_rev_nats(&self.rev_nats)
+                .map_err(fail(format!("PutRevNat x{}", self.rev_nats.len())))?;
+        }
+        for (id, t) in &self.maglev {
+            maps.put_maglev(*id, t).map_err(fail(format!("PutMaglev({id})")))?;
+        }
+        for (id, a, l) in &self.ranges {
+            maps.put_source_range(*id, *a, *l)
+                .map_err(fail(format!("PutSourceRange({id}, {a}, {l})")))?;
+        }
+        if !self.services.is_empty() {
+            maps.put_services(&self.services)
+                .map_err(fail(format!("PutService x{}", self.services.len())))?;
+        }
+        *self = Self::default();
+        Ok(())
+    }
+}
+
+/// One non-batched operation.
+fn apply_one(maps: &mut ServiceMaps, op: &MapOp) -> Result<(), maps::Error> {
+    match op {
+        MapOp::PutBackend(id, b) => maps.put_backend(*id, *b),
+        MapOp::PutRevNat(id, v) => maps.put_rev_nat(*id, *v),
+        MapOp::PutService(k, v) => maps.put_service(*k, *v),
+        MapOp::RemoveService(k) => maps.remove_service(*k),
+        MapOp::RemoveRevNat(id) => maps.remove_rev_nat(*id),
+        MapOp::PutMaglev(id, t) => maps.put_maglev(*id, t),
+        MapOp::RemoveMaglev(id) => maps.remove_maglev(*id),
+        MapOp::PutSourceRange(id, a, l) => maps.put_source_range(*id, *a, *l),
+        MapOp::RemoveSourceRange(id, a, l) => maps.remove_source_range(*id, *a, *l),
+        MapOp::PurgeFlows { pairs, backend_ids, removed } => {
+            maps.purge_flows(pairs, backend_ids, removed).map(|_| ())
+        }
+        MapOp::RemoveBackend(id) => maps.remove_backend(*id),
     }
 }
 

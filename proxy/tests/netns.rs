@@ -363,3 +363,193 @@ fn daemon_dataplane_pins_tc_links_that_outlive_it() {
     again.expect("restart");
     assert_eq!(skiff_proxy::loader::unpin_links(&pin.join("links")).unwrap(), 2);
 }
+
+/// A TCP exchange from the client namespace: connect, send `msg`, read the echo reply.
+fn talk(rig: &Rig, ip: Ipv4Addr, port: u16, msg: &str) -> Result<String, std::io::ErrorKind> {
+    let msg = msg.to_string();
+    in_netns(&rig.client, move || {
+        let mut s = TcpStream::connect_timeout(&sockaddr(ip, port), Duration::from_secs(5))
+            .map_err(|e| e.kind())?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
+        s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+        let mut data = String::new();
+        s.read_to_string(&mut data).map_err(|e| e.kind())?;
+        Ok(data)
+    })
+}
+
+#[test]
+fn nodeport_through_the_tc_fallback_where_xdp_cannot_attach() {
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    // Another XDP program already holds n0 and n1 (native and generic XDP cannot coexist,
+    // and a link-attached program cannot be replaced): skiff's XDP attach fails there.
+    let blocker_fs = BpffsDir::new();
+    let mut blocker = Dataplane::load(&blocker_fs.path(), NODE_CLIENT_SIDE).expect("load");
+    let _blocked = in_netns(&rig.node, || {
+        (blocker.attach_xdp("n0").expect("xdp n0"), blocker.attach_xdp("n1").expect("xdp n1"))
+    });
+    let bpffs = BpffsDir::new();
+    let config = skiff_proxy::daemon::ProxyConfig {
+        node_ip: NODE_CLIENT_SIDE,
+        pin_dir: bpffs.path(),
+        socket_lb: false,
+        xdp_interfaces: vec!["n0".into(), "n1".into()],
+        metrics_addr: None,
+        ..Default::default()
+    };
+    let mut running = in_netns(&rig.node, || {
+        skiff_proxy::daemon::start_dataplane(&config).expect("the tc fallback attaches")
+    });
+    let links = bpffs.path().join("links");
+    for iface in ["n0", "n1"] {
+        assert!(!links.join(format!("xdp-{iface}")).exists(), "no XDP link on {iface}");
+        for dir in ["ingress", "egress"] {
+            let pin = links.join(format!("tc-{iface}-{dir}"));
+            assert!(skiff_proxy::loader::link_pinned(&pin), "{} pinned", pin.display());
+        }
+    }
+    let maps = &mut running.maps;
+    let any = Ipv4Addr::UNSPECIFIED;
+    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
+    put_service(maps, any, 30080, PROTO_TCP, np, 1, &[(1, BACKEND_IPS[0], BACKEND_PORT, true)]);
+    put_service(maps, any, 30081, PROTO_TCP, np, 2, &[(2, BACKEND_IPS[1], BACKEND_PORT, false)]);
+    put_service(maps, any, 30082, PROTO_TCP, np, 3, &[]);
+    for i in 0..3 {
+        let data = talk(&rig, NODE_CLIENT_SIDE, 30080, &format!("l{i}")).expect("local backend");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"), "client address kept");
+    }
+    for i in 0..3 {
+        let data = talk(&rig, NODE_CLIENT_SIDE, 30081, &format!("r{i}")).unwrap_or_else(|e| {
+            panic!("remote backend: {e:?}; drops {:?}", running.maps.drops().unwrap())
+        });
+        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
+    }
+    assert_eq!(
+        talk(&rig, NODE_CLIENT_SIDE, 30082, "x"),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "no endpoints: RST from tc"
+    );
+    let stats = running.maps.service_stats().unwrap();
+    for id in [1, 2] {
+        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
+        assert_eq!(s.1.new_conns, 3, "service {id}");
+    }
+}
+
+#[test]
+fn traffic_policies_local_end_to_end() {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use skiff_proxy::desired::{NodeContext, compute};
+    use skiff_proxy::sync::ServiceMapSync;
+
+    let rig = Rig::new();
+    let _servers = EchoServers::start(&rig.backend);
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    // web: NodePort with both traffic policies Local; any: the same without policies. Each
+    // has one endpoint on this node (10.201.1.2, node-a) and one elsewhere (.3, node-b).
+    let svc = |name: &str, ip: &str, node_port: u16, local: bool| -> Service {
+        let policy = if local { "Local" } else { "Cluster" };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "type": "NodePort", "clusterIP": ip,
+                "externalTrafficPolicy": policy, "internalTrafficPolicy": policy,
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                           "nodePort": node_port, "protocol": "TCP"}]
+            }
+        }))
+        .expect("a valid Service")
+    };
+    let slice = |svc: &str, eps: &[(&str, &str)]| -> EndpointSlice {
+        let eps: Vec<_> = eps
+            .iter()
+            .map(|(ip, node)| {
+                serde_json::json!({"addresses": [ip], "nodeName": node,
+                                   "conditions": {"ready": true}})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{svc}-1"), "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": "IPv4",
+            "endpoints": eps,
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+        }))
+        .expect("a valid EndpointSlice")
+    };
+    let both = [("10.201.1.2", "node-a"), ("10.201.1.3", "node-b")];
+    let services = [svc("web", "10.96.0.20", 30090, true), svc("any", "10.96.0.21", 30091, false)];
+    let node = NodeContext { node_name: "node-a".into() };
+    let mut sync = ServiceMapSync::new();
+    let d = compute(&services, &[slice("web", &both), slice("any", &both)], &node);
+    sync.sync(&mut maps, &d).expect("sync");
+
+    let (_x0, _x1, _tc) = in_netns(&rig.node, || {
+        (
+            dp.attach_xdp("n0").expect("xdp n0"),
+            dp.attach_xdp("n1").expect("xdp n1"),
+            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
+        )
+    });
+    let _xc = in_netns(&rig.client, || {
+        disable_tx_csum("c0");
+        dp.attach_xdp("c0").expect("xdp c0")
+    });
+    let _xb = in_netns(&rig.backend, || {
+        disable_tx_csum("b0");
+        dp.attach_xdp("b0").expect("xdp b0")
+    });
+    let cg = TestCgroup::new(&cgroup2_root().expect("cgroup2 root"));
+    let _sock = dp.attach_sock_lb(&cg.path).expect("attach socket LB");
+
+    // externalTrafficPolicy Local: only the local endpoint, client address kept.
+    for i in 0..8 {
+        let data = talk(&rig, NODE_CLIENT_SIDE, 30090, &format!("e{i}")).expect("eTP Local");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|e{i}"));
+    }
+    // internalTrafficPolicy Local: a client on this node (in the socket-LB cgroup) only ever
+    // reaches the local endpoint through the ClusterIP.
+    let mut seen = BTreeSet::new();
+    for i in 0..8 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.20", "80", &format!("i{i}")],
+        );
+        let (_, data) = lines(&out);
+        seen.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert_eq!(seen, BTreeSet::from(["10.201.1.2".to_string()]), "iTP Local");
+    // Without the policies both endpoints serve (Cluster).
+    let mut seen = BTreeSet::new();
+    for i in 0..16 {
+        let out = run_client_in(
+            &rig.client,
+            &cg.path,
+            CLIENT_PY,
+            &["tcp", "10.96.0.21", "80", &format!("c{i}")],
+        );
+        let (_, data) = lines(&out);
+        seen.insert(data.split('|').next().unwrap_or_default().to_string());
+    }
+    assert_eq!(seen.len(), 2, "Cluster policy spreads over both endpoints: {seen:?}");
+
+    // The local endpoint goes away: eTP Local has nothing left on this node and refuses
+    // (never forwards to the remote endpoint, which would lose the client address).
+    let remote_only = [("10.201.1.3", "node-b")];
+    let d = compute(&services, &[slice("web", &remote_only), slice("any", &both)], &node);
+    sync.sync(&mut maps, &d).expect("sync");
+    assert_eq!(
+        talk(&rig, NODE_CLIENT_SIDE, 30090, "gone"),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "eTP Local without a local endpoint"
+    );
+    let data = talk(&rig, NODE_CLIENT_SIDE, 30091, "still").expect("eTP Cluster still serves");
+    assert!(data.ends_with("|still"), "{data}");
+}

@@ -361,3 +361,113 @@ fn tc_session_affinity_keeps_a_client_on_one_backend() {
     }
     assert_eq!(sticky.len(), 1, "one client, one backend under ClientIP affinity: {sticky:?}");
 }
+
+#[test]
+fn tc_fallback_serves_nodeport_to_local_and_remote_backends() {
+    // Where XDP cannot attach, the tc program on the node-facing interface does its job.
+    let mut r = rig();
+    nodeport(&mut r, true);
+    put_service(
+        &mut r.maps,
+        Ipv4Addr::UNSPECIFIED,
+        30081,
+        PROTO_TCP,
+        svc_flags::NODE_PORT,
+        10,
+        &[(22, BACKEND, 8081, false)],
+    );
+    // Local backend: DNAT only (client address kept), up the stack.
+    let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 50010, NODE, 30080).build());
+    assert_eq!(rc, TC_ACT_OK, "drops: {:?}", r.maps.drops().unwrap());
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50010, BACKEND, 8080));
+    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50010);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.tc(&reply.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 30080, CLIENT, 50010));
+    // Remote backend: DNAT + SNAT to the node, forwarded (FIB redirect, or the stack).
+    let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 50011, NODE, 30081).build());
+    assert!(rc == TC_ACT_OK || rc == TC_ACT_REDIRECT, "forwarded, got {rc}");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 50011, BACKEND, 8081));
+    // Its reply arrives at the node and goes back to the client from node:nodeport.
+    let mut reply = Pkt::tcp(BACKEND, 8081, NODE, 50011);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.tc(&reply.build());
+    assert!(rc == TC_ACT_OK || rc == TC_ACT_REDIRECT, "forwarded, got {rc}");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 30081, CLIENT, 50011));
+    // A NodePort on another address is not this node's: passed untouched.
+    let other = Ipv4Addr::new(192, 168, 77, 9);
+    let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 50012, other, 30080).build());
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(parse_and_verify(&out).dst, other);
+    let stats = r.maps.service_stats().unwrap();
+    let new_conns: Vec<(u32, u64)> = stats.iter().map(|(id, c)| (*id, c.new_conns)).collect();
+    assert_eq!(new_conns, [(9, 1), (10, 1)]);
+}
+
+/// tracefs mounted on a temp dir (the kernel trace buffer, where `bpf_printk` writes);
+/// unmounted on drop.
+struct Tracefs(tempfile::TempDir);
+
+impl Tracefs {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "nodev"])
+            .arg(dir.path())
+            .status()
+            .expect("running mount");
+        assert!(st.success(), "mounting tracefs on {} (tests need root)", dir.path().display());
+        Self(dir)
+    }
+
+    fn clear(&self) {
+        std::fs::write(self.0.path().join("trace"), "").expect("clearing the trace buffer");
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(self.0.path().join("trace")).expect("reading the trace buffer")
+    }
+}
+
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn debug_output_is_off_by_default_and_switches_at_run_time() {
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let trace = Tracefs::mount();
+    let pin = r._bpffs.path();
+    // path 2 = tc, proto 6 = TCP; addresses printed by %pI4.
+    let flow_line = "skiff: new flow path=2 proto=6 10.0.0.2 -> 10.96.0.10 -> backend 10.0.1.5";
+    assert!(!skiff_proxy::maps::debug_enabled(&pin).unwrap(), "off by default");
+    trace.clear();
+    assert_eq!(r.tc(&Pkt::tcp(CLIENT, 40100, VIP, 80).build()).0, TC_ACT_OK);
+    assert!(!trace.text().contains("skiff:"), "nothing printed while off:\n{}", trace.text());
+
+    skiff_proxy::maps::set_debug(&pin, true).unwrap();
+    assert!(skiff_proxy::maps::debug_enabled(&pin).unwrap());
+    assert_eq!(r.tc(&Pkt::tcp(CLIENT, 40101, VIP, 80).build()).0, TC_ACT_OK);
+    let mut bad = Pkt::tcp(CLIENT, 40102, VIP, 80).build();
+    bad[14] = 0x65; // IPv6 version nibble in an IPv4 frame
+    assert_eq!(r.tc(&bad).0, TC_ACT_SHOT);
+    let text = trace.text();
+    assert!(text.contains(flow_line), "new flow printed:\n{text}");
+    assert!(
+        text.contains(&format!("skiff: drop reason={}", drop_reason::BAD_VERSION)),
+        "drop printed:\n{text}"
+    );
+
+    skiff_proxy::maps::set_debug(&pin, false).unwrap();
+    trace.clear();
+    assert_eq!(r.tc(&Pkt::tcp(CLIENT, 40103, VIP, 80).build()).0, TC_ACT_OK);
+    assert!(!trace.text().contains("skiff:"), "nothing printed once off again");
+}

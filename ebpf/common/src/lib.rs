@@ -27,10 +27,9 @@ pub mod map_names {
     pub const SOCK_REV: &str = "SKIFF_SOCK_REV";
     /// Per-CPU array indexed by `drop_reason::*` of `u64` counts.
     pub const DROPS: &str = "SKIFF_DROPS";
-    /// Per-CPU hash `u32` rev-nat id → `Counters` (per service frontend).
-    pub const SERVICE_STATS: &str = "SKIFF_SVC_STATS";
-    /// Per-CPU hash `u32` backend id → `Counters`.
-    pub const BACKEND_STATS: &str = "SKIFF_BE_STATS";
+    /// Per-CPU hash `StatsKey` (frontend, backend) → `Counters`: one lookup per packet;
+    /// user space sums it per service and per backend.
+    pub const STATS: &str = "SKIFF_STATS";
     /// Array of one `Config`.
     pub const CONFIG: &str = "SKIFF_CONFIG";
     /// Ring buffer of `FlowEvent`s, one per new connection / flow.
@@ -273,8 +272,10 @@ pub struct CtValue {
     pub client_port_be: u16,
     /// Explicit padding, always zero.
     pub _pad: u16,
-    /// Last packet seen, `bpf_ktime_get_ns`.
-    pub last_seen_ns: u64,
+    /// When the flow was opened, CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`). Packets of
+    /// an established flow only read their entry (no clock read, no write: the LRU map
+    /// keeps recency for eviction itself).
+    pub opened_ns: u64,
 }
 const _: () = assert!(size_of::<CtValue>() == 32);
 
@@ -319,7 +320,7 @@ pub mod flow_path {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowEvent {
-    /// `bpf_ktime_get_ns` at translation.
+    /// CLOCK_MONOTONIC at translation (`bpf_ktime_get_coarse_ns`).
     pub ts_ns: u64,
     /// Client address (0 on the socket path), network order.
     pub client_addr_be: u32,
@@ -417,13 +418,26 @@ pub struct Counters {
 }
 const _: () = assert!(size_of::<Counters>() == 24);
 
+/// Key of the traffic counters: a (frontend, backend) pair, so the packet path does one
+/// per-CPU lookup for both the per-service and the per-backend numbers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StatsKey {
+    /// The frontend's rev-nat id.
+    pub rev_nat_id: u32,
+    /// The backend id.
+    pub backend_id: u32,
+}
+const _: () = assert!(size_of::<StatsKey>() == 8);
+
 /// Data-plane configuration (array map of one entry, written by the proxy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Config {
     /// This node's address used for NodePort and as the SNAT source, network order.
     pub node_ip_be: u32,
-    /// Non-zero: emit debug logs (reserved).
+    /// Non-zero: the programs print debug lines (new flows, drops) with `bpf_printk` to the
+    /// kernel trace buffer (`skiff-proxy debug on|off` flips it at run time; off by default).
     pub debug: u32,
 }
 const _: () = assert!(size_of::<Config>() == 8);
@@ -459,4 +473,6 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::StatsKey {}
 }
