@@ -115,7 +115,10 @@ fn apiserver(root: &Path) -> Result<()> {
         "--bin",
         "skiff-bench",
     ]))?;
-    let target = root.join("target/release");
+    // Where cargo put them (CARGO_TARGET_DIR when set, as the builds above honour it).
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map_or_else(|_| root.join("target"), Into::into)
+        .join("release");
     run(Command::new(target.join("skiff-bench"))
         .arg("apiserver")
         .arg(target.join("skiff-server"))

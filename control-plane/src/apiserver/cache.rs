@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
@@ -255,18 +255,27 @@ impl WatchCache {
         loop {
             match store.watch("/registry/", rev).await {
                 Ok(mut events) => {
-                    while let Some(item) = events.next().await {
-                        match item {
-                            Ok(event) => {
-                                rev = event.revision;
-                                self.dispatch(event);
-                                self.set_rev(rev);
+                    'stream: while let Some(mut item) = events.next().await {
+                        // Apply every event already delivered, then publish the revision
+                        // once: each publish wakes every request waiting in `wait_for`.
+                        loop {
+                            match item {
+                                Ok(event) => {
+                                    rev = event.revision;
+                                    self.dispatch(event);
+                                }
+                                Err(e) => {
+                                    self.set_rev(rev);
+                                    tracing::warn!(error = %e, "store watch failed; resuming");
+                                    break 'stream;
+                                }
                             }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "store watch failed; resuming");
-                                break;
+                            match events.next().now_or_never() {
+                                Some(Some(next)) => item = next,
+                                _ => break,
                             }
                         }
+                        self.set_rev(rev);
                     }
                 }
                 Err(store::Error::Compacted { .. }) => {
@@ -318,6 +327,9 @@ impl WatchCache {
 
     /// Wait until the cache has seen revision `rev` (false on timeout).
     pub async fn wait_for(&self, rev: Revision, timeout: Duration) -> bool {
+        if self.revision() >= rev {
+            return true;
+        }
         let mut rx = self.rev_tx.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|r| *r >= rev)).await.is_ok_and(|r| r.is_ok())
     }
@@ -336,7 +348,8 @@ impl WatchCache {
 
 /// Decode a stored value into a cached object with `rv` as its resourceVersion.
 pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<CachedObject> {
-    let value: Value = serde_json::from_slice(&kv.value).ok()?;
+    // Only the members selectors look at are built; the rest is checked and skipped.
+    let value = indexed_parts(rt, &kv.value)?;
     let labels = value
         .pointer("/metadata/labels")
         .and_then(Value::as_object)
@@ -350,7 +363,7 @@ pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<C
     let json = match with_resource_version(&kv.value, rv) {
         Some(bytes) => bytes,
         None => {
-            let mut value = value;
+            let mut value: Value = serde_json::from_slice(&kv.value).ok()?;
             set_resource_version(&mut value, rv);
             Bytes::from(serde_json::to_vec(&value).ok()?)
         }
@@ -364,6 +377,124 @@ pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<C
         labels,
         fields,
     })
+}
+
+/// The members of a stored object the cache indexes (name, namespace, labels and the
+/// kind's selectable fields), as a JSON value holding only those paths. Parsing skips
+/// everything else without building it (but still rejects malformed JSON).
+fn indexed_parts(rt: &ResourceType, json: &[u8]) -> Option<Value> {
+    use serde::de::DeserializeSeed;
+    let split: Vec<Vec<&str>> = rt.fields.iter().map(|f| f.split('.').collect()).collect();
+    let mut paths: Vec<&[&str]> =
+        vec![&["metadata", "name"], &["metadata", "namespace"], &["metadata", "labels"]];
+    paths.extend(split.iter().map(Vec::as_slice));
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let value = Sparse(&paths).deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(value)
+}
+
+/// A JSON value reduced to `.0`'s member paths: an object keeps the members some path
+/// names (whole when a path ends there), anything else becomes null.
+struct Sparse<'p>(&'p [&'p [&'p str]]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Sparse<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Sparse<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<MemberName<'de>>()? {
+            let key = key.as_str();
+            let below: Vec<&[&str]> =
+                self.0.iter().filter(|p| p.first() == Some(&key)).map(|p| &p[1..]).collect();
+            if below.is_empty() {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else if below.iter().any(|p| p.is_empty()) {
+                out.insert(key.to_string(), map.next_value::<Value>()?);
+            } else {
+                out.insert(key.to_string(), map.next_value_seed(Sparse(&below))?);
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
+/// An object member's name, borrowed from the input unless it had escapes.
+enum MemberName<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl MemberName<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            MemberName::Borrowed(s) => s,
+            MemberName::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MemberName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+        impl<'de> serde::de::Visitor<'de> for NameVisitor {
+            type Value = MemberName<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<MemberName<'de>, E> {
+                Ok(MemberName::Borrowed(s))
+            }
+
+            fn visit_str<E>(self, s: &str) -> Result<MemberName<'de>, E> {
+                Ok(MemberName::Owned(s.to_string()))
+            }
+        }
+        d.deserialize_str(NameVisitor)
+    }
 }
 
 /// `json` (an object without metadata.resourceVersion) with `"resourceVersion":"<rv>"` as the
@@ -431,6 +562,23 @@ pub fn set_resource_version(obj: &mut Value, rv: Revision) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn indexed_parts_keep_exactly_what_selectors_read() {
+        let registry = Registry::new();
+        let rt = registry.find("", "v1", "pods").unwrap();
+        let json = br#"{"kind":"Pod","metadata":{"name":"p","namespace":"n","labels":{"a":"b"},"annotations":{"x":"y"}},"spec":{"nodeName":"n1","containers":[{"name":"c"}]},"status":{"phase":"Running","conditions":[]}}"#;
+        let full: Value = serde_json::from_slice(json).unwrap();
+        let sparse = indexed_parts(rt, json).unwrap();
+        assert_eq!(rt.field_values(&sparse), rt.field_values(&full));
+        assert_eq!(sparse["metadata"]["labels"], full["metadata"]["labels"]);
+        assert!(sparse["metadata"].get("annotations").is_none());
+        assert!(sparse["spec"].get("containers").is_none());
+        let escaped = br#"{"metadata":{"na\u006de":"q","labels":{"k":"v"}}}"#;
+        assert_eq!(indexed_parts(rt, escaped).unwrap()["metadata"]["name"], "q");
+        assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}"#).is_none());
+        assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}} x"#).is_none());
+    }
 
     #[test]
     fn splices_the_resource_version_into_top_level_metadata() {

@@ -15,7 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{Map, Value, json};
 
-use super::cache::{CachedObject, set_resource_version};
+use super::cache::{CachedObject, set_resource_version, with_resource_version};
 use super::negotiate::{self, BodyType, Output};
 use super::registry::ResourceType;
 use super::request::{FieldValidation, Query, RequestInfo, Verb};
@@ -70,8 +70,16 @@ pub async fn resource(
         (Verb::List, None, None) => list(server, rt, ns, &query, output).await,
         (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
         (Verb::Create, None, None) => {
-            let (obj, code, warnings) = create(server, rt, ns, &query, &headers, &body).await?;
-            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+            let (created, code, warnings) =
+                create_rendered(server, rt, ns, &query, &headers, &body).await?;
+            let resp = match (output, created.json) {
+                // The stored bytes with the resourceVersion spliced in: serialized once.
+                (Output::Json, Some(json)) => {
+                    bytes_response(StatusCode::OK, "application/json", json)
+                }
+                (output, _) => render_object(rt, created.obj, output),
+            };
+            Ok(with_warnings(resp, code, &warnings))
         }
         (Verb::Create, Some(name), Some("binding")) => {
             let obj = bind(server, rt, ns, name, &query, &headers, &body).await?;
@@ -514,12 +522,31 @@ pub async fn create(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    let (created, code, warnings) = create_rendered(server, rt, ns, query, headers, body).await?;
+    Ok((created.obj, code, warnings))
+}
+
+/// A created object, and its JSON as stored with the resourceVersion spliced in (`None`
+/// on a dry run): the response body without serializing the object a second time.
+struct Created {
+    obj: Value,
+    json: Option<Bytes>,
+}
+
+async fn create_rendered(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<(Created, StatusCode, Vec<String>)> {
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
     let manager = manager(query, headers)?;
-    let obj = create_object(server, rt, ns, obj, &manager, query.dry_run()?, true).await?;
-    Ok((obj, StatusCode::CREATED, warnings))
+    let created = create_object(server, rt, ns, obj, &manager, query.dry_run()?, true).await?;
+    Ok((created, StatusCode::CREATED, warnings))
 }
 
 /// The create path after decoding, shared by POST and apply-creates (which computed their
@@ -532,7 +559,7 @@ async fn create_object(
     manager: &str,
     dry_run: bool,
     track: bool,
-) -> ApiResult<Value> {
+) -> ApiResult<Created> {
     // Namespace of the object must agree with the URL.
     match (ns, meta_str(&obj, "namespace").map(str::to_string)) {
         (Some(url), Some(body)) if url != body => {
@@ -579,7 +606,8 @@ async fn create_object(
     }
 
     for attempt in 0..3 {
-        let mut candidate = obj.clone();
+        // Only a generated name is ever retried: otherwise the object is used up once.
+        let mut candidate = if generate.is_some() { obj.clone() } else { std::mem::take(&mut obj) };
         if let Some(prefix) = &generate {
             meta_mut(&mut candidate)
                 .insert("name".into(), json!(format!("{prefix}{}", generate_suffix())));
@@ -624,13 +652,15 @@ async fn create_object(
             if let Some(r) = &reservation {
                 server.alloc.release(r);
             }
-            return Ok(candidate);
+            return Ok(Created { obj: candidate, json: None });
         }
-        let result = server.store.create(&rt.key(ns, &name), encode(&candidate)?).await;
+        let stored = encode(&candidate)?;
+        let result = server.store.create(&rt.key(ns, &name), stored.clone()).await;
         match result {
             Ok(kv) => {
                 set_resource_version(&mut candidate, kv.mod_revision);
-                return Ok(candidate);
+                let json = with_resource_version(&stored, kv.mod_revision);
+                return Ok(Created { obj: candidate, json });
             }
             Err(e) => {
                 if let Some(r) = &reservation {
@@ -1017,7 +1047,7 @@ async fn patch(
                 meta_mut(&mut obj).insert("name".into(), json!(name));
             }
             let created = create_object(server, rt, ns, obj, manager, dry_run, false).await?;
-            return Ok((created, StatusCode::CREATED, warnings));
+            return Ok((created.obj, StatusCode::CREATED, warnings));
         }
         let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
         let obj = guaranteed_update(

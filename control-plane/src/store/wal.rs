@@ -163,9 +163,11 @@ fn parse_payload(payload: &[u8]) -> Option<Vec<WalTxn>> {
 }
 
 /// CRC-32C (Castagnoli), bytewise.
+/// CRC-32C (Castagnoli), slicing by 8: eight table lookups per 8 bytes instead of one per
+/// byte (the log checksums every byte written, so this is on the commit path).
 fn crc32c(data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
+    const TABLES: [[u32; 256]; 8] = {
+        let mut t = [[0u32; 256]; 8];
         let mut i = 0;
         while i < 256 {
             let mut c = i as u32;
@@ -174,14 +176,38 @@ fn crc32c(data: &[u8]) -> u32 {
                 c = if c & 1 != 0 { 0x82f6_3b78 ^ (c >> 1) } else { c >> 1 };
                 k += 1;
             }
-            table[i] = c;
+            t[0][i] = c;
             i += 1;
         }
-        table
+        let mut s = 1;
+        while s < 8 {
+            let mut i = 0;
+            while i < 256 {
+                let prev = t[s - 1][i];
+                t[s][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+                i += 1;
+            }
+            s += 1;
+        }
+        t
     };
+    let byte = |crc: u32, b: u8| TABLES[0][((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
     let mut crc = !0u32;
-    for &byte in data {
-        crc = TABLE[((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8);
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let hi = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        crc = TABLES[7][(lo & 0xff) as usize]
+            ^ TABLES[6][((lo >> 8) & 0xff) as usize]
+            ^ TABLES[5][((lo >> 16) & 0xff) as usize]
+            ^ TABLES[4][(lo >> 24) as usize]
+            ^ TABLES[3][(hi & 0xff) as usize]
+            ^ TABLES[2][((hi >> 8) & 0xff) as usize]
+            ^ TABLES[1][((hi >> 16) & 0xff) as usize]
+            ^ TABLES[0][(hi >> 24) as usize];
+    }
+    for &b in chunks.remainder() {
+        crc = byte(crc, b);
     }
     !crc
 }
@@ -193,6 +219,12 @@ mod tests {
     #[test]
     fn crc32c_check_value() {
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(b""), 0);
+        // RFC 3720 B.4: 32 bytes of zeros, of 0xff, and ascending.
+        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c(&[0xffu8; 32]), 0x62a8_ab43);
+        let ascending: Vec<u8> = (0u8..32).collect();
+        assert_eq!(crc32c(&ascending), 0x46dd_794e);
     }
 
     #[test]
