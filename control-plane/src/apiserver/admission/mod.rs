@@ -203,7 +203,7 @@ impl Chain {
     pub fn builtin() -> Chain {
         Chain {
             mutating: vec![
-                Box::new(NamespaceLifecycle),
+                Box::new(NamespaceLifecycle::default()),
                 Box::new(ServiceAccount),
                 Box::new(Priority),
                 Box::new(MutatingWebhooks),

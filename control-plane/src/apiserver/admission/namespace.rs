@@ -1,7 +1,9 @@
 //! NamespaceLifecycle: nothing is created in a namespace that does not exist or is being
 //! terminated (upstream `plugin/pkg/admission/namespace/lifecycle`).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -11,10 +13,39 @@ use crate::apiserver::ApiServer;
 use crate::apiserver::cache::set_resource_version;
 use crate::apiserver::status::{ApiError, ApiResult};
 
-/// How long a create waits for the watch cache to hold every committed write.
-const CACHE_WAIT: Duration = Duration::from_secs(3);
+/// How long creates in a namespace deleted through this apiserver look it up in the store
+/// instead of the watch cache (upstream's `forceLiveLookupTTL`).
+const LIVE_LOOKUP_TTL: Duration = Duration::from_secs(30);
 
-pub struct NamespaceLifecycle;
+/// Upstream's plugin: the watch cache answers for namespaces that exist and are active; a
+/// namespace the cache does not hold (created a moment ago, or never) and one deleted
+/// through this apiserver in the last [`LIVE_LOOKUP_TTL`] are read from the store. Creates
+/// never wait for the cache to catch up with concurrent writes.
+#[derive(Default)]
+pub struct NamespaceLifecycle {
+    /// Namespaces whose deletion this apiserver admitted, and when.
+    deleted: Mutex<HashMap<String, Instant>>,
+}
+
+impl NamespaceLifecycle {
+    fn recently_deleted(&self, ns: &str) -> bool {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.retain(|_, at| at.elapsed() < LIVE_LOOKUP_TTL);
+        deleted.contains_key(ns)
+    }
+
+    fn note_deleted(&self, ns: &str) {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.insert(ns.to_string(), Instant::now());
+    }
+}
+
+fn terminating(o: &Value) -> bool {
+    o.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        || o.pointer("/metadata/deletionTimestamp")
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+}
 
 #[async_trait]
 impl MutatingPlugin for NamespaceLifecycle {
@@ -23,21 +54,29 @@ impl MutatingPlugin for NamespaceLifecycle {
     }
 
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool {
-        operation == Operation::Create && resource.subresource.is_none()
+        match operation {
+            Operation::Create => resource.subresource.is_none(),
+            Operation::Delete => resource.is_core("namespaces") && resource.subresource.is_none(),
+            _ => false,
+        }
     }
 
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+        if req.operation == Operation::Delete {
+            if !req.dry_run {
+                self.note_deleted(&req.name);
+            }
+            return Ok(());
+        }
         let Some(ns) = req.namespace.as_deref().filter(|_| req.namespaced) else { return Ok(()) };
         let nsr = server.registry.namespaces();
         let key = nsr.key(None, ns);
-        // Read your writes through the cache: wait until it holds every committed write (a
-        // namespace deleted a moment ago must already count), then look there; a store read
-        // per create would cost a blocking-pool round trip.
-        let current = server.store.current_revision().await?;
-        let obj = if server.cache.wait_for(current, CACHE_WAIT).await {
-            server.cache.resource(nsr).get(&key).map(|o| o.value())
-        } else {
-            match server.store.get(&key).await? {
+        let cached = server.cache.resource(nsr).get(&key).map(|o| o.value());
+        let obj = match cached {
+            Some(o) if !terminating(&o) && !self.recently_deleted(ns) => Some(o),
+            // Not in the cache, terminating there, or deleted here a moment ago: the store
+            // has the last word.
+            _ => match server.store.get(&key).await? {
                 Some(kv) => {
                     let mut v: Value = serde_json::from_slice(&kv.value).map_err(|e| {
                         ApiError::internal(format!("decoding stored object {}: {e}", kv.key))
@@ -46,7 +85,7 @@ impl MutatingPlugin for NamespaceLifecycle {
                     Some(v)
                 }
                 None => None,
-            }
+            },
         };
         let meta = |o: &Value, f: &str| {
             o.pointer(&format!("/metadata/{f}"))
@@ -56,10 +95,7 @@ impl MutatingPlugin for NamespaceLifecycle {
         };
         match obj {
             None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
-            Some(o)
-                if o.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
-                    || meta(&o, "deletionTimestamp").is_some() =>
-            {
+            Some(o) if terminating(&o) => {
                 let qualified = if req.group.is_empty() {
                     req.resource.to_string()
                 } else {
