@@ -98,6 +98,10 @@ fn agent(root: &Path) -> Result<()> {
     if let Ok(pods) = std::env::var("SKIFF_BENCH_PODS") {
         cmd.args(["--pods", &pods]);
     }
+    // SKIFF_BENCH_SERIAL=1: each pod created once the previous one runs (no queueing).
+    if std::env::var("SKIFF_BENCH_SERIAL").is_ok_and(|v| !v.is_empty() && v != "0") {
+        cmd.arg("--serial");
+    }
     run(&mut cmd)
 }
 
