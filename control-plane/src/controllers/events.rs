@@ -22,7 +22,6 @@ use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -323,17 +322,39 @@ impl EventRecorder {
 }
 
 impl Sink {
+    /// One request, its response body read and dropped: the writer needs only the status
+    /// code (parsing the returned Event into a typed object cost as much as building it).
+    async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        ct: &str,
+        body: Vec<u8>,
+    ) -> kube::Result<()> {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::CONTENT_TYPE, ct)
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        self.client.request_text(req).await.map(drop)
+    }
+
     async fn write(&self, w: Write) {
         let Write { reference, namespace, kind, reason, outcome, at } = w;
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let (name, message, count) = match outcome {
             Outcome::Skip => return,
             Outcome::Create { name, message } => (name, message, 1),
             Outcome::Bump { name, message, count } => {
                 let patch = serde_json::json!({"count": count, "lastTimestamp": at,
                                                "message": message});
-                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => return,
+                let path = format!("/api/v1/namespaces/{namespace}/events/{name}");
+                let body = serde_json::to_vec(&patch).unwrap_or_default();
+                match self
+                    .send(http::Method::PATCH, &path, "application/merge-patch+json", body)
+                    .await
+                {
+                    Ok(()) => return,
                     // Expired (or not created yet): write it anew under the same name.
                     Err(kube::Error::Api(e)) if e.code == 404 => (name, message, count),
                     Err(e) => {
@@ -346,7 +367,7 @@ impl Sink {
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                namespace: Some(namespace),
+                namespace: Some(namespace.clone()),
                 ..Default::default()
             },
             involved_object: reference,
@@ -364,8 +385,17 @@ impl Sink {
             reporting_instance: self.host.clone().or_else(|| Some(self.component.clone())),
             ..Default::default()
         };
-        match api.create(&PostParams::default(), &event).await {
-            Ok(_) => {}
+        // k8s-openapi writes apiVersion and kind.
+        let body = match serde_json::to_vec(&event) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %e, reason, "encoding an event");
+                return;
+            }
+        };
+        let path = format!("/api/v1/namespaces/{namespace}/events");
+        match self.send(http::Method::POST, &path, "application/json", body).await {
+            Ok(()) => {}
             // A concurrent write of the same event created it first: it is counted.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => {
@@ -380,7 +410,7 @@ impl Sink {
 mod tests {
     use super::*;
     use crate::controllers::testutil::{api, pod, wait_for};
-    use kube::api::ListParams;
+    use kube::api::{Api, ListParams, PostParams};
 
     fn rec(c: &mut Correlator, object: &str, reason: &str, message: &str, now: Instant) -> Outcome {
         c.correlate("sched", "ns", object, "p", EventType::Warning, reason, message, now)
