@@ -217,11 +217,27 @@ struct Write {
     at: Time,
 }
 
+/// How a recorder writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Event writes in flight.
+    pub writers: usize,
+    /// Events waiting to be written before new ones are dropped.
+    pub queue_len: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { writers: WRITERS, queue_len: QUEUE_LEN }
+    }
+}
+
 /// What the writer task shares with the recorder.
 struct Sink {
     client: Client,
     component: String,
     host: Option<String>,
+    options: WriteOptions,
     correlator: Mutex<Correlator>,
     dropped: AtomicU64,
 }
@@ -236,22 +252,39 @@ pub struct EventRecorder {
 
 impl EventRecorder {
     pub fn new(client: Client, component: impl Into<String>) -> Self {
-        Self::build(client, component.into(), None)
+        Self::build(client, component.into(), None, WriteOptions::default())
     }
 
-    fn build(client: Client, component: String, host: Option<String>) -> Self {
+    /// A recorder with its own write concurrency and queue length (the scheduler writes
+    /// one event at a time, as client-go's sink does, so its Scheduled events never take
+    /// request slots from its bindings during a burst; they catch up after it).
+    pub fn with_options(
+        client: Client,
+        component: impl Into<String>,
+        options: WriteOptions,
+    ) -> Self {
+        Self::build(client, component.into(), None, options)
+    }
+
+    fn build(
+        client: Client,
+        component: String,
+        host: Option<String>,
+        options: WriteOptions,
+    ) -> Self {
         let sink = Arc::new(Sink {
             client,
             component,
             host,
+            options,
             correlator: Mutex::new(Correlator::default()),
             dropped: AtomicU64::new(0),
         });
-        let (tx, rx) = mpsc::channel::<Write>(QUEUE_LEN);
+        let (tx, rx) = mpsc::channel::<Write>(options.queue_len.max(1));
         let writer = sink.clone();
         tokio::spawn(async move {
             tokio_stream::wrappers::ReceiverStream::new(rx)
-                .for_each_concurrent(WRITERS, |w| {
+                .for_each_concurrent(options.writers.max(1), |w| {
                     let sink = writer.clone();
                     async move { sink.write(w).await }
                 })
@@ -262,7 +295,12 @@ impl EventRecorder {
 
     /// Events from a node agent carry the node as `source.host`.
     pub fn with_host(self, host: impl Into<String>) -> Self {
-        Self::build(self.sink.client.clone(), self.sink.component.clone(), Some(host.into()))
+        Self::build(
+            self.sink.client.clone(),
+            self.sink.component.clone(),
+            Some(host.into()),
+            self.sink.options,
+        )
     }
 
     /// Events dropped because the write queue was full.

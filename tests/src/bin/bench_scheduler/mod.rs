@@ -15,7 +15,9 @@
 //! parses only their name and node.
 //!
 //! `SKIFF_BENCH_PODS=2000,5000` sets the pod counts, `SKIFF_BENCH_NO_EVENTS` turns the
-//! scheduler's Scheduled events off, `SKIFF_BENCH_BINDERS=skiff` runs only the skiff
+//! scheduler's Scheduled events off, `SKIFF_BENCH_SIMNODES` runs skiff's simulated nodes
+//! (Lease heartbeats, bound pods marked Running) instead of static Ready nodes, `SKIFF_BENCH_EVENT_WRITERS=4` sets how many of them
+//! it writes at once (default 1), `SKIFF_BENCH_BINDERS=skiff` runs only the skiff
 //! scheduler (no round-robin baseline), `SKIFF_BENCH_MODES=backlog` only one mode.
 
 use std::collections::HashMap;
@@ -33,6 +35,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
+use skiff_control_plane::simnodes::{SimConfig, SimulatedNodes};
 
 use super::{client, percentile, start_server};
 
@@ -41,6 +44,8 @@ const CONCURRENCY: usize = 64;
 const NS: &str = "bench";
 /// Name prefix of the binder runtime's threads (their CPU time is the binder's cost).
 const BINDER_THREAD: &str = "binder";
+/// Name prefix of the simulated nodes' runtime threads (`SKIFF_BENCH_SIMNODES`).
+const SIM_THREAD: &str = "simnodes";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Binder {
@@ -62,14 +67,35 @@ struct Run {
     p50_ms: f64,
     p99_ms: f64,
     rss_mb: f64,
-    /// CPU µs per pod over the measured window: server, binder, rest of the harness.
+    /// CPU µs per pod over the measured window: server, binder, simulated nodes, rest of
+    /// the harness.
     cpu_us: Cpu,
+    /// Scheduled events: seconds after the last binding until every pod had one, and the
+    /// CPU µs per pod until then (None: not recorded in this run).
+    events: Option<EventsDone>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct EventsDone {
+    lag_s: f64,
+    cpu_us: Cpu,
+}
+
+/// Events in the bench namespace: one `limit=1` LIST (the rest is `remainingItemCount`).
+async fn count_events(c: &Client) -> Result<usize> {
+    let req =
+        http::Request::get(format!("/api/v1/namespaces/{NS}/events?limit=1")).body(Vec::new())?;
+    let list: Value = serde_json::from_str(&c.request_text(req).await?)?;
+    let items = list["items"].as_array().map_or(0, Vec::len);
+    let rest = list["metadata"]["remainingItemCount"].as_u64().unwrap_or(0) as usize;
+    Ok(items + rest)
 }
 
 #[derive(Clone, Copy, Default, Debug)]
 struct Cpu {
     server: f64,
     binder: f64,
+    sim: f64,
     harness: f64,
 }
 
@@ -84,27 +110,41 @@ fn stat_cpu(path: &str) -> f64 {
     (ticks(14) + ticks(15)) / 100.0 // USER_HZ is 100 on Linux
 }
 
-/// (this process, its binder threads) CPU seconds.
-fn own_cpu() -> (f64, f64) {
+/// CPU seconds of the server, the binder threads, the simulated nodes' threads and the
+/// rest of this process at one instant.
+fn cpu_now(server_pid: u32) -> Cpu {
     let total = stat_cpu("/proc/self/stat");
-    let mut binder = 0.0;
+    let (mut binder, mut sim) = (0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let dir = t.path();
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
             if comm.starts_with(BINDER_THREAD) {
                 binder += stat_cpu(&dir.join("stat").to_string_lossy());
+            } else if comm.starts_with(SIM_THREAD) {
+                sim += stat_cpu(&dir.join("stat").to_string_lossy());
             }
         }
     }
-    (total, binder)
+    Cpu {
+        server: stat_cpu(&format!("/proc/{server_pid}/stat")),
+        binder,
+        sim,
+        harness: total - binder - sim,
+    }
 }
 
-/// CPU seconds (server, binder, harness) at one instant.
-fn cpu_now(server_pid: u32) -> (f64, f64, f64) {
-    let server = stat_cpu(&format!("/proc/{server_pid}/stat"));
-    let (own, binder) = own_cpu();
-    (server, binder, own - binder)
+impl Cpu {
+    /// µs per pod from `self` to `later`.
+    fn per_pod(&self, later: &Cpu, pods: usize) -> Cpu {
+        let f = |a: f64, b: f64| (b - a) * 1e6 / pods as f64;
+        Cpu {
+            server: f(self.server, later.server),
+            binder: f(self.binder, later.binder),
+            sim: f(self.sim, later.sim),
+            harness: f(self.harness, later.harness),
+        }
+    }
 }
 
 async fn send(
@@ -156,8 +196,9 @@ where
     Ok(())
 }
 
+/// Static and simulated nodes are named alike (`SimConfig` names them `{prefix}-{i}`).
 fn node_name(i: usize) -> String {
-    format!("node-{i:04}")
+    format!("node-{i}")
 }
 
 async fn create_nodes(client: &Client) -> Result<()> {
@@ -235,11 +276,25 @@ async fn round_robin_binder(client: Client) {
         .await;
 }
 
-/// The binder under test on its own runtime (threads named [`BINDER_THREAD`]), with its
-/// own client (as a separate process would have).
-struct BinderRuntime(Option<tokio::runtime::Runtime>);
+/// A runtime of its own (so its threads' CPU time can be told apart), shut down on drop.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
-impl Drop for BinderRuntime {
+impl OwnRuntime {
+    fn new(name: &str, threads: usize) -> Result<OwnRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name(name)
+            .enable_all()
+            .build()?;
+        Ok(OwnRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> Result<&tokio::runtime::Runtime> {
+        self.0.as_ref().context("runtime already shut down")
+    }
+}
+
+impl Drop for OwnRuntime {
     fn drop(&mut self) {
         if let Some(rt) = self.0.take() {
             rt.shutdown_background();
@@ -247,27 +302,63 @@ impl Drop for BinderRuntime {
     }
 }
 
-async fn start_binder(kubeconfig: &Path, binder: Binder) -> Result<BinderRuntime> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(BINDER_THREAD)
-        .enable_all()
-        .build()?;
+/// The binder under test on its own runtime (threads named [`BINDER_THREAD`]), with its
+/// own client (as a separate process would have).
+async fn start_binder(kubeconfig: &Path, binder: Binder) -> Result<OwnRuntime> {
+    let own = OwnRuntime::new(BINDER_THREAD, 2)?;
+    let rt = own.handle()?;
     let kubeconfig = kubeconfig.to_path_buf();
     let sc = rt.spawn(async move { client(&kubeconfig).await }).await??;
     match binder {
         Binder::Skiff => {
-            let config = SchedulerConfig {
+            let mut config = SchedulerConfig {
                 scheduled_events: std::env::var_os("SKIFF_BENCH_NO_EVENTS").is_none(),
                 ..Default::default()
             };
+            if let Some(n) =
+                std::env::var("SKIFF_BENCH_EVENT_WRITERS").ok().and_then(|n| n.parse().ok())
+            {
+                config.events.writers = n;
+            }
             rt.spawn(scheduler::run(sc, config));
         }
         Binder::RoundRobin => {
             rt.spawn(round_robin_binder(sc));
         }
     }
-    Ok(BinderRuntime(Some(rt)))
+    Ok(own)
+}
+
+/// `SKIFF_BENCH_SIMNODES`: the nodes are skiff's simulated nodes (Lease heartbeats, bound
+/// pods marked Running: one more write per pod) on a runtime of their own.
+async fn start_simnodes(kubeconfig: &Path) -> Result<OwnRuntime> {
+    let own = OwnRuntime::new(SIM_THREAD, 1)?;
+    let kubeconfig = kubeconfig.to_path_buf();
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<()>>();
+    own.handle()?.spawn(async move {
+        let config = SimConfig::default()
+            .with_count(NODES)
+            .with_prefix("node")
+            .with_resources("32", "128Gi", 110)
+            .with_zones(&["zone-0", "zone-1", "zone-2"]);
+        let started = match client(&kubeconfig).await {
+            Ok(c) => SimulatedNodes::start(c, config).await.map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(sim) => {
+                let _ = tx.send(Ok(()));
+                // Serve until the runtime is shut down.
+                std::future::pending::<()>().await;
+                drop(sim);
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    });
+    rx.await.context("simulated nodes did not start")??;
+    Ok(own)
 }
 
 /// What the bound-detection watch reads of a pod.
@@ -354,7 +445,12 @@ async fn run_one(server_bin: &Path, binder: Binder, mode: Mode, pods: usize) -> 
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
     )
     .await?;
-    create_nodes(&c).await?;
+    let simnodes = if std::env::var_os("SKIFF_BENCH_SIMNODES").is_some() {
+        Some(start_simnodes(&server.kubeconfig).await?)
+    } else {
+        create_nodes(&c).await?;
+        None
+    };
 
     // Bound times, seen by our own watch (from the empty namespace's resourceVersion on).
     let rv = {
@@ -414,7 +510,6 @@ async fn run_one(server_bin: &Path, binder: Binder, mode: Mode, pods: usize) -> 
     .await;
     let cpu1 = cpu_now(server.pid());
     let rss_mb = server.rss_mb();
-    drop(binder_rt);
     observer.abort();
     if waited.is_err() {
         bail!(
@@ -422,6 +517,32 @@ async fn run_one(server_bin: &Path, binder: Binder, mode: Mode, pods: usize) -> 
             bound.lock().map(|b| b.len()).unwrap_or(0)
         );
     }
+    // The Scheduled events follow the bindings: wait for all of them (the binder keeps
+    // running meanwhile) and report how long after the last binding that was.
+    let mut events = None;
+    if binder == Binder::Skiff && std::env::var_os("SKIFF_BENCH_NO_EVENTS").is_none() {
+        let until = Instant::now() + Duration::from_secs(300);
+        loop {
+            let n = count_events(&c).await?;
+            if n >= pods {
+                let now = Instant::now();
+                let cpu = cpu_now(server.pid());
+                let last = bound.lock().unwrap_or_else(|e| e.into_inner()).values().max().copied();
+                events = Some(EventsDone {
+                    lag_s: last.map_or(0.0, |l| now.duration_since(l).as_secs_f64()),
+                    cpu_us: cpu0.per_pod(&cpu, pods),
+                });
+                break;
+            }
+            if Instant::now() > until {
+                eprintln!("only {n} of {pods} Scheduled events written 300 s after the bindings");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    drop(binder_rt);
+    drop(simnodes);
     let bound = bound.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let last = bound.values().max().copied().context("no pod bound")?;
@@ -433,7 +554,6 @@ async fn run_one(server_bin: &Path, binder: Binder, mode: Mode, pods: usize) -> 
         })
         .collect();
     lat.sort_by(f64::total_cmp);
-    let per_pod = |a: f64, b: f64| (b - a) * 1e6 / pods as f64;
     Ok(Run {
         binder,
         mode,
@@ -442,11 +562,8 @@ async fn run_one(server_bin: &Path, binder: Binder, mode: Mode, pods: usize) -> 
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
         rss_mb,
-        cpu_us: Cpu {
-            server: per_pod(cpu0.0, cpu1.0),
-            binder: per_pod(cpu0.1, cpu1.1),
-            harness: per_pod(cpu0.2, cpu1.2),
-        },
+        cpu_us: cpu0.per_pod(&cpu1, pods),
+        events,
     })
 }
 
@@ -495,7 +612,7 @@ pub async fn scheduler_bench(server_bin: &Path, out_dir: &Path) -> Result<()> {
         "\nscheduler: {NODES} nodes, pods created through the API by {CONCURRENCY} clients, skiff scheduler {events}"
     );
     println!(
-        "{:<12} {:<10} {:>7} {:>10} {:>10} {:>10} {:>9} {:>14}   {}",
+        "{:<12} {:<10} {:>7} {:>8} {:>8} {:>8} {:>7} {:>8} | {:>7} {:>7} {:>7} {:>7}",
         "binder",
         "mode",
         "pods",
@@ -503,8 +620,11 @@ pub async fn scheduler_bench(server_bin: &Path, out_dir: &Path) -> Result<()> {
         "p50 ms",
         "p99 ms",
         "RSS MB",
-        "vs round-robin",
-        "CPU µs/pod: server binder harness"
+        "vs RR",
+        "server",
+        "binder",
+        "simnode",
+        "harness"
     );
     let mut json_runs = Vec::new();
     for r in &runs {
@@ -512,8 +632,9 @@ pub async fn scheduler_bench(server_bin: &Path, out_dir: &Path) -> Result<()> {
             .iter()
             .find(|b| b.binder == Binder::RoundRobin && b.mode == r.mode && b.pods == r.pods)
             .map_or(f64::NAN, |b| r.pods_per_s / b.pods_per_s);
+        let c = r.cpu_us;
         println!(
-            "{:<12} {:<10} {:>7} {:>10.0} {:>10.1} {:>10.1} {:>9.0} {:>13.2}x   {:>6.0} {:>6.0} {:>7.0}",
+            "{:<12} {:<10} {:>7} {:>8.0} {:>8.1} {:>8.1} {:>7.0} {:>7.2}x | {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
             format!("{:?}", r.binder),
             format!("{:?}", r.mode),
             r.pods,
@@ -522,20 +643,37 @@ pub async fn scheduler_bench(server_bin: &Path, out_dir: &Path) -> Result<()> {
             r.p99_ms,
             r.rss_mb,
             base,
-            r.cpu_us.server,
-            r.cpu_us.binder,
-            r.cpu_us.harness,
+            c.server,
+            c.binder,
+            c.sim,
+            c.harness,
         );
+        if let Some(e) = r.events {
+            let c = e.cpu_us;
+            println!(
+                "{:>72} | {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
+                format!(
+                    "  Scheduled events all written {:.1} s after the last binding; until then:",
+                    e.lag_s
+                ),
+                c.server,
+                c.binder,
+                c.sim,
+                c.harness
+            );
+        }
+        let cpu = |c: Cpu| json!({"server": c.server, "binder": c.binder, "simnodes": c.sim, "harness": c.harness});
         json_runs.push(json!({"binder": format!("{:?}", r.binder), "mode": format!("{:?}", r.mode), "pods": r.pods,
             "pods_per_s": r.pods_per_s, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "server_rss_mb": r.rss_mb,
-            "ratio_vs_round_robin": base,
-            "cpu_us_per_pod": {"server": r.cpu_us.server, "binder": r.cpu_us.binder, "harness": r.cpu_us.harness}}));
+            "ratio_vs_round_robin": base, "cpu_us_per_pod": cpu(c),
+            "scheduled_events_done": r.events.map(|e| json!({"after_last_binding_s": e.lag_s,
+                "cpu_us_per_pod": cpu(e.cpu_us)}))}));
     }
     println!(
         "target: >= 5,000 pods/s (upstream scheduler_perf thresholds 680-810 pods/s at 5,000 nodes)"
     );
     println!(
-        "CPU per pod over the measured window (streaming: creation included; backlog: binding only); the machine has {} cores",
+        "CPU µs per pod (right): over the measured window (streaming: creation included; backlog: binding only); the machine has {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     std::fs::create_dir_all(out_dir)?;
