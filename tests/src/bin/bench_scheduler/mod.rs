@@ -156,7 +156,7 @@ async fn send(
 ) -> Result<()> {
     let req =
         http::Request::builder().method(method).uri(path).header("content-type", ct).body(body)?;
-    client.request_text(req).await.with_context(|| format!("{path}"))?;
+    client.request_text(req).await.with_context(|| path.to_string())?;
     Ok(())
 }
 
