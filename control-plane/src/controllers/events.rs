@@ -255,8 +255,9 @@ impl EventRecorder {
         Self::build(client, component.into(), None, WriteOptions::default())
     }
 
-    /// A recorder with its own write concurrency and queue length (the scheduler queues
-    /// more: one Scheduled event per pod of a burst).
+    /// A recorder with its own write concurrency and queue length (the scheduler writes
+    /// one event at a time, as client-go's sink does, so its Scheduled events never take
+    /// request slots from its bindings during a burst; they catch up after it).
     pub fn with_options(
         client: Client,
         component: impl Into<String>,

@@ -51,11 +51,10 @@ pub struct SchedulerConfig {
     pub percentage_of_nodes_to_score: u32,
     /// Record a `Scheduled` Event per bound pod (upstream does; one more API write per pod).
     pub scheduled_events: bool,
-    /// How the scheduler's events are written: the recorder's 4 writes in flight (measured
-    /// with `cargo xtask bench scheduler`, 10k pods: one at a time, as client-go's sink
-    /// writes, did not bind faster and left the Scheduled events 19-27 s behind instead of
-    /// 8 s, each lone Event paying a store commit of its own), with up to 100,000 queued so
-    /// a burst of 50,000 pods loses none (client-go keeps 1,000 and drops the rest).
+    /// How the scheduler's events are written. Default: one write at a time (client-go's
+    /// sink writes sequentially too), so during a burst the bindings keep nearly all of
+    /// the apiserver and the Scheduled events follow; up to 100,000 wait (client-go keeps
+    /// 1,000 and drops the rest).
     pub events: WriteOptions,
 }
 
@@ -68,7 +67,7 @@ impl Default for SchedulerConfig {
             parallel_binds: 64,
             percentage_of_nodes_to_score: 0,
             scheduled_events: true,
-            events: WriteOptions { queue_len: 100_000, ..Default::default() },
+            events: WriteOptions { writers: 1, queue_len: 100_000 },
         }
     }
 }

@@ -17,7 +17,7 @@
 //! `SKIFF_BENCH_PODS=2000,5000` sets the pod counts, `SKIFF_BENCH_NO_EVENTS` turns the
 //! scheduler's Scheduled events off, `SKIFF_BENCH_SIMNODES` runs skiff's simulated nodes
 //! (Lease heartbeats, bound pods marked Running) instead of static Ready nodes, `SKIFF_BENCH_EVENT_WRITERS=4` sets how many of them
-//! it writes at once (default 4), `SKIFF_BENCH_BINDERS=skiff` runs only the skiff
+//! it writes at once (default 1), `SKIFF_BENCH_BINDERS=skiff` runs only the skiff
 //! scheduler (no round-robin baseline), `SKIFF_BENCH_MODES=backlog` only one mode.
 
 use std::collections::HashMap;
