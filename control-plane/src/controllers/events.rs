@@ -22,7 +22,6 @@ use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -218,11 +217,27 @@ struct Write {
     at: Time,
 }
 
+/// How a recorder writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Event writes in flight.
+    pub writers: usize,
+    /// Events waiting to be written before new ones are dropped.
+    pub queue_len: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { writers: WRITERS, queue_len: QUEUE_LEN }
+    }
+}
+
 /// What the writer task shares with the recorder.
 struct Sink {
     client: Client,
     component: String,
     host: Option<String>,
+    options: WriteOptions,
     correlator: Mutex<Correlator>,
     dropped: AtomicU64,
 }
@@ -237,22 +252,39 @@ pub struct EventRecorder {
 
 impl EventRecorder {
     pub fn new(client: Client, component: impl Into<String>) -> Self {
-        Self::build(client, component.into(), None)
+        Self::build(client, component.into(), None, WriteOptions::default())
     }
 
-    fn build(client: Client, component: String, host: Option<String>) -> Self {
+    /// A recorder with its own write concurrency and queue length (the scheduler writes
+    /// one event at a time, as client-go's sink does, so its Scheduled events never take
+    /// request slots from its bindings during a burst; they catch up after it).
+    pub fn with_options(
+        client: Client,
+        component: impl Into<String>,
+        options: WriteOptions,
+    ) -> Self {
+        Self::build(client, component.into(), None, options)
+    }
+
+    fn build(
+        client: Client,
+        component: String,
+        host: Option<String>,
+        options: WriteOptions,
+    ) -> Self {
         let sink = Arc::new(Sink {
             client,
             component,
             host,
+            options,
             correlator: Mutex::new(Correlator::default()),
             dropped: AtomicU64::new(0),
         });
-        let (tx, rx) = mpsc::channel::<Write>(QUEUE_LEN);
+        let (tx, rx) = mpsc::channel::<Write>(options.queue_len.max(1));
         let writer = sink.clone();
         tokio::spawn(async move {
             tokio_stream::wrappers::ReceiverStream::new(rx)
-                .for_each_concurrent(WRITERS, |w| {
+                .for_each_concurrent(options.writers.max(1), |w| {
                     let sink = writer.clone();
                     async move { sink.write(w).await }
                 })
@@ -263,7 +295,12 @@ impl EventRecorder {
 
     /// Events from a node agent carry the node as `source.host`.
     pub fn with_host(self, host: impl Into<String>) -> Self {
-        Self::build(self.sink.client.clone(), self.sink.component.clone(), Some(host.into()))
+        Self::build(
+            self.sink.client.clone(),
+            self.sink.component.clone(),
+            Some(host.into()),
+            self.sink.options,
+        )
     }
 
     /// Events dropped because the write queue was full.
@@ -323,17 +360,39 @@ impl EventRecorder {
 }
 
 impl Sink {
+    /// One request, its response body read and dropped: the writer needs only the status
+    /// code (parsing the returned Event into a typed object cost as much as building it).
+    async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        ct: &str,
+        body: Vec<u8>,
+    ) -> kube::Result<()> {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::CONTENT_TYPE, ct)
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        self.client.request_text(req).await.map(drop)
+    }
+
     async fn write(&self, w: Write) {
         let Write { reference, namespace, kind, reason, outcome, at } = w;
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let (name, message, count) = match outcome {
             Outcome::Skip => return,
             Outcome::Create { name, message } => (name, message, 1),
             Outcome::Bump { name, message, count } => {
                 let patch = serde_json::json!({"count": count, "lastTimestamp": at,
                                                "message": message});
-                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => return,
+                let path = format!("/api/v1/namespaces/{namespace}/events/{name}");
+                let body = serde_json::to_vec(&patch).unwrap_or_default();
+                match self
+                    .send(http::Method::PATCH, &path, "application/merge-patch+json", body)
+                    .await
+                {
+                    Ok(()) => return,
                     // Expired (or not created yet): write it anew under the same name.
                     Err(kube::Error::Api(e)) if e.code == 404 => (name, message, count),
                     Err(e) => {
@@ -346,7 +405,7 @@ impl Sink {
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                namespace: Some(namespace),
+                namespace: Some(namespace.clone()),
                 ..Default::default()
             },
             involved_object: reference,
@@ -364,8 +423,17 @@ impl Sink {
             reporting_instance: self.host.clone().or_else(|| Some(self.component.clone())),
             ..Default::default()
         };
-        match api.create(&PostParams::default(), &event).await {
-            Ok(_) => {}
+        // k8s-openapi writes apiVersion and kind.
+        let body = match serde_json::to_vec(&event) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %e, reason, "encoding an event");
+                return;
+            }
+        };
+        let path = format!("/api/v1/namespaces/{namespace}/events");
+        match self.send(http::Method::POST, &path, "application/json", body).await {
+            Ok(()) => {}
             // A concurrent write of the same event created it first: it is counted.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => {
@@ -380,7 +448,7 @@ impl Sink {
 mod tests {
     use super::*;
     use crate::controllers::testutil::{api, pod, wait_for};
-    use kube::api::ListParams;
+    use kube::api::{Api, ListParams, PostParams};
 
     fn rec(c: &mut Correlator, object: &str, reason: &str, message: &str, now: Instant) -> Outcome {
         c.correlate("sched", "ns", object, "p", EventType::Warning, reason, message, now)

@@ -4,7 +4,8 @@
 //! overbook a node; an assumed pod is forgotten again when its binding fails.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 
@@ -39,6 +40,65 @@ impl HostPort {
     }
 }
 
+/// A controller owner's uid with its hash computed once: default spreading looks the
+/// incoming pod's owner up in every feasible node's counts, so that lookup must not hash
+/// the 36-byte uid again each time.
+#[derive(Debug, Clone)]
+pub struct OwnerKey {
+    hash: u64,
+    uid: Arc<str>,
+}
+
+impl OwnerKey {
+    pub fn new(uid: &str) -> OwnerKey {
+        static STATE: OnceLock<RandomState> = OnceLock::new();
+        let hash = STATE.get_or_init(RandomState::new).hash_one(uid);
+        OwnerKey { hash, uid: uid.into() }
+    }
+
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+}
+
+impl PartialEq for OwnerKey {
+    fn eq(&self, other: &OwnerKey) -> bool {
+        self.hash == other.hash && (Arc::ptr_eq(&self.uid, &other.uid) || self.uid == other.uid)
+    }
+}
+
+impl Eq for OwnerKey {}
+
+impl Hash for OwnerKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Passes an [`OwnerKey`]'s precomputed hash through.
+#[derive(Default)]
+pub struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than OwnerKey: fold the bytes (FNV-1a).
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Pods per controller owner on one node.
+pub type OwnerCounts = HashMap<OwnerKey, u32, BuildHasherDefault<PrehashedHasher>>;
+
 /// A pod with what the scheduler needs from it computed once.
 #[derive(Debug)]
 pub struct PodInfo {
@@ -51,7 +111,7 @@ pub struct PodInfo {
     pub host_ports: Vec<HostPort>,
     pub priority: i32,
     /// uid of the controller owner (ReplicaSet, StatefulSet, ...), for default spreading.
-    pub owner: Option<String>,
+    pub owner: Option<OwnerKey>,
     pub terminating: bool,
 }
 
@@ -79,7 +139,7 @@ impl PodInfo {
             .iter()
             .flatten()
             .find(|o| o.controller == Some(true))
-            .map(|o| o.uid.clone());
+            .map(|o| OwnerKey::new(&o.uid));
         PodInfo {
             key: pod_key(&pod),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -129,7 +189,7 @@ pub struct NodeInfo {
     pub pods: HashMap<PodKey, Arc<PodInfo>>,
     pub used_ports: Vec<HostPort>,
     /// Pods per controller owner uid (default topology spreading).
-    pub owner_counts: HashMap<String, u32>,
+    pub owner_counts: OwnerCounts,
 }
 
 impl NodeInfo {

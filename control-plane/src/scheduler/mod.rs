@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info_span, warn};
 
-use crate::controllers::events::{EventRecorder, EventType};
+use crate::controllers::events::{EventRecorder, EventType, WriteOptions};
 use cache::{Cache, PodInfo, PodKey};
 use filters::{PodState, Reason, filter, fit_error_message};
 use queue::SchedulingQueue;
@@ -51,6 +51,11 @@ pub struct SchedulerConfig {
     pub percentage_of_nodes_to_score: u32,
     /// Record a `Scheduled` Event per bound pod (upstream does; one more API write per pod).
     pub scheduled_events: bool,
+    /// How the scheduler's events are written. Default: one write at a time (client-go's
+    /// sink writes sequentially too), so during a burst the bindings keep nearly all of
+    /// the apiserver and the Scheduled events follow; up to 100,000 wait (client-go keeps
+    /// 1,000 and drops the rest).
+    pub events: WriteOptions,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +67,7 @@ impl Default for SchedulerConfig {
             parallel_binds: 64,
             percentage_of_nodes_to_score: 0,
             scheduled_events: true,
+            events: WriteOptions { writers: 1, queue_len: 100_000 },
         }
     }
 }
@@ -150,7 +156,11 @@ pub async fn run(client: Client, config: SchedulerConfig) {
         .unwrap_or(0x9e37_79b9)
         | 1;
     let shared = Arc::new(Shared {
-        recorder: EventRecorder::new(client.clone(), config.scheduler_name.clone()),
+        recorder: EventRecorder::with_options(
+            client.clone(),
+            config.scheduler_name.clone(),
+            config.events,
+        ),
         binds: Arc::new(Semaphore::new(config.parallel_binds.max(1))),
         state: Mutex::new(State {
             cache: Cache::default(),

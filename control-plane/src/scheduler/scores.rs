@@ -174,7 +174,17 @@ pub fn spreading(state: &PodState<'_>, nodes: &[&NodeInfo]) -> Option<Vec<i64>> 
         return None;
     }
     let owner = state.pod.owner.as_ref()?;
-    Some(nodes.iter().map(|n| i64::from(n.owner_counts.get(owner).copied().unwrap_or(0))).collect())
+    Some(
+        nodes
+            .iter()
+            .map(|n| {
+                if n.owner_counts.is_empty() {
+                    return 0;
+                }
+                i64::from(n.owner_counts.get(owner).copied().unwrap_or(0))
+            })
+            .collect(),
+    )
 }
 
 pub fn prefer_no_schedule_taints(state: &PodState<'_>, nodes: &[&NodeInfo]) -> Option<Vec<i64>> {

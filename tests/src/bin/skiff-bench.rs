@@ -37,6 +37,10 @@ impl Drop for ServerProcess {
 }
 
 impl ServerProcess {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn rss_mb(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
