@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey,
+    MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey,
     drop_reason, svc_flags,
 };
 
@@ -20,9 +20,9 @@ use skiff_ebpf_common::{
 pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
     HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
-/// Backends by id.
+/// Backends by id: an array (see `map_names::BACKENDS`), free ids hold zeroes.
 #[map(name = "SKIFF_BACKENDS")]
-pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+pub static BACKENDS: Array<Backend> = Array::pinned(MAX_BACKENDS, 0);
 
 /// Frontend of each rev-nat id.
 #[map(name = "SKIFF_REV_NAT")]
@@ -225,9 +225,8 @@ pub fn select_backend(
     Ok((backend_id, backend))
 }
 
-/// Looks up a backend by id.
+/// Looks up a backend by id (`None` for an out-of-range or free id).
 #[inline(always)]
 pub fn lookup_backend(id: u32) -> Option<Backend> {
-    // SAFETY: copied out at once.
-    unsafe { BACKENDS.get(id).copied() }
+    BACKENDS.get(id).copied().filter(|b| !b.is_free())
 }
