@@ -409,21 +409,8 @@ pub fn ensure_bpffs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_cgroup2_in_mountinfo() {
-        let info = "25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro\n\
-                    26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n";
-        assert_eq!(parse_cgroup2_root(info), Some(PathBuf::from("/sys/fs/cgroup/unified")));
-        assert_eq!(parse_cgroup2_root("1 2 0:1 / / rw - ext4 /dev/x rw\n"), None);
-    }
-}
-
-/// Removes the pins of maps in `pin_dir` whose definition (key size, value size, max
-/// entries, flags) or type differs from the embedded object's, so that the load creates them anew
+/// Removes the pins of maps in `pin_dir` whose definition (type, key size, value size, max
+/// entries, flags) differs from the embedded object's, so that the load creates them anew
 /// instead of reusing a map the programs would misread (an upgrade that, e.g., turned the
 /// backends hash into an array). Programs still attached keep the old map until they are
 /// replaced; the first sync then refills the new one. Returns the names of removed pins.
@@ -448,4 +435,17 @@ pub fn unpin_stale_maps(pin_dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_in_mountinfo() {
+        let info = "25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro\n\
+                    26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(parse_cgroup2_root(info), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(parse_cgroup2_root("1 2 0:1 / / rw - ext4 /dev/x rw\n"), None);
+    }
 }
