@@ -15,10 +15,13 @@ use skiff_ebpf_common::{
     drop_reason, svc_flags,
 };
 
-/// Service frontends and their backend slots.
+/// Service frontends and their backend slots. Preallocated: an insert then takes a free
+/// element instead of allocating one, which halved the apply of a full sync (10k services x
+/// 10 endpoints: ~200 -> ~100 ms). 524,288 slots (frontends + backend slots: 30k services x
+/// 10 endpoints fit) x ~72 bytes (element header 48 + key 8 + value 16) = ~36 MiB of kernel
+/// memory, reserved at load.
 #[map(name = "SKIFF_SERVICES")]
-pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
-    HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(524_288, 0);
 
 /// Backends by id: an array (see `map_names::BACKENDS`), free ids hold zeroes.
 #[map(name = "SKIFF_BACKENDS")]
