@@ -628,9 +628,9 @@ mod tests {
         let mut s = ServiceMapSync::new();
         s.next_backend_id = MAX_BACKENDS - 1;
         let plan = s.plan(&desired(&["10.0.1.1", "10.0.1.2"]));
-        assert_eq!(kinds(&plan.ops)[..2], ["+be262143", "+be1"]);
+        assert_eq!(kinds(&plan.ops)[..2], [format!("+be{}", MAX_BACKENDS - 1), "+be1".into()]);
         s.commit(plan.delta);
-        // 262143 is free again, 1 still in use: the next ids are 2 (cursor) and then 3.
+        // The last id is free again, 1 still in use: the next ids are 2 (cursor) and then 3.
         let plan = s.plan(&desired(&["10.0.1.2", "10.0.1.3", "10.0.1.4"]));
         assert_eq!(kinds(&plan.ops)[..2], ["+be2", "+be3"]);
         s.commit(plan.delta);

@@ -207,8 +207,9 @@ pub struct Backend {
 const _: () = assert!(size_of::<Backend>() == 12);
 
 /// Entries of the backends array (ids `1..MAX_BACKENDS`; id 0 is never allocated):
-/// 262,144 x 12 bytes = 3 MiB of kernel memory, preallocated.
-pub const MAX_BACKENDS: u32 = 262_144;
+/// 524,288 x 12 bytes = 6 MiB of kernel memory, preallocated (30k services x 10 distinct
+/// endpoints fit).
+pub const MAX_BACKENDS: u32 = 524_288;
 
 impl Backend {
     /// Whether this array entry is a free id (every real backend has a protocol).
