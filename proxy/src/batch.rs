@@ -30,6 +30,13 @@ struct BatchAttr {
 pub enum Error {
     #[error("{keys} keys but {values} values")]
     Mismatch { keys: usize, values: usize },
+    #[error("BPF_MAP_LOOKUP_BATCH read {read} of {total} elements")]
+    Lookup {
+        read: usize,
+        total: usize,
+        #[source]
+        source: io::Error,
+    },
     #[error("BPF_MAP_UPDATE_BATCH applied {applied} of {total} elements")]
     Update {
         applied: usize,
@@ -93,4 +100,58 @@ pub fn update<K: aya::Pod, V: aya::Pod>(
         done += ks.len();
     }
     Ok(())
+}
+
+/// `enum bpf_cmd` value of `BPF_MAP_LOOKUP_BATCH`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Reads every entry of an array map of `len` entries of `V` in one syscall per `CHUNK`
+/// entries (`BPF_MAP_LOOKUP_BATCH`, kernel 5.6+) as `(index, value)`. The map must be a
+/// plain (not per-CPU) array whose value type is exactly `V`.
+pub fn lookup_array<V: aya::Pod + Default>(map: BorrowedFd<'_>, len: u32) -> Result<Vec<(u32, V)>> {
+    const CHUNK: u32 = 16_384;
+    let mut out: Vec<(u32, V)> = Vec::with_capacity(len as usize);
+    let mut keys = vec![0u32; CHUNK as usize];
+    let mut values = vec![V::default(); CHUNK as usize];
+    let (mut in_batch, mut out_batch) = (0u32, 0u32);
+    let mut first = true;
+    while (out.len() as u32) < len {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { &in_batch as *const u32 as u64 },
+            out_batch: &mut out_batch as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK,
+            map_fd: map.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid `bpf_attr.batch` living across the call; `keys` and
+        // `values` hold `count` elements of the array's key (u32) and value (`V`, the
+        // caller's contract) types, in_batch/out_batch point at u32 batch tokens; the kernel
+        // writes at most `count` elements into each, and `count` back into attr.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        let err = (rc < 0).then(io::Error::last_os_error);
+        let got = (attr.count.min(CHUNK)) as usize;
+        out.extend(keys[..got].iter().copied().zip(values[..got].iter().copied()));
+        match err {
+            None => {}
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Some(source) => {
+                return Err(Error::Lookup { read: out.len(), total: len as usize, source });
+            }
+        }
+        first = false;
+        in_batch = out_batch;
+        if got == 0 {
+            break;
+        }
+    }
+    Ok(out)
 }

@@ -84,6 +84,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("parsing the embedded eBPF object's map definitions")]
+    ParseObject(#[source] Box<aya_obj::ParseError>),
+    #[error("removing stale pinned map {path}")]
+    StalePin {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("reading /proc/self/mountinfo")]
     MountInfo(#[source] std::io::Error),
     #[error("no cgroup2 mount in /proc/self/mountinfo")]
@@ -108,6 +116,9 @@ impl Dataplane {
         }
         std::fs::create_dir_all(pin_dir)
             .map_err(|source| Error::PinDir { path: pin_dir.into(), source })?;
+        for name in unpin_stale_maps(pin_dir)? {
+            tracing::warn!(map = %name, "pinned map had an older definition: recreated empty");
+        }
         let ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
             .load(EBPF_OBJECT)
@@ -396,6 +407,34 @@ pub fn ensure_bpffs(dir: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Removes the pins of maps in `pin_dir` whose definition (type, key size, value size, max
+/// entries, flags) differs from the embedded object's, so that the load creates them anew
+/// instead of reusing a map the programs would misread (an upgrade that, e.g., turned the
+/// backends hash into an array). Programs still attached keep the old map until they are
+/// replaced; the first sync then refills the new one. Returns the names of removed pins.
+pub fn unpin_stale_maps(pin_dir: &Path) -> Result<Vec<String>> {
+    let obj = aya_obj::Object::parse(EBPF_OBJECT).map_err(|e| Error::ParseObject(Box::new(e)))?;
+    let mut removed = Vec::new();
+    for (name, def) in &obj.maps {
+        if def.pinning() != aya_obj::maps::PinningType::ByName {
+            continue;
+        }
+        let path = pin_dir.join(name);
+        // A pin that cannot be opened is left to the load, which reports it.
+        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else { continue };
+        let same = info.map_type().is_ok_and(|t| t as u32 == def.map_type())
+            && info.key_size() == def.key_size()
+            && info.value_size() == def.value_size()
+            && info.max_entries() == def.max_entries()
+            && info.map_flags() == def.map_flags();
+        if !same {
+            std::fs::remove_file(&path).map_err(|source| Error::StalePin { path, source })?;
+            removed.push(name.clone());
+        }
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]

@@ -52,7 +52,7 @@ fn open(dir: &Path, name: &'static str) -> Result<Map> {
 /// The data-plane maps, opened from their pins.
 pub struct ServiceMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
-    backends: HashMap<MapData, u32, Backend>,
+    backends: Array<MapData, Backend>,
     rev_nat: HashMap<MapData, u32, RevNat>,
     conntrack: HashMap<MapData, CtKey, CtValue>,
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
@@ -86,9 +86,9 @@ impl ServiceMaps {
         })
     }
 
-    /// Writes a backend.
+    /// Writes a backend (the array entry of its id).
     pub fn put_backend(&mut self, id: u32, b: Backend) -> Result<()> {
-        self.backends.insert(id, b, 0).map_err(access(map_names::BACKENDS, "insert"))
+        self.backends.set(id, b, 0).map_err(access(map_names::BACKENDS, "set"))
     }
 
     /// Writes backends in one batched syscall (element by element where the kernel has no
@@ -105,9 +105,9 @@ impl ServiceMaps {
         }
     }
 
-    /// Removes a backend (absent is fine).
+    /// Removes a backend: zeroes its array entry, which frees the id (absent is fine).
     pub fn remove_backend(&mut self, id: u32) -> Result<()> {
-        ignore_missing(self.backends.remove(&id)).map_err(access(map_names::BACKENDS, "remove"))
+        self.put_backend(id, Backend::default())
     }
 
     /// Writes a service slot.
@@ -204,9 +204,13 @@ impl ServiceMaps {
         self.services.iter().collect::<Result<_, _>>().map_err(access(map_names::SERVICES, "iter"))
     }
 
-    /// All backends.
+    /// All backends (the array entries that are not free).
     pub fn backends(&self) -> Result<Vec<(u32, Backend)>> {
-        self.backends.iter().collect::<Result<_, _>>().map_err(access(map_names::BACKENDS, "iter"))
+        let name = map_names::BACKENDS;
+        let fd = self.backends.map().fd().as_fd();
+        let all = crate::batch::lookup_array::<Backend>(fd, self.backends.len())
+            .map_err(|source| Error::Batch { name, source })?;
+        Ok(all.into_iter().filter(|(_, b)| !b.is_free()).collect())
     }
 
     /// All rev-nat entries.

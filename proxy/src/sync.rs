@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use skiff_ebpf_common::{
-    Backend, MaglevTable, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state, svc_flags,
+    Backend, MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, backend_flags,
+    backend_state, svc_flags,
 };
 
 use crate::desired::{BackendAddr, BackendSpec, DesiredState, Frontend, FrontendSpec};
@@ -64,6 +65,10 @@ pub struct ServiceMapSync {
     backends: HashMap<BackendAddr, BackendEntry>,
     /// Backends found in the maps that no frontend names (removed by the next plan).
     orphans: Vec<BackendAddr>,
+    /// Ids of `backends` (entries of the backends array in use).
+    backend_ids: BTreeSet<u32>,
+    /// Where the search for a free backend id starts: ids are handed out in increasing
+    /// order and wrap around at `MAX_BACKENDS`, so a freed id is reused as late as possible.
     next_backend_id: u32,
     next_rev_nat_id: u32,
 }
@@ -144,6 +149,7 @@ impl ServiceMapSync {
         let mut by_id: HashMap<u32, Backend> = HashMap::new();
         for (id, b) in maps.backends().map_err(Error::Resume)? {
             by_id.insert(id, b);
+            s.backend_ids.insert(id);
             s.next_backend_id = s.next_backend_id.max(id + 1);
         }
         for (k, v) in maps.services().map_err(Error::Resume)? {
@@ -213,6 +219,7 @@ impl ServiceMapSync {
             self.frontends.iter().filter(|(f, _)| !desired.frontends.contains_key(f)).collect();
 
         let mut next_backend_id = self.next_backend_id.max(1);
+        let mut allocated = 0u32;
         let mut next_rev_nat_id = self.next_rev_nat_id.max(1);
         let mut ops = Vec::new();
         // Backends touched by this plan: their final entry.
@@ -225,8 +232,7 @@ impl ServiceMapSync {
                 let e = touched.entry(b.addr).or_insert_with(|| match self.backends.get(&b.addr) {
                     Some(e) => *e,
                     None => {
-                        let id = next_backend_id;
-                        next_backend_id += 1;
+                        let id = self.free_backend_id(&mut next_backend_id, &mut allocated);
                         BackendEntry { id, value: Backend::default(), refs: 0 }
                     }
                 });
@@ -379,6 +385,24 @@ impl ServiceMapSync {
         }
     }
 
+    /// The next free backend id at or after `*cursor` (wrapping from `MAX_BACKENDS - 1` to
+    /// 1), and moves the cursor past it. Ids allocated earlier in the same plan lie between
+    /// the plan's start and the cursor, so they are skipped as long as a plan allocates
+    /// fewer than `MAX_BACKENDS - 1` ids. With every id in use it returns `MAX_BACKENDS`,
+    /// which the array rejects: that sync fails (E2BIG) until backends go away.
+    fn free_backend_id(&self, cursor: &mut u32, allocated: &mut u32) -> u32 {
+        let ids = MAX_BACKENDS - 1;
+        while *allocated + (self.backend_ids.len() as u32) < ids {
+            let id = if *cursor == 0 || *cursor >= MAX_BACKENDS { 1 } else { *cursor };
+            *cursor = id + 1;
+            if !self.backend_ids.contains(&id) {
+                *allocated += 1;
+                return id;
+            }
+        }
+        MAX_BACKENDS
+    }
+
     fn commit(&mut self, delta: Delta) {
         for (f, p) in delta.frontends {
             match p {
@@ -393,10 +417,13 @@ impl ServiceMapSync {
         for (a, e) in delta.backends {
             match e {
                 Some(e) => {
+                    self.backend_ids.insert(e.id);
                     self.backends.insert(a, e);
                 }
                 None => {
-                    self.backends.remove(&a);
+                    if let Some(old) = self.backends.remove(&a) {
+                        self.backend_ids.remove(&old.id);
+                    }
                 }
             }
         }
@@ -594,6 +621,21 @@ mod tests {
         s.commit(plan.delta);
         let plan = s.plan(&desired(&["10.0.1.9"]));
         assert_eq!(kinds(&plan.ops), ["+be2", "+rev2", "+slot1=be2", "+svc0(n=1)"]);
+    }
+
+    #[test]
+    fn backend_ids_wrap_around_and_skip_ids_in_use() {
+        let mut s = ServiceMapSync::new();
+        s.next_backend_id = MAX_BACKENDS - 1;
+        let plan = s.plan(&desired(&["10.0.1.1", "10.0.1.2"]));
+        assert_eq!(kinds(&plan.ops)[..2], [format!("+be{}", MAX_BACKENDS - 1), "+be1".into()]);
+        s.commit(plan.delta);
+        // The last id is free again, 1 still in use: the next ids are 2 (cursor) and then 3.
+        let plan = s.plan(&desired(&["10.0.1.2", "10.0.1.3", "10.0.1.4"]));
+        assert_eq!(kinds(&plan.ops)[..2], ["+be2", "+be3"]);
+        s.commit(plan.delta);
+        assert!(s.backend_ids.contains(&1) && !s.backend_ids.contains(&(MAX_BACKENDS - 1)));
+        assert_eq!(s.backend_ids.len(), 3);
     }
 
     #[test]

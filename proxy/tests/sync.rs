@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use skiff_proxy::desired::{DesiredState, NodeContext, SERVICE_NAME_LABEL, compute};
-use skiff_proxy::loader::{Dataplane, cgroup2_root, unpin_links};
+use skiff_proxy::loader::{Dataplane, cgroup2_root, unpin_links, unpin_stale_maps};
 use skiff_proxy::maps::ServiceMaps;
 use skiff_proxy::sync::ServiceMapSync;
 
@@ -120,6 +120,28 @@ fn sync_programs_the_maps_and_a_restart_resumes_without_flushing() {
     let ops =
         state.sync(&mut maps, &desired("TCP", &["10.0.1.1", "10.0.1.2", "10.0.1.3"])).unwrap();
     assert_eq!(ops, 3, "one backend, one slot, the frontend count");
+}
+
+#[test]
+fn a_pinned_map_with_an_older_definition_is_recreated_on_load() {
+    let bpffs = BpffsDir::new();
+    let dir = bpffs.path();
+    drop(Dataplane::load(&dir, NODE).unwrap());
+    assert!(unpin_stale_maps(&dir).unwrap().is_empty(), "maps of the same object are reused");
+    // Stand in for a pin left by an older proxy whose backends map was a hash: another
+    // map (the rev-nat hash) pinned under the backends name.
+    let backends = dir.join("SKIFF_BACKENDS");
+    std::fs::remove_file(&backends).unwrap();
+    std::fs::hard_link(dir.join("SKIFF_REV_NAT"), &backends).unwrap();
+    assert!(ServiceMaps::open_pinned(&dir).is_err(), "a hash where the array belongs");
+    let mut dp = Dataplane::load(&dir, NODE).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&dir).unwrap();
+    let want = desired("TCP", &["10.0.1.1"]);
+    ServiceMapSync::resume(&maps).unwrap().sync(&mut maps, &want).unwrap();
+    let (rc, out) =
+        tc_run(&mut dp, &Pkt::tcp(CLIENT, 40000, Ipv4Addr::new(10, 96, 0, 10), 80).build());
+    assert_eq!(rc, 0);
+    assert_eq!(parse_and_verify(&out).dst, Ipv4Addr::new(10, 0, 1, 1));
 }
 
 #[test]

@@ -17,7 +17,9 @@ pub const PROTO_UDP: u8 = 17;
 pub mod map_names {
     /// `ServiceKey` → `ServiceValue` (slot 0 = frontend, slots 1..=count = backends).
     pub const SERVICES: &str = "SKIFF_SERVICES";
-    /// `u32` backend id → `Backend`.
+    /// Array indexed by backend id (`1..MAX_BACKENDS`) of `Backend`; a free id holds an
+    /// all-zero entry (`Backend::is_free`). An array, not a hash: a write needs no allocation
+    /// and no hashing, which is most of what a full sync of many endpoints costs.
     pub const BACKENDS: &str = "SKIFF_BACKENDS";
     /// `u32` rev-nat id → `RevNat` (the frontend a backend reply must appear to come from).
     pub const REV_NAT: &str = "SKIFF_REV_NAT";
@@ -203,6 +205,19 @@ pub struct Backend {
     pub _pad: [u8; 3],
 }
 const _: () = assert!(size_of::<Backend>() == 12);
+
+/// Entries of the backends array (ids `1..MAX_BACKENDS`; id 0 is never allocated):
+/// 524,288 x 12 bytes = 6 MiB of kernel memory, preallocated (30k services x 10 distinct
+/// endpoints fit).
+pub const MAX_BACKENDS: u32 = 524_288;
+
+impl Backend {
+    /// Whether this array entry is a free id (every real backend has a protocol).
+    #[inline(always)]
+    pub const fn is_free(&self) -> bool {
+        self.proto == 0
+    }
+}
 
 /// Reverse-NAT value: the frontend a backend's reply must appear to come from.
 #[repr(C)]
