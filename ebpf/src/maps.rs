@@ -11,8 +11,8 @@ use aya_ebpf::{
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey,
-    drop_reason, svc_flags,
+    MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey,
+    StatsKey, drop_reason, svc_flags,
 };
 
 /// Service frontends and their backend slots. Preallocated: an insert then takes a free
