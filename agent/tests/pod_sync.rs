@@ -639,33 +639,18 @@ async fn agent_serves_dns_and_streaming_and_publishes_the_streaming_port() {
 #[tokio::test(start_paused = true)]
 async fn projected_service_account_tokens_are_refreshed_at_80_percent_of_their_lifetime() {
     use std::os::unix::fs::MetadataExt;
-    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("apiserver");
-    let client = api.client();
-    skiff_agent::testing::seed_namespace(&client, "default").await;
-    let rt = MemoryRuntime::new();
-    rt.add_image("skiff.test/pause:1");
-    rt.add_image("busybox:1");
-    let dir = tempfile::tempdir().expect("tmp");
-    let mut c = AgentConfig::new(NODE)
-        .with_node_ip("192.0.2.10".parse().expect("ip"))
-        .with_root_dir(dir.path())
-        .with_resources(4000, 8 << 30);
-    c.host_conditions = false;
-    let _agent = agent::start(client.clone(), c, rt.clone()).await.expect("agent");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let p: Pod = serde_json::from_value(pod(
-        "tok",
-        json!({"volumes": [{"name": "sa", "projected": {"sources": [
-                  {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}}]}}],
-               "containers": [{"name": "c", "image": "busybox:1",
-                               "volumeMounts": [{"name": "sa", "mountPath": "/var/run/sa"}]}]}),
-    ))
-    .expect("pod");
-    let created = pods.create(&PostParams::default(), &p).await.expect("create");
+    let h = Harness::new().await;
+    let created = h
+        .create(pod(
+            "tok",
+            json!({"volumes": [{"name": "sa", "projected": {"sources": [
+                      {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}}]}}],
+                   "containers": [{"name": "c", "image": "busybox:1",
+                                   "volumeMounts": [{"name": "sa", "mountPath": "/var/run/sa"}]}]}),
+        ))
+        .await;
     let uid = created.uid().expect("uid");
-    let file = dir.path().join(format!("pods/{uid}/volumes/kubernetes.io~projected/sa/token"));
+    let file = h.dir.path().join(format!("pods/{uid}/volumes/kubernetes.io~projected/sa/token"));
     let mut written = None;
     for _ in 0..100 {
         if let Ok(m) = std::fs::metadata(&file) {
