@@ -110,3 +110,24 @@ impl MutatingPlugin for NamespaceLifecycle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_deleted_here_are_remembered_for_the_live_lookup_ttl() {
+        let plugin = NamespaceLifecycle::default();
+        plugin.note_deleted("gone");
+        assert!(plugin.recently_deleted("gone"));
+        assert!(!plugin.recently_deleted("other"));
+        // Past the TTL the entry is dropped and the cache answers again.
+        plugin
+            .deleted
+            .lock()
+            .expect("lock")
+            .insert("old".into(), Instant::now().checked_sub(LIVE_LOOKUP_TTL * 2).expect("uptime"));
+        assert!(!plugin.recently_deleted("old"));
+        assert_eq!(plugin.deleted.lock().expect("lock").len(), 1, "expired entries pruned");
+    }
+}
