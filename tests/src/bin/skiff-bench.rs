@@ -236,13 +236,7 @@ impl RawClient {
 
 /// CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
 fn cpu_time(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesized command: state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
-    // `f` lacks the state field (not a number): utime and stime are its 11th and 12th.
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    Duration::from_secs_f64(bench_scheduler::stat_cpu(&format!("/proc/{pid}/stat")))
 }
 
 /// A create run's figures.

@@ -100,7 +100,7 @@ struct Cpu {
 }
 
 /// utime + stime of a /proc/<..>/stat file, in seconds.
-fn stat_cpu(path: &str) -> f64 {
+pub(crate) fn stat_cpu(path: &str) -> f64 {
     let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
     // Fields after the command (which may hold spaces) start after the last ')'.
     let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
