@@ -18,7 +18,8 @@ use aya_ebpf::{
         TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup,
     },
     helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
+        bpf_fib_lookup as fib_lookup, bpf_probe_read_kernel, bpf_redirect, bpf_skb_adjust_room,
+        bpf_skb_change_tail,
     },
     macros::classifier,
     programs::TcContext,
@@ -31,7 +32,8 @@ use crate::{
     ct,
     maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace4, parse, ptr_at,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, parse, ptr_at,
     },
     reject,
 };
@@ -101,14 +103,15 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         if flow.irregular != 0 {
             return Err(flow.irregular);
         }
-        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+        let mode = csum_mode(ctx);
+        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be, mode)?;
         count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
         if reply.flags & ct_flags::SNAT == 0 {
             return Ok(ACT_OK);
         }
         // A remote backend's reply to a NodePort flow this node SNATed (the tc fallback of
         // XDP): back to the client, out of the interface the FIB names.
-        rewrite(ctx, &flow, Field::Dst, reply.client_addr_be, reply.client_port_be)?;
+        rewrite(ctx, &flow, Field::Dst, reply.client_addr_be, reply.client_port_be, mode)?;
         return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
     }
     // NodePort on this node's address: the tc fallback where XDP could not attach (and pods
@@ -157,12 +160,13 @@ fn to_frontend(
 /// counts it, and lets it go.
 #[inline(always)]
 fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
-    rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
+    let mode = csum_mode(ctx);
+    rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be, mode)?;
     count_traffic(fwd.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
     if fwd.snat_addr_be == 0 {
         return Ok(ACT_OK);
     }
-    rewrite(ctx, flow, Field::Src, fwd.snat_addr_be, flow.sport_be)?;
+    rewrite(ctx, flow, Field::Src, fwd.snat_addr_be, flow.sport_be, mode)?;
     forward_out(ctx, fwd.backend.ip_be, fwd.snat_addr_be)
 }
 
@@ -206,10 +210,49 @@ enum Field {
     Dst,
 }
 
+/// Where `sk_buff::ip_summed` lives in this kernel, set by the loader from the kernel's BTF
+/// before the program is verified (a read-only global: the verifier sees a constant):
+/// `IP_SUMMED_KNOWN | byte offset << 8 | bit shift`, or 0 when unknown (then every L4
+/// checksum update goes through the kernel helper, which reads it itself).
+#[unsafe(no_mangle)]
+static SKIFF_SKB_IP_SUMMED: u32 = 0;
+
+/// `SKIFF_SKB_IP_SUMMED` holds a position.
+const IP_SUMMED_KNOWN: u32 = 1 << 31;
+/// `skb->ip_summed` values (include/linux/skbuff.h).
+const CHECKSUM_COMPLETE: u8 = 2;
+const CHECKSUM_PARTIAL: u8 = 3;
+/// Not a kernel value: `ip_summed` could not be read, use the helpers.
+const CHECKSUM_UNKNOWN: u8 = 0xff;
+
+/// How the L4 checksum of this skb must be updated: its `ip_summed`, read from the kernel's
+/// sk_buff (one byte, at the offset the loader found in BTF).
+#[inline(always)]
+fn csum_mode(ctx: &TcContext) -> u8 {
+    // SAFETY: volatile read of a read-only global the loader sets before verification.
+    let pos = unsafe { core::ptr::read_volatile(&SKIFF_SKB_IP_SUMMED) };
+    if pos & IP_SUMMED_KNOWN == 0 {
+        return CHECKSUM_UNKNOWN;
+    }
+    let byte_off = ((pos >> 8) & 0xffff) as usize;
+    let shift = pos & 0x7;
+    // The program's context is the kernel's `struct sk_buff` itself; the offset lies inside
+    // it (found in this kernel's BTF). A failed read falls back to the helpers.
+    // SAFETY: bpf_probe_read_kernel copies one byte and tolerates any address.
+    let ptr = unsafe { (ctx.skb.skb as *const u8).add(byte_off) };
+    match unsafe { bpf_probe_read_kernel::<u8>(ptr) } {
+        Ok(b) => (b >> shift) & 0x3,
+        Err(_) => CHECKSUM_UNKNOWN,
+    }
+}
+
 /// Rewrites the address and port of one end. The address, the port and the IPv4 checksum
 /// are written directly (tc programs may write packet data; the verifier unclones the skb
-/// first); only the L4 checksum goes through the kernel helper, which also handles
-/// CHECKSUM_PARTIAL (pseudo header only) and CHECKSUM_COMPLETE (`skb->csum`) skbs.
+/// first). The L4 checksum is updated directly too, as the skb's `ip_summed` (`mode`, from
+/// `csum_mode`) requires: a full checksum (NONE/UNNECESSARY) gets the address and port
+/// deltas (RFC 1624); a CHECKSUM_PARTIAL one holds only the pseudo-header sum, which gets the
+/// address delta alone. CHECKSUM_COMPLETE skbs (whose `skb->csum` must follow) and unknown
+/// modes go through the kernel helper, as do all when the position is unknown.
 #[inline(always)]
 fn rewrite(
     ctx: &TcContext,
@@ -217,6 +260,7 @@ fn rewrite(
     field: Field,
     new_addr_be: u32,
     new_port_be: u16,
+    mode: u8,
 ) -> Result<(), u32> {
     let (addr_off, old_addr, port_off, old_port) = match field {
         Field::Src => (IP_SRC_OFF, flow.saddr_be, flow.l4_off, flow.sport_be),
@@ -233,7 +277,29 @@ fn rewrite(
         }
         *port = new_port_be;
     }
-    let l4_flags = if flow.proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let udp = flow.proto == PROTO_UDP;
+    if mode != CHECKSUM_COMPLETE && mode != CHECKSUM_UNKNOWN {
+        let l4_csum: *mut u16 = ptr_at(ctx, flow.csum_off)?;
+        // SAFETY: bounds-checked just above.
+        unsafe {
+            let c = *l4_csum;
+            // A zero UDP checksum means "none" and stays so (BPF_F_MARK_MANGLED_0).
+            if udp && c == 0 {
+                return Ok(());
+            }
+            let mut c = if mode == CHECKSUM_PARTIAL {
+                !csum_replace4(!c, old_addr, new_addr_be)
+            } else {
+                csum_replace2(csum_replace4(c, old_addr, new_addr_be), old_port, new_port_be)
+            };
+            if udp && c == 0 {
+                c = 0xffff;
+            }
+            *l4_csum = c;
+        }
+        return Ok(());
+    }
+    let l4_flags = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
     let fail = |_| drop_reason::REWRITE_FAILED;
     if old_addr != new_addr_be {
         ctx.l4_csum_replace(

@@ -155,3 +155,69 @@ pub fn lookup_array<V: aya::Pod + Default>(map: BorrowedFd<'_>, len: u32) -> Res
     }
     Ok(out)
 }
+
+/// Reads every entry of a per-CPU array map of `len` entries of `V` as `(index, values by
+/// CPU)`, batched like `lookup_array` (the kernel lays out each element as one `V` per
+/// possible CPU, each rounded up to 8 bytes). `V` must be the map's exact value type and its
+/// size a multiple of 8.
+pub fn lookup_percpu_array<V: aya::Pod + Default>(
+    map: BorrowedFd<'_>,
+    len: u32,
+) -> Result<Vec<(u32, Vec<V>)>> {
+    const CHUNK: u32 = 4_096;
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Lookup {
+        read: 0,
+        total: len as usize,
+        source,
+    })?;
+    const {
+        assert!(
+            std::mem::size_of::<V>().is_multiple_of(8),
+            "per-CPU values are laid out 8-byte aligned"
+        )
+    };
+    let mut out: Vec<(u32, Vec<V>)> = Vec::with_capacity(len as usize);
+    let mut keys = vec![0u32; CHUNK as usize];
+    let mut values = vec![V::default(); CHUNK as usize * cpus];
+    let (mut in_batch, mut out_batch) = (0u32, 0u32);
+    let mut first = true;
+    while (out.len() as u32) < len {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { &in_batch as *const u32 as u64 },
+            out_batch: &mut out_batch as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK,
+            map_fd: map.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: as in `lookup_array`; `values` holds `count` elements of `cpus` values
+        // each, the per-CPU layout the kernel writes for this value size.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        let err = (rc < 0).then(io::Error::last_os_error);
+        let got = (attr.count.min(CHUNK)) as usize;
+        for (i, k) in keys[..got].iter().enumerate() {
+            out.push((*k, values[i * cpus..(i + 1) * cpus].to_vec()));
+        }
+        match err {
+            None => {}
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Some(source) => {
+                return Err(Error::Lookup { read: out.len(), total: len as usize, source });
+            }
+        }
+        first = false;
+        in_batch = out_batch;
+        if got == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}

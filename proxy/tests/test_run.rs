@@ -9,7 +9,7 @@ use aya::TestRun;
 use aya::TestRunOptions;
 use common::*;
 use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, drop_reason, svc_flags};
-use skiff_proxy::loader::Dataplane;
+use skiff_proxy::loader::{Dataplane, LoadOptions};
 use skiff_proxy::maps::ServiceMaps;
 
 const TC_ACT_OK: u32 = 0;
@@ -32,8 +32,12 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(&LoadOptions::default())
+}
+
+fn rig_with(options: &LoadOptions) -> Rig {
     let bpffs = BpffsDir::new();
-    let dp = Dataplane::load(&bpffs.path(), NODE).expect("load the eBPF object");
+    let dp = Dataplane::load_with(&bpffs.path(), NODE, options).expect("load the eBPF object");
     let maps = ServiceMaps::open_pinned(&bpffs.path()).expect("open pinned maps");
     Rig { dp, maps, _bpffs: bpffs }
 }
@@ -154,6 +158,83 @@ fn tc_dnat_udp_with_and_without_checksum() {
     let p = parse_and_verify(&out);
     assert_eq!((p.dst, p.dport), (BACKEND, 8080));
     assert_eq!(&out[14 + 20 + 6..14 + 20 + 8], &[0, 0], "a zero UDP checksum stays zero");
+}
+
+/// The tc program updates L4 checksums itself when the loader found `sk_buff.ip_summed` in
+/// the kernel's BTF (test_run skbs are CHECKSUM_NONE: full checksums); the result must be
+/// byte for byte what the kernel helpers produce, both directions, TCP and UDP (with and
+/// without a checksum).
+#[test]
+fn tc_direct_checksums_equal_the_kernel_helpers() {
+    let packets = |proto: u8, sport: u16| -> (Vec<u8>, Vec<u8>) {
+        let (mut fwd, mut rep) = if proto == PROTO_TCP {
+            (Pkt::tcp(CLIENT, sport, VIP, 80), Pkt::tcp(BACKEND, 8080, CLIENT, sport))
+        } else {
+            (Pkt::udp(CLIENT, sport, VIP, 80), Pkt::udp(BACKEND, 8080, CLIENT, sport))
+        };
+        fwd.payload = b"odd-length payload!".to_vec();
+        rep.payload = vec![0xa5; 33];
+        (fwd.build(), rep.build())
+    };
+    let mut direct = rig();
+    let mut helpers = rig_with(&LoadOptions::default().checksum_helpers_only(true));
+    for (proto, sport, zero_udp) in
+        [(PROTO_TCP, 41000, false), (PROTO_UDP, 41001, false), (PROTO_UDP, 41002, true)]
+    {
+        direct.one_service(proto);
+        helpers.one_service(proto);
+        let (mut fwd, rep) = packets(proto, sport);
+        if zero_udp {
+            fwd[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
+        }
+        let (rc_d, out_d) = direct.tc(&fwd);
+        let (rc_h, out_h) = helpers.tc(&fwd);
+        assert_eq!((rc_d, rc_h), (TC_ACT_OK, TC_ACT_OK));
+        assert_eq!(out_d, out_h, "forward {proto}/{sport}: direct and helper rewrites differ");
+        let p = parse_and_verify(&out_d);
+        assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+        if zero_udp {
+            assert_eq!(&out_d[14 + 20 + 6..14 + 20 + 8], &[0, 0], "no UDP checksum stays none");
+        }
+        let (_, rep_d) = direct.tc(&rep);
+        let (_, rep_h) = helpers.tc(&rep);
+        assert_eq!(rep_d, rep_h, "reply {proto}/{sport}: direct and helper rewrites differ");
+        let p = parse_and_verify(&rep_d);
+        assert_eq!((p.src, p.sport), (VIP, 80));
+    }
+}
+
+/// Counters of ids beyond the per-CPU arrays spill into the hash map and still add up per
+/// service and per backend; removing a frontend or backend clears its counters (the id is
+/// reused later), in the arrays and in the spill map.
+#[test]
+fn counters_spill_beyond_the_arrays_and_removal_clears_them() {
+    // Arrays of 4 entries: rev-nat 7 and backend 11 spill, rev-nat 2 and backend 3 do not.
+    let mut r = rig_with(&LoadOptions::default().stats_entries(4, 4));
+    r.one_service(PROTO_TCP);
+    let vip2 = Ipv4Addr::new(10, 96, 0, 11);
+    let be2 = Ipv4Addr::new(10, 0, 1, 6);
+    put_service(&mut r.maps, vip2, 80, PROTO_TCP, CLUSTER_IP, 2, &[(3, be2, 8080, false)]);
+    for (vip, sport) in [(VIP, 42000), (VIP, 42000), (vip2, 42001), (vip2, 42001), (vip2, 42001)] {
+        let (rc, _) = r.tc(&Pkt::tcp(CLIENT, sport, vip, 80).build());
+        assert_eq!(rc, TC_ACT_OK);
+    }
+    let svc = r.maps.service_stats().unwrap();
+    let pkts: Vec<(u32, u64, u64)> =
+        svc.iter().map(|(i, c)| (*i, c.packets, c.new_conns)).collect();
+    assert_eq!(pkts, vec![(2, 3, 1), (7, 2, 1)], "per-service counters");
+    let be = r.maps.backend_stats().unwrap();
+    let pkts: Vec<(u32, u64, u64)> = be.iter().map(|(i, c)| (*i, c.packets, c.new_conns)).collect();
+    assert_eq!(pkts, vec![(3, 3, 1), (11, 2, 1)], "per-backend counters");
+
+    r.maps.remove_rev_nat(7).unwrap();
+    r.maps.remove_backend(11).unwrap();
+    r.maps.remove_rev_nat(2).unwrap();
+    assert!(r.maps.service_stats().unwrap().is_empty(), "frontend counters cleared");
+    let be: Vec<u32> = r.maps.backend_stats().unwrap().iter().map(|(i, _)| *i).collect();
+    assert_eq!(be, vec![3], "only the removed backend's counters cleared");
+    r.maps.remove_backend(3).unwrap();
+    assert!(r.maps.backend_stats().unwrap().is_empty());
 }
 
 #[test]

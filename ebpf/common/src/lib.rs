@@ -21,7 +21,9 @@ pub mod map_names {
     /// all-zero entry (`Backend::is_free`). An array, not a hash: a write needs no allocation
     /// and no hashing, which is most of what a full sync of many endpoints costs.
     pub const BACKENDS: &str = "SKIFF_BACKENDS";
-    /// `u32` rev-nat id → `RevNat` (the frontend a backend reply must appear to come from).
+    /// Array indexed by rev-nat id (`1..MAX_REV_NAT`) of `RevNat` (the frontend a backend
+    /// reply must appear to come from); a free id holds zeroes (`RevNat::is_free`).
+    /// Preallocated like `BACKENDS`: writes need no allocation and no hashing.
     pub const REV_NAT: &str = "SKIFF_REV_NAT";
     /// `CtKey` → `CtValue`, LRU: per-packet NAT connection tracking (tc and XDP paths).
     pub const CONNTRACK: &str = "SKIFF_CT";
@@ -29,8 +31,14 @@ pub mod map_names {
     pub const SOCK_REV: &str = "SKIFF_SOCK_REV";
     /// Per-CPU array indexed by `drop_reason::*` of `u64` counts.
     pub const DROPS: &str = "SKIFF_DROPS";
-    /// Per-CPU hash `StatsKey` (frontend, backend) → `Counters`: one lookup per packet;
-    /// user space sums it per service and per backend.
+    /// Per-CPU array indexed by rev-nat id of `Counters` (per-service traffic). Its size is
+    /// set at load from the CPU count (`stats_entries`); ids beyond it spill into `STATS`.
+    pub const SVC_STATS: &str = "SKIFF_SVC_STATS";
+    /// Per-CPU array indexed by backend id of `Counters` (per-backend traffic), sized as
+    /// `SVC_STATS`.
+    pub const BE_STATS: &str = "SKIFF_BE_STATS";
+    /// Per-CPU hash `StatsKey` → `Counters` for ids beyond the stats arrays: a service's
+    /// under `{rev_nat_id, STATS_ANY}`, a backend's under `{STATS_ANY, backend_id}`.
     pub const STATS: &str = "SKIFF_STATS";
     /// Array of one `Config`.
     pub const CONFIG: &str = "SKIFF_CONFIG";
@@ -219,6 +227,12 @@ impl Backend {
     }
 }
 
+/// `StatsKey` half that is not set: the key counts only the other id.
+pub const STATS_ANY: u32 = u32::MAX;
+
+/// Rev-nat ids are `1..MAX_REV_NAT` (frontends of one node; id 0 is never allocated).
+pub const MAX_REV_NAT: u32 = 65_536;
+
 /// Reverse-NAT value: the frontend a backend's reply must appear to come from.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -231,6 +245,14 @@ pub struct RevNat {
     pub _pad: u16,
 }
 const _: () = assert!(size_of::<RevNat>() == 8);
+
+impl RevNat {
+    /// Whether this array entry is a free id (every frontend has a port).
+    #[inline(always)]
+    pub const fn is_free(&self) -> bool {
+        self.port_be == 0
+    }
+}
 
 /// `CtKey::dir` values.
 pub mod ct_dir {
@@ -433,8 +455,8 @@ pub struct Counters {
 }
 const _: () = assert!(size_of::<Counters>() == 24);
 
-/// Key of the traffic counters: a (frontend, backend) pair, so the packet path does one
-/// per-CPU lookup for both the per-service and the per-backend numbers.
+/// Key of the spilled traffic counters (`map_names::STATS`): one of the two ids, the other
+/// `STATS_ANY`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatsKey {
