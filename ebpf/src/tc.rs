@@ -18,8 +18,7 @@ use aya_ebpf::{
         TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup,
     },
     helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_probe_read_kernel, bpf_redirect, bpf_skb_adjust_room,
-        bpf_skb_change_tail,
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
     },
     macros::classifier,
     programs::TcContext,
@@ -225,6 +224,40 @@ const CHECKSUM_PARTIAL: u8 = 3;
 /// Not a kernel value: `ip_summed` could not be read, use the helpers.
 const CHECKSUM_UNKNOWN: u8 = 0xff;
 
+/// `bpf_cast_to_kern_ctx(ctx)`: the kernel's `struct sk_buff` behind the program's
+/// context, as a BTF pointer the verifier lets the program read fields of (the call is
+/// inlined by the verifier into a register move: no call at run time). A kfunc call
+/// (`BPF_PSEUDO_KFUNC_CALL`) aya 0.14 cannot relocate, so it is emitted by hand with the
+/// placeholder BTF id `skiff_ebpf_common::KFUNC_PLACEHOLDER`, which the loader replaces
+/// with the kfunc's id in the running kernel's BTF before loading.
+#[inline(always)]
+fn kern_skb(ctx: &TcContext) -> *const u8 {
+    #[cfg(target_arch = "bpf")]
+    {
+        let skb: *const u8;
+        // SAFETY: `call` of the kfunc with r1 = the context, r0 = its result; r1-r5 are
+        // clobbered as by any call. The encoding is `BPF_JMP | BPF_CALL` (0x85), src_reg
+        // BPF_PSEUDO_KFUNC_CALL (2), imm = the placeholder id (little-endian).
+        unsafe {
+            core::arch::asm!(
+                ".byte 0x85, 0x20, 0x00, 0x00, 0xed, 0x5e, 0xca, 0x7f",
+                inlateout("r1") ctx.skb.skb => _,
+                lateout("r0") skb,
+                lateout("r2") _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+                options(nostack, readonly),
+            );
+        }
+        skb
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        ctx.skb.skb as *const u8
+    }
+}
+
 /// How the L4 checksum of this skb must be updated: its `ip_summed`, read from the kernel's
 /// sk_buff (one byte, at the offset the loader found in BTF).
 #[inline(always)]
@@ -236,14 +269,10 @@ fn csum_mode(ctx: &TcContext) -> u8 {
     }
     let byte_off = ((pos >> 8) & 0xffff) as usize;
     let shift = pos & 0x7;
-    // The program's context is the kernel's `struct sk_buff` itself; the offset lies inside
-    // it (found in this kernel's BTF). A failed read falls back to the helpers.
-    // SAFETY: bpf_probe_read_kernel copies one byte and tolerates any address.
-    let ptr = unsafe { (ctx.skb.skb as *const u8).add(byte_off) };
-    match unsafe { bpf_probe_read_kernel::<u8>(ptr) } {
-        Ok(b) => (b >> shift) & 0x3,
-        Err(_) => CHECKSUM_UNKNOWN,
-    }
+    // SAFETY: a BTF pointer to this program's sk_buff; the offset (a verification-time
+    // constant) lies inside it, on the byte holding `ip_summed` (the verifier checks both).
+    let b = unsafe { core::ptr::read_volatile(kern_skb(ctx).add(byte_off)) };
+    (b >> shift) & 0x3
 }
 
 /// Rewrites the address and port of one end. The address, the port and the IPv4 checksum

@@ -1,6 +1,7 @@
 //! Reads what the data plane needs from the running kernel's BTF (`/sys/kernel/btf/vmlinux`):
 //! the position of `struct sk_buff`'s `ip_summed` bit field, which the tc program reads to
-//! update L4 checksums itself instead of calling a kernel helper per field.
+//! update L4 checksums itself instead of calling a kernel helper per field, and the BTF id
+//! of the `bpf_cast_to_kern_ctx` kfunc it reads it through.
 //!
 //! A small reader of the BTF wire format (`include/uapi/linux/btf.h`): aya-obj parses BTF
 //! but keeps its type accessors private.
@@ -26,6 +27,8 @@ pub enum Error {
     Header(&'static str),
     #[error("BTF type {index}: {what}")]
     Type { index: u32, what: &'static str },
+    #[error("no function {0} in this kernel's BTF")]
+    FuncMissing(&'static str),
     #[error("struct {strukt} has no member {member} in this kernel's BTF")]
     MemberMissing { strukt: &'static str, member: &'static str },
 }
@@ -51,20 +54,31 @@ impl BitPosition {
     }
 }
 
-/// Where `sk_buff.ip_summed` is in the running kernel.
-pub fn skb_ip_summed() -> Result<BitPosition> {
-    skb_ip_summed_in(Path::new(VMLINUX_BTF))
+/// What the tc program needs to know about the running kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcKernelFacts {
+    /// Where `sk_buff.ip_summed` is.
+    pub ip_summed: BitPosition,
+    /// BTF id of the `bpf_cast_to_kern_ctx` kfunc.
+    pub cast_to_kern_ctx: u32,
 }
 
-/// Where `sk_buff.ip_summed` is according to the BTF file `path`.
-pub fn skb_ip_summed_in(path: &Path) -> Result<BitPosition> {
+/// The running kernel's facts.
+pub fn tc_facts() -> Result<TcKernelFacts> {
+    tc_facts_in(Path::new(VMLINUX_BTF))
+}
+
+/// The facts according to the BTF file `path`.
+pub fn tc_facts_in(path: &Path) -> Result<TcKernelFacts> {
     let data = std::fs::read(path).map_err(|source| Error::Read { path: path.into(), source })?;
     let btf = Btf::parse(&data)?;
     let pos = btf.member_bits("sk_buff", "ip_summed")?;
     if pos.bits == 0 || pos.bits > 8 || (pos.bit % 8) + pos.bits > 8 {
         return Err(Error::MemberMissing { strukt: "sk_buff", member: "ip_summed" });
     }
-    Ok(BitPosition { byte: pos.bit / 8, shift: pos.bit % 8, bits: pos.bits })
+    let ip_summed = BitPosition { byte: pos.bit / 8, shift: pos.bit % 8, bits: pos.bits };
+    let cast_to_kern_ctx = btf.func_id("bpf_cast_to_kern_ctx")?;
+    Ok(TcKernelFacts { ip_summed, cast_to_kern_ctx })
 }
 
 const KIND_INT: u32 = 1;
@@ -75,6 +89,7 @@ const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -212,6 +227,15 @@ impl<'a> Btf<'a> {
         None
     }
 
+    /// The type id of function `name`.
+    fn func_id(&self, name: &'static str) -> Result<u32> {
+        self.recs
+            .iter()
+            .position(|r| r.kind() == KIND_FUNC && self.name(r.name_off) == name.as_bytes())
+            .map(|i| i as u32 + 1)
+            .ok_or(Error::FuncMissing(name))
+    }
+
     fn member_bits(&self, strukt: &'static str, member: &'static str) -> Result<MemberBits> {
         self.recs
             .iter()
@@ -226,8 +250,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_ip_summed_in_the_running_kernel() {
-        let pos = skb_ip_summed().expect("kernel BTF with sk_buff.ip_summed");
+    fn finds_ip_summed_and_the_kfunc_in_the_running_kernel() {
+        let facts = tc_facts().expect("kernel BTF with sk_buff.ip_summed");
+        assert!(facts.cast_to_kern_ctx > 0);
+        let pos = facts.ip_summed;
         assert_eq!(pos.bits, 2, "ip_summed is a 2-bit field");
         // sk_buff is a few hundred bytes; ip_summed sits in its header flags.
         assert!(pos.byte > 64 && pos.byte < 256, "implausible offset {pos:?}");
@@ -239,6 +265,69 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("x");
         std::fs::write(&p, b"not btf at all, just some bytes").expect("write");
-        assert!(matches!(skb_ip_summed_in(&p), Err(Error::Header(_))));
+        assert!(matches!(tc_facts_in(&p), Err(Error::Header(_))));
+    }
+}
+
+/// The instruction the tc program emits for its kfunc call (`call`, src_reg
+/// BPF_PSEUDO_KFUNC_CALL, imm = `KFUNC_PLACEHOLDER`), as bytes in the object.
+fn kfunc_placeholder() -> [u8; 8] {
+    let imm = skiff_ebpf_common::KFUNC_PLACEHOLDER.to_le_bytes();
+    [0x85, 0x20, 0, 0, imm[0], imm[1], imm[2], imm[3]]
+}
+
+/// A copy of the eBPF object `obj` with its kfunc calls resolved: the placeholder id becomes
+/// `btf_id`; with `None` (no kernel BTF) each call becomes `r0 = 0` (the program then never
+/// takes the path that uses it: its `SKIFF_SKB_IP_SUMMED` is 0). Returns the copy and the
+/// number of calls patched.
+pub fn resolve_kfunc_calls(obj: &[u8], btf_id: Option<u32>) -> (Vec<u8>, usize) {
+    let pattern = kfunc_placeholder();
+    let replacement = match btf_id {
+        Some(id) => {
+            let imm = id.to_le_bytes();
+            [0x85, 0x20, 0, 0, imm[0], imm[1], imm[2], imm[3]]
+        }
+        // BPF_ALU64 | BPF_MOV | BPF_K, dst r0, imm 0.
+        None => [0xb7, 0, 0, 0, 0, 0, 0, 0],
+    };
+    let mut out = obj.to_vec();
+    let mut n = 0;
+    let mut i = 0;
+    while i + 8 <= out.len() {
+        if out[i..i + 8] == pattern {
+            out[i..i + 8].copy_from_slice(&replacement);
+            n += 1;
+            i += 8;
+        } else {
+            i += 1;
+        }
+    }
+    (out, n)
+}
+
+#[cfg(test)]
+mod patch_tests {
+    use super::*;
+
+    #[test]
+    fn kfunc_placeholders_are_replaced_and_nothing_else() {
+        let mut obj = vec![0x11u8; 5];
+        obj.extend(kfunc_placeholder());
+        obj.extend([0x85, 0, 0, 0, 1, 0, 0, 0]);
+        obj.extend(kfunc_placeholder());
+        let (patched, n) = resolve_kfunc_calls(&obj, Some(0x0102_0304));
+        assert_eq!(n, 2);
+        assert_eq!(&patched[5..13], &[0x85, 0x20, 0, 0, 4, 3, 2, 1]);
+        assert_eq!(&patched[13..21], &obj[13..21], "a helper call stays");
+        assert_eq!(&patched[21..29], &[0x85, 0x20, 0, 0, 4, 3, 2, 1]);
+        let (patched, n) = resolve_kfunc_calls(&obj, None);
+        assert_eq!(n, 2);
+        assert_eq!(&patched[5..13], &[0xb7, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_embedded_object_has_kfunc_calls_to_resolve() {
+        let (_, n) = resolve_kfunc_calls(crate::loader::EBPF_OBJECT, Some(1));
+        assert!(n > 0, "the tc programs read ip_summed through bpf_cast_to_kern_ctx");
     }
 }

@@ -178,15 +178,17 @@ impl Dataplane {
             tracing::warn!(map = %name, "pinned map had an older definition: recreated empty");
         }
         // The tc program updates L4 checksums itself when it knows where the kernel keeps
-        // `skb->ip_summed`; without it (no kernel BTF) it uses the kernel helpers.
-        let ip_summed = match crate::kbtf::skb_ip_summed() {
-            Ok(_) if options.checksum_helpers_only => 0,
-            Ok(pos) => pos.encode(),
+        // `skb->ip_summed` (and can reach it through the bpf_cast_to_kern_ctx kfunc);
+        // without kernel BTF it uses the kernel helpers.
+        let (ip_summed, kfunc) = match crate::kbtf::tc_facts() {
+            Ok(f) if options.checksum_helpers_only => (0, Some(f.cast_to_kern_ctx)),
+            Ok(f) => (f.ip_summed.encode(), Some(f.cast_to_kern_ctx)),
             Err(e) => {
-                tracing::warn!(error = %e, "sk_buff.ip_summed not found in kernel BTF: tc checksums through helpers");
-                0
+                tracing::warn!(error = %e, "no kernel BTF facts: tc checksums through helpers");
+                (0, None)
             }
         };
+        let (object, _) = crate::kbtf::resolve_kfunc_calls(EBPF_OBJECT, kfunc);
         let mut loader = aya::EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir).override_global(
             "SKIFF_SKB_IP_SUMMED",
@@ -197,7 +199,7 @@ impl Dataplane {
             loader.map_max_entries(name, *n);
         }
         let ebpf = loader
-            .load(EBPF_OBJECT)
+            .load(&object)
             .map_err(|source| Error::Load { pin_dir: pin_dir.into(), source: Box::new(source) })?;
         let mut dp = Self { ebpf, pin_dir: pin_dir.into() };
         dp.set_config(Config { node_ip_be: u32::from(node_ip).to_be(), debug: 0 })?;

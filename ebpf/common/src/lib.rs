@@ -52,6 +52,11 @@ pub mod map_names {
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
 
+/// BTF id placeholder of the kfunc call the tc program emits by hand (`bpf_cast_to_kern_ctx`):
+/// the loader finds the instruction `call` with src_reg 2 and this immediate in the object
+/// and writes the kfunc's id in the running kernel's BTF in its place.
+pub const KFUNC_PLACEHOLDER: u32 = 0x7fca_5eed;
+
 /// Program names in the object (the Rust function names of the entry points).
 pub mod prog_names {
     /// cgroup/connect4: socket-LB at connect() time (TCP and connected UDP).
