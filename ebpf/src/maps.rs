@@ -12,7 +12,7 @@ use aya_ebpf::{
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
     MAX_BACKENDS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY, ServiceKey, ServiceValue,
-    SockRevKey, SourceRangeKey, StatsKey, drop_reason, svc_flags,
+    SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode, svc_flags,
 };
 
 /// Service frontends and their backend slots. Preallocated: an insert then takes a free
@@ -184,6 +184,12 @@ fn spill(key: StatsKey, add: &Counters) {
 #[inline(always)]
 pub fn node_ip_be() -> u32 {
     CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Whether NodePort/ExternalIP/LB traffic to remote backends uses direct server return.
+#[inline(always)]
+pub fn dsr_on() -> bool {
+    CONFIG.get(0).is_some_and(|c| c.nodeport_mode == nodeport_mode::DSR)
 }
 
 /// Whether debug output is switched on (`Config::debug`, written at run time).

@@ -151,7 +151,7 @@ fn to_frontend(
         }
         return reject_udp(ctx, flow, egress);
     }
-    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, flow_path::TC)?;
+    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, false, flow_path::TC)?;
     deliver(ctx, flow, fwd)
 }
 

@@ -13,7 +13,9 @@ use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode,
     cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
 };
-use skiff_ebpf_common::{Config, Counters, MAX_BACKENDS, MAX_REV_NAT, map_names, prog_names};
+use skiff_ebpf_common::{
+    Config, Counters, MAX_BACKENDS, MAX_REV_NAT, map_names, nodeport_mode, prog_names,
+};
 
 /// The eBPF object built by `build.rs` (empty when built with `SKIFF_EBPF_STUB=1`).
 pub static EBPF_OBJECT: &[u8] =
@@ -114,9 +116,33 @@ pub struct Dataplane {
 /// (~27 MiB); on larger ones they shrink and higher ids spill into a hash map.
 pub const STATS_BUDGET_BYTES: u64 = 64 << 20;
 
+/// How NodePort/ExternalIP/LoadBalancer traffic reaches a backend on another node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NodePortMode {
+    /// SNAT to the node address; replies return through this node (default: like
+    /// kube-proxy, works on any network, but the backend sees the node, not the client).
+    #[default]
+    Snat,
+    /// Direct server return over IPIP: the backend sees the client's address and its node
+    /// answers the client directly (every node must use it; see `nodeport_mode::DSR`).
+    Dsr,
+}
+
+impl NodePortMode {
+    /// The value of `Config::nodeport_mode`.
+    pub fn config_value(self) -> u32 {
+        match self {
+            NodePortMode::Snat => nodeport_mode::SNAT,
+            NodePortMode::Dsr => nodeport_mode::DSR,
+        }
+    }
+}
+
 /// How the data plane is loaded.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
+    /// How remote NodePort/ExternalIP/LB backends are reached (default SNAT).
+    pub nodeport_mode: NodePortMode,
     /// Entries of the per-service and per-backend counter arrays. `None` (the default)
     /// sizes them from the possible CPUs within `STATS_BUDGET_BYTES` (1/8 for services,
     /// 7/8 for backends, each at most its id space).
@@ -132,6 +158,12 @@ impl LoadOptions {
     /// the spill path.
     pub fn stats_entries(mut self, services: u32, backends: u32) -> Self {
         self.stats_entries = Some((services, backends));
+        self
+    }
+
+    /// Sets `nodeport_mode`.
+    pub fn nodeport_mode(mut self, mode: NodePortMode) -> Self {
+        self.nodeport_mode = mode;
         self
     }
 
@@ -202,7 +234,11 @@ impl Dataplane {
             .load(&object)
             .map_err(|source| Error::Load { pin_dir: pin_dir.into(), source: Box::new(source) })?;
         let mut dp = Self { ebpf, pin_dir: pin_dir.into() };
-        dp.set_config(Config { node_ip_be: u32::from(node_ip).to_be(), debug: 0 })?;
+        dp.set_config(Config {
+            node_ip_be: u32::from(node_ip).to_be(),
+            debug: 0,
+            nodeport_mode: options.nodeport_mode.config_value(),
+        })?;
         Ok(dp)
     }
 

@@ -21,6 +21,13 @@ struct Cli {
     command: Cmd,
 }
 
+/// `--nodeport-mode`.
+#[derive(Clone, Copy, ValueEnum)]
+enum NodePortModeArg {
+    Snat,
+    Dsr,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Load and attach the data plane and keep it in sync with the cluster.
@@ -44,6 +51,10 @@ enum Cmd {
         /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
         #[arg(long = "xdp-iface")]
         xdp_interfaces: Vec<String>,
+        /// How remote NodePort/ExternalIP/LB backends are reached: snat (default) or dsr
+        /// (direct server return over IPIP; every node must use it).
+        #[arg(long, value_enum, default_value = "snat")]
+        nodeport_mode: NodePortModeArg,
         /// Address of /metrics (kube-proxy's default).
         #[arg(long, default_value = "127.0.0.1:10249")]
         metrics_addr: std::net::SocketAddr,
@@ -90,6 +101,7 @@ async fn main() -> Result<()> {
             cgroup,
             tc_interfaces,
             xdp_interfaces,
+            nodeport_mode,
             metrics_addr,
         } => {
             let client = match kubeconfig {
@@ -112,6 +124,10 @@ async fn main() -> Result<()> {
                 tc_interfaces,
                 xdp_interfaces,
                 metrics_addr: Some(metrics_addr),
+                nodeport_mode: match nodeport_mode {
+                    NodePortModeArg::Snat => loader::NodePortMode::Snat,
+                    NodePortModeArg::Dsr => loader::NodePortMode::Dsr,
+                },
                 ..ProxyConfig::default()
             };
             daemon::run(client, config).await?;

@@ -9,7 +9,7 @@ use aya::TestRun;
 use aya::TestRunOptions;
 use common::*;
 use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, drop_reason, svc_flags};
-use skiff_proxy::loader::{Dataplane, LoadOptions};
+use skiff_proxy::loader::{Dataplane, LoadOptions, NodePortMode};
 use skiff_proxy::maps::ServiceMaps;
 
 const TC_ACT_OK: u32 = 0;
@@ -372,6 +372,130 @@ fn xdp_nodeport_to_remote_backend_is_snated_to_the_node() {
     let p = parse_and_verify(&out);
     assert_eq!((p.src, p.sport), (NODE, 30080));
     assert_eq!((p.dst, p.dport), (CLIENT, 50001));
+}
+
+/// A namespace whose FIB routes the backends (10.0.1.0/24) via 10.99.0.2 on a veth, with a
+/// permanent neighbour entry: XDP test runs inside it get a deterministic next hop (nothing
+/// is sent: BPF_PROG_TEST_RUN only returns the verdict).
+fn dsr_fib_netns() -> common::netns::Netns {
+    let ns = common::netns::Netns::new(format!("skf-dsr-{}", std::process::id()));
+    ns.ip(&["link", "set", "lo", "up"]);
+    ns.ip(&["link", "add", "v0", "address", "02:00:00:00:00:10", "type", "veth", "peer", "v1"]);
+    ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "v0"]);
+    ns.ip(&["link", "set", "v0", "up"]);
+    ns.ip(&["link", "set", "v1", "up"]);
+    ns.ip(&["route", "add", "10.0.1.0/24", "via", "10.99.0.2"]);
+    ns.ip(&[
+        "neigh",
+        "add",
+        "10.99.0.2",
+        "lladdr",
+        "02:00:00:00:00:99",
+        "dev",
+        "v0",
+        "nud",
+        "permanent",
+    ]);
+    ns.nsenter(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    ns
+}
+
+/// DSR on the frontend's node: a NodePort flow to a remote backend is DNATed (client
+/// address kept) and wrapped in IPIP to the backend's node (the FIB's next hop), outer
+/// source = the frontend address, outer id = the frontend port; no REPLY entry here.
+#[test]
+fn xdp_dsr_wraps_remote_backend_flows_in_ipip_to_the_next_hop() {
+    let ns = dsr_fib_netns();
+    let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+    nodeport(&mut r, false);
+    let mut syn = Pkt::tcp(CLIENT, 50010, NODE, 30080);
+    syn.payload = b"dsr!".to_vec();
+    let inner_len = syn.build().len() - 14;
+    for round in 0..2 {
+        let (rc, out) = common::netns::in_netns(&ns, || r.xdp(&syn.build()));
+        assert_eq!(rc, XDP_REDIRECT, "round {round}: drops {:?}", r.maps.drops().unwrap());
+        assert_eq!(out.len(), 14 + 20 + inner_len, "20 bytes of outer header");
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 0x99], "next hop's MAC");
+        assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0x10], "egress interface's MAC");
+        let outer = &out[14..34];
+        assert_eq!(checksum(outer, 0), 0, "outer IPv4 checksum");
+        assert_eq!(outer[9], 4, "IPIP");
+        assert_eq!(u16::from_be_bytes([outer[2], outer[3]]) as usize, 20 + inner_len);
+        assert_eq!(&outer[12..16], &NODE.octets(), "outer source: the frontend address");
+        assert_eq!(&outer[16..20], &[10, 99, 0, 2], "outer destination: the backend's node");
+        assert_eq!(u16::from_be_bytes([outer[4], outer[5]]), 30080, "outer id: frontend port");
+        let mut inner = out[..14].to_vec();
+        inner.extend_from_slice(&out[34..]);
+        let p = parse_and_verify(&inner);
+        assert_eq!((p.src, p.sport), (CLIENT, 50010), "no SNAT: the client address is kept");
+        assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    }
+    let ct = r.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 1, "only the FORWARD entry: replies do not come back here: {ct:?}");
+    assert_eq!(ct[0].0.dir, ct_dir::FORWARD);
+    assert_eq!(ct[0].1.flags, skiff_ebpf_common::ct_flags::DSR);
+    let stats = r.maps.service_stats().unwrap();
+    assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (9, 2, 1));
+}
+
+/// DSR on the backend's node: the IPIP packet addressed to it is unwrapped and passed on;
+/// the backend's reply then leaves with the frontend (outer source:id) as its source. Not
+/// in DSR mode, or not addressed to this node, an IPIP packet passes untouched.
+#[test]
+fn xdp_dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
+    let frontend = Ipv4Addr::new(192, 168, 77, 9);
+    let wrap = |outer_dst: Ipv4Addr| -> Vec<u8> {
+        let mut inner = Pkt::tcp(CLIENT, 50020, BACKEND, 8080);
+        inner.payload = b"hello backend".to_vec();
+        let inner = inner.build();
+        let mut outer = vec![0u8; 20];
+        outer[0] = 0x45;
+        let tot = (20 + inner.len() - 14) as u16;
+        outer[2..4].copy_from_slice(&tot.to_be_bytes());
+        outer[4..6].copy_from_slice(&30080u16.to_be_bytes());
+        outer[8] = 64;
+        outer[9] = 4;
+        outer[12..16].copy_from_slice(&frontend.octets());
+        outer[16..20].copy_from_slice(&outer_dst.octets());
+        let c = checksum(&outer, 0);
+        outer[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut p = inner[..14].to_vec();
+        p.extend_from_slice(&outer);
+        p.extend_from_slice(&inner[14..]);
+        p
+    };
+    // Not in DSR mode: untouched.
+    let mut snat = rig();
+    let pkt = wrap(NODE);
+    assert_eq!(snat.xdp(&pkt), (XDP_PASS, pkt.clone()));
+    assert!(snat.maps.conntrack().unwrap().is_empty());
+
+    let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+    // Addressed to another node: untouched.
+    let other = wrap(Ipv4Addr::new(192, 168, 77, 200));
+    assert_eq!(r.xdp(&other), (XDP_PASS, other.clone()));
+    let (rc, out) = r.xdp(&pkt);
+    assert_eq!(rc, XDP_PASS, "drops {:?}", r.maps.drops().unwrap());
+    assert_eq!(out.len(), pkt.len() - 20, "outer header removed");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50020, BACKEND, 8080));
+    let ct = r.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 1, "{ct:?}");
+    let (k, v) = ct[0];
+    assert_eq!((k.dir, k.saddr_be, k.daddr_be), (ct_dir::REPLY, be32(BACKEND), be32(CLIENT)));
+    assert_eq!((v.nat_addr_be, u16::from_be(v.nat_port_be)), (be32(frontend), 30080));
+    // A second packet of the flow finds the entry.
+    assert_eq!(r.xdp(&pkt).0, XDP_PASS);
+    assert_eq!(r.maps.conntrack().unwrap().len(), 1);
+
+    // The backend's reply leaves with the frontend as source (tc on the way out).
+    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50020);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.tc(&reply.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (frontend, 30080), "reply from the frontend address");
+    assert_eq!((p.dst, p.dport), (CLIENT, 50020));
 }
 
 #[test]

@@ -100,6 +100,8 @@ pub mod drop_reason {
     pub const BAD_VERSION: u32 = 9;
     /// Source outside the frontend's loadBalancerSourceRanges.
     pub const SOURCE_RANGE: u32 = 10;
+    /// No route towards a remote backend (DSR forwarding).
+    pub const NO_ROUTE: u32 = 11;
     /// Number of reasons (size of the DROPS array).
     pub const COUNT: u32 = 16;
 
@@ -117,6 +119,7 @@ pub mod drop_reason {
             NON_IPV4 => "non-ipv4",
             BAD_VERSION => "bad-ip-version",
             SOURCE_RANGE => "source-range",
+            NO_ROUTE => "no-route",
             _ => "unknown",
         }
     }
@@ -292,6 +295,11 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 pub mod ct_flags {
     /// The forward path also rewrote the source to the node address (remote NodePort).
     pub const SNAT: u16 = 1 << 0;
+    /// Direct server return. On a FORWARD entry: the node forwards the DNATed packets to
+    /// the backend's node inside an IPIP header (no SNAT). On a REPLY entry: written by the
+    /// backend's node when it decapsulates such a packet; the backend's replies leave that
+    /// node with the frontend as their source, straight to the client.
+    pub const DSR: u16 = 1 << 1;
 }
 
 /// Conntrack value.
@@ -472,6 +480,24 @@ pub struct StatsKey {
 }
 const _: () = assert!(size_of::<StatsKey>() == 8);
 
+/// `Config::nodeport_mode` values: how NodePort/ExternalIP/LB traffic reaches a backend on
+/// another node.
+pub mod nodeport_mode {
+    /// DNAT and SNAT to the node address; replies come back through this node (default,
+    /// works on any network).
+    pub const SNAT: u32 = 0;
+    /// Direct server return: DNAT, then IPIP to the backend's node (outer source = the
+    /// frontend address, outer IP id = the frontend port), which decapsulates, remembers the
+    /// frontend, and sends the backend's replies to the client directly with the frontend
+    /// as source. The client address reaches the backend. Every node must run in this mode
+    /// (they decapsulate only then), and the path to the backend's node needs 20 bytes of
+    /// MTU headroom.
+    pub const DSR: u32 = 1;
+}
+
+/// The IP protocol number of IPv4-in-IPv4 (the DSR encapsulation).
+pub const PROTO_IPIP: u8 = 4;
+
 /// Data-plane configuration (array map of one entry, written by the proxy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -481,8 +507,10 @@ pub struct Config {
     /// Non-zero: the programs print debug lines (new flows, drops) with `bpf_printk` to the
     /// kernel trace buffer (`skiff-proxy debug on|off` flips it at run time; off by default).
     pub debug: u32,
+    /// `nodeport_mode::*`.
+    pub nodeport_mode: u32,
 }
-const _: () = assert!(size_of::<Config>() == 8);
+const _: () = assert!(size_of::<Config>() == 12);
 
 #[cfg(feature = "user")]
 mod pod {
