@@ -404,8 +404,8 @@ fn decap_dsr(ctx: &XdpContext) -> Result<u32, u32> {
     }
     let flow = match parse(ctx)? {
         Parsed::Flow(flow) => flow,
-        // Only TCP/UDP flows are ever wrapped.
-        _ => return Err(drop_reason::BAD_LENGTH),
+        // Only TCP/UDP flows are wrapped by skiff; anything else unwrapped goes on as is.
+        Parsed::NoPorts | Parsed::NotIpv4 => return Ok(xdp_action::XDP_PASS),
     };
     if flow.irregular != 0 {
         return Err(flow.irregular);
