@@ -634,6 +634,8 @@ fn nodeport_dsr_replies_go_straight_from_the_backends_node() {
         1,
         &[(1, BACKEND_IPS[0], BACKEND_PORT, false)],
     );
+    let udp_backend = [(2, BACKEND_IPS[0], BACKEND_PORT, false)];
+    put_service(&mut maps_a, any, 30091, PROTO_UDP, np, 2, &udp_backend);
     // Node A: XDP on its interface (and on the bridge-side peer, so the frames it sends back
     // out of the same veth are accepted). Node B: XDP unwraps, tc egress rewrites replies.
     let _xa = in_netns(&node_a, || {
@@ -686,18 +688,34 @@ fn nodeport_dsr_replies_go_straight_from_the_backends_node() {
     eprintln!("frames: node A received {a_rx}, client sent {c_tx}, client received {c_rx}");
     assert!(c_rx >= 9, "the client got SYN-ACKs, data and FINs: {c_rx}");
     assert!(a_rx <= c_tx + 4, "node A received {a_rx} frames; the client sent {c_tx}");
+    // UDP the same way: the datagram's answer comes from node A's address and NodePort
+    // (the socket is connected to it: anything else would not be received).
+    let answer = in_netns(&client, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.connect(sockaddr(node_a_ip, 30091)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 256];
+        for _ in 0..3 {
+            s.send(b"dsr-udp").unwrap();
+            if let Ok(n) = s.recv(&mut buf) {
+                return String::from_utf8_lossy(&buf[..n]).to_string();
+            }
+        }
+        panic!("no UDP answer through DSR");
+    });
+    assert_eq!(answer, "10.201.1.2|10.210.0.10|dsr-udp");
     let ct_a = maps_a.conntrack().unwrap();
     assert!(
         ct_a.iter().all(|(k, v)| k.dir == ct_dir::FORWARD && v.flags == ct_flags::DSR),
         "{ct_a:?}"
     );
-    assert_eq!(ct_a.len(), 3, "one DSR flow per connection on node A");
+    assert_eq!(ct_a.len(), 4, "one DSR flow per connection (and the UDP flow) on node A");
     let ct_b = maps_b.conntrack().unwrap();
     assert!(
         ct_b.iter().all(|(k, v)| k.dir == ct_dir::REPLY && v.flags == ct_flags::DSR),
         "{ct_b:?}"
     );
-    assert_eq!(ct_b.len(), 3, "node B remembers each flow's frontend");
+    assert_eq!(ct_b.len(), 4, "node B remembers each flow's frontend");
     assert!(ct_b.iter().all(|(_, v)| v.nat_addr_be == u32::from(node_a_ip).to_be()));
     let stats = maps_a.service_stats().unwrap();
     assert_eq!(stats.iter().find(|(i, _)| *i == 1).expect("counted").1.new_conns, 3);
