@@ -6,7 +6,8 @@
 //! REPLY conntrack entry gets its source restored to the frontend (and, for a NodePort flow
 //! SNATed here, its destination to the client, forwarded through the FIB); otherwise a
 //! packet to a NodePort of this node's address is DNATed (SNATed and forwarded for remote
-//! backends): the tc fallback on interfaces where XDP cannot attach. Everything else passes
+//! backends, or wrapped in IPIP to the backend's node in DSR mode, which unwraps it on
+//! ingress): the tc fallback on interfaces where XDP cannot attach. Everything else passes
 //! untouched.
 
 use core::mem::{size_of, zeroed};
@@ -14,8 +15,10 @@ use core::mem::{size_of, zeroed};
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
-        TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup,
+        BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_INGRESS,
+        BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup,
     },
     helpers::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
@@ -29,10 +32,10 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
+    maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
-        csum_replace4, parse, ptr_at,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
     },
     reject,
 };
@@ -85,6 +88,7 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
             count_drop(drop_reason::NON_IPV4);
             return Ok(ACT_OK);
         }
+        Parsed::NoPorts if !egress => return decap_dsr(ctx),
         Parsed::NoPorts => return Ok(ACT_OK),
     };
     // An established flow first (the common case): its conntrack entry alone says where
@@ -151,7 +155,9 @@ fn to_frontend(
         }
         return reject_udp(ctx, flow, egress);
     }
-    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, false, flow_path::TC)?;
+    // DSR applies where this node would otherwise SNAT (the NodePort fallback of XDP).
+    let dsr = snat_addr_be != 0 && dsr_on();
+    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, dsr, flow_path::TC)?;
     deliver(ctx, flow, fwd)
 }
 
@@ -162,6 +168,9 @@ fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
     let mode = csum_mode(ctx);
     rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be, mode)?;
     count_traffic(fwd.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    if fwd.dsr {
+        return encap_dsr(ctx, flow, fwd.backend.ip_be);
+    }
     if fwd.snat_addr_be == 0 {
         return Ok(ACT_OK);
     }
@@ -200,6 +209,88 @@ fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32
     }
     // SAFETY: helper without pointer arguments.
     Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
+
+/// DSR on the tc fallback, frontend's node: wraps the (already DNATed) packet in IPIP to
+/// the FIB's next hop towards the backend (as the XDP program does) and sends it there; the
+/// stack forwards it when the neighbour is not resolved yet.
+#[inline(always)]
+fn encap_dsr(ctx: &TcContext, flow: &Flow, backend_be: u32) -> Result<i32, u32> {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = flow.daddr_be;
+    params.__bindgen_anon_4.ipv4_dst = backend_be;
+    // SAFETY: reads a field of this program's own skb.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !resolved && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        return Err(drop_reason::NO_ROUTE);
+    }
+    // SAFETY: the lookup wrote the next hop (the gateway, or the destination itself).
+    let next_hop = unsafe { params.__bindgen_anon_4.ipv4_dst };
+    let inner: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    let (tos, tot_len, frag) =
+        unsafe { ((*inner).tos, u16::from_be((*inner).tot_len_be), (*inner).frag_be) };
+    // Room for the outer header between Ethernet and the inner IPv4 header; the kernel
+    // marks the skb as IPv4-in-IPv4 encapsulated (for GSO and checksum offload).
+    // SAFETY: helper on this program's own skb.
+    let flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 as u64;
+    if unsafe { bpf_skb_adjust_room(ctx.skb.skb, IPIP_LEN as i32, BPF_ADJ_ROOM_MAC, flags) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let outer: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    unsafe { *outer = dsr_outer_header(flow, tos, tot_len, frag, next_hop) };
+    if !resolved {
+        return Ok(ACT_OK);
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
+
+/// DSR on the tc fallback, backend's node (ingress): an IPIP packet addressed to this node
+/// in DSR mode is unwrapped, its frontend recorded for the backend's replies, and the inner
+/// packet goes on to the backend. Anything else without ports passes untouched.
+#[inline(always)]
+fn decap_dsr(ctx: &TcContext) -> Result<i32, u32> {
+    if !dsr_on() {
+        return Ok(ACT_OK);
+    }
+    let Some((frontend_be, port_be)) = dsr_outer(ctx, node_ip_be())? else {
+        return Ok(ACT_OK);
+    };
+    let flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV4 as u64;
+    // SAFETY: helper on this program's own skb; removes the outer header.
+    if unsafe { bpf_skb_adjust_room(ctx.skb.skb, -(IPIP_LEN as i32), BPF_ADJ_ROOM_MAC, flags) } != 0
+    {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::NoPorts | Parsed::NotIpv4 => return Ok(ACT_OK),
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    ct::open_dsr_reply(&flow, frontend_be, port_be)?;
+    Ok(ACT_OK)
 }
 
 /// Which end of the flow a rewrite changes.

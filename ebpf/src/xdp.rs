@@ -24,15 +24,15 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use skiff_ebpf_common::{
-    PROTO_IPIP, PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, flow_path, svc_flags,
+    PROTO_TCP, PROTO_UDP, ServiceValue, ct_flags, drop_reason, flow_path, svc_flags,
 };
 
 use crate::{
     ct,
     maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
-        csum_replace4, parse, ptr_at,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
     },
     reject,
 };
@@ -288,9 +288,6 @@ fn reject_udp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
     Ok(xdp_action::XDP_TX)
 }
 
-/// Length of the outer IPv4 header of the DSR encapsulation.
-const IPIP_LEN: usize = 20;
-
 /// DSR, on the frontend's node: wraps the (already DNATed) packet in IPIP to the next hop
 /// towards the backend (its node), outer source = the frontend address (the packet's
 /// original destination), outer id = the frontend port; sends it there. When the FIB has
@@ -333,22 +330,8 @@ fn encap_dsr(ctx: &XdpContext, flow: &Flow, backend_be: u32) -> Result<u32, u32>
     // SAFETY: both bounds-checked; 20 bytes apart and 14 long: no overlap.
     unsafe { *new_eth = *old_eth };
     let outer: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
-    let mut hdr = Ipv4Hdr {
-        version_ihl: 0x45,
-        tos,
-        tot_len_be: (tot_len + IPIP_LEN as u16).to_be(),
-        id_be: flow.dport_be,
-        // Keep the inner packet's don't-fragment bit.
-        frag_be: frag & 0x4000u16.to_be(),
-        ttl: 64,
-        proto: PROTO_IPIP,
-        csum: 0,
-        saddr_be: flow.daddr_be,
-        daddr_be: next_hop,
-    };
-    hdr.csum = ipv4_csum(&hdr);
     // SAFETY: bounds-checked just above.
-    unsafe { *outer = hdr };
+    unsafe { *outer = dsr_outer_header(flow, tos, tot_len, frag, next_hop) };
     if !resolved {
         return Ok(xdp_action::XDP_PASS);
     }
@@ -362,38 +345,18 @@ fn encap_dsr(ctx: &XdpContext, flow: &Flow, backend_be: u32) -> Result<u32, u32>
     Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
 }
 
-/// The header checksum of an IPv4 header without options (its `csum` field zero).
-#[inline(always)]
-fn ipv4_csum(h: &Ipv4Hdr) -> u16 {
-    // SAFETY: Ipv4Hdr is 20 bytes of plain integers, read as ten u16 words.
-    let words: &[u16; 10] = unsafe { &*(h as *const Ipv4Hdr as *const [u16; 10]) };
-    let mut s: u32 = 0;
-    for w in words {
-        s += *w as u32;
-    }
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    !(s as u16)
-}
-
 /// DSR, on the backend's node: an IPIP packet addressed to this node (in DSR mode) is
 /// unwrapped; the frontend it was sent to (outer source and id) is recorded for the
 /// backend's replies, and the inner packet goes up the stack to the backend. Anything else
 /// without ports passes untouched.
 #[inline(always)]
 fn decap_dsr(ctx: &XdpContext) -> Result<u32, u32> {
-    let outer: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
-    // SAFETY: bounds-checked just above (parse already read it).
-    let (vihl, proto, frontend_be, port_be, daddr_be) = unsafe {
-        ((*outer).version_ihl, (*outer).proto, (*outer).saddr_be, (*outer).id_be, (*outer).daddr_be)
+    if !dsr_on() {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let Some((frontend_be, port_be)) = dsr_outer(ctx, node_ip_be())? else {
+        return Ok(xdp_action::XDP_PASS);
     };
-    if proto != PROTO_IPIP || vihl != 0x45 {
-        return Ok(xdp_action::XDP_PASS);
-    }
-    let node_ip = node_ip_be();
-    if node_ip == 0 || daddr_be != node_ip || !dsr_on() {
-        return Ok(xdp_action::XDP_PASS);
-    }
     let old_eth: *mut [u8; 14] = ptr_at(ctx, 0)?;
     let new_eth: *mut [u8; 14] = ptr_at(ctx, IPIP_LEN)?;
     // SAFETY: both bounds-checked; 20 bytes apart and 14 long: no overlap.

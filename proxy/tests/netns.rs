@@ -578,7 +578,18 @@ fn dev_counter(ns: &Netns, iface: &str, field: usize) -> u64 {
 /// receives only the client's segments.
 #[test]
 fn nodeport_dsr_replies_go_straight_from_the_backends_node() {
-    let tag = format!("{}-dsr", std::process::id());
+    dsr_end_to_end(false);
+}
+
+/// The same through the tc fallback on both nodes (where XDP cannot attach): the ingress
+/// program wraps on node A and unwraps on node B.
+#[test]
+fn nodeport_dsr_through_the_tc_fallback() {
+    dsr_end_to_end(true);
+}
+
+fn dsr_end_to_end(tc_fallback: bool) {
+    let tag = format!("{}-dsr{}", std::process::id(), u8::from(tc_fallback));
     let lab = Netns::new(format!("skf-l-{tag}"));
     let client = Netns::new(format!("skf-c-{tag}"));
     let node_a = Netns::new(format!("skf-a-{tag}"));
@@ -638,17 +649,27 @@ fn nodeport_dsr_replies_go_straight_from_the_backends_node() {
     put_service(&mut maps_a, any, 30091, PROTO_UDP, np, 2, &udp_backend);
     // Node A: XDP on its interface (and on the bridge-side peer, so the frames it sends back
     // out of the same veth are accepted). Node B: XDP unwraps, tc egress rewrites replies.
-    let _xa = in_netns(&node_a, || {
-        // The client's frames must carry full checksums for XDP (see disable_tx_csum).
-        dp_a.attach_xdp("a0").expect("xdp a0")
-    });
-    let _xla = in_netns(&lab, || dp_a.attach_xdp("la").expect("xdp la"));
-    let (_xb, _tb) = in_netns(&node_b, || {
-        (
-            dp_b.attach_xdp("b0").expect("xdp b0"),
-            dp_b.attach_tc("b0", TcAttachType::Egress).expect("tc egress b0"),
-        )
-    });
+    // Or the tc fallback on both (ingress wraps / unwraps, egress rewrites).
+    let mut attached: Vec<Box<dyn Send>> = Vec::new();
+    if tc_fallback {
+        let (i, e) = in_netns(&node_a, || dp_a.attach_tc_nodeport("a0").expect("tc a0"));
+        attached.push(Box::new(i));
+        attached.push(Box::new(e));
+        let (i, e) = in_netns(&node_b, || dp_b.attach_tc_nodeport("b0").expect("tc b0"));
+        attached.push(Box::new(i));
+        attached.push(Box::new(e));
+    } else {
+        attached.push(Box::new(in_netns(&node_a, || dp_a.attach_xdp("a0").expect("xdp a0"))));
+        attached.push(Box::new(in_netns(&lab, || dp_a.attach_xdp("la").expect("xdp la"))));
+        let (x, t) = in_netns(&node_b, || {
+            (
+                dp_b.attach_xdp("b0").expect("xdp b0"),
+                dp_b.attach_tc("b0", TcAttachType::Egress).expect("tc egress b0"),
+            )
+        });
+        attached.push(Box::new(x));
+        attached.push(Box::new(t));
+    }
     in_netns(&client, || disable_tx_csum("c0"));
 
     let a_rx_before = dev_counter(&node_a, "a0", 1);

@@ -400,49 +400,62 @@ fn dsr_fib_netns() -> common::netns::Netns {
     ns
 }
 
+/// Asserts that `out` is `inner` (Ethernet + IPv4 frame of `inner_len` IPv4 bytes from
+/// CLIENT:sport, DNATed to BACKEND:8080) wrapped for DSR to 10.99.0.2 from NODE:30080.
+fn assert_dsr_wrapped(out: &[u8], inner_len: usize, sport: u16) {
+    assert_eq!(out.len(), 14 + 20 + inner_len, "20 bytes of outer header");
+    assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 0x99], "next hop's MAC");
+    assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0x10], "egress interface's MAC");
+    let outer = &out[14..34];
+    assert_eq!(checksum(outer, 0), 0, "outer IPv4 checksum");
+    assert_eq!(outer[9], 4, "IPIP");
+    assert_eq!(u16::from_be_bytes([outer[2], outer[3]]) as usize, 20 + inner_len);
+    assert_eq!(&outer[12..16], &NODE.octets(), "outer source: the frontend address");
+    assert_eq!(&outer[16..20], &[10, 99, 0, 2], "outer destination: the backend's node");
+    assert_eq!(u16::from_be_bytes([outer[4], outer[5]]), 30080, "outer id: frontend port");
+    let mut inner = out[..14].to_vec();
+    inner.extend_from_slice(&out[34..]);
+    let p = parse_and_verify(&inner);
+    assert_eq!((p.src, p.sport), (CLIENT, sport), "no SNAT: the client address is kept");
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+}
+
 /// DSR on the frontend's node: a NodePort flow to a remote backend is DNATed (client
 /// address kept) and wrapped in IPIP to the backend's node (the FIB's next hop), outer
-/// source = the frontend address, outer id = the frontend port; no REPLY entry here.
+/// source = the frontend address, outer id = the frontend port; no REPLY entry here. By
+/// XDP and by the tc fallback alike.
 #[test]
-fn xdp_dsr_wraps_remote_backend_flows_in_ipip_to_the_next_hop() {
+fn dsr_wraps_remote_backend_flows_in_ipip_to_the_next_hop() {
     let ns = dsr_fib_netns();
-    let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
-    nodeport(&mut r, false);
-    let mut syn = Pkt::tcp(CLIENT, 50010, NODE, 30080);
-    syn.payload = b"dsr!".to_vec();
-    let inner_len = syn.build().len() - 14;
-    for round in 0..2 {
-        let (rc, out) = common::netns::in_netns(&ns, || r.xdp(&syn.build()));
-        assert_eq!(rc, XDP_REDIRECT, "round {round}: drops {:?}", r.maps.drops().unwrap());
-        assert_eq!(out.len(), 14 + 20 + inner_len, "20 bytes of outer header");
-        assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 0x99], "next hop's MAC");
-        assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0x10], "egress interface's MAC");
-        let outer = &out[14..34];
-        assert_eq!(checksum(outer, 0), 0, "outer IPv4 checksum");
-        assert_eq!(outer[9], 4, "IPIP");
-        assert_eq!(u16::from_be_bytes([outer[2], outer[3]]) as usize, 20 + inner_len);
-        assert_eq!(&outer[12..16], &NODE.octets(), "outer source: the frontend address");
-        assert_eq!(&outer[16..20], &[10, 99, 0, 2], "outer destination: the backend's node");
-        assert_eq!(u16::from_be_bytes([outer[4], outer[5]]), 30080, "outer id: frontend port");
-        let mut inner = out[..14].to_vec();
-        inner.extend_from_slice(&out[34..]);
-        let p = parse_and_verify(&inner);
-        assert_eq!((p.src, p.sport), (CLIENT, 50010), "no SNAT: the client address is kept");
-        assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    for xdp in [true, false] {
+        let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+        nodeport(&mut r, false);
+        let sport = if xdp { 50010 } else { 50011 };
+        let mut syn = Pkt::tcp(CLIENT, sport, NODE, 30080);
+        syn.payload = b"dsr!".to_vec();
+        let inner_len = syn.build().len() - 14;
+        for round in 0..2 {
+            let (rc, out) = common::netns::in_netns(&ns, || {
+                if xdp { r.xdp(&syn.build()) } else { r.tc(&syn.build()) }
+            });
+            let want = if xdp { XDP_REDIRECT } else { TC_ACT_REDIRECT };
+            assert_eq!(rc, want, "xdp={xdp} round {round}: drops {:?}", r.maps.drops().unwrap());
+            assert_dsr_wrapped(&out, inner_len, sport);
+        }
+        let ct = r.maps.conntrack().unwrap();
+        assert_eq!(ct.len(), 1, "only the FORWARD entry: replies do not come back: {ct:?}");
+        assert_eq!(ct[0].0.dir, ct_dir::FORWARD);
+        assert_eq!(ct[0].1.flags, skiff_ebpf_common::ct_flags::DSR);
+        let stats = r.maps.service_stats().unwrap();
+        assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (9, 2, 1));
     }
-    let ct = r.maps.conntrack().unwrap();
-    assert_eq!(ct.len(), 1, "only the FORWARD entry: replies do not come back here: {ct:?}");
-    assert_eq!(ct[0].0.dir, ct_dir::FORWARD);
-    assert_eq!(ct[0].1.flags, skiff_ebpf_common::ct_flags::DSR);
-    let stats = r.maps.service_stats().unwrap();
-    assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (9, 2, 1));
 }
 
 /// DSR on the backend's node: the IPIP packet addressed to it is unwrapped and passed on;
 /// the backend's reply then leaves with the frontend (outer source:id) as its source. Not
 /// in DSR mode, or not addressed to this node, an IPIP packet passes untouched.
 #[test]
-fn xdp_dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
+fn dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
     let frontend = Ipv4Addr::new(192, 168, 77, 9);
     let wrap = |outer_dst: Ipv4Addr| -> Vec<u8> {
         let mut inner = Pkt::tcp(CLIENT, 50020, BACKEND, 8080);
@@ -468,7 +481,18 @@ fn xdp_dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
     let mut snat = rig();
     let pkt = wrap(NODE);
     assert_eq!(snat.xdp(&pkt), (XDP_PASS, pkt.clone()));
+    assert_eq!(snat.tc(&pkt), (TC_ACT_OK, pkt.clone()));
     assert!(snat.maps.conntrack().unwrap().is_empty());
+
+    // The tc fallback (ingress) unwraps the same way.
+    let mut tc = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+    let (rc, out) = tc.tc(&pkt);
+    assert_eq!(rc, TC_ACT_OK, "drops {:?}", tc.maps.drops().unwrap());
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50020, BACKEND, 8080));
+    let ct = tc.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 1, "{ct:?}");
+    assert_eq!((ct[0].1.nat_addr_be, u16::from_be(ct[0].1.nat_port_be)), (be32(frontend), 30080));
 
     let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
     // Addressed to another node: untouched.
