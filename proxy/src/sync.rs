@@ -75,6 +75,9 @@ pub struct ServiceMapSync {
     /// Where the search for a free rev-nat id starts (as `next_backend_id`, wrapping at
     /// `MAX_REV_NAT`).
     next_rev_nat_id: u32,
+    /// Rev-nat entries of resumed frontends missing from the map (recreated empty by an
+    /// upgrade that changed its definition): written by the next plan.
+    rev_nat_repairs: Vec<(u32, RevNat)>,
 }
 
 /// The state change a plan leads to, committed once its operations succeeded.
@@ -217,6 +220,14 @@ impl ServiceMapSync {
             s.backends.insert(addr, BackendEntry { id, value, refs });
         }
         s.orphans.sort_unstable();
+        let present: BTreeSet<u32> =
+            maps.rev_nats().map_err(Error::Resume)?.into_iter().map(|(id, _)| id).collect();
+        for (f, p) in &s.frontends {
+            if !present.contains(&p.rev_nat_id) {
+                let v = RevNat { vip_be: be32(f.ip), port_be: f.port.to_be(), _pad: 0 };
+                s.rev_nat_repairs.push((p.rev_nat_id, v));
+            }
+        }
         Ok(s)
     }
 
@@ -246,7 +257,8 @@ impl ServiceMapSync {
         let mut allocated = 0u32;
         let mut next_rev_nat_id = self.next_rev_nat_id.max(1);
         let mut allocated_rev_nat = 0u32;
-        let mut ops = Vec::new();
+        let mut ops: Vec<MapOp> =
+            self.rev_nat_repairs.iter().map(|(id, v)| MapOp::PutRevNat(*id, *v)).collect();
         // Backends touched by this plan: their final entry.
         let mut touched: BTreeMap<BackendAddr, BackendEntry> = BTreeMap::new();
 
@@ -447,6 +459,7 @@ impl ServiceMapSync {
             }
         }
         self.orphans.clear();
+        self.rev_nat_repairs.clear();
         self.next_backend_id = delta.next_backend_id;
         self.next_rev_nat_id = delta.next_rev_nat_id;
     }
