@@ -154,7 +154,9 @@ fn part1() -> Result<()> {
         ensure!(st.success(), "mounting bpffs (the benchmark needs root)");
         let bpffs = Bpffs(dir);
         let pin = bpffs.0.path().join("skiff");
+        let t = Instant::now();
         let mut dp = Dataplane::load(&pin, NODE).context("loading the data plane")?;
+        eprintln!("n={n}: load (maps created, programs loaded) {:?}", t.elapsed());
         let mut maps = ServiceMaps::open_pinned(&pin)?;
         let d = desired(n);
         let mut state = ServiceMapSync::new();

@@ -111,9 +111,9 @@ pub struct Dataplane {
     pin_dir: PathBuf,
 }
 
-/// Kernel memory the per-service and per-backend counter arrays may take together (they are
-/// per-CPU: one value per possible CPU and id). On a 2-CPU node both cover every id
-/// (~27 MiB); on larger ones they shrink and higher ids spill into a hash map.
+/// Kernel memory the per-service and per-backend counter arrays may take together (one
+/// region per possible CPU). On a 2-CPU node both cover every id (~27 MiB); on larger ones
+/// they cover fewer ids and higher ids spill into a hash map.
 pub const STATS_BUDGET_BYTES: u64 = 64 << 20;
 
 /// How NodePort/ExternalIP/LoadBalancer traffic reaches a backend on another node.
@@ -143,7 +143,7 @@ impl NodePortMode {
 pub struct LoadOptions {
     /// How remote NodePort/ExternalIP/LB backends are reached (default SNAT).
     pub nodeport_mode: NodePortMode,
-    /// Entries of the per-service and per-backend counter arrays. `None` (the default)
+    /// Ids per CPU of the per-service and per-backend counter arrays. `None` (the default)
     /// sizes them from the possible CPUs within `STATS_BUDGET_BYTES` (1/8 for services,
     /// 7/8 for backends, each at most its id space).
     pub stats_entries: Option<(u32, u32)>,
@@ -173,13 +173,14 @@ impl LoadOptions {
         self
     }
 
-    /// The `max_entries` the loader sets, by map name.
-    pub fn map_sizes(&self) -> Result<Vec<(&'static str, u32)>> {
+    /// Ids per CPU region of the counter arrays (services, backends), and the number of
+    /// regions (possible CPUs).
+    pub fn stats_ids(&self) -> Result<(u32, u32, u32)> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?.max(1);
         let (svc, be) = match self.stats_entries {
-            Some(sizes) => sizes,
+            Some(ids) => ids,
             None => {
-                let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?;
-                let per_id = (std::mem::size_of::<Counters>() * cpus.max(1)) as u64;
+                let per_id = (std::mem::size_of::<Counters>() * cpus) as u64;
                 let fit = |share: u64, max: u32| (share / per_id).clamp(1, max as u64) as u32;
                 (
                     fit(STATS_BUDGET_BYTES / 8, MAX_REV_NAT),
@@ -187,7 +188,16 @@ impl LoadOptions {
                 )
             }
         };
-        Ok(vec![(map_names::SVC_STATS, svc.max(1)), (map_names::BE_STATS, be.max(1))])
+        Ok((svc.max(1), be.max(1), cpus as u32))
+    }
+
+    /// The `max_entries` the loader sets, by map name.
+    pub fn map_sizes(&self) -> Result<Vec<(&'static str, u32)>> {
+        let (svc, be, cpus) = self.stats_ids()?;
+        Ok(vec![
+            (map_names::SVC_STATS, svc.saturating_mul(cpus)),
+            (map_names::BE_STATS, be.saturating_mul(cpus)),
+        ])
     }
 }
 
@@ -221,12 +231,13 @@ impl Dataplane {
             }
         };
         let (object, _) = crate::kbtf::resolve_kfunc_calls(EBPF_OBJECT, kfunc);
+        let (svc_ids, be_ids, _) = options.stats_ids()?;
         let mut loader = aya::EbpfLoader::new();
-        loader.default_map_pin_directory(pin_dir).override_global(
-            "SKIFF_SKB_IP_SUMMED",
-            &ip_summed,
-            true,
-        );
+        loader
+            .default_map_pin_directory(pin_dir)
+            .override_global("SKIFF_SKB_IP_SUMMED", &ip_summed, true)
+            .override_global("SKIFF_SVC_STATS_IDS", &svc_ids, true)
+            .override_global("SKIFF_BE_STATS_IDS", &be_ids, true);
         for (name, n) in &sizes {
             loader.map_max_entries(name, *n);
         }

@@ -63,8 +63,8 @@ pub struct ServiceMaps {
     maglev: HashMap<MapData, u32, MaglevTable>,
     source_ranges: LpmTrie<MapData, SourceRangeKey, u32>,
     drops: PerCpuArray<MapData, u64>,
-    svc_stats: PerCpuArray<MapData, Counters>,
-    be_stats: PerCpuArray<MapData, Counters>,
+    svc_stats: Array<MapData, Counters>,
+    be_stats: Array<MapData, Counters>,
     stats_spill: PerCpuHashMap<MapData, StatsKey, Counters>,
 }
 
@@ -333,8 +333,8 @@ impl ServiceMaps {
     /// Zeroes the counters of a freed rev-nat id (so a frontend that gets the id later
     /// starts from zero).
     pub fn clear_service_stats(&mut self, rev_nat_id: u32) -> Result<()> {
-        if rev_nat_id < self.svc_stats.len() {
-            return clear_counters(&mut self.svc_stats, map_names::SVC_STATS, rev_nat_id);
+        if clear_counters(&mut self.svc_stats, map_names::SVC_STATS, rev_nat_id)? {
+            return Ok(());
         }
         let key = StatsKey { rev_nat_id, backend_id: STATS_ANY };
         ignore_missing(self.stats_spill.remove(&key)).map_err(access(map_names::STATS, "remove"))
@@ -342,24 +342,12 @@ impl ServiceMaps {
 
     /// Zeroes the counters of a freed backend id.
     pub fn clear_backend_stats(&mut self, backend_id: u32) -> Result<()> {
-        if backend_id < self.be_stats.len() {
-            return clear_counters(&mut self.be_stats, map_names::BE_STATS, backend_id);
+        if clear_counters(&mut self.be_stats, map_names::BE_STATS, backend_id)? {
+            return Ok(());
         }
         let key = StatsKey { rev_nat_id: STATS_ANY, backend_id };
         ignore_missing(self.stats_spill.remove(&key)).map_err(access(map_names::STATS, "remove"))
     }
-}
-
-/// Zeroes entry `id` (< the array's length) of a per-CPU counters array on every CPU.
-fn clear_counters(
-    map: &mut PerCpuArray<MapData, Counters>,
-    name: &'static str,
-    id: u32,
-) -> Result<()> {
-    let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?;
-    let zero =
-        aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus]).map_err(Error::Cpus)?;
-    map.set(id, zero, 0).map_err(access(name, "set"))
 }
 
 /// Switches the programs' debug output (`Config::debug`: new flows and drops printed to the
@@ -403,6 +391,33 @@ impl FlowReader {
     }
 }
 
+/// Ids per CPU region of a counters array (its entries are `cpu * ids + id`).
+fn ids_per_cpu(map: &Array<MapData, Counters>) -> Result<u32> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?.max(1);
+    Ok(map.len() / cpus as u32)
+}
+
+/// Zeroes `id`'s counters in every CPU region of a counters array, in one batched write;
+/// false when the id lies beyond the array (its counters are in the spill map).
+fn clear_counters(map: &mut Array<MapData, Counters>, name: &'static str, id: u32) -> Result<bool> {
+    let ids = ids_per_cpu(map)?;
+    if id >= ids {
+        return Ok(false);
+    }
+    let keys: Vec<u32> = (0..map.len() / ids).map(|cpu| cpu * ids + id).collect();
+    let zeros = vec![Counters::default(); keys.len()];
+    match crate::batch::update(map.map().fd().as_fd(), &keys, &zeros) {
+        Ok(()) => Ok(true),
+        Err(e) if e.unsupported() => {
+            for k in keys {
+                map.set(k, Counters::default(), 0).map_err(access(name, "set"))?;
+            }
+            Ok(true)
+        }
+        Err(source) => Err(Error::Batch { name, source }),
+    }
+}
+
 type Sums = std::collections::BTreeMap<u32, Counters>;
 
 fn add_into(c: &mut Counters, v: &Counters) {
@@ -411,17 +426,17 @@ fn add_into(c: &mut Counters, v: &Counters) {
     c.new_conns += v.new_conns;
 }
 
-/// The non-zero entries of a per-CPU counters array, summed over CPUs: one batched read of
-/// the whole array (hundreds of thousands of entries: one syscall each would take seconds).
-fn sum_array(map: &PerCpuArray<MapData, Counters>, name: &'static str) -> Result<Sums> {
-    let rows = crate::batch::lookup_percpu_array::<Counters>(map.map().fd().as_fd(), map.len())
+/// The non-zero counters of a counters array, summed over its CPU regions: one batched
+/// read of the whole array (hundreds of thousands of entries: one syscall each would take
+/// seconds).
+fn sum_array(map: &Array<MapData, Counters>, name: &'static str) -> Result<Sums> {
+    let ids = ids_per_cpu(map)?.max(1);
+    let rows = crate::batch::lookup_array::<Counters>(map.map().fd().as_fd(), map.len())
         .map_err(|source| Error::Batch { name, source })?;
     let mut sums = Sums::new();
-    for (id, per_cpu) in rows {
-        let mut c = Counters::default();
-        per_cpu.iter().for_each(|v| add_into(&mut c, v));
+    for (index, c) in rows {
         if c != Counters::default() {
-            sums.insert(id, c);
+            add_into(sums.entry(index % ids).or_default(), &c);
         }
     }
     Ok(sums)

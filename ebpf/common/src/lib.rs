@@ -31,11 +31,13 @@ pub mod map_names {
     pub const SOCK_REV: &str = "SKIFF_SOCK_REV";
     /// Per-CPU array indexed by `drop_reason::*` of `u64` counts.
     pub const DROPS: &str = "SKIFF_DROPS";
-    /// Per-CPU array indexed by rev-nat id of `Counters` (per-service traffic). Its size is
-    /// set at load from the CPU count (`stats_entries`); ids beyond it spill into `STATS`.
+    /// Array of `Counters` (per-service traffic) in one region per possible CPU: entry
+    /// `cpu * ids + rev_nat_id`. The loader sizes it (`ids` per CPU from the CPU count
+    /// within a memory budget) and tells the programs `ids` (global `SKIFF_SVC_STATS_IDS`);
+    /// ids beyond it spill into `STATS`.
     pub const SVC_STATS: &str = "SKIFF_SVC_STATS";
-    /// Per-CPU array indexed by backend id of `Counters` (per-backend traffic), sized as
-    /// `SVC_STATS`.
+    /// Array of `Counters` (per-backend traffic), entry `cpu * ids + backend_id`, sized
+    /// as `SVC_STATS` (global `SKIFF_BE_STATS_IDS`).
     pub const BE_STATS: &str = "SKIFF_BE_STATS";
     /// Per-CPU hash `StatsKey` → `Counters` for ids beyond the stats arrays: a service's
     /// under `{rev_nat_id, STATS_ANY}`, a backend's under `{STATS_ANY, backend_id}`.
