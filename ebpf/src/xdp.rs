@@ -8,15 +8,14 @@
 //! In DSR mode (`Config::nodeport_mode`) a remote backend's packets are not SNATed but
 //! wrapped in IPIP to the backend's node (the FIB's next hop towards the backend), with the
 //! frontend's address as outer source and its port as outer IP id; that node's XDP
-//! program unwraps them, records the frontend for the replies (which its tc program then
+//! program (or its tc fallback) unwraps them, records the frontend for the replies (which its tc program then
 //! rewrites), and passes the inner packet on. See `nodeport_mode::DSR`.
 
 use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_FIB_LKUP_RET_NO_NEIGH,
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
     helpers::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
     },
