@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use skiff_ebpf_common::{ct_dir, drop_reason, flow_path};
+use skiff_ebpf_common::{ct_dir, ct_flags, drop_reason, flow_path};
 use skiff_proxy::daemon::{self, ProxyConfig};
 use skiff_proxy::loader;
 use skiff_proxy::maps::{FlowReader, ServiceMaps};
@@ -208,13 +208,20 @@ fn print_maps(pin_dir: &std::path::Path, what: MapsWhat) -> Result<()> {
         }
         MapsWhat::Conntrack => {
             println!(
-                "{:<5} {:<6} {:<22} {:<22} {:<22} {:>7}",
-                "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT", "BACKEND"
+                "{:<5} {:<6} {:<22} {:<22} {:<22} {:>7} {:<4}",
+                "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT", "BACKEND", "MODE"
             );
             for (k, v) in maps.conntrack()? {
                 let dir = if k.dir == ct_dir::FORWARD { "fwd" } else { "reply" };
+                let mode = if v.flags & ct_flags::DSR != 0 {
+                    "dsr"
+                } else if v.flags & ct_flags::SNAT != 0 {
+                    "snat"
+                } else {
+                    "-"
+                };
                 println!(
-                    "{:<5} {dir:<6} {:<22} {:<22} {:<22} {:>7}",
+                    "{:<5} {dir:<6} {:<22} {:<22} {:<22} {:>7} {mode:<4}",
                     proto(k.proto),
                     format!("{}:{}", ip(k.saddr_be), u16::from_be(k.sport_be)),
                     format!("{}:{}", ip(k.daddr_be), u16::from_be(k.dport_be)),
