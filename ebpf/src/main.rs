@@ -3,6 +3,9 @@
 //! Built for `bpfel-unknown-none` by `cargo xtask build-ebpf` (or the proxy's build script).
 //! On the host the same code compiles into an inert binary so clippy checks it too.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+// Inline assembly emits the one kfunc call aya 0.14 cannot relocate (tc.rs `kern_skb`);
+// enabled on the pinned stable toolchain like -Z build-std (RUSTC_BOOTSTRAP=1).
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 #![allow(clippy::missing_safety_doc)]
 
 mod ct;

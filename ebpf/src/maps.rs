@@ -11,8 +11,8 @@ use aya_ebpf::{
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey,
-    StatsKey, drop_reason, svc_flags,
+    MAX_BACKENDS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY, ServiceKey, ServiceValue,
+    SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode, svc_flags,
 };
 
 /// Service frontends and their backend slots. Preallocated: an insert then takes a free
@@ -27,9 +27,9 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(524_288
 #[map(name = "SKIFF_BACKENDS")]
 pub static BACKENDS: Array<Backend> = Array::pinned(MAX_BACKENDS, 0);
 
-/// Frontend of each rev-nat id.
+/// Frontend of each rev-nat id: an array (see `map_names::REV_NAT`), free ids hold zeroes.
 #[map(name = "SKIFF_REV_NAT")]
-pub static REV_NAT: HashMap<u32, RevNat> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+pub static REV_NAT: Array<RevNat> = Array::pinned(MAX_REV_NAT, 0);
 
 /// Per-packet NAT connection tracking.
 #[map(name = "SKIFF_CT")]
@@ -43,10 +43,42 @@ pub static SOCK_REV: LruHashMap<SockRevKey, RevNat> = LruHashMap::pinned(65_536,
 #[map(name = "SKIFF_DROPS")]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(drop_reason::COUNT, 0);
 
-/// Traffic counters per (frontend, backend) pair: one per-CPU lookup per packet serves
-/// both the per-service and the per-backend numbers (user space sums them).
+/// Traffic counters per service: a plain array in one region per CPU, entry
+/// `cpu * SKIFF_SVC_STATS_IDS + rev_nat_id`, so each CPU writes only its own counters (no
+/// atomics) and the verifier inlines the lookup (no call: a hash lookup is a call into the
+/// kernel, ~25 ns per packet on these machines). One allocation, where a per-CPU array
+/// would make one per entry (~0.7 s to create at these sizes). The loader sizes it from
+/// the CPU count (see `map_names::SVC_STATS`); ids beyond it spill into `STATS_SPILL`.
+#[map(name = "SKIFF_SVC_STATS")]
+pub static SVC_STATS: Array<Counters> = Array::pinned(1, 0);
+
+/// Traffic counters per backend, entry `cpu * SKIFF_BE_STATS_IDS + backend_id` (as
+/// `SVC_STATS`).
+#[map(name = "SKIFF_BE_STATS")]
+pub static BE_STATS: Array<Counters> = Array::pinned(1, 0);
+
+/// Ids per CPU region of `SVC_STATS` and `BE_STATS`, set by the loader before
+/// verification (read-only globals: constants to the verifier).
+#[unsafe(no_mangle)]
+static SKIFF_SVC_STATS_IDS: u32 = 0;
+#[unsafe(no_mangle)]
+static SKIFF_BE_STATS_IDS: u32 = 0;
+
+/// This CPU's counters of `id` in a counters array with `ids` ids per CPU region.
+#[inline(always)]
+fn counters_slot(map: &Array<Counters>, ids: u32, id: u32) -> Option<*mut Counters> {
+    if id >= ids {
+        return None;
+    }
+    // SAFETY: helper without arguments (inlined by the verifier on x86-64).
+    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() };
+    map.get_ptr_mut(cpu.wrapping_mul(ids).wrapping_add(id))
+}
+
+/// Counters of ids beyond the arrays' sizes: key `{rev_nat_id, STATS_ANY}` for a service,
+/// `{STATS_ANY, backend_id}` for a backend.
 #[map(name = "SKIFF_STATS")]
-pub static STATS: PerCpuHashMap<StatsKey, Counters> =
+pub static STATS_SPILL: PerCpuHashMap<StatsKey, Counters> =
     PerCpuHashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
 
 /// Node configuration (one entry).
@@ -135,22 +167,43 @@ pub fn count_drop(reason: u32) {
 }
 
 /// Adds one packet of `bytes` (and a new connection if `new_conn`) to the counters of the
-/// (frontend, backend) pair.
+/// frontend and of the backend.
 #[inline(always)]
 pub fn count_traffic(rev_nat_id: u32, backend_id: u32, bytes: u64, new_conn: bool) {
-    let key = StatsKey { rev_nat_id, backend_id };
     let add = Counters { packets: 1, bytes, new_conns: new_conn as u64 };
-    match STATS.get_ptr_mut(key) {
-        Some(c) => {
-            // SAFETY: per-CPU value, only this CPU writes it while the program runs.
-            unsafe {
-                (*c).packets += add.packets;
-                (*c).bytes += add.bytes;
-                (*c).new_conns += add.new_conns;
-            }
-        }
+    // SAFETY: volatile reads of read-only globals the loader sets before verification.
+    let (svc_ids, be_ids) = unsafe {
+        (
+            core::ptr::read_volatile(&SKIFF_SVC_STATS_IDS),
+            core::ptr::read_volatile(&SKIFF_BE_STATS_IDS),
+        )
+    };
+    match counters_slot(&SVC_STATS, svc_ids, rev_nat_id) {
+        Some(c) => add_counters(c, &add),
+        None => spill(StatsKey { rev_nat_id, backend_id: STATS_ANY }, &add),
+    }
+    match counters_slot(&BE_STATS, be_ids, backend_id) {
+        Some(c) => add_counters(c, &add),
+        None => spill(StatsKey { rev_nat_id: STATS_ANY, backend_id }, &add),
+    }
+}
+
+#[inline(always)]
+fn add_counters(c: *mut Counters, add: &Counters) {
+    // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.
+    unsafe {
+        (*c).packets += add.packets;
+        (*c).bytes += add.bytes;
+        (*c).new_conns += add.new_conns;
+    }
+}
+
+#[inline(always)]
+fn spill(key: StatsKey, add: &Counters) {
+    match STATS_SPILL.get_ptr_mut(key) {
+        Some(c) => add_counters(c, add),
         None => {
-            let _ = STATS.insert(key, add, 0);
+            let _ = STATS_SPILL.insert(key, *add, 0);
         }
     }
 }
@@ -159,6 +212,12 @@ pub fn count_traffic(rev_nat_id: u32, backend_id: u32, bytes: u64, new_conn: boo
 #[inline(always)]
 pub fn node_ip_be() -> u32 {
     CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Whether NodePort/ExternalIP/LB traffic to remote backends uses direct server return.
+#[inline(always)]
+pub fn dsr_on() -> bool {
+    CONFIG.get(0).is_some_and(|c| c.nodeport_mode == nodeport_mode::DSR)
 }
 
 /// Whether debug output is switched on (`Config::debug`, written at run time).

@@ -4,7 +4,7 @@
 use core::mem::size_of;
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
+use skiff_ebpf_common::{PROTO_IPIP, PROTO_TCP, PROTO_UDP, drop_reason};
 
 /// Ethernet header length.
 pub const ETH_LEN: usize = 14;
@@ -218,4 +218,64 @@ pub fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
 pub fn csum_replace2(csum: u16, old: u16, new: u16) -> u16 {
     let s = (!csum) as u32 + (!old) as u32 + new as u32;
     !fold(s)
+}
+
+/// Length of the outer IPv4 header of the DSR encapsulation.
+pub const IPIP_LEN: usize = 20;
+
+/// The outer IPv4 header wrapping a DSR flow's (already DNATed) packet for the backend's
+/// node `next_hop_be`: source = the frontend address (`flow`'s original destination), id =
+/// the frontend port; the inner packet's TOS and don't-fragment bit (`tos`, `frag_be`)
+/// and its total length `inner_len`.
+#[inline(always)]
+pub fn dsr_outer_header(
+    flow: &Flow,
+    tos: u8,
+    inner_len: u16,
+    frag_be: u16,
+    next_hop_be: u32,
+) -> Ipv4Hdr {
+    let mut hdr = Ipv4Hdr {
+        version_ihl: 0x45,
+        tos,
+        tot_len_be: (inner_len + IPIP_LEN as u16).to_be(),
+        id_be: flow.dport_be,
+        frag_be: frag_be & 0x4000u16.to_be(),
+        ttl: 64,
+        proto: PROTO_IPIP,
+        csum: 0,
+        saddr_be: flow.daddr_be,
+        daddr_be: next_hop_be,
+    };
+    hdr.csum = ipv4_csum(&hdr);
+    hdr
+}
+
+/// The header checksum of an IPv4 header without options (its `csum` field zero).
+#[inline(always)]
+fn ipv4_csum(h: &Ipv4Hdr) -> u16 {
+    // SAFETY: Ipv4Hdr is 20 bytes of plain integers, read as ten u16 words.
+    let words: &[u16; 10] = unsafe { &*(h as *const Ipv4Hdr as *const [u16; 10]) };
+    let mut s: u32 = 0;
+    for w in words {
+        s += *w as u32;
+    }
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    !(s as u16)
+}
+
+/// The frontend a DSR outer header names, if the IPv4 header at `L3_OFF` is one addressed
+/// to `node_ip_be`: `(frontend address, frontend port)`, both network order.
+#[inline(always)]
+pub fn dsr_outer(p: &impl Packet, node_ip_be: u32) -> Result<Option<(u32, u16)>, u32> {
+    let outer: *mut Ipv4Hdr = ptr_at(p, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    let (vihl, proto, saddr_be, id_be, daddr_be) = unsafe {
+        ((*outer).version_ihl, (*outer).proto, (*outer).saddr_be, (*outer).id_be, (*outer).daddr_be)
+    };
+    if proto != PROTO_IPIP || vihl != 0x45 || node_ip_be == 0 || daddr_be != node_ip_be {
+        return Ok(None);
+    }
+    Ok(Some((saddr_be, id_be)))
 }

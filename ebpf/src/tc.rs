@@ -6,7 +6,8 @@
 //! REPLY conntrack entry gets its source restored to the frontend (and, for a NodePort flow
 //! SNATed here, its destination to the client, forwarded through the FIB); otherwise a
 //! packet to a NodePort of this node's address is DNATed (SNATed and forwarded for remote
-//! backends): the tc fallback on interfaces where XDP cannot attach. Everything else passes
+//! backends, or wrapped in IPIP to the backend's node in DSR mode, which unwraps it on
+//! ingress): the tc fallback on interfaces where XDP cannot attach. Everything else passes
 //! untouched.
 
 use core::mem::{size_of, zeroed};
@@ -14,8 +15,10 @@ use core::mem::{size_of, zeroed};
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        BPF_F_INGRESS, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
-        TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup,
+        BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_INGRESS,
+        BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup,
     },
     helpers::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
@@ -29,9 +32,10 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
+    maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace4, parse, ptr_at,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
     },
     reject,
 };
@@ -84,6 +88,7 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
             count_drop(drop_reason::NON_IPV4);
             return Ok(ACT_OK);
         }
+        Parsed::NoPorts if !egress => return decap_dsr(ctx),
         Parsed::NoPorts => return Ok(ACT_OK),
     };
     // An established flow first (the common case): its conntrack entry alone says where
@@ -101,14 +106,15 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         if flow.irregular != 0 {
             return Err(flow.irregular);
         }
-        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be)?;
+        let mode = csum_mode(ctx);
+        rewrite(ctx, &flow, Field::Src, reply.nat_addr_be, reply.nat_port_be, mode)?;
         count_traffic(reply.rev_nat_id, reply.backend_id, ctx.len() as u64, false);
         if reply.flags & ct_flags::SNAT == 0 {
             return Ok(ACT_OK);
         }
         // A remote backend's reply to a NodePort flow this node SNATed (the tc fallback of
         // XDP): back to the client, out of the interface the FIB names.
-        rewrite(ctx, &flow, Field::Dst, reply.client_addr_be, reply.client_port_be)?;
+        rewrite(ctx, &flow, Field::Dst, reply.client_addr_be, reply.client_port_be, mode)?;
         return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
     }
     // NodePort on this node's address: the tc fallback where XDP could not attach (and pods
@@ -149,7 +155,9 @@ fn to_frontend(
         }
         return reject_udp(ctx, flow, egress);
     }
-    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, flow_path::TC)?;
+    // DSR applies where this node would otherwise SNAT (the NodePort fallback of XDP).
+    let dsr = snat_addr_be != 0 && dsr_on();
+    let fwd = ct::open(flow, vip_be, frontend, snat_addr_be, dsr, flow_path::TC)?;
     deliver(ctx, flow, fwd)
 }
 
@@ -157,12 +165,16 @@ fn to_frontend(
 /// counts it, and lets it go.
 #[inline(always)]
 fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
-    rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be)?;
+    let mode = csum_mode(ctx);
+    rewrite(ctx, flow, Field::Dst, fwd.backend.ip_be, fwd.backend.port_be, mode)?;
     count_traffic(fwd.rev_nat_id, fwd.backend_id, ctx.len() as u64, fwd.new_conn);
+    if fwd.dsr {
+        return encap_dsr(ctx, flow, fwd.backend.ip_be);
+    }
     if fwd.snat_addr_be == 0 {
         return Ok(ACT_OK);
     }
-    rewrite(ctx, flow, Field::Src, fwd.snat_addr_be, flow.sport_be)?;
+    rewrite(ctx, flow, Field::Src, fwd.snat_addr_be, flow.sport_be, mode)?;
     forward_out(ctx, fwd.backend.ip_be, fwd.snat_addr_be)
 }
 
@@ -199,6 +211,88 @@ fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32
     Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
 }
 
+/// DSR on the tc fallback, frontend's node: wraps the (already DNATed) packet in IPIP to
+/// the FIB's next hop towards the backend (as the XDP program does) and sends it there; the
+/// stack forwards it when the neighbour is not resolved yet.
+#[inline(always)]
+fn encap_dsr(ctx: &TcContext, flow: &Flow, backend_be: u32) -> Result<i32, u32> {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = flow.daddr_be;
+    params.__bindgen_anon_4.ipv4_dst = backend_be;
+    // SAFETY: reads a field of this program's own skb.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !resolved && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        return Err(drop_reason::NO_ROUTE);
+    }
+    // SAFETY: the lookup wrote the next hop (the gateway, or the destination itself).
+    let next_hop = unsafe { params.__bindgen_anon_4.ipv4_dst };
+    let inner: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    let (tos, tot_len, frag) =
+        unsafe { ((*inner).tos, u16::from_be((*inner).tot_len_be), (*inner).frag_be) };
+    // Room for the outer header between Ethernet and the inner IPv4 header; the kernel
+    // marks the skb as IPv4-in-IPv4 encapsulated (for GSO and checksum offload).
+    // SAFETY: helper on this program's own skb.
+    let flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 as u64;
+    if unsafe { bpf_skb_adjust_room(ctx.skb.skb, IPIP_LEN as i32, BPF_ADJ_ROOM_MAC, flags) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let outer: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    unsafe { *outer = dsr_outer_header(flow, tos, tot_len, frag, next_hop) };
+    if !resolved {
+        return Ok(ACT_OK);
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
+
+/// DSR on the tc fallback, backend's node (ingress): an IPIP packet addressed to this node
+/// in DSR mode is unwrapped, its frontend recorded for the backend's replies, and the inner
+/// packet goes on to the backend. Anything else without ports passes untouched.
+#[inline(always)]
+fn decap_dsr(ctx: &TcContext) -> Result<i32, u32> {
+    if !dsr_on() {
+        return Ok(ACT_OK);
+    }
+    let Some((frontend_be, port_be)) = dsr_outer(ctx, node_ip_be())? else {
+        return Ok(ACT_OK);
+    };
+    let flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV4 as u64;
+    // SAFETY: helper on this program's own skb; removes the outer header.
+    if unsafe { bpf_skb_adjust_room(ctx.skb.skb, -(IPIP_LEN as i32), BPF_ADJ_ROOM_MAC, flags) } != 0
+    {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::NoPorts | Parsed::NotIpv4 => return Ok(ACT_OK),
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    ct::open_dsr_reply(&flow, frontend_be, port_be)?;
+    Ok(ACT_OK)
+}
+
 /// Which end of the flow a rewrite changes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Field {
@@ -206,10 +300,79 @@ enum Field {
     Dst,
 }
 
+/// Where `sk_buff::ip_summed` lives in this kernel, set by the loader from the kernel's BTF
+/// before the program is verified (a read-only global: the verifier sees a constant):
+/// `IP_SUMMED_KNOWN | byte offset << 8 | bit shift`, or 0 when unknown (then every L4
+/// checksum update goes through the kernel helper, which reads it itself).
+#[unsafe(no_mangle)]
+static SKIFF_SKB_IP_SUMMED: u32 = 0;
+
+/// `SKIFF_SKB_IP_SUMMED` holds a position.
+const IP_SUMMED_KNOWN: u32 = 1 << 31;
+/// `skb->ip_summed` values (include/linux/skbuff.h).
+const CHECKSUM_COMPLETE: u8 = 2;
+const CHECKSUM_PARTIAL: u8 = 3;
+/// Not a kernel value: `ip_summed` could not be read, use the helpers.
+const CHECKSUM_UNKNOWN: u8 = 0xff;
+
+/// `bpf_cast_to_kern_ctx(ctx)`: the kernel's `struct sk_buff` behind the program's
+/// context, as a BTF pointer the verifier lets the program read fields of (the call is
+/// inlined by the verifier into a register move: no call at run time). A kfunc call
+/// (`BPF_PSEUDO_KFUNC_CALL`) aya 0.14 cannot relocate, so it is emitted by hand with the
+/// placeholder BTF id `skiff_ebpf_common::KFUNC_PLACEHOLDER`, which the loader replaces
+/// with the kfunc's id in the running kernel's BTF before loading.
+#[inline(always)]
+fn kern_skb(ctx: &TcContext) -> *const u8 {
+    #[cfg(target_arch = "bpf")]
+    {
+        let skb: *const u8;
+        // SAFETY: `call` of the kfunc with r1 = the context, r0 = its result; r1-r5 are
+        // clobbered as by any call. The encoding is `BPF_JMP | BPF_CALL` (0x85), src_reg
+        // BPF_PSEUDO_KFUNC_CALL (2), imm = the placeholder id (little-endian).
+        unsafe {
+            core::arch::asm!(
+                ".byte 0x85, 0x20, 0x00, 0x00, 0xed, 0x5e, 0xca, 0x7f",
+                inlateout("r1") ctx.skb.skb => _,
+                lateout("r0") skb,
+                lateout("r2") _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+                options(nostack, readonly),
+            );
+        }
+        skb
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        ctx.skb.skb as *const u8
+    }
+}
+
+/// How the L4 checksum of this skb must be updated: its `ip_summed`, read from the kernel's
+/// sk_buff (one byte, at the offset the loader found in BTF).
+#[inline(always)]
+fn csum_mode(ctx: &TcContext) -> u8 {
+    // SAFETY: volatile read of a read-only global the loader sets before verification.
+    let pos = unsafe { core::ptr::read_volatile(&SKIFF_SKB_IP_SUMMED) };
+    if pos & IP_SUMMED_KNOWN == 0 {
+        return CHECKSUM_UNKNOWN;
+    }
+    let byte_off = ((pos >> 8) & 0xffff) as usize;
+    let shift = pos & 0x7;
+    // SAFETY: a BTF pointer to this program's sk_buff; the offset (a verification-time
+    // constant) lies inside it, on the byte holding `ip_summed` (the verifier checks both).
+    let b = unsafe { core::ptr::read_volatile(kern_skb(ctx).add(byte_off)) };
+    (b >> shift) & 0x3
+}
+
 /// Rewrites the address and port of one end. The address, the port and the IPv4 checksum
 /// are written directly (tc programs may write packet data; the verifier unclones the skb
-/// first); only the L4 checksum goes through the kernel helper, which also handles
-/// CHECKSUM_PARTIAL (pseudo header only) and CHECKSUM_COMPLETE (`skb->csum`) skbs.
+/// first). The L4 checksum is updated directly too, as the skb's `ip_summed` (`mode`, from
+/// `csum_mode`) requires: a full checksum (NONE/UNNECESSARY) gets the address and port
+/// deltas (RFC 1624); a CHECKSUM_PARTIAL one holds only the pseudo-header sum, which gets the
+/// address delta alone. CHECKSUM_COMPLETE skbs (whose `skb->csum` must follow) and unknown
+/// modes go through the kernel helper, as do all when the position is unknown.
 #[inline(always)]
 fn rewrite(
     ctx: &TcContext,
@@ -217,6 +380,7 @@ fn rewrite(
     field: Field,
     new_addr_be: u32,
     new_port_be: u16,
+    mode: u8,
 ) -> Result<(), u32> {
     let (addr_off, old_addr, port_off, old_port) = match field {
         Field::Src => (IP_SRC_OFF, flow.saddr_be, flow.l4_off, flow.sport_be),
@@ -233,7 +397,29 @@ fn rewrite(
         }
         *port = new_port_be;
     }
-    let l4_flags = if flow.proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let udp = flow.proto == PROTO_UDP;
+    if mode != CHECKSUM_COMPLETE && mode != CHECKSUM_UNKNOWN {
+        let l4_csum: *mut u16 = ptr_at(ctx, flow.csum_off)?;
+        // SAFETY: bounds-checked just above.
+        unsafe {
+            let c = *l4_csum;
+            // A zero UDP checksum means "none" and stays so (BPF_F_MARK_MANGLED_0).
+            if udp && c == 0 {
+                return Ok(());
+            }
+            let mut c = if mode == CHECKSUM_PARTIAL {
+                !csum_replace4(!c, old_addr, new_addr_be)
+            } else {
+                csum_replace2(csum_replace4(c, old_addr, new_addr_be), old_port, new_port_be)
+            };
+            if udp && c == 0 {
+                c = 0xffff;
+            }
+            *l4_csum = c;
+        }
+        return Ok(());
+    }
+    let l4_flags = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
     let fail = |_| drop_reason::REWRITE_FAILED;
     if old_addr != new_addr_be {
         ctx.l4_csum_replace(

@@ -4,12 +4,18 @@
 //! gets its source rewritten to the node address (SNAT) and is forwarded, and its replies,
 //! arriving here, are translated back and returned to the client. A TCP connection to a
 //! frontend without backends is answered with a RST (XDP_TX), never black-holed.
+//!
+//! In DSR mode (`Config::nodeport_mode`) a remote backend's packets are not SNATed but
+//! wrapped in IPIP to the backend's node (the FIB's next hop towards the backend), with the
+//! frontend's address as outer source and its port as outer IP id; that node's XDP
+//! program (or its tc fallback) unwraps them, records the frontend for the replies (which its tc program then
+//! rewrites), and passes the inner packet on. See `nodeport_mode::DSR`.
 
 use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
     helpers::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
     },
@@ -22,10 +28,10 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, lookup_frontend, node_ip_be, source_allowed},
+    maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
-        csum_replace4, parse, ptr_at,
+        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
     },
     reject,
 };
@@ -52,7 +58,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
             count_drop(drop_reason::NON_IPV4);
             return Ok(xdp_action::XDP_PASS);
         }
-        Parsed::NoPorts => return Ok(xdp_action::XDP_PASS),
+        Parsed::NoPorts => return decap_dsr(ctx),
     };
     // An established flow first: its conntrack entry alone says where it goes.
     if let Some(fwd) = ct::established(&flow) {
@@ -111,7 +117,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         }
         return reject_udp(ctx, &flow);
     }
-    let fwd = ct::open(&flow, vip_be, &frontend, node_ip, flow_path::XDP)?;
+    let fwd = ct::open(&flow, vip_be, &frontend, node_ip, dsr_on(), flow_path::XDP)?;
     deliver(ctx, &flow, fwd)
 }
 
@@ -130,6 +136,9 @@ fn deliver(ctx: &XdpContext, flow: &Flow, fwd: ct::Forward) -> Result<u32, u32> 
         fwd.backend.port_be,
     )?;
     count_traffic(fwd.rev_nat_id, fwd.backend_id, packet_len(ctx), fwd.new_conn);
+    if fwd.dsr {
+        return encap_dsr(ctx, flow, fwd.backend.ip_be);
+    }
     if fwd.snat_addr_be == 0 {
         return Ok(xdp_action::XDP_PASS);
     }
@@ -276,4 +285,93 @@ fn reject_udp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
     }
     reject::write_icmp_unreachable(ctx, flow)?;
     Ok(xdp_action::XDP_TX)
+}
+
+/// DSR, on the frontend's node: wraps the (already DNATed) packet in IPIP to the next hop
+/// towards the backend (its node), outer source = the frontend address (the packet's
+/// original destination), outer id = the frontend port; sends it there. When the FIB has
+/// no neighbour entry yet the wrapped packet goes up the stack, which forwards it and
+/// resolves the neighbour for the next ones.
+#[inline(always)]
+fn encap_dsr(ctx: &XdpContext, flow: &Flow, backend_be: u32) -> Result<u32, u32> {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = flow.daddr_be;
+    params.__bindgen_anon_4.ipv4_dst = backend_be;
+    params.ifindex = ctx.ingress_ifindex() as u32;
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !resolved && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        return Err(drop_reason::NO_ROUTE);
+    }
+    // SAFETY: the lookup wrote the next hop (the gateway, or the destination itself).
+    let next_hop = unsafe { params.__bindgen_anon_4.ipv4_dst };
+    let inner: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    let (tos, tot_len, frag) =
+        unsafe { ((*inner).tos, u16::from_be((*inner).tot_len_be), (*inner).frag_be) };
+    // Room in front, then the Ethernet header moves there: [eth][outer IPv4][inner ...].
+    // SAFETY: helper on this program's own context.
+    if unsafe { bpf_xdp_adjust_head(ctx.as_ptr() as *mut _, -(IPIP_LEN as i32)) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let new_eth: *mut [u8; 14] = ptr_at(ctx, 0)?;
+    let old_eth: *mut [u8; 14] = ptr_at(ctx, IPIP_LEN)?;
+    // SAFETY: both bounds-checked; 20 bytes apart and 14 long: no overlap.
+    unsafe { *new_eth = *old_eth };
+    let outer: *mut Ipv4Hdr = ptr_at(ctx, L3_OFF)?;
+    // SAFETY: bounds-checked just above.
+    unsafe { *outer = dsr_outer_header(flow, tos, tot_len, frag, next_hop) };
+    if !resolved {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
+}
+
+/// DSR, on the backend's node: an IPIP packet addressed to this node (in DSR mode) is
+/// unwrapped; the frontend it was sent to (outer source and id) is recorded for the
+/// backend's replies, and the inner packet goes up the stack to the backend. Anything else
+/// without ports passes untouched.
+#[inline(always)]
+fn decap_dsr(ctx: &XdpContext) -> Result<u32, u32> {
+    if !dsr_on() {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let Some((frontend_be, port_be)) = dsr_outer(ctx, node_ip_be())? else {
+        return Ok(xdp_action::XDP_PASS);
+    };
+    let old_eth: *mut [u8; 14] = ptr_at(ctx, 0)?;
+    let new_eth: *mut [u8; 14] = ptr_at(ctx, IPIP_LEN)?;
+    // SAFETY: both bounds-checked; 20 bytes apart and 14 long: no overlap.
+    unsafe { *new_eth = *old_eth };
+    // SAFETY: helper on this program's own context; shrinks the front.
+    if unsafe { bpf_xdp_adjust_head(ctx.as_ptr() as *mut _, IPIP_LEN as i32) } != 0 {
+        return Err(drop_reason::REWRITE_FAILED);
+    }
+    let flow = match parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        // Only TCP/UDP flows are wrapped by skiff; anything else unwrapped goes on as is.
+        Parsed::NoPorts | Parsed::NotIpv4 => return Ok(xdp_action::XDP_PASS),
+    };
+    if flow.irregular != 0 {
+        return Err(flow.irregular);
+    }
+    ct::open_dsr_reply(&flow, frontend_be, port_be)?;
+    Ok(xdp_action::XDP_PASS)
 }

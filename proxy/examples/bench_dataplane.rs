@@ -154,7 +154,9 @@ fn part1() -> Result<()> {
         ensure!(st.success(), "mounting bpffs (the benchmark needs root)");
         let bpffs = Bpffs(dir);
         let pin = bpffs.0.path().join("skiff");
+        let t = Instant::now();
         let mut dp = Dataplane::load(&pin, NODE).context("loading the data plane")?;
+        eprintln!("n={n}: load (maps created, programs loaded) {:?}", t.elapsed());
         let mut maps = ServiceMaps::open_pinned(&pin)?;
         let d = desired(n);
         let mut state = ServiceMapSync::new();
@@ -269,6 +271,15 @@ fn part1() -> Result<()> {
         let xdp_floor_rep = rep(&mut dp, true, &icmp)?;
         let xdp_hit_rep = rep(&mut dp, true, &ping_pkt)?;
         let xdp_miss_rep = rep(&mut dp, true, &np_miss)?;
+        // SKIFF_BENCH_PROFILE=tc|xdp: keep running that hit for ~5 s so a sampling profiler
+        // (`perf record -a -e cpu-clock`) can attribute the time to the program, its helpers
+        // and the map code.
+        if let Ok(which) = std::env::var("SKIFF_BENCH_PROFILE") {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(5) {
+                rep(&mut dp, which == "xdp", &ping_pkt)?;
+            }
+        }
         let mut row = BTreeMap::new();
         row.insert("services", n as f64);
         row.insert("tc_hit_ns", tc_hit);

@@ -41,6 +41,9 @@ pub struct ProxyConfig {
     /// Node-facing interfaces that get the XDP program (NodePort/ExternalIP/LB); where XDP
     /// cannot attach, the tc programs (ingress and egress) serve them instead.
     pub xdp_interfaces: Vec<String>,
+    /// How remote NodePort/ExternalIP/LB backends are reached: SNAT (default, kube-proxy's
+    /// behaviour) or DSR (client address kept, replies straight from the backend's node).
+    pub nodeport_mode: loader::NodePortMode,
     /// Where `/metrics` is served; default 127.0.0.1:10249, kube-proxy's metrics address.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
@@ -58,6 +61,7 @@ impl Default for ProxyConfig {
             cgroup: None,
             tc_interfaces: Vec::new(),
             xdp_interfaces: Vec::new(),
+            nodeport_mode: loader::NodePortMode::Snat,
             metrics_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 10249))),
             debounce: Duration::from_millis(10),
         }
@@ -92,7 +96,8 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
     if let Some(parent) = config.pin_dir.parent() {
         loader::ensure_bpffs(parent)?;
     }
-    let mut dataplane = Dataplane::load(&config.pin_dir, config.node_ip)?;
+    let options = loader::LoadOptions::default().nodeport_mode(config.nodeport_mode);
+    let mut dataplane = Dataplane::load_with(&config.pin_dir, config.node_ip, &options)?;
     if config.socket_lb {
         let cgroup = match &config.cgroup {
             Some(c) => c.clone(),

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod daemon;
 pub mod desired;
 pub mod http;
+pub mod kbtf;
 pub mod loader;
 pub mod maglev;
 pub mod maps;

@@ -13,7 +13,9 @@ use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode,
     cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
 };
-use skiff_ebpf_common::{Config, map_names, prog_names};
+use skiff_ebpf_common::{
+    Config, Counters, MAX_BACKENDS, MAX_REV_NAT, map_names, nodeport_mode, prog_names,
+};
 
 /// The eBPF object built by `build.rs` (empty when built with `SKIFF_EBPF_STUB=1`).
 pub static EBPF_OBJECT: &[u8] =
@@ -22,6 +24,8 @@ pub static EBPF_OBJECT: &[u8] =
 /// Errors of loading and attaching.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("counting the possible CPUs")]
+    Cpus(#[source] std::io::Error),
     #[error("the proxy was built with SKIFF_EBPF_STUB=1: no eBPF object embedded")]
     StubObject,
     #[error("creating pin directory {path}")]
@@ -107,24 +111,145 @@ pub struct Dataplane {
     pin_dir: PathBuf,
 }
 
+/// Kernel memory the per-service and per-backend counter arrays may take together (one
+/// region per possible CPU). On a 2-CPU node both cover every id (~27 MiB); on larger ones
+/// they cover fewer ids and higher ids spill into a hash map.
+pub const STATS_BUDGET_BYTES: u64 = 64 << 20;
+
+/// How NodePort/ExternalIP/LoadBalancer traffic reaches a backend on another node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NodePortMode {
+    /// SNAT to the node address; replies return through this node (default: like
+    /// kube-proxy, works on any network, but the backend sees the node, not the client).
+    #[default]
+    Snat,
+    /// Direct server return over IPIP: the backend sees the client's address and its node
+    /// answers the client directly (every node must use it; see `nodeport_mode::DSR`).
+    Dsr,
+}
+
+impl NodePortMode {
+    /// The value of `Config::nodeport_mode`.
+    pub fn config_value(self) -> u32 {
+        match self {
+            NodePortMode::Snat => nodeport_mode::SNAT,
+            NodePortMode::Dsr => nodeport_mode::DSR,
+        }
+    }
+}
+
+/// How the data plane is loaded.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// How remote NodePort/ExternalIP/LB backends are reached (default SNAT).
+    pub nodeport_mode: NodePortMode,
+    /// Ids per CPU of the per-service and per-backend counter arrays. `None` (the default)
+    /// sizes them from the possible CPUs within `STATS_BUDGET_BYTES` (1/8 for services,
+    /// 7/8 for backends, each at most its id space).
+    pub stats_entries: Option<(u32, u32)>,
+    /// Whether the tc program updates L4 checksums only through the kernel helpers, as it
+    /// does when the kernel's BTF does not say where `sk_buff.ip_summed` is (default false:
+    /// it reads `ip_summed` and updates them itself, one helper call fewer per field).
+    pub checksum_helpers_only: bool,
+}
+
+impl LoadOptions {
+    /// Fixed sizes for the counter arrays (services, backends), e.g. tiny ones in tests of
+    /// the spill path.
+    pub fn stats_entries(mut self, services: u32, backends: u32) -> Self {
+        self.stats_entries = Some((services, backends));
+        self
+    }
+
+    /// Sets `nodeport_mode`.
+    pub fn nodeport_mode(mut self, mode: NodePortMode) -> Self {
+        self.nodeport_mode = mode;
+        self
+    }
+
+    /// Sets `checksum_helpers_only`.
+    pub fn checksum_helpers_only(mut self, on: bool) -> Self {
+        self.checksum_helpers_only = on;
+        self
+    }
+
+    /// Ids per CPU region of the counter arrays (services, backends), and the number of
+    /// regions (possible CPUs).
+    pub fn stats_ids(&self) -> Result<(u32, u32, u32)> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?.max(1);
+        let (svc, be) = match self.stats_entries {
+            Some(ids) => ids,
+            None => {
+                let per_id = (std::mem::size_of::<Counters>() * cpus) as u64;
+                let fit = |share: u64, max: u32| (share / per_id).clamp(1, max as u64) as u32;
+                (
+                    fit(STATS_BUDGET_BYTES / 8, MAX_REV_NAT),
+                    fit(STATS_BUDGET_BYTES / 8 * 7, MAX_BACKENDS),
+                )
+            }
+        };
+        Ok((svc.max(1), be.max(1), cpus as u32))
+    }
+
+    /// The `max_entries` the loader sets, by map name.
+    pub fn map_sizes(&self) -> Result<Vec<(&'static str, u32)>> {
+        let (svc, be, cpus) = self.stats_ids()?;
+        Ok(vec![
+            (map_names::SVC_STATS, svc.saturating_mul(cpus)),
+            (map_names::BE_STATS, be.saturating_mul(cpus)),
+        ])
+    }
+}
+
 impl Dataplane {
     /// Loads the embedded object; maps already pinned in `pin_dir` (a bpffs directory) are
     /// reused, others are created and pinned there. `node_ip` goes into the config map.
     pub fn load(pin_dir: &Path, node_ip: Ipv4Addr) -> Result<Self> {
+        Self::load_with(pin_dir, node_ip, &LoadOptions::default())
+    }
+
+    /// `load` with options.
+    pub fn load_with(pin_dir: &Path, node_ip: Ipv4Addr, options: &LoadOptions) -> Result<Self> {
         if EBPF_OBJECT.is_empty() {
             return Err(Error::StubObject);
         }
         std::fs::create_dir_all(pin_dir)
             .map_err(|source| Error::PinDir { path: pin_dir.into(), source })?;
-        for name in unpin_stale_maps(pin_dir)? {
+        let sizes = options.map_sizes()?;
+        for name in unpin_stale_maps_sized(pin_dir, &sizes)? {
             tracing::warn!(map = %name, "pinned map had an older definition: recreated empty");
         }
-        let ebpf = aya::EbpfLoader::new()
+        // The tc program updates L4 checksums itself when it knows where the kernel keeps
+        // `skb->ip_summed` (and can reach it through the bpf_cast_to_kern_ctx kfunc);
+        // without kernel BTF it uses the kernel helpers.
+        let (ip_summed, kfunc) = match crate::kbtf::tc_facts() {
+            Ok(f) if options.checksum_helpers_only => (0, Some(f.cast_to_kern_ctx)),
+            Ok(f) => (f.ip_summed.encode(), Some(f.cast_to_kern_ctx)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kernel BTF facts: tc checksums through helpers");
+                (0, None)
+            }
+        };
+        let (object, _) = crate::kbtf::resolve_kfunc_calls(EBPF_OBJECT, kfunc);
+        let (svc_ids, be_ids, _) = options.stats_ids()?;
+        let mut loader = aya::EbpfLoader::new();
+        loader
             .default_map_pin_directory(pin_dir)
-            .load(EBPF_OBJECT)
+            .override_global("SKIFF_SKB_IP_SUMMED", &ip_summed, true)
+            .override_global("SKIFF_SVC_STATS_IDS", &svc_ids, true)
+            .override_global("SKIFF_BE_STATS_IDS", &be_ids, true);
+        for (name, n) in &sizes {
+            loader.map_max_entries(name, *n);
+        }
+        let ebpf = loader
+            .load(&object)
             .map_err(|source| Error::Load { pin_dir: pin_dir.into(), source: Box::new(source) })?;
         let mut dp = Self { ebpf, pin_dir: pin_dir.into() };
-        dp.set_config(Config { node_ip_be: u32::from(node_ip).to_be(), debug: 0 })?;
+        dp.set_config(Config {
+            node_ip_be: u32::from(node_ip).to_be(),
+            debug: 0,
+            nodeport_mode: options.nodeport_mode.config_value(),
+        })?;
         Ok(dp)
     }
 
@@ -415,6 +540,11 @@ pub fn ensure_bpffs(dir: &Path) -> Result<()> {
 /// backends hash into an array). Programs still attached keep the old map until they are
 /// replaced; the first sync then refills the new one. Returns the names of removed pins.
 pub fn unpin_stale_maps(pin_dir: &Path) -> Result<Vec<String>> {
+    unpin_stale_maps_sized(pin_dir, &LoadOptions::default().map_sizes()?)
+}
+
+/// `unpin_stale_maps` where the loader overrides some maps' `max_entries` (`sizes`).
+fn unpin_stale_maps_sized(pin_dir: &Path, sizes: &[(&str, u32)]) -> Result<Vec<String>> {
     let obj = aya_obj::Object::parse(EBPF_OBJECT).map_err(|e| Error::ParseObject(Box::new(e)))?;
     let mut removed = Vec::new();
     for (name, def) in &obj.maps {
@@ -427,7 +557,8 @@ pub fn unpin_stale_maps(pin_dir: &Path) -> Result<Vec<String>> {
         let same = info.map_type().is_ok_and(|t| t as u32 == def.map_type())
             && info.key_size() == def.key_size()
             && info.value_size() == def.value_size()
-            && info.max_entries() == def.max_entries()
+            && info.max_entries()
+                == sizes.iter().find(|(n, _)| n == name).map_or(def.max_entries(), |(_, n)| *n)
             && info.map_flags() == def.map_flags();
         if !same {
             std::fs::remove_file(&path).map_err(|source| Error::StalePin { path, source })?;

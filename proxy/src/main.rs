@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use skiff_ebpf_common::{ct_dir, drop_reason, flow_path};
+use skiff_ebpf_common::{ct_dir, ct_flags, drop_reason, flow_path};
 use skiff_proxy::daemon::{self, ProxyConfig};
 use skiff_proxy::loader;
 use skiff_proxy::maps::{FlowReader, ServiceMaps};
@@ -19,6 +19,13 @@ struct Cli {
     pin_dir: PathBuf,
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// `--nodeport-mode`.
+#[derive(Clone, Copy, ValueEnum)]
+enum NodePortModeArg {
+    Snat,
+    Dsr,
 }
 
 #[derive(Subcommand)]
@@ -44,6 +51,10 @@ enum Cmd {
         /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
         #[arg(long = "xdp-iface")]
         xdp_interfaces: Vec<String>,
+        /// How remote NodePort/ExternalIP/LB backends are reached: snat (default) or dsr
+        /// (direct server return over IPIP; every node must use it).
+        #[arg(long, value_enum, default_value = "snat")]
+        nodeport_mode: NodePortModeArg,
         /// Address of /metrics (kube-proxy's default).
         #[arg(long, default_value = "127.0.0.1:10249")]
         metrics_addr: std::net::SocketAddr,
@@ -90,6 +101,7 @@ async fn main() -> Result<()> {
             cgroup,
             tc_interfaces,
             xdp_interfaces,
+            nodeport_mode,
             metrics_addr,
         } => {
             let client = match kubeconfig {
@@ -112,6 +124,10 @@ async fn main() -> Result<()> {
                 tc_interfaces,
                 xdp_interfaces,
                 metrics_addr: Some(metrics_addr),
+                nodeport_mode: match nodeport_mode {
+                    NodePortModeArg::Snat => loader::NodePortMode::Snat,
+                    NodePortModeArg::Dsr => loader::NodePortMode::Dsr,
+                },
                 ..ProxyConfig::default()
             };
             daemon::run(client, config).await?;
@@ -192,13 +208,20 @@ fn print_maps(pin_dir: &std::path::Path, what: MapsWhat) -> Result<()> {
         }
         MapsWhat::Conntrack => {
             println!(
-                "{:<5} {:<6} {:<22} {:<22} {:<22} {:>7}",
-                "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT", "BACKEND"
+                "{:<5} {:<6} {:<22} {:<22} {:<22} {:>7} {:<4}",
+                "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT", "BACKEND", "MODE"
             );
             for (k, v) in maps.conntrack()? {
                 let dir = if k.dir == ct_dir::FORWARD { "fwd" } else { "reply" };
+                let mode = if v.flags & ct_flags::DSR != 0 {
+                    "dsr"
+                } else if v.flags & ct_flags::SNAT != 0 {
+                    "snat"
+                } else {
+                    "-"
+                };
                 println!(
-                    "{:<5} {dir:<6} {:<22} {:<22} {:<22} {:>7}",
+                    "{:<5} {dir:<6} {:<22} {:<22} {:<22} {:>7} {mode:<4}",
                     proto(k.proto),
                     format!("{}:{}", ip(k.saddr_be), u16::from_be(k.sport_be)),
                     format!("{}:{}", ip(k.daddr_be), u16::from_be(k.dport_be)),

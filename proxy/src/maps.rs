@@ -8,7 +8,8 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MaglevTable,
-    RevNat, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason, map_names,
+    RevNat, STATS_ANY, ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason,
+    map_names,
 };
 
 /// Errors of map access.
@@ -27,7 +28,9 @@ pub enum Error {
         #[source]
         source: Box<aya::maps::MapError>,
     },
-    #[error("map {name}: batched update")]
+    #[error("counting the possible CPUs")]
+    Cpus(#[source] std::io::Error),
+    #[error("map {name}: batched access")]
     Batch {
         name: &'static str,
         #[source]
@@ -53,14 +56,16 @@ fn open(dir: &Path, name: &'static str) -> Result<Map> {
 pub struct ServiceMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     backends: Array<MapData, Backend>,
-    rev_nat: HashMap<MapData, u32, RevNat>,
+    rev_nat: Array<MapData, RevNat>,
     conntrack: HashMap<MapData, CtKey, CtValue>,
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     maglev: HashMap<MapData, u32, MaglevTable>,
     source_ranges: LpmTrie<MapData, SourceRangeKey, u32>,
     drops: PerCpuArray<MapData, u64>,
-    stats: PerCpuHashMap<MapData, StatsKey, Counters>,
+    svc_stats: Array<MapData, Counters>,
+    be_stats: Array<MapData, Counters>,
+    stats_spill: PerCpuHashMap<MapData, StatsKey, Counters>,
 }
 
 macro_rules! typed {
@@ -82,7 +87,9 @@ impl ServiceMaps {
             maglev: typed!(dir, map_names::MAGLEV),
             source_ranges: typed!(dir, map_names::SOURCE_RANGES),
             drops: typed!(dir, map_names::DROPS),
-            stats: typed!(dir, map_names::STATS),
+            svc_stats: typed!(dir, map_names::SVC_STATS),
+            be_stats: typed!(dir, map_names::BE_STATS),
+            stats_spill: typed!(dir, map_names::STATS),
         })
     }
 
@@ -105,9 +112,11 @@ impl ServiceMaps {
         }
     }
 
-    /// Removes a backend: zeroes its array entry, which frees the id (absent is fine).
+    /// Removes a backend: zeroes its array entry, which frees the id (absent is fine), and
+    /// its counters.
     pub fn remove_backend(&mut self, id: u32) -> Result<()> {
-        self.put_backend(id, Backend::default())
+        self.put_backend(id, Backend::default())?;
+        self.clear_backend_stats(id)
     }
 
     /// Writes a service slot.
@@ -136,7 +145,7 @@ impl ServiceMaps {
 
     /// Writes a rev-nat entry.
     pub fn put_rev_nat(&mut self, id: u32, v: RevNat) -> Result<()> {
-        self.rev_nat.insert(id, v, 0).map_err(access(map_names::REV_NAT, "insert"))
+        self.rev_nat.set(id, v, 0).map_err(access(map_names::REV_NAT, "set"))
     }
 
     /// Writes rev-nat entries in one batched syscall.
@@ -152,9 +161,11 @@ impl ServiceMaps {
         }
     }
 
-    /// Removes a rev-nat entry (absent is fine).
+    /// Removes a rev-nat entry: zeroes its array entry, which frees the id, and the
+    /// frontend's counters.
     pub fn remove_rev_nat(&mut self, id: u32) -> Result<()> {
-        ignore_missing(self.rev_nat.remove(&id)).map_err(access(map_names::REV_NAT, "remove"))
+        self.put_rev_nat(id, RevNat::default())?;
+        self.clear_service_stats(id)
     }
 
     /// Writes a frontend's Maglev table.
@@ -215,7 +226,11 @@ impl ServiceMaps {
 
     /// All rev-nat entries.
     pub fn rev_nats(&self) -> Result<Vec<(u32, RevNat)>> {
-        self.rev_nat.iter().collect::<Result<_, _>>().map_err(access(map_names::REV_NAT, "iter"))
+        let name = map_names::REV_NAT;
+        let fd = self.rev_nat.map().fd().as_fd();
+        let all = crate::batch::lookup_array::<RevNat>(fd, self.rev_nat.len())
+            .map_err(|source| Error::Batch { name, source })?;
+        Ok(all.into_iter().filter(|(_, v)| !v.is_free()).collect())
     }
 
     /// All conntrack entries.
@@ -297,14 +312,41 @@ impl ServiceMaps {
         Ok(per_cpu.iter().sum())
     }
 
-    /// Per-service counters (by rev-nat id), summed over CPUs and backends.
+    /// Per-service counters (by rev-nat id) with any traffic, summed over CPUs.
     pub fn service_stats(&self) -> Result<Vec<(u32, Counters)>> {
-        sum_stats(&self.stats, |k| k.rev_nat_id).map_err(access(map_names::STATS, "iter"))
+        let mut sums = sum_array(&self.svc_stats, map_names::SVC_STATS)?;
+        sum_spill(&self.stats_spill, &mut sums, |k| {
+            (k.backend_id == STATS_ANY).then_some(k.rev_nat_id)
+        })?;
+        Ok(sums.into_iter().collect())
     }
 
-    /// Per-backend counters (by backend id), summed over CPUs and frontends.
+    /// Per-backend counters (by backend id) with any traffic, summed over CPUs.
     pub fn backend_stats(&self) -> Result<Vec<(u32, Counters)>> {
-        sum_stats(&self.stats, |k| k.backend_id).map_err(access(map_names::STATS, "iter"))
+        let mut sums = sum_array(&self.be_stats, map_names::BE_STATS)?;
+        sum_spill(&self.stats_spill, &mut sums, |k| {
+            (k.rev_nat_id == STATS_ANY).then_some(k.backend_id)
+        })?;
+        Ok(sums.into_iter().collect())
+    }
+
+    /// Zeroes the counters of a freed rev-nat id (so a frontend that gets the id later
+    /// starts from zero).
+    pub fn clear_service_stats(&mut self, rev_nat_id: u32) -> Result<()> {
+        if clear_counters(&mut self.svc_stats, map_names::SVC_STATS, rev_nat_id)? {
+            return Ok(());
+        }
+        let key = StatsKey { rev_nat_id, backend_id: STATS_ANY };
+        ignore_missing(self.stats_spill.remove(&key)).map_err(access(map_names::STATS, "remove"))
+    }
+
+    /// Zeroes the counters of a freed backend id.
+    pub fn clear_backend_stats(&mut self, backend_id: u32) -> Result<()> {
+        if clear_counters(&mut self.be_stats, map_names::BE_STATS, backend_id)? {
+            return Ok(());
+        }
+        let key = StatsKey { rev_nat_id: STATS_ANY, backend_id };
+        ignore_missing(self.stats_spill.remove(&key)).map_err(access(map_names::STATS, "remove"))
     }
 }
 
@@ -349,26 +391,81 @@ impl FlowReader {
     }
 }
 
-fn sum_stats(
-    map: &PerCpuHashMap<MapData, StatsKey, Counters>,
-    by: impl Fn(&StatsKey) -> u32,
-) -> Result<Vec<(u32, Counters)>, aya::maps::MapError> {
-    let mut sums: std::collections::BTreeMap<u32, Counters> = std::collections::BTreeMap::new();
-    for item in map.iter() {
-        let (k, per_cpu) = item?;
-        let c = sums.entry(by(&k)).or_default();
-        for v in per_cpu.iter() {
-            c.packets += v.packets;
-            c.bytes += v.bytes;
-            c.new_conns += v.new_conns;
+/// Ids per CPU region of a counters array (its entries are `cpu * ids + id`).
+fn ids_per_cpu(map: &Array<MapData, Counters>) -> Result<u32> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| Error::Cpus(source))?.max(1);
+    Ok(map.len() / cpus as u32)
+}
+
+/// Zeroes `id`'s counters in every CPU region of a counters array, in one batched write;
+/// false when the id lies beyond the array (its counters are in the spill map).
+fn clear_counters(map: &mut Array<MapData, Counters>, name: &'static str, id: u32) -> Result<bool> {
+    let ids = ids_per_cpu(map)?;
+    if id >= ids {
+        return Ok(false);
+    }
+    let keys: Vec<u32> = (0..map.len() / ids).map(|cpu| cpu * ids + id).collect();
+    let zeros = vec![Counters::default(); keys.len()];
+    match crate::batch::update(map.map().fd().as_fd(), &keys, &zeros) {
+        Ok(()) => Ok(true),
+        Err(e) if e.unsupported() => {
+            for k in keys {
+                map.set(k, Counters::default(), 0).map_err(access(name, "set"))?;
+            }
+            Ok(true)
+        }
+        Err(source) => Err(Error::Batch { name, source }),
+    }
+}
+
+type Sums = std::collections::BTreeMap<u32, Counters>;
+
+fn add_into(c: &mut Counters, v: &Counters) {
+    c.packets += v.packets;
+    c.bytes += v.bytes;
+    c.new_conns += v.new_conns;
+}
+
+/// The non-zero counters of a counters array, summed over its CPU regions: one batched
+/// read of the whole array (hundreds of thousands of entries: one syscall each would take
+/// seconds).
+fn sum_array(map: &Array<MapData, Counters>, name: &'static str) -> Result<Sums> {
+    let ids = ids_per_cpu(map)?.max(1);
+    let rows = crate::batch::lookup_array::<Counters>(map.map().fd().as_fd(), map.len())
+        .map_err(|source| Error::Batch { name, source })?;
+    let mut sums = Sums::new();
+    for (index, c) in rows {
+        if c != Counters::default() {
+            add_into(sums.entry(index % ids).or_default(), &c);
         }
     }
-    Ok(sums.into_iter().collect())
+    Ok(sums)
+}
+
+/// Adds the spilled counters that `id_of` attributes to an id.
+fn sum_spill(
+    map: &PerCpuHashMap<MapData, StatsKey, Counters>,
+    sums: &mut Sums,
+    id_of: impl Fn(&StatsKey) -> Option<u32>,
+) -> Result<()> {
+    for item in map.iter() {
+        let (k, per_cpu) = item.map_err(access(map_names::STATS, "iter"))?;
+        if let Some(id) = id_of(&k) {
+            let c = sums.entry(id).or_default();
+            per_cpu.iter().for_each(|v| add_into(c, v));
+        }
+    }
+    Ok(())
 }
 
 fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
     match r {
         Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
         other => other,
     }
 }

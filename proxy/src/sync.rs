@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use skiff_ebpf_common::{
-    Backend, MAX_BACKENDS, MaglevTable, RevNat, ServiceKey, ServiceValue, backend_flags,
-    backend_state, svc_flags,
+    Backend, MAX_BACKENDS, MAX_REV_NAT, MaglevTable, RevNat, ServiceKey, ServiceValue,
+    backend_flags, backend_state, svc_flags,
 };
 
 use crate::desired::{BackendAddr, BackendSpec, DesiredState, Frontend, FrontendSpec};
@@ -70,7 +70,14 @@ pub struct ServiceMapSync {
     /// Where the search for a free backend id starts: ids are handed out in increasing
     /// order and wrap around at `MAX_BACKENDS`, so a freed id is reused as late as possible.
     next_backend_id: u32,
+    /// Rev-nat ids of `frontends` (entries of the rev-nat array in use).
+    rev_nat_ids: BTreeSet<u32>,
+    /// Where the search for a free rev-nat id starts (as `next_backend_id`, wrapping at
+    /// `MAX_REV_NAT`).
     next_rev_nat_id: u32,
+    /// Rev-nat entries of resumed frontends missing from the map (recreated empty by an
+    /// upgrade that changed its definition): written by the next plan.
+    rev_nat_repairs: Vec<(u32, RevNat)>,
 }
 
 /// The state change a plan leads to, committed once its operations succeeded.
@@ -136,6 +143,25 @@ fn backend_spec(b: &Backend) -> BackendSpec {
     }
 }
 
+/// The next id not in `in_use` at or after `*cursor` (wrapping from `max - 1` to 1), and
+/// moves the cursor past it: ids are handed out in increasing order, so a freed id is reused
+/// as late as possible. Ids allocated earlier in the same plan (`*allocated` of them) lie
+/// between the plan's start and the cursor, so they are skipped as long as a plan allocates
+/// fewer than `max - 1` ids. With every id in use it returns `max`, which the array
+/// rejects: that sync fails (E2BIG) until entries go away.
+fn free_id(in_use: &BTreeSet<u32>, max: u32, cursor: &mut u32, allocated: &mut u32) -> u32 {
+    let ids = max - 1;
+    while *allocated + (in_use.len() as u32) < ids {
+        let id = if *cursor == 0 || *cursor >= max { 1 } else { *cursor };
+        *cursor = id + 1;
+        if !in_use.contains(&id) {
+            *allocated += 1;
+            return id;
+        }
+    }
+    max
+}
+
 impl ServiceMapSync {
     /// An empty state (fresh maps).
     pub fn new() -> Self {
@@ -173,6 +199,7 @@ impl ServiceMapSync {
                 }
                 p.slots[i] = v.backend_id;
             }
+            s.rev_nat_ids.insert(v.rev_nat_id);
             s.next_rev_nat_id = s.next_rev_nat_id.max(v.rev_nat_id + 1);
         }
         let mut refs: HashMap<u32, u32> = HashMap::new();
@@ -193,6 +220,14 @@ impl ServiceMapSync {
             s.backends.insert(addr, BackendEntry { id, value, refs });
         }
         s.orphans.sort_unstable();
+        let present: BTreeSet<u32> =
+            maps.rev_nats().map_err(Error::Resume)?.into_iter().map(|(id, _)| id).collect();
+        for (f, p) in &s.frontends {
+            if !present.contains(&p.rev_nat_id) {
+                let v = RevNat { vip_be: be32(f.ip), port_be: f.port.to_be(), _pad: 0 };
+                s.rev_nat_repairs.push((p.rev_nat_id, v));
+            }
+        }
         Ok(s)
     }
 
@@ -221,7 +256,9 @@ impl ServiceMapSync {
         let mut next_backend_id = self.next_backend_id.max(1);
         let mut allocated = 0u32;
         let mut next_rev_nat_id = self.next_rev_nat_id.max(1);
-        let mut ops = Vec::new();
+        let mut allocated_rev_nat = 0u32;
+        let mut ops: Vec<MapOp> =
+            self.rev_nat_repairs.iter().map(|(id, v)| MapOp::PutRevNat(*id, *v)).collect();
         // Backends touched by this plan: their final entry.
         let mut touched: BTreeMap<BackendAddr, BackendEntry> = BTreeMap::new();
 
@@ -251,8 +288,12 @@ impl ServiceMapSync {
             let rev_nat_id = match old {
                 Some(o) => o.rev_nat_id,
                 None => {
-                    let id = next_rev_nat_id;
-                    next_rev_nat_id += 1;
+                    let id = free_id(
+                        &self.rev_nat_ids,
+                        MAX_REV_NAT,
+                        &mut next_rev_nat_id,
+                        &mut allocated_rev_nat,
+                    );
                     ops.push(MapOp::PutRevNat(
                         id,
                         RevNat { vip_be: be32(f.ip), port_be: f.port.to_be(), _pad: 0 },
@@ -385,32 +426,22 @@ impl ServiceMapSync {
         }
     }
 
-    /// The next free backend id at or after `*cursor` (wrapping from `MAX_BACKENDS - 1` to
-    /// 1), and moves the cursor past it. Ids allocated earlier in the same plan lie between
-    /// the plan's start and the cursor, so they are skipped as long as a plan allocates
-    /// fewer than `MAX_BACKENDS - 1` ids. With every id in use it returns `MAX_BACKENDS`,
-    /// which the array rejects: that sync fails (E2BIG) until backends go away.
+    /// The next free backend id (see `free_id`).
     fn free_backend_id(&self, cursor: &mut u32, allocated: &mut u32) -> u32 {
-        let ids = MAX_BACKENDS - 1;
-        while *allocated + (self.backend_ids.len() as u32) < ids {
-            let id = if *cursor == 0 || *cursor >= MAX_BACKENDS { 1 } else { *cursor };
-            *cursor = id + 1;
-            if !self.backend_ids.contains(&id) {
-                *allocated += 1;
-                return id;
-            }
-        }
-        MAX_BACKENDS
+        free_id(&self.backend_ids, MAX_BACKENDS, cursor, allocated)
     }
 
     fn commit(&mut self, delta: Delta) {
         for (f, p) in delta.frontends {
             match p {
                 Some(p) => {
+                    self.rev_nat_ids.insert(p.rev_nat_id);
                     self.frontends.insert(f, p);
                 }
                 None => {
-                    self.frontends.remove(&f);
+                    if let Some(old) = self.frontends.remove(&f) {
+                        self.rev_nat_ids.remove(&old.rev_nat_id);
+                    }
                 }
             }
         }
@@ -428,6 +459,7 @@ impl ServiceMapSync {
             }
         }
         self.orphans.clear();
+        self.rev_nat_repairs.clear();
         self.next_backend_id = delta.next_backend_id;
         self.next_rev_nat_id = delta.next_rev_nat_id;
     }
@@ -636,6 +668,40 @@ mod tests {
         s.commit(plan.delta);
         assert!(s.backend_ids.contains(&1) && !s.backend_ids.contains(&(MAX_BACKENDS - 1)));
         assert_eq!(s.backend_ids.len(), 3);
+    }
+
+    #[test]
+    fn rev_nat_ids_wrap_around_and_a_freed_id_is_reused_late() {
+        let frontends = |ips: &[&str]| {
+            let mut d = DesiredState::default();
+            for ip in ips {
+                d.frontends.insert(
+                    Frontend { ip: ip.parse().unwrap(), port: 80, proto: 6 },
+                    FrontendSpec {
+                        service: format!("default/{ip}:http"),
+                        flags: svc_flags::CLUSTER_IP,
+                        affinity_timeout_s: 0,
+                        source_ranges: Vec::new(),
+                        backends: Vec::new(),
+                    },
+                );
+            }
+            d
+        };
+        let revs = |ops: &[MapOp]| -> Vec<String> {
+            kinds(ops).into_iter().filter(|k| k.contains("rev")).collect()
+        };
+        let mut s = ServiceMapSync::new();
+        s.next_rev_nat_id = MAX_REV_NAT - 1;
+        let plan = s.plan(&frontends(&["10.96.0.1", "10.96.0.2"]));
+        assert_eq!(revs(&plan.ops), [format!("+rev{}", MAX_REV_NAT - 1), "+rev1".into()]);
+        s.commit(plan.delta);
+        // 10.96.0.1 goes (its id freed), 10.96.0.3 comes: it gets the cursor's id 2, not the
+        // one just freed.
+        let plan = s.plan(&frontends(&["10.96.0.2", "10.96.0.3"]));
+        assert_eq!(revs(&plan.ops), ["+rev2".to_string(), format!("-rev{}", MAX_REV_NAT - 1)]);
+        s.commit(plan.delta);
+        assert_eq!(s.rev_nat_ids.iter().copied().collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::time::Duration;
 use aya::programs::TcAttachType;
 use common::netns::*;
 use common::*;
-use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, drop_reason};
-use skiff_proxy::loader::{Dataplane, cgroup2_root};
+use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, ct_flags, drop_reason};
+use skiff_proxy::loader::{Dataplane, LoadOptions, NodePortMode, cgroup2_root};
 use skiff_proxy::maps::ServiceMaps;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -552,4 +552,202 @@ fn traffic_policies_local_end_to_end() {
     );
     let data = talk(&rig, NODE_CLIENT_SIDE, 30091, "still").expect("eTP Cluster still serves");
     assert!(data.ends_with("|still"), "{data}");
+}
+
+/// One counter of `/proc/net/dev` (`field`: 0 = rx bytes, 1 = rx packets, 8 = tx bytes,
+/// 9 = tx packets) of `iface` in `ns`.
+fn dev_counter(ns: &Netns, iface: &str, field: usize) -> u64 {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", ns.path().display()))
+        .args(["cat", "/proc/net/dev"])
+        .output()
+        .expect("nsenter cat /proc/net/dev");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{iface}:")))
+        .unwrap_or_else(|| panic!("{iface} in /proc/net/dev of {}: {text}", ns.name));
+    let fields: Vec<u64> =
+        line.split(':').nth(1).unwrap().split_whitespace().map(|f| f.parse().unwrap()).collect();
+    fields[field]
+}
+
+/// DSR end to end: client — lab bridge — node A (frontend) and node B (backend's node,
+/// backend behind it). The backend sees the client's address; its replies leave node B
+/// with node A's address and NodePort as source and go to the client directly: node A
+/// receives only the client's segments.
+#[test]
+fn nodeport_dsr_replies_go_straight_from_the_backends_node() {
+    dsr_end_to_end(false);
+}
+
+/// The same through the tc fallback on both nodes (where XDP cannot attach): the ingress
+/// program wraps on node A and unwraps on node B.
+#[test]
+fn nodeport_dsr_through_the_tc_fallback() {
+    dsr_end_to_end(true);
+}
+
+fn dsr_end_to_end(tc_fallback: bool) {
+    let tag = format!("{}-dsr{}", std::process::id(), u8::from(tc_fallback));
+    let lab = Netns::new(format!("skf-l-{tag}"));
+    let client = Netns::new(format!("skf-c-{tag}"));
+    let node_a = Netns::new(format!("skf-a-{tag}"));
+    let node_b = Netns::new(format!("skf-b-{tag}"));
+    let pod = Netns::new(format!("skf-p-{tag}"));
+    lab.ip(&["link", "add", "br0", "type", "bridge"]);
+    for (ns, inside, outside) in
+        [(&client, "c0", "lc"), (&node_a, "a0", "la"), (&node_b, "b0", "lb")]
+    {
+        lab.ip(&[
+            "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", &ns.name,
+        ]);
+        lab.ip(&["link", "set", outside, "master", "br0", "up"]);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns.ip(&["link", "set", inside, "up"]);
+    }
+    lab.ip(&["link", "set", "br0", "up"]);
+    client.ip(&["addr", "add", "10.210.0.10/24", "dev", "c0"]);
+    node_a.ip(&["addr", "add", "10.210.0.1/24", "dev", "a0"]);
+    node_b.ip(&["addr", "add", "10.210.0.2/24", "dev", "b0"]);
+    // The backend's subnet lives behind node B.
+    node_b.ip(&["link", "add", "bp0", "type", "veth", "peer", "name", "p0", "netns", &pod.name]);
+    node_b.ip(&["addr", "add", "10.201.1.1/24", "dev", "bp0"]);
+    node_b.ip(&["link", "set", "bp0", "up"]);
+    pod.ip(&["link", "set", "lo", "up"]);
+    for a in BACKEND_IPS {
+        pod.ip(&["addr", "add", &format!("{a}/24"), "dev", "p0"]);
+    }
+    pod.ip(&["link", "set", "p0", "up"]);
+    pod.ip(&["route", "add", "default", "via", "10.201.1.1"]);
+    node_a.ip(&["route", "add", "10.201.1.0/24", "via", "10.210.0.2"]);
+    for n in [&node_a, &node_b] {
+        n.nsenter(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    }
+    let _servers = EchoServers::start(&pod);
+
+    let node_a_ip = Ipv4Addr::new(10, 210, 0, 1);
+    let dsr = LoadOptions::default().nodeport_mode(NodePortMode::Dsr);
+    let (bpffs_a, bpffs_b) = (BpffsDir::new(), BpffsDir::new());
+    let mut dp_a = Dataplane::load_with(&bpffs_a.path(), node_a_ip, &dsr).expect("load A");
+    let mut dp_b =
+        Dataplane::load_with(&bpffs_b.path(), Ipv4Addr::new(10, 210, 0, 2), &dsr).expect("load B");
+    let mut maps_a = ServiceMaps::open_pinned(&bpffs_a.path()).unwrap();
+    let maps_b = ServiceMaps::open_pinned(&bpffs_b.path()).unwrap();
+    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
+    let any = Ipv4Addr::UNSPECIFIED;
+    put_service(
+        &mut maps_a,
+        any,
+        30090,
+        PROTO_TCP,
+        np,
+        1,
+        &[(1, BACKEND_IPS[0], BACKEND_PORT, false)],
+    );
+    let udp_backend = [(2, BACKEND_IPS[0], BACKEND_PORT, false)];
+    put_service(&mut maps_a, any, 30091, PROTO_UDP, np, 2, &udp_backend);
+    // Node A: XDP on its interface (and on the bridge-side peer, so the frames it sends back
+    // out of the same veth are accepted). Node B: XDP unwraps, tc egress rewrites replies.
+    // Or the tc fallback on both (ingress wraps / unwraps, egress rewrites).
+    let mut attached: Vec<Box<dyn Send>> = Vec::new();
+    if tc_fallback {
+        let (i, e) = in_netns(&node_a, || dp_a.attach_tc_nodeport("a0").expect("tc a0"));
+        attached.push(Box::new(i));
+        attached.push(Box::new(e));
+        let (i, e) = in_netns(&node_b, || dp_b.attach_tc_nodeport("b0").expect("tc b0"));
+        attached.push(Box::new(i));
+        attached.push(Box::new(e));
+    } else {
+        attached.push(Box::new(in_netns(&node_a, || dp_a.attach_xdp("a0").expect("xdp a0"))));
+        attached.push(Box::new(in_netns(&lab, || dp_a.attach_xdp("la").expect("xdp la"))));
+        let (x, t) = in_netns(&node_b, || {
+            (
+                dp_b.attach_xdp("b0").expect("xdp b0"),
+                dp_b.attach_tc("b0", TcAttachType::Egress).expect("tc egress b0"),
+            )
+        });
+        attached.push(Box::new(x));
+        attached.push(Box::new(t));
+    }
+    in_netns(&client, || disable_tx_csum("c0"));
+
+    let a_rx_before = dev_counter(&node_a, "a0", 1);
+    let c_rx_before = dev_counter(&client, "c0", 1);
+    let c_tx_before = dev_counter(&client, "c0", 9);
+    for i in 0..3 {
+        let msg = format!("dsr{i}");
+        let data = in_netns(&client, || -> Result<String, std::io::ErrorKind> {
+            let mut s =
+                TcpStream::connect_timeout(&sockaddr(node_a_ip, 30090), Duration::from_secs(5))
+                    .map_err(|e| e.kind())?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
+            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+            let mut data = String::new();
+            s.read_to_string(&mut data).map_err(|e| e.kind())?;
+            Ok(data)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "DSR NodePort: {e:?}; drops A {:?} B {:?}; ct A {:?} B {:?}",
+                maps_a.drops().unwrap(),
+                maps_b.drops().unwrap(),
+                maps_a.conntrack().unwrap(),
+                maps_b.conntrack().unwrap()
+            )
+        });
+        // The TCP connection to node A's address completed: its SYN-ACK and data came
+        // from 10.210.0.1:30090. The backend saw the client's own address.
+        assert_eq!(data, format!("10.201.1.2|10.210.0.10|dsr{i}"));
+    }
+    let a_rx = dev_counter(&node_a, "a0", 1) - a_rx_before;
+    let c_rx = dev_counter(&client, "c0", 1) - c_rx_before;
+    let c_tx = dev_counter(&client, "c0", 9) - c_tx_before;
+    // Node A received the client's frames (and ARP), never the replies: a handful more
+    // frames than the client sent at most, far fewer than client sent + client received.
+    eprintln!("frames: node A received {a_rx}, client sent {c_tx}, client received {c_rx}");
+    assert!(c_rx >= 9, "the client got SYN-ACKs, data and FINs: {c_rx}");
+    assert!(a_rx <= c_tx + 4, "node A received {a_rx} frames; the client sent {c_tx}");
+    // UDP the same way: the datagram's answer comes from node A's address and NodePort
+    // (the socket is connected to it: anything else would not be received).
+    let answer = in_netns(&client, || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.connect(sockaddr(node_a_ip, 30091)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 256];
+        for _ in 0..3 {
+            s.send(b"dsr-udp").unwrap();
+            if let Ok(n) = s.recv(&mut buf) {
+                return String::from_utf8_lossy(&buf[..n]).to_string();
+            }
+        }
+        panic!("no UDP answer through DSR");
+    });
+    assert_eq!(answer, "10.201.1.2|10.210.0.10|dsr-udp");
+    let ct_a = maps_a.conntrack().unwrap();
+    assert!(
+        ct_a.iter().all(|(k, v)| k.dir == ct_dir::FORWARD && v.flags == ct_flags::DSR),
+        "{ct_a:?}"
+    );
+    assert_eq!(ct_a.len(), 4, "one DSR flow per connection (and the UDP flow) on node A");
+    let ct_b = maps_b.conntrack().unwrap();
+    assert!(
+        ct_b.iter().all(|(k, v)| k.dir == ct_dir::REPLY && v.flags == ct_flags::DSR),
+        "{ct_b:?}"
+    );
+    assert_eq!(ct_b.len(), 4, "node B remembers each flow's frontend");
+    assert!(ct_b.iter().all(|(_, v)| v.nat_addr_be == u32::from(node_a_ip).to_be()));
+    let stats = maps_a.service_stats().unwrap();
+    assert_eq!(stats.iter().find(|(i, _)| *i == 1).expect("counted").1.new_conns, 3);
+    // (ARP is counted as non-IPv4 and passed, not dropped.)
+    let dropped = |m: &ServiceMaps| -> Vec<(u32, u64)> {
+        m.drops()
+            .unwrap()
+            .into_iter()
+            .filter(|(r, n)| *n > 0 && *r != drop_reason::NON_IPV4)
+            .collect()
+    };
+    assert_eq!(dropped(&maps_a), vec![], "no drops on A");
+    assert_eq!(dropped(&maps_b), vec![], "no drops on B");
 }

@@ -120,6 +120,16 @@ fn sync_programs_the_maps_and_a_restart_resumes_without_flushing() {
     let ops =
         state.sync(&mut maps, &desired("TCP", &["10.0.1.1", "10.0.1.2", "10.0.1.3"])).unwrap();
     assert_eq!(ops, 3, "one backend, one slot, the frontend count");
+
+    // A rev-nat map recreated empty (an upgrade changed its definition) is refilled by the
+    // first sync after the resume, though no frontend changed.
+    let (id, entry) = maps.rev_nats().unwrap()[0];
+    maps.remove_rev_nat(id).unwrap();
+    let mut state = ServiceMapSync::resume(&maps).unwrap();
+    let want = desired("TCP", &["10.0.1.1", "10.0.1.2", "10.0.1.3"]);
+    assert_eq!(state.sync(&mut maps, &want).unwrap(), 1, "only the missing rev-nat entry");
+    assert_eq!(maps.rev_nats().unwrap(), vec![(id, entry)]);
+    assert!(state.plan(&want).ops.is_empty());
 }
 
 #[test]
@@ -129,10 +139,10 @@ fn a_pinned_map_with_an_older_definition_is_recreated_on_load() {
     drop(Dataplane::load(&dir, NODE).unwrap());
     assert!(unpin_stale_maps(&dir).unwrap().is_empty(), "maps of the same object are reused");
     // Stand in for a pin left by an older proxy whose backends map was a hash: another
-    // map (the rev-nat hash) pinned under the backends name.
+    // map (the counters' spill hash) pinned under the backends name.
     let backends = dir.join("SKIFF_BACKENDS");
     std::fs::remove_file(&backends).unwrap();
-    std::fs::hard_link(dir.join("SKIFF_REV_NAT"), &backends).unwrap();
+    std::fs::hard_link(dir.join("SKIFF_STATS"), &backends).unwrap();
     assert!(ServiceMaps::open_pinned(&dir).is_err(), "a hash where the array belongs");
     let mut dp = Dataplane::load(&dir, NODE).unwrap();
     let mut maps = ServiceMaps::open_pinned(&dir).unwrap();

@@ -9,7 +9,7 @@ use aya::TestRun;
 use aya::TestRunOptions;
 use common::*;
 use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, drop_reason, svc_flags};
-use skiff_proxy::loader::Dataplane;
+use skiff_proxy::loader::{Dataplane, LoadOptions, NodePortMode};
 use skiff_proxy::maps::ServiceMaps;
 
 const TC_ACT_OK: u32 = 0;
@@ -32,8 +32,12 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(&LoadOptions::default())
+}
+
+fn rig_with(options: &LoadOptions) -> Rig {
     let bpffs = BpffsDir::new();
-    let dp = Dataplane::load(&bpffs.path(), NODE).expect("load the eBPF object");
+    let dp = Dataplane::load_with(&bpffs.path(), NODE, options).expect("load the eBPF object");
     let maps = ServiceMaps::open_pinned(&bpffs.path()).expect("open pinned maps");
     Rig { dp, maps, _bpffs: bpffs }
 }
@@ -154,6 +158,83 @@ fn tc_dnat_udp_with_and_without_checksum() {
     let p = parse_and_verify(&out);
     assert_eq!((p.dst, p.dport), (BACKEND, 8080));
     assert_eq!(&out[14 + 20 + 6..14 + 20 + 8], &[0, 0], "a zero UDP checksum stays zero");
+}
+
+/// The tc program updates L4 checksums itself when the loader found `sk_buff.ip_summed` in
+/// the kernel's BTF (test_run skbs are CHECKSUM_NONE: full checksums); the result must be
+/// byte for byte what the kernel helpers produce, both directions, TCP and UDP (with and
+/// without a checksum).
+#[test]
+fn tc_direct_checksums_equal_the_kernel_helpers() {
+    let packets = |proto: u8, sport: u16| -> (Vec<u8>, Vec<u8>) {
+        let (mut fwd, mut rep) = if proto == PROTO_TCP {
+            (Pkt::tcp(CLIENT, sport, VIP, 80), Pkt::tcp(BACKEND, 8080, CLIENT, sport))
+        } else {
+            (Pkt::udp(CLIENT, sport, VIP, 80), Pkt::udp(BACKEND, 8080, CLIENT, sport))
+        };
+        fwd.payload = b"odd-length payload!".to_vec();
+        rep.payload = vec![0xa5; 33];
+        (fwd.build(), rep.build())
+    };
+    let mut direct = rig();
+    let mut helpers = rig_with(&LoadOptions::default().checksum_helpers_only(true));
+    for (proto, sport, zero_udp) in
+        [(PROTO_TCP, 41000, false), (PROTO_UDP, 41001, false), (PROTO_UDP, 41002, true)]
+    {
+        direct.one_service(proto);
+        helpers.one_service(proto);
+        let (mut fwd, rep) = packets(proto, sport);
+        if zero_udp {
+            fwd[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
+        }
+        let (rc_d, out_d) = direct.tc(&fwd);
+        let (rc_h, out_h) = helpers.tc(&fwd);
+        assert_eq!((rc_d, rc_h), (TC_ACT_OK, TC_ACT_OK));
+        assert_eq!(out_d, out_h, "forward {proto}/{sport}: direct and helper rewrites differ");
+        let p = parse_and_verify(&out_d);
+        assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+        if zero_udp {
+            assert_eq!(&out_d[14 + 20 + 6..14 + 20 + 8], &[0, 0], "no UDP checksum stays none");
+        }
+        let (_, rep_d) = direct.tc(&rep);
+        let (_, rep_h) = helpers.tc(&rep);
+        assert_eq!(rep_d, rep_h, "reply {proto}/{sport}: direct and helper rewrites differ");
+        let p = parse_and_verify(&rep_d);
+        assert_eq!((p.src, p.sport), (VIP, 80));
+    }
+}
+
+/// Counters of ids beyond the per-CPU arrays spill into the hash map and still add up per
+/// service and per backend; removing a frontend or backend clears its counters (the id is
+/// reused later), in the arrays and in the spill map.
+#[test]
+fn counters_spill_beyond_the_arrays_and_removal_clears_them() {
+    // Arrays of 4 entries: rev-nat 7 and backend 11 spill, rev-nat 2 and backend 3 do not.
+    let mut r = rig_with(&LoadOptions::default().stats_entries(4, 4));
+    r.one_service(PROTO_TCP);
+    let vip2 = Ipv4Addr::new(10, 96, 0, 11);
+    let be2 = Ipv4Addr::new(10, 0, 1, 6);
+    put_service(&mut r.maps, vip2, 80, PROTO_TCP, CLUSTER_IP, 2, &[(3, be2, 8080, false)]);
+    for (vip, sport) in [(VIP, 42000), (VIP, 42000), (vip2, 42001), (vip2, 42001), (vip2, 42001)] {
+        let (rc, _) = r.tc(&Pkt::tcp(CLIENT, sport, vip, 80).build());
+        assert_eq!(rc, TC_ACT_OK);
+    }
+    let svc = r.maps.service_stats().unwrap();
+    let pkts: Vec<(u32, u64, u64)> =
+        svc.iter().map(|(i, c)| (*i, c.packets, c.new_conns)).collect();
+    assert_eq!(pkts, vec![(2, 3, 1), (7, 2, 1)], "per-service counters");
+    let be = r.maps.backend_stats().unwrap();
+    let pkts: Vec<(u32, u64, u64)> = be.iter().map(|(i, c)| (*i, c.packets, c.new_conns)).collect();
+    assert_eq!(pkts, vec![(3, 3, 1), (11, 2, 1)], "per-backend counters");
+
+    r.maps.remove_rev_nat(7).unwrap();
+    r.maps.remove_backend(11).unwrap();
+    r.maps.remove_rev_nat(2).unwrap();
+    assert!(r.maps.service_stats().unwrap().is_empty(), "frontend counters cleared");
+    let be: Vec<u32> = r.maps.backend_stats().unwrap().iter().map(|(i, _)| *i).collect();
+    assert_eq!(be, vec![3], "only the removed backend's counters cleared");
+    r.maps.remove_backend(3).unwrap();
+    assert!(r.maps.backend_stats().unwrap().is_empty());
 }
 
 #[test]
@@ -291,6 +372,154 @@ fn xdp_nodeport_to_remote_backend_is_snated_to_the_node() {
     let p = parse_and_verify(&out);
     assert_eq!((p.src, p.sport), (NODE, 30080));
     assert_eq!((p.dst, p.dport), (CLIENT, 50001));
+}
+
+/// A namespace whose FIB routes the backends (10.0.1.0/24) via 10.99.0.2 on a veth, with a
+/// permanent neighbour entry: XDP test runs inside it get a deterministic next hop (nothing
+/// is sent: BPF_PROG_TEST_RUN only returns the verdict).
+fn dsr_fib_netns() -> common::netns::Netns {
+    let ns = common::netns::Netns::new(format!("skf-dsr-{}", std::process::id()));
+    ns.ip(&["link", "set", "lo", "up"]);
+    ns.ip(&["link", "add", "v0", "address", "02:00:00:00:00:10", "type", "veth", "peer", "v1"]);
+    ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "v0"]);
+    ns.ip(&["link", "set", "v0", "up"]);
+    ns.ip(&["link", "set", "v1", "up"]);
+    ns.ip(&["route", "add", "10.0.1.0/24", "via", "10.99.0.2"]);
+    ns.ip(&[
+        "neigh",
+        "add",
+        "10.99.0.2",
+        "lladdr",
+        "02:00:00:00:00:99",
+        "dev",
+        "v0",
+        "nud",
+        "permanent",
+    ]);
+    ns.nsenter(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    ns
+}
+
+/// Asserts that `out` is `inner` (Ethernet + IPv4 frame of `inner_len` IPv4 bytes from
+/// CLIENT:sport, DNATed to BACKEND:8080) wrapped for DSR to 10.99.0.2 from NODE:30080.
+fn assert_dsr_wrapped(out: &[u8], inner_len: usize, sport: u16) {
+    assert_eq!(out.len(), 14 + 20 + inner_len, "20 bytes of outer header");
+    assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 0x99], "next hop's MAC");
+    assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0x10], "egress interface's MAC");
+    let outer = &out[14..34];
+    assert_eq!(checksum(outer, 0), 0, "outer IPv4 checksum");
+    assert_eq!(outer[9], 4, "IPIP");
+    assert_eq!(u16::from_be_bytes([outer[2], outer[3]]) as usize, 20 + inner_len);
+    assert_eq!(&outer[12..16], &NODE.octets(), "outer source: the frontend address");
+    assert_eq!(&outer[16..20], &[10, 99, 0, 2], "outer destination: the backend's node");
+    assert_eq!(u16::from_be_bytes([outer[4], outer[5]]), 30080, "outer id: frontend port");
+    let mut inner = out[..14].to_vec();
+    inner.extend_from_slice(&out[34..]);
+    let p = parse_and_verify(&inner);
+    assert_eq!((p.src, p.sport), (CLIENT, sport), "no SNAT: the client address is kept");
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+}
+
+/// DSR on the frontend's node: a NodePort flow to a remote backend is DNATed (client
+/// address kept) and wrapped in IPIP to the backend's node (the FIB's next hop), outer
+/// source = the frontend address, outer id = the frontend port; no REPLY entry here. By
+/// XDP and by the tc fallback alike.
+#[test]
+fn dsr_wraps_remote_backend_flows_in_ipip_to_the_next_hop() {
+    let ns = dsr_fib_netns();
+    for xdp in [true, false] {
+        let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+        nodeport(&mut r, false);
+        let sport = if xdp { 50010 } else { 50011 };
+        let mut syn = Pkt::tcp(CLIENT, sport, NODE, 30080);
+        syn.payload = b"dsr!".to_vec();
+        let inner_len = syn.build().len() - 14;
+        for round in 0..2 {
+            let (rc, out) = common::netns::in_netns(&ns, || {
+                if xdp { r.xdp(&syn.build()) } else { r.tc(&syn.build()) }
+            });
+            let want = if xdp { XDP_REDIRECT } else { TC_ACT_REDIRECT };
+            assert_eq!(rc, want, "xdp={xdp} round {round}: drops {:?}", r.maps.drops().unwrap());
+            assert_dsr_wrapped(&out, inner_len, sport);
+        }
+        let ct = r.maps.conntrack().unwrap();
+        assert_eq!(ct.len(), 1, "only the FORWARD entry: replies do not come back: {ct:?}");
+        assert_eq!(ct[0].0.dir, ct_dir::FORWARD);
+        assert_eq!(ct[0].1.flags, skiff_ebpf_common::ct_flags::DSR);
+        let stats = r.maps.service_stats().unwrap();
+        assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (9, 2, 1));
+    }
+}
+
+/// DSR on the backend's node: the IPIP packet addressed to it is unwrapped and passed on;
+/// the backend's reply then leaves with the frontend (outer source:id) as its source. Not
+/// in DSR mode, or not addressed to this node, an IPIP packet passes untouched.
+#[test]
+fn dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
+    let frontend = Ipv4Addr::new(192, 168, 77, 9);
+    let wrap = |outer_dst: Ipv4Addr| -> Vec<u8> {
+        let mut inner = Pkt::tcp(CLIENT, 50020, BACKEND, 8080);
+        inner.payload = b"hello backend".to_vec();
+        let inner = inner.build();
+        let mut outer = vec![0u8; 20];
+        outer[0] = 0x45;
+        let tot = (20 + inner.len() - 14) as u16;
+        outer[2..4].copy_from_slice(&tot.to_be_bytes());
+        outer[4..6].copy_from_slice(&30080u16.to_be_bytes());
+        outer[8] = 64;
+        outer[9] = 4;
+        outer[12..16].copy_from_slice(&frontend.octets());
+        outer[16..20].copy_from_slice(&outer_dst.octets());
+        let c = checksum(&outer, 0);
+        outer[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut p = inner[..14].to_vec();
+        p.extend_from_slice(&outer);
+        p.extend_from_slice(&inner[14..]);
+        p
+    };
+    // Not in DSR mode: untouched.
+    let mut snat = rig();
+    let pkt = wrap(NODE);
+    assert_eq!(snat.xdp(&pkt), (XDP_PASS, pkt.clone()));
+    assert_eq!(snat.tc(&pkt), (TC_ACT_OK, pkt.clone()));
+    assert!(snat.maps.conntrack().unwrap().is_empty());
+
+    // The tc fallback (ingress) unwraps the same way.
+    let mut tc = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+    let (rc, out) = tc.tc(&pkt);
+    assert_eq!(rc, TC_ACT_OK, "drops {:?}", tc.maps.drops().unwrap());
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50020, BACKEND, 8080));
+    let ct = tc.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 1, "{ct:?}");
+    assert_eq!((ct[0].1.nat_addr_be, u16::from_be(ct[0].1.nat_port_be)), (be32(frontend), 30080));
+
+    let mut r = rig_with(&LoadOptions::default().nodeport_mode(NodePortMode::Dsr));
+    // Addressed to another node: untouched.
+    let other = wrap(Ipv4Addr::new(192, 168, 77, 200));
+    assert_eq!(r.xdp(&other), (XDP_PASS, other.clone()));
+    let (rc, out) = r.xdp(&pkt);
+    assert_eq!(rc, XDP_PASS, "drops {:?}", r.maps.drops().unwrap());
+    assert_eq!(out.len(), pkt.len() - 20, "outer header removed");
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50020, BACKEND, 8080));
+    let ct = r.maps.conntrack().unwrap();
+    assert_eq!(ct.len(), 1, "{ct:?}");
+    let (k, v) = ct[0];
+    assert_eq!((k.dir, k.saddr_be, k.daddr_be), (ct_dir::REPLY, be32(BACKEND), be32(CLIENT)));
+    assert_eq!((v.nat_addr_be, u16::from_be(v.nat_port_be)), (be32(frontend), 30080));
+    // A second packet of the flow finds the entry.
+    assert_eq!(r.xdp(&pkt).0, XDP_PASS);
+    assert_eq!(r.maps.conntrack().unwrap().len(), 1);
+
+    // The backend's reply leaves with the frontend as source (tc on the way out).
+    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50020);
+    reply.tcp_flags = 0x12;
+    let (rc, out) = r.tc(&reply.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.src, p.sport), (frontend, 30080), "reply from the frontend address");
+    assert_eq!((p.dst, p.dport), (CLIENT, 50020));
 }
 
 #[test]

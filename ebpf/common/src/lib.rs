@@ -21,7 +21,9 @@ pub mod map_names {
     /// all-zero entry (`Backend::is_free`). An array, not a hash: a write needs no allocation
     /// and no hashing, which is most of what a full sync of many endpoints costs.
     pub const BACKENDS: &str = "SKIFF_BACKENDS";
-    /// `u32` rev-nat id → `RevNat` (the frontend a backend reply must appear to come from).
+    /// Array indexed by rev-nat id (`1..MAX_REV_NAT`) of `RevNat` (the frontend a backend
+    /// reply must appear to come from); a free id holds zeroes (`RevNat::is_free`).
+    /// Preallocated like `BACKENDS`: writes need no allocation and no hashing.
     pub const REV_NAT: &str = "SKIFF_REV_NAT";
     /// `CtKey` → `CtValue`, LRU: per-packet NAT connection tracking (tc and XDP paths).
     pub const CONNTRACK: &str = "SKIFF_CT";
@@ -29,8 +31,16 @@ pub mod map_names {
     pub const SOCK_REV: &str = "SKIFF_SOCK_REV";
     /// Per-CPU array indexed by `drop_reason::*` of `u64` counts.
     pub const DROPS: &str = "SKIFF_DROPS";
-    /// Per-CPU hash `StatsKey` (frontend, backend) → `Counters`: one lookup per packet;
-    /// user space sums it per service and per backend.
+    /// Array of `Counters` (per-service traffic) in one region per possible CPU: entry
+    /// `cpu * ids + rev_nat_id`. The loader sizes it (`ids` per CPU from the CPU count
+    /// within a memory budget) and tells the programs `ids` (global `SKIFF_SVC_STATS_IDS`);
+    /// ids beyond it spill into `STATS`.
+    pub const SVC_STATS: &str = "SKIFF_SVC_STATS";
+    /// Array of `Counters` (per-backend traffic), entry `cpu * ids + backend_id`, sized
+    /// as `SVC_STATS` (global `SKIFF_BE_STATS_IDS`).
+    pub const BE_STATS: &str = "SKIFF_BE_STATS";
+    /// Per-CPU hash `StatsKey` → `Counters` for ids beyond the stats arrays: a service's
+    /// under `{rev_nat_id, STATS_ANY}`, a backend's under `{STATS_ANY, backend_id}`.
     pub const STATS: &str = "SKIFF_STATS";
     /// Array of one `Config`.
     pub const CONFIG: &str = "SKIFF_CONFIG";
@@ -43,6 +53,11 @@ pub mod map_names {
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
 }
+
+/// BTF id placeholder of the kfunc call the tc program emits by hand (`bpf_cast_to_kern_ctx`):
+/// the loader finds the instruction `call` with src_reg 2 and this immediate in the object
+/// and writes the kfunc's id in the running kernel's BTF in its place.
+pub const KFUNC_PLACEHOLDER: u32 = 0x7fca_5eed;
 
 /// Program names in the object (the Rust function names of the entry points).
 pub mod prog_names {
@@ -87,6 +102,8 @@ pub mod drop_reason {
     pub const BAD_VERSION: u32 = 9;
     /// Source outside the frontend's loadBalancerSourceRanges.
     pub const SOURCE_RANGE: u32 = 10;
+    /// No route towards a remote backend (DSR forwarding).
+    pub const NO_ROUTE: u32 = 11;
     /// Number of reasons (size of the DROPS array).
     pub const COUNT: u32 = 16;
 
@@ -104,6 +121,7 @@ pub mod drop_reason {
             NON_IPV4 => "non-ipv4",
             BAD_VERSION => "bad-ip-version",
             SOURCE_RANGE => "source-range",
+            NO_ROUTE => "no-route",
             _ => "unknown",
         }
     }
@@ -219,6 +237,12 @@ impl Backend {
     }
 }
 
+/// `StatsKey` half that is not set: the key counts only the other id.
+pub const STATS_ANY: u32 = u32::MAX;
+
+/// Rev-nat ids are `1..MAX_REV_NAT` (frontends of one node; id 0 is never allocated).
+pub const MAX_REV_NAT: u32 = 65_536;
+
 /// Reverse-NAT value: the frontend a backend's reply must appear to come from.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -231,6 +255,14 @@ pub struct RevNat {
     pub _pad: u16,
 }
 const _: () = assert!(size_of::<RevNat>() == 8);
+
+impl RevNat {
+    /// Whether this array entry is a free id (every frontend has a port).
+    #[inline(always)]
+    pub const fn is_free(&self) -> bool {
+        self.port_be == 0
+    }
+}
 
 /// `CtKey::dir` values.
 pub mod ct_dir {
@@ -265,6 +297,11 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 pub mod ct_flags {
     /// The forward path also rewrote the source to the node address (remote NodePort).
     pub const SNAT: u16 = 1 << 0;
+    /// Direct server return. On a FORWARD entry: the node forwards the DNATed packets to
+    /// the backend's node inside an IPIP header (no SNAT). On a REPLY entry: written by the
+    /// backend's node when it decapsulates such a packet; the backend's replies leave that
+    /// node with the frontend as their source, straight to the client.
+    pub const DSR: u16 = 1 << 1;
 }
 
 /// Conntrack value.
@@ -433,8 +470,8 @@ pub struct Counters {
 }
 const _: () = assert!(size_of::<Counters>() == 24);
 
-/// Key of the traffic counters: a (frontend, backend) pair, so the packet path does one
-/// per-CPU lookup for both the per-service and the per-backend numbers.
+/// Key of the spilled traffic counters (`map_names::STATS`): one of the two ids, the other
+/// `STATS_ANY`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatsKey {
@@ -445,6 +482,24 @@ pub struct StatsKey {
 }
 const _: () = assert!(size_of::<StatsKey>() == 8);
 
+/// `Config::nodeport_mode` values: how NodePort/ExternalIP/LB traffic reaches a backend on
+/// another node.
+pub mod nodeport_mode {
+    /// DNAT and SNAT to the node address; replies come back through this node (default,
+    /// works on any network).
+    pub const SNAT: u32 = 0;
+    /// Direct server return: DNAT, then IPIP to the backend's node (outer source = the
+    /// frontend address, outer IP id = the frontend port), which decapsulates, remembers the
+    /// frontend, and sends the backend's replies to the client directly with the frontend
+    /// as source. The client address reaches the backend. Every node must run in this mode
+    /// (they decapsulate only then), and the path to the backend's node needs 20 bytes of
+    /// MTU headroom.
+    pub const DSR: u32 = 1;
+}
+
+/// The IP protocol number of IPv4-in-IPv4 (the DSR encapsulation).
+pub const PROTO_IPIP: u8 = 4;
+
 /// Data-plane configuration (array map of one entry, written by the proxy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -454,8 +509,10 @@ pub struct Config {
     /// Non-zero: the programs print debug lines (new flows, drops) with `bpf_printk` to the
     /// kernel trace buffer (`skiff-proxy debug on|off` flips it at run time; off by default).
     pub debug: u32,
+    /// `nodeport_mode::*`.
+    pub nodeport_mode: u32,
 }
-const _: () = assert!(size_of::<Config>() == 8);
+const _: () = assert!(size_of::<Config>() == 12);
 
 #[cfg(feature = "user")]
 mod pod {
