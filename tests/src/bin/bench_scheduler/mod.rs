@@ -256,6 +256,7 @@ async fn round_robin_binder(client: Client) {
     let next = AtomicUsize::new(0);
     let stream =
         watcher(pods_api(&client, true), watcher::Config::default().fields("spec.nodeName="))
+            .default_backoff()
             .applied_objects();
     stream
         .for_each_concurrent(CONCURRENCY, |obj| {
