@@ -150,6 +150,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cached_namespaces_are_terminating_by_phase_or_deletion_timestamp() {
+        let active = br#"{"metadata":{"name":"a","labels":{"x":"y"}},"status":{"phase":"Active"}}"#;
+        assert!(!cached_terminating(active));
+        assert!(!cached_terminating(br#"{"metadata":{"name":"new"}}"#), "no status yet");
+        assert!(cached_terminating(
+            br#"{"metadata":{"name":"t"},"status":{"phase":"Terminating"}}"#
+        ));
+        assert!(cached_terminating(
+            br#"{"metadata":{"name":"d","deletionTimestamp":"2026-01-01T00:00:00Z"},"status":{"phase":"Active"}}"#
+        ));
+        assert!(
+            !cached_terminating(br#"{"metadata":{"name":"e","deletionTimestamp":""}}"#),
+            "an empty deletionTimestamp is no deletion"
+        );
+        // Undecodable: the store is asked instead of trusting the cache.
+        assert!(cached_terminating(b"{not json"));
+    }
+
+    #[test]
     fn namespaces_deleted_here_are_remembered_for_the_live_lookup_ttl() {
         let plugin = NamespaceLifecycle::default();
         plugin.note_deleted("gone");
