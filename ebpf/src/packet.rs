@@ -1,8 +1,11 @@
 //! Packet access and parsing shared by the tc and XDP programs: bounds-checked `ptr_at`,
 //! Ethernet/IPv4/TCP/UDP parsing into a `Flow`, and incremental checksum arithmetic.
 
-use core::mem::size_of;
+use core::ffi::c_void;
+use core::mem::{size_of, zeroed};
 
+use aya_ebpf::bindings::bpf_fib_lookup;
+use aya_ebpf::helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect};
 use aya_ebpf::programs::{TcContext, XdpContext};
 use skiff_ebpf_common::{PROTO_IPIP, PROTO_TCP, PROTO_UDP, drop_reason};
 
@@ -278,4 +281,41 @@ pub fn dsr_outer(p: &impl Packet, node_ip_be: u32) -> Result<Option<(u32, u16)>,
         return Ok(None);
     }
     Ok(Some((saddr_be, id_be)))
+}
+
+const AF_INET: u8 = 2;
+
+/// The FIB's route for `src_be → dst_be` arriving on `ifindex`: the helper's return code
+/// and the parameter block it filled in (next hop, MACs, egress interface).
+#[inline(always)]
+pub fn fib_route(
+    ctx: *mut c_void,
+    ifindex: u32,
+    src_be: u32,
+    dst_be: u32,
+) -> (i64, bpf_fib_lookup) {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
+    let mut params: bpf_fib_lookup = unsafe { zeroed() };
+    params.family = AF_INET;
+    params.__bindgen_anon_3.ipv4_src = src_be;
+    params.__bindgen_anon_4.ipv4_dst = dst_be;
+    params.ifindex = ifindex;
+    // SAFETY: params lives on the stack for the call and its size is passed.
+    let rc = unsafe {
+        fib_lookup(ctx, &mut params as *mut bpf_fib_lookup, size_of::<bpf_fib_lookup>() as i32, 0)
+    };
+    (rc, params)
+}
+
+/// Sets the Ethernet addresses the FIB resolved and redirects to its egress interface.
+#[inline(always)]
+pub fn redirect_to_next_hop(p: &impl Packet, params: &bpf_fib_lookup) -> Result<i64, u32> {
+    let eth: *mut EthHdr = ptr_at(p, 0)?;
+    // SAFETY: bounds-checked above.
+    unsafe {
+        (*eth).dst = params.dmac;
+        (*eth).src = params.smac;
+    }
+    // SAFETY: helper without pointer arguments.
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) })
 }

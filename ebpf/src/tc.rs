@@ -10,19 +10,14 @@
 //! ingress): the tc fallback on interfaces where XDP cannot attach. Everything else passes
 //! untouched.
 
-use core::mem::{size_of, zeroed};
-
 use aya_ebpf::{
     EbpfContext,
     bindings::{
         BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_INGRESS,
         BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-        bpf_fib_lookup,
     },
-    helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail,
-    },
+    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail},
     macros::classifier,
     programs::TcContext,
 };
@@ -34,8 +29,8 @@ use crate::{
     ct,
     maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
-        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
+        Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, fib_route, parse, ptr_at, redirect_to_next_hop,
     },
     reject,
 };
@@ -45,8 +40,6 @@ use crate::{
 const ACT_OK: i32 = TC_ACT_OK as i32;
 #[allow(clippy::unnecessary_cast)]
 const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
-
-const AF_INET: u8 = 2;
 
 /// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
 const MAX_HEADERS: usize = 94;
@@ -182,33 +175,17 @@ fn deliver(ctx: &TcContext, flow: &Flow, fwd: ct::Forward) -> Result<i32, u32> {
 /// egress interface); leaves it to the stack when the FIB cannot resolve the next hop yet.
 #[inline(always)]
 fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32> {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
-    let mut params: bpf_fib_lookup = unsafe { zeroed() };
-    params.family = AF_INET;
-    params.__bindgen_anon_3.ipv4_src = saddr_be;
-    params.__bindgen_anon_4.ipv4_dst = daddr_be;
-    // SAFETY: reads a field of this program's own skb.
-    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: params lives on the stack for the call and its size is passed.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut params as *mut bpf_fib_lookup,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    let (rc, params) = fib_route(
+        ctx.as_ptr(),
+        // SAFETY: reads a field of this program's own skb.
+        unsafe { (*ctx.skb.skb).ifindex },
+        saddr_be,
+        daddr_be,
+    );
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return Ok(ACT_OK);
     }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: bounds-checked above.
-    unsafe {
-        (*eth).dst = params.dmac;
-        (*eth).src = params.smac;
-    }
-    // SAFETY: helper without pointer arguments.
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+    Ok(redirect_to_next_hop(ctx, &params)? as i32)
 }
 
 /// DSR on the tc fallback, frontend's node: wraps the (already DNATed) packet in IPIP to
@@ -216,22 +193,13 @@ fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32
 /// stack forwards it when the neighbour is not resolved yet.
 #[inline(always)]
 fn encap_dsr(ctx: &TcContext, flow: &Flow, backend_be: u32) -> Result<i32, u32> {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
-    let mut params: bpf_fib_lookup = unsafe { zeroed() };
-    params.family = AF_INET;
-    params.__bindgen_anon_3.ipv4_src = flow.daddr_be;
-    params.__bindgen_anon_4.ipv4_dst = backend_be;
-    // SAFETY: reads a field of this program's own skb.
-    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: params lives on the stack for the call and its size is passed.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut params as *mut bpf_fib_lookup,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    let (rc, params) = fib_route(
+        ctx.as_ptr(),
+        // SAFETY: reads a field of this program's own skb.
+        unsafe { (*ctx.skb.skb).ifindex },
+        flow.daddr_be,
+        backend_be,
+    );
     let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
     if !resolved && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
         return Err(drop_reason::NO_ROUTE);
@@ -255,14 +223,7 @@ fn encap_dsr(ctx: &TcContext, flow: &Flow, backend_be: u32) -> Result<i32, u32> 
     if !resolved {
         return Ok(ACT_OK);
     }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: bounds-checked above.
-    unsafe {
-        (*eth).dst = params.dmac;
-        (*eth).src = params.smac;
-    }
-    // SAFETY: helper without pointer arguments.
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+    Ok(redirect_to_next_hop(ctx, &params)? as i32)
 }
 
 /// DSR on the tc fallback, backend's node (ingress): an IPIP packet addressed to this node

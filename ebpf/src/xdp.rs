@@ -11,14 +11,10 @@
 //! program (or its tc fallback) unwraps them, records the frontend for the replies (which its tc program then
 //! rewrites), and passes the inner packet on. See `nodeport_mode::DSR`.
 
-use core::mem::{size_of, zeroed};
-
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
-    helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
-    },
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, xdp_action},
+    helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     macros::xdp,
     programs::XdpContext,
 };
@@ -30,13 +26,11 @@ use crate::{
     ct,
     maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
     packet::{
-        EthHdr, Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
-        csum_replace4, dsr_outer, dsr_outer_header, parse, ptr_at,
+        Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
+        csum_replace4, dsr_outer, dsr_outer_header, fib_route, parse, ptr_at, redirect_to_next_hop,
     },
     reject,
 };
-
-const AF_INET: u8 = 2;
 
 /// XDP entry point.
 #[xdp]
@@ -211,33 +205,11 @@ fn rewrite(
 /// falls back to the stack when the FIB cannot resolve the next hop yet.
 #[inline(always)]
 fn forward_out(ctx: &XdpContext, daddr_be: u32, saddr_be: u32) -> Result<u32, u32> {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
-    let mut params: bpf_fib_lookup = unsafe { zeroed() };
-    params.family = AF_INET;
-    params.__bindgen_anon_3.ipv4_src = saddr_be;
-    params.__bindgen_anon_4.ipv4_dst = daddr_be;
-    // SAFETY: ctx is a live xdp_md; ingress_ifindex reads its field.
-    params.ifindex = ctx.ingress_ifindex() as u32;
-    // SAFETY: params lives on the stack for the call and its size is passed.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut params as *mut bpf_fib_lookup,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    let (rc, params) = fib_route(ctx.as_ptr(), ctx.ingress_ifindex() as u32, saddr_be, daddr_be);
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return Ok(xdp_action::XDP_PASS);
     }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: bounds-checked above.
-    unsafe {
-        (*eth).dst = params.dmac;
-        (*eth).src = params.smac;
-    }
-    // SAFETY: helper without pointer arguments.
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
+    Ok(redirect_to_next_hop(ctx, &params)? as u32)
 }
 
 /// Answers a TCP segment to a backend-less frontend with a RST from the frontend, in place,
@@ -294,21 +266,8 @@ fn reject_udp(ctx: &XdpContext, flow: &Flow) -> Result<u32, u32> {
 /// resolves the neighbour for the next ones.
 #[inline(always)]
 fn encap_dsr(ctx: &XdpContext, flow: &Flow, backend_be: u32) -> Result<u32, u32> {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
-    let mut params: bpf_fib_lookup = unsafe { zeroed() };
-    params.family = AF_INET;
-    params.__bindgen_anon_3.ipv4_src = flow.daddr_be;
-    params.__bindgen_anon_4.ipv4_dst = backend_be;
-    params.ifindex = ctx.ingress_ifindex() as u32;
-    // SAFETY: params lives on the stack for the call and its size is passed.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut params as *mut bpf_fib_lookup,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    let (rc, params) =
+        fib_route(ctx.as_ptr(), ctx.ingress_ifindex() as u32, flow.daddr_be, backend_be);
     let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
     if !resolved && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
         return Err(drop_reason::NO_ROUTE);
@@ -334,14 +293,7 @@ fn encap_dsr(ctx: &XdpContext, flow: &Flow, backend_be: u32) -> Result<u32, u32>
     if !resolved {
         return Ok(xdp_action::XDP_PASS);
     }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: bounds-checked above.
-    unsafe {
-        (*eth).dst = params.dmac;
-        (*eth).src = params.smac;
-    }
-    // SAFETY: helper without pointer arguments.
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as u32)
+    Ok(redirect_to_next_hop(ctx, &params)? as u32)
 }
 
 /// DSR, on the backend's node: an IPIP packet addressed to this node (in DSR mode) is
