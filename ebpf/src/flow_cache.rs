@@ -11,9 +11,7 @@
 //! its CPU, and tc and XDP do not nest there.
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use skiff_ebpf_common::{
-    CtKey, CtValue, FLOW_CACHE_BITS, FLOW_CACHE_REFRESH, FLOW_CACHE_SLOTS, FlowCacheEntry,
-};
+use skiff_ebpf_common::{CtKey, CtValue, FLOW_CACHE_REFRESH, FLOW_CACHE_SLOTS, FlowCacheEntry};
 
 use crate::maps::CT_GENERATION;
 
@@ -35,11 +33,8 @@ pub struct Slot {
 pub fn slot(key: &CtKey) -> Option<Slot> {
     // SAFETY: volatile read of a map value: read once, before the conntrack lookup.
     let generation = unsafe { core::ptr::read_volatile(CT_GENERATION.get_ptr(0)?) };
-    let key = key.words();
-    // Multiplicative hash of the two words: the top bits index the slot.
-    let h = (key[0] ^ key[1]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let entry = FLOW_CACHE.get_ptr_mut((h >> (64 - FLOW_CACHE_BITS)) as u32)?;
-    Some(Slot { entry, key, generation })
+    let entry = FLOW_CACHE.get_ptr_mut(key.flow_cache_slot())?;
+    Some(Slot { entry, key: key.words(), generation })
 }
 
 impl Slot {

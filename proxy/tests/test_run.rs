@@ -805,3 +805,33 @@ fn xdp_established_flow_is_served_from_the_flow_cache() {
     let be = r.maps.backend_stats().unwrap();
     assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
 }
+
+/// Two flows to different services whose keys share a flow cache slot: interleaved, each
+/// keeps reaching its own backend (the cache compares whole keys, and a slot taken over by
+/// the other flow is a miss that goes back to conntrack).
+#[test]
+fn tc_flows_sharing_a_flow_cache_slot_keep_their_own_backends() {
+    pin_to_this_cpu();
+    let mut r = rig();
+    let (vip2, backend2) = (Ipv4Addr::new(10, 96, 0, 11), Ipv4Addr::new(10, 0, 1, 6));
+    r.one_service(PROTO_TCP);
+    put_service(&mut r.maps, vip2, 80, PROTO_TCP, CLUSTER_IP, 8, &[(12, backend2, 8080, false)]);
+    let mut key2 = forward_key(0, PROTO_TCP);
+    key2.daddr_be = be32(vip2);
+    let slot1 = forward_key(41000, PROTO_TCP).flow_cache_slot();
+    let sport2 = (1..=u16::MAX)
+        .find(|p| {
+            key2.sport_be = p.to_be();
+            key2.flow_cache_slot() == slot1
+        })
+        .expect("a colliding source port");
+    for round in 0..40 {
+        let (_, out) = r.tc(&Pkt::tcp(CLIENT, 41000, VIP, 80).build());
+        assert_eq!(parse_and_verify(&out).dst, BACKEND, "flow 1, round {round}");
+        let (_, out) = r.tc(&Pkt::tcp(CLIENT, sport2, vip2, 80).build());
+        assert_eq!(parse_and_verify(&out).dst, backend2, "flow 2, round {round}");
+    }
+    let stats = r.maps.service_stats().unwrap();
+    let counts: Vec<_> = stats.iter().map(|(id, c)| (*id, c.packets, c.new_conns)).collect();
+    assert_eq!(counts, [(7, 40, 1), (8, 40, 1)]);
+}

@@ -389,6 +389,15 @@ impl CtKey {
                 | (self.dir as u64) << 40,
         ]
     }
+
+    /// The key's slot in the flow cache (`0..FLOW_CACHE_SLOTS`): the top bits of a
+    /// multiplicative hash of its words. Flows sharing a slot evict each other, never
+    /// read each other's entry (the whole key is compared).
+    #[inline(always)]
+    pub const fn flow_cache_slot(&self) -> u32 {
+        let [a, b] = self.words();
+        ((a ^ b).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
+    }
 }
 
 /// Session-affinity key: a client (IPv4 address on the packet paths; network-namespace
