@@ -7,8 +7,9 @@
 //! generation (the proxy bumps it after deleting conntrack entries) are misses; every
 //! `FLOW_CACHE_REFRESH`-th packet of a cached flow is a miss too, so the conntrack entry of an
 //! active flow keeps its LRU recency and one gone without a bump (LRU eviction) stops being
-//! served within that many packets. Per CPU, so no atomics: a program runs to completion on
-//! its CPU, and tc and XDP do not nest there.
+//! served within that many packets: the bound on any stale copy, races with a purge included.
+//! Per CPU, so no atomics: a program runs to completion on its CPU, and tc and XDP do not
+//! nest there.
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
 use skiff_ebpf_common::{CtKey, CtValue, FLOW_CACHE_REFRESH, FLOW_CACHE_SLOTS, FlowCacheEntry};

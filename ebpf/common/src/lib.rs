@@ -334,7 +334,8 @@ pub struct CtValue {
     pub _pad: u16,
     /// When the flow was opened, CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`). Packets of
     /// an established flow only read their entry (no clock read, no write: the LRU map
-    /// keeps recency for eviction itself).
+    /// keeps recency for eviction itself, from the lookups; one packet in
+    /// `FLOW_CACHE_REFRESH` per CPU once the flow is in the flow cache).
     pub opened_ns: u64,
 }
 const _: () = assert!(size_of::<CtValue>() == 32);
