@@ -3,11 +3,12 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use skiff_ebpf_common::{
-    Backend, CtKey, CtValue, FlowEvent, ServiceValue, backend_flags, ct_dir, ct_flags, drop_reason,
-    flow_hash,
+    Backend, CtKey, CtValue, FlowCacheEntry, FlowEvent, ServiceValue, backend_flags, ct_dir,
+    ct_flags, drop_reason, flow_hash,
 };
 
 use crate::{
+    flow_cache,
     maps::{CONNTRACK, emit_flow, node_ip_be, select_backend},
     packet::Flow,
 };
@@ -56,26 +57,47 @@ pub struct Forward {
 
 /// The backend of an established flow, from its FORWARD entry alone: the entry carries the
 /// backend's address and the frontend's id (the proxy purges entries of removed backends
-/// and frontends), so an established flow needs no service or backend lookup.
+/// and frontends), so an established flow needs no service or backend lookup. Served from
+/// this CPU's flow cache when it holds a current copy of the entry.
 #[inline(always)]
 pub fn established(flow: &Flow) -> Option<Forward> {
+    let fkey = key(flow, ct_dir::FORWARD);
+    let slot = flow_cache::slot(&fkey);
+    if let Some(e) = slot.as_ref().and_then(flow_cache::Slot::hit) {
+        return Some(forward(flow, &e));
+    }
     // SAFETY: copied out at once; a concurrent update can at worst give a stale value.
-    let v = unsafe { CONNTRACK.get(key(flow, ct_dir::FORWARD)).copied() }?;
+    let Some(v) = (unsafe { CONNTRACK.get(fkey).copied() }) else {
+        if let Some(slot) = &slot {
+            slot.forget();
+        }
+        return None;
+    };
+    let e = match &slot {
+        Some(slot) => slot.fill(&v),
+        None => flow_cache::entry_of(&v),
+    };
+    Some(forward(flow, &e))
+}
+
+/// Where the FORWARD entry (as cached) sends a packet of `flow`.
+#[inline(always)]
+fn forward(flow: &Flow, e: &FlowCacheEntry) -> Forward {
     let backend = Backend {
-        ip_be: v.nat_addr_be,
-        port_be: v.nat_port_be,
+        ip_be: e.nat_addr_be,
+        port_be: e.nat_port_be,
         proto: flow.proto,
         ..Backend::default()
     };
-    let snat_addr_be = if v.flags & ct_flags::SNAT != 0 { node_ip_be() } else { 0 };
-    Some(Forward {
-        backend_id: v.backend_id,
-        rev_nat_id: v.rev_nat_id,
+    let snat_addr_be = if e.flags & ct_flags::SNAT != 0 { node_ip_be() } else { 0 };
+    Forward {
+        backend_id: e.backend_id,
+        rev_nat_id: e.rev_nat_id,
         backend,
         new_conn: false,
         snat_addr_be,
-        dsr: v.flags & ct_flags::DSR != 0,
-    })
+        dsr: e.flags & ct_flags::DSR != 0,
+    }
 }
 
 /// Selects a backend for a new flow and records the FORWARD and REPLY entries (and a flow

@@ -9,6 +9,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod ct;
+mod flow_cache;
 mod maps;
 mod packet;
 mod reject;

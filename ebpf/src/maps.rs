@@ -35,6 +35,10 @@ pub static REV_NAT: Array<RevNat> = Array::pinned(MAX_REV_NAT, 0);
 #[map(name = "SKIFF_CT")]
 pub static CONNTRACK: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65_536, 0);
 
+/// The conntrack generation (see `map_names::CT_GENERATION`), read by the flow cache.
+#[map(name = "SKIFF_CT_GEN")]
+pub static CT_GENERATION: Array<u32> = Array::pinned(1, 0);
+
 /// Socket-LB reverse translation (socket cookie + backend → frontend).
 #[map(name = "SKIFF_SOCK_REV")]
 pub static SOCK_REV: LruHashMap<SockRevKey, RevNat> = LruHashMap::pinned(65_536, 0);

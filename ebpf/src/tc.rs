@@ -44,14 +44,17 @@ const ACT_SHOT: i32 = TC_ACT_SHOT as i32;
 /// Ethernet (14) + IPv4 with maximal options (60) + TCP without options (20).
 const MAX_HEADERS: usize = 94;
 
-/// tc entry point for ingress hooks.
+/// tc entry point for ingress hooks. Inlined into the wrapper the macro generates (a
+/// program body big enough makes LLVM keep it a BPF-to-BPF call otherwise).
 #[classifier]
+#[inline(always)]
 pub fn skiff_tc_ingress(ctx: TcContext) -> i32 {
     entry(&ctx, false)
 }
 
 /// tc entry point for egress hooks (differs only in where a reject is sent).
 #[classifier]
+#[inline(always)]
 pub fn skiff_tc_egress(ctx: TcContext) -> i32 {
     entry(&ctx, true)
 }

@@ -32,8 +32,9 @@ use crate::{
     reject,
 };
 
-/// XDP entry point.
+/// XDP entry point (inlined into the macro's wrapper, as the tc ones).
 #[xdp]
+#[inline(always)]
 pub fn skiff_xdp_nodeport(ctx: XdpContext) -> u32 {
     match try_xdp(&ctx) {
         Ok(action) => action,

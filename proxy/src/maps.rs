@@ -58,6 +58,7 @@ pub struct ServiceMaps {
     backends: Array<MapData, Backend>,
     rev_nat: Array<MapData, RevNat>,
     conntrack: HashMap<MapData, CtKey, CtValue>,
+    ct_generation: Array<MapData, u32>,
     sock_rev: HashMap<MapData, SockRevKey, RevNat>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     maglev: HashMap<MapData, u32, MaglevTable>,
@@ -82,6 +83,7 @@ impl ServiceMaps {
             backends: typed!(dir, map_names::BACKENDS),
             rev_nat: typed!(dir, map_names::REV_NAT),
             conntrack: typed!(dir, map_names::CONNTRACK),
+            ct_generation: typed!(dir, map_names::CT_GENERATION),
             sock_rev: typed!(dir, map_names::SOCK_REV),
             affinity: typed!(dir, map_names::AFFINITY),
             maglev: typed!(dir, map_names::MAGLEV),
@@ -244,7 +246,8 @@ impl ServiceMaps {
     /// Deletes conntrack entries of removed flows: those of a (rev-nat id, backend id) pair
     /// in `pairs`, or of any backend in `backend_ids`; and socket-reverse entries pointing at
     /// a `removed` backend address. TCP and UDP alike: no stale flows to removed backends.
-    /// Returns how many entries went.
+    /// Bumps the conntrack generation after the conntrack deletions, so the programs' flow
+    /// caches forget them too. Returns how many entries went.
     pub fn purge_flows(
         &mut self,
         pairs: &[(u32, u32)],
@@ -259,10 +262,13 @@ impl ServiceMaps {
             })
             .map(|(k, _)| k)
             .collect();
-        for k in &stale {
-            ignore_missing(self.conntrack.remove(k))
-                .map_err(access(map_names::CONNTRACK, "remove"))?;
-        }
+        let removed_ct = stale.iter().try_for_each(|k| {
+            ignore_missing(self.conntrack.remove(k)).map_err(access(map_names::CONNTRACK, "remove"))
+        });
+        // After the deletions (even a partial batch): the programs' flow caches drop their
+        // copies of the deleted entries.
+        self.bump_ct_generation()?;
+        removed_ct?;
         let socks: Vec<SockRevKey> = if removed.is_empty() {
             Vec::new()
         } else {
@@ -294,6 +300,20 @@ impl ServiceMaps {
                 .map_err(access(map_names::AFFINITY, "remove"))?;
         }
         Ok(stale.len() + socks.len() + sticky.len())
+    }
+
+    /// The conntrack generation (`map_names::CT_GENERATION`).
+    pub fn ct_generation(&self) -> Result<u32> {
+        self.ct_generation.get(&0, 0).map_err(access(map_names::CT_GENERATION, "get"))
+    }
+
+    /// Bumps the conntrack generation: the programs' flow caches stop using every copy of
+    /// a conntrack entry made before (call it after deleting conntrack entries). This
+    /// process is the generation's only writer.
+    pub fn bump_ct_generation(&mut self) -> Result<u32> {
+        let next = self.ct_generation()?.wrapping_add(1);
+        self.ct_generation.set(0, next, 0).map_err(access(map_names::CT_GENERATION, "set"))?;
+        Ok(next)
     }
 
     /// Drop counts summed over CPUs, by reason index.

@@ -187,6 +187,44 @@ fn removing_an_endpoint_purges_its_udp_flows() {
     }
 }
 
+/// Flows cached by the programs (several packets each, on one CPU) stop reaching a removed
+/// backend at once: the purge bumps the conntrack generation, which empties the caches.
+#[test]
+fn removing_an_endpoint_stops_its_cached_flows() {
+    pin_to_this_cpu();
+    let bpffs = BpffsDir::new();
+    let mut dp = Dataplane::load(&bpffs.path(), NODE).unwrap();
+    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let mut state = ServiceMapSync::new();
+    state.sync(&mut maps, &desired("TCP", &["10.0.1.1", "10.0.1.2"])).unwrap();
+    let vip = Ipv4Addr::new(10, 96, 0, 10);
+    let gone = Ipv4Addr::new(10, 0, 1, 1);
+
+    // Three packets per flow: opened, copied into the cache, served from it.
+    let mut to_gone = Vec::new();
+    for port in 6000..6040u16 {
+        let mut dsts = Vec::new();
+        for _ in 0..3 {
+            let (rc, out) = tc_run(&mut dp, &Pkt::tcp(CLIENT, port, vip, 80).build());
+            assert_eq!(rc, 0);
+            dsts.push(parse_and_verify(&out).dst);
+        }
+        assert!(dsts.iter().all(|d| *d == dsts[0]), "flow from port {port} kept its backend");
+        if dsts[0] == gone {
+            to_gone.push(port);
+        }
+    }
+    assert!(!to_gone.is_empty(), "some flows went to {gone}");
+
+    let generation = maps.ct_generation().unwrap();
+    state.sync(&mut maps, &desired("TCP", &["10.0.1.2"])).unwrap();
+    assert!(maps.ct_generation().unwrap() != generation, "the purge bumped the generation");
+    for port in to_gone {
+        let (_, out) = tc_run(&mut dp, &Pkt::tcp(CLIENT, port, vip, 80).build());
+        assert_eq!(parse_and_verify(&out).dst, Ipv4Addr::new(10, 0, 1, 2), "flow from port {port}");
+    }
+}
+
 #[test]
 fn pinned_socket_lb_links_outlive_the_loader() {
     let rig = Rig::new();

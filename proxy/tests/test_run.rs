@@ -700,3 +700,138 @@ fn debug_output_is_off_by_default_and_switches_at_run_time() {
     assert_eq!(r.tc(&Pkt::tcp(CLIENT, 40103, VIP, 80).build()).0, TC_ACT_OK);
     assert!(!trace.text().contains("skiff:"), "nothing printed once off again");
 }
+
+/// The FORWARD conntrack key of a flow from `CLIENT:sport` to `VIP:80`.
+fn forward_key(sport: u16, proto: u8) -> skiff_ebpf_common::CtKey {
+    skiff_ebpf_common::CtKey {
+        saddr_be: be32(CLIENT),
+        daddr_be: be32(VIP),
+        sport_be: sport.to_be(),
+        dport_be: 80u16.to_be(),
+        proto,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    }
+}
+
+/// Packets of an established flow after the second come from this CPU's flow cache (shown
+/// by deleting the conntrack entry behind the proxy's back: the next packet still reaches the
+/// backend without reopening the flow) with the same rewrite, checksums and counters as
+/// from conntrack.
+#[test]
+fn tc_established_flow_is_served_from_the_flow_cache() {
+    pin_to_this_cpu();
+    let mut r = rig();
+    r.one_service(PROTO_TCP);
+    let mut pkt = Pkt::tcp(CLIENT, 40100, VIP, 80);
+    pkt.tcp_flags = 0x10;
+    pkt.payload = vec![5; 21];
+    // Opens the flow; fills the cache from conntrack; hits the cache.
+    for _ in 0..3 {
+        let (rc, out) = r.tc(&pkt.build());
+        assert_eq!(rc, TC_ACT_OK);
+        let p = parse_and_verify(&out);
+        assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 40100, BACKEND, 8080));
+    }
+    evict_conntrack_entry(&r._bpffs.path(), &forward_key(40100, PROTO_TCP));
+    let (rc, out) = r.tc(&pkt.build());
+    assert_eq!(rc, TC_ACT_OK);
+    let p = parse_and_verify(&out);
+    assert_eq!((p.dst, p.dport), (BACKEND, 8080), "served from the cache");
+    let fwd = r.maps.conntrack().unwrap().into_iter().filter(|(k, _)| k.dir == ct_dir::FORWARD);
+    assert_eq!(fwd.count(), 0, "a cache hit did not reopen the flow");
+    let stats = r.maps.service_stats().unwrap();
+    assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (7, 4, 1));
+    assert_eq!(stats[0].1.bytes, 4 * pkt.build().len() as u64);
+    let be = r.maps.backend_stats().unwrap();
+    assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
+}
+
+/// The cache goes back to conntrack every `FLOW_CACHE_REFRESH` hits of an entry (what keeps
+/// an active flow's LRU entry recent): a flow whose entry vanished without a generation
+/// bump (an LRU eviction) is reopened from conntrack within that many packets.
+#[test]
+fn tc_flow_cache_rechecks_conntrack_within_the_refresh_interval() {
+    use skiff_ebpf_common::FLOW_CACHE_REFRESH;
+    pin_to_this_cpu();
+    let mut r = rig();
+    r.one_service(PROTO_UDP);
+    let pkt = Pkt::udp(CLIENT, 5400, VIP, 80).build();
+    for _ in 0..3 {
+        assert_eq!(r.tc(&pkt).0, TC_ACT_OK);
+    }
+    evict_conntrack_entry(&r._bpffs.path(), &forward_key(5400, PROTO_UDP));
+    let mut sent = 0;
+    while !r.maps.conntrack().unwrap().iter().any(|(k, _)| k.dir == ct_dir::FORWARD) {
+        assert!(sent < FLOW_CACHE_REFRESH, "still served from the cache after {sent} packets");
+        let (rc, out) = r.tc(&pkt);
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(parse_and_verify(&out).dst, BACKEND);
+        sent += 1;
+    }
+    assert!(sent > 1, "the first packet after the eviction was a cache hit ({sent} sent)");
+    let stats = r.maps.service_stats().unwrap();
+    assert_eq!((stats[0].1.packets, stats[0].1.new_conns), (3 + sent as u64, 2), "reopened once");
+}
+
+/// The XDP path shares the cache: an established ExternalIP flow keeps its rewrite when
+/// served from it.
+#[test]
+fn xdp_established_flow_is_served_from_the_flow_cache() {
+    pin_to_this_cpu();
+    let mut r = rig();
+    put_service(
+        &mut r.maps,
+        VIP,
+        80,
+        PROTO_TCP,
+        svc_flags::EXTERNAL_IP,
+        7,
+        &[(11, BACKEND, 8080, true)],
+    );
+    let pkt = Pkt::tcp(CLIENT, 40200, VIP, 80).build();
+    for _ in 0..3 {
+        let (rc, out) = r.xdp(&pkt);
+        assert_eq!(rc, XDP_PASS);
+        let p = parse_and_verify(&out);
+        assert_eq!((p.dst, p.dport), (BACKEND, 8080));
+    }
+    evict_conntrack_entry(&r._bpffs.path(), &forward_key(40200, PROTO_TCP));
+    let (rc, out) = r.xdp(&pkt);
+    assert_eq!(rc, XDP_PASS);
+    assert_eq!(parse_and_verify(&out).dst, BACKEND, "served from the cache");
+    let fwd = r.maps.conntrack().unwrap().into_iter().filter(|(k, _)| k.dir == ct_dir::FORWARD);
+    assert_eq!(fwd.count(), 0, "a cache hit did not reopen the flow");
+    let be = r.maps.backend_stats().unwrap();
+    assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
+}
+
+/// Two flows to different services whose keys share a flow cache slot: interleaved, each
+/// keeps reaching its own backend (the cache compares whole keys, and a slot taken over by
+/// the other flow is a miss that goes back to conntrack).
+#[test]
+fn tc_flows_sharing_a_flow_cache_slot_keep_their_own_backends() {
+    pin_to_this_cpu();
+    let mut r = rig();
+    let (vip2, backend2) = (Ipv4Addr::new(10, 96, 0, 11), Ipv4Addr::new(10, 0, 1, 6));
+    r.one_service(PROTO_TCP);
+    put_service(&mut r.maps, vip2, 80, PROTO_TCP, CLUSTER_IP, 8, &[(12, backend2, 8080, false)]);
+    let mut key2 = forward_key(0, PROTO_TCP);
+    key2.daddr_be = be32(vip2);
+    let slot1 = forward_key(41000, PROTO_TCP).flow_cache_slot();
+    let sport2 = (1..=u16::MAX)
+        .find(|p| {
+            key2.sport_be = p.to_be();
+            key2.flow_cache_slot() == slot1
+        })
+        .expect("a colliding source port");
+    for round in 0..40 {
+        let (_, out) = r.tc(&Pkt::tcp(CLIENT, 41000, VIP, 80).build());
+        assert_eq!(parse_and_verify(&out).dst, BACKEND, "flow 1, round {round}");
+        let (_, out) = r.tc(&Pkt::tcp(CLIENT, sport2, vip2, 80).build());
+        assert_eq!(parse_and_verify(&out).dst, backend2, "flow 2, round {round}");
+    }
+    let stats = r.maps.service_stats().unwrap();
+    let counts: Vec<_> = stats.iter().map(|(id, c)| (*id, c.packets, c.new_conns)).collect();
+    assert_eq!(counts, [(7, 40, 1), (8, 40, 1)]);
+}

@@ -52,6 +52,14 @@ pub mod map_names {
     pub const SOURCE_RANGES: &str = "SKIFF_SRC_RANGES";
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
+    /// Array of one `u32`: the conntrack generation, bumped by the proxy after each batch
+    /// of conntrack deletions so the programs' flow caches stop using what they copied
+    /// (see `FlowCacheEntry`). Its own map, not a `Config` field: the proxy is its only
+    /// writer, and a read-modify-write of `Config` (`skiff-proxy debug`) cannot undo a bump.
+    pub const CT_GENERATION: &str = "SKIFF_CT_GEN";
+    /// Per-CPU array of `FLOW_CACHE_SLOTS` `FlowCacheEntry`s. Not pinned: a loaded
+    /// program set starts with an empty cache.
+    pub const FLOW_CACHE: &str = "SKIFF_FLOW_CACHE";
 }
 
 /// BTF id placeholder of the kfunc call the tc program emits by hand (`bpf_cast_to_kern_ctx`):
@@ -326,10 +334,72 @@ pub struct CtValue {
     pub _pad: u16,
     /// When the flow was opened, CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`). Packets of
     /// an established flow only read their entry (no clock read, no write: the LRU map
-    /// keeps recency for eviction itself).
+    /// keeps recency for eviction itself, from the lookups; one packet in
+    /// `FLOW_CACHE_REFRESH` per CPU once the flow is in the flow cache).
     pub opened_ns: u64,
 }
 const _: () = assert!(size_of::<CtValue>() == 32);
+
+/// Slots of the per-CPU flow cache (a power of two: the slot is the top bits of a hash).
+pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
+/// log2 of `FLOW_CACHE_SLOTS`.
+pub const FLOW_CACHE_BITS: u32 = 12;
+
+/// One slot of the per-CPU flow cache in front of the conntrack lookup of an established
+/// flow: a copy of a FORWARD entry's fields the forward path needs, valid while the
+/// conntrack generation it was copied under is current. Every `FLOW_CACHE_REFRESH`-th
+/// packet goes to the conntrack map instead (keeping the entry's LRU recency, noticing an
+/// entry gone without a generation bump).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowCacheEntry {
+    /// The FORWARD key (`CtKey::words`); all zero in an empty slot (no flow has proto 0).
+    pub key: [u64; 2],
+    /// The conntrack generation (`map_names::CT_GENERATION`) read before the copy.
+    pub generation: u32,
+    /// Packets served from the copy since it was made.
+    pub hits: u32,
+    /// `CtValue::backend_id`.
+    pub backend_id: u32,
+    /// `CtValue::rev_nat_id`.
+    pub rev_nat_id: u32,
+    /// `CtValue::nat_addr_be`: the backend address, network order.
+    pub nat_addr_be: u32,
+    /// `CtValue::nat_port_be`: the backend port, network order.
+    pub nat_port_be: u16,
+    /// `CtValue::flags` (`ct_flags::*`).
+    pub flags: u16,
+}
+const _: () = assert!(size_of::<FlowCacheEntry>() == 40);
+
+/// One packet of a flow in this many (per CPU) is looked up in conntrack even when cached:
+/// the lookup keeps the entry's LRU recency and refreshes or drops the copy. (One hash
+/// lookup in 32 packets: < 1 ns per packet.)
+pub const FLOW_CACHE_REFRESH: u32 = 32;
+
+impl CtKey {
+    /// The key as two words (an injective packing: the padding is always zero), compared
+    /// whole by the flow cache.
+    #[inline(always)]
+    pub const fn words(&self) -> [u64; 2] {
+        [
+            self.saddr_be as u64 | (self.daddr_be as u64) << 32,
+            self.sport_be as u64
+                | (self.dport_be as u64) << 16
+                | (self.proto as u64) << 32
+                | (self.dir as u64) << 40,
+        ]
+    }
+
+    /// The key's slot in the flow cache (`0..FLOW_CACHE_SLOTS`): the top bits of a
+    /// multiplicative hash of its words. Flows sharing a slot evict each other, never
+    /// read each other's entry (the whole key is compared).
+    #[inline(always)]
+    pub const fn flow_cache_slot(&self) -> u32 {
+        let [a, b] = self.words();
+        ((a ^ b).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
+    }
+}
 
 /// Session-affinity key: a client (IPv4 address on the packet paths; network-namespace
 /// cookie on the socket path, where the source address is not known yet) and a frontend.

@@ -316,3 +316,27 @@ pub fn assert_icmp_port_unreachable(
     assert_eq!(u16::from_be_bytes([l4[0], l4[1]]), sport);
     assert_eq!(u16::from_be_bytes([l4[2], l4[3]]), dport);
 }
+
+/// Pins the calling thread to the CPU it runs on, so consecutive test runs of a program see
+/// the same per-CPU flow cache. The pin ends with the thread (each test has its own).
+pub fn pin_to_this_cpu() {
+    // SAFETY: plain syscalls on the calling thread with a cpu_set_t owned here.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0, "sched_getcpu: {}", std::io::Error::last_os_error());
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Deletes a conntrack entry behind the proxy's back (no generation bump), as an LRU
+/// eviction does.
+pub fn evict_conntrack_entry(pin_dir: &Path, key: &skiff_ebpf_common::CtKey) {
+    use skiff_ebpf_common::{CtKey, CtValue, map_names};
+    let data = aya::maps::MapData::from_pin(pin_dir.join(map_names::CONNTRACK)).unwrap();
+    let mut ct: aya::maps::HashMap<_, CtKey, CtValue> =
+        aya::maps::Map::from_map_data(data).unwrap().try_into().unwrap();
+    ct.remove(key).expect("the conntrack entry to evict exists");
+}
