@@ -855,7 +855,8 @@ fn prepare_update(
         }
     }
     {
-        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let empty = serde_json::Map::new();
+        let old_meta = old.get("metadata").and_then(Value::as_object).unwrap_or(&empty);
         let meta = meta_mut(&mut new);
         for field in [
             "uid",
@@ -974,23 +975,45 @@ fn prepare_update(
     Ok(Some((Change::Write(new), reservation)))
 }
 
-/// Equal apart from resourceVersion and the timestamps of managed fields.
+/// Equal apart from resourceVersion and the timestamps of managed fields (compared in place:
+/// every update asks, and most differ early).
 fn same_object(a: &Value, b: &Value) -> bool {
-    fn strip(v: &Value) -> Value {
-        let mut v = v.clone();
-        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
-            if let Some(Value::Array(mf)) = meta.get_mut("managedFields") {
-                for entry in mf {
-                    if let Some(e) = entry.as_object_mut() {
-                        e.remove("time");
-                    }
-                }
+    fn same_map(
+        a: &serde_json::Map<String, Value>,
+        b: &serde_json::Map<String, Value>,
+        skip: &str,
+        inner: impl Fn(&str, &Value, &Value) -> bool,
+    ) -> bool {
+        let mut a = a.iter().filter(|(k, _)| k.as_str() != skip);
+        let mut b = b.iter().filter(|(k, _)| k.as_str() != skip);
+        loop {
+            match (a.next(), b.next()) {
+                (None, None) => return true,
+                (Some((ka, va)), Some((kb, vb))) if ka == kb && inner(ka, va, vb) => {}
+                _ => return false,
             }
         }
-        v
     }
-    strip(a) == strip(b)
+    let entry = |_: &str, a: &Value, b: &Value| match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => same_map(a, b, "time", |_, a, b| a == b),
+        _ => a == b,
+    };
+    let managed_fields = |a: &Value, b: &Value| match (a.as_array(), b.as_array()) {
+        (Some(a), Some(b)) => a.len() == b.len() && a.iter().zip(b).all(|(a, b)| entry("", a, b)),
+        _ => a == b,
+    };
+    let metadata = |a: &Value, b: &Value| match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => same_map(a, b, "resourceVersion", |k, a, b| {
+            if k == "managedFields" { managed_fields(a, b) } else { a == b }
+        }),
+        _ => a == b,
+    };
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            same_map(a, b, "", |k, a, b| if k == "metadata" { metadata(a, b) } else { a == b })
+        }
+        _ => a == b,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1610,5 +1633,39 @@ impl Metrics {
 impl ApiError {
     fn into_response_inner(self) -> Response {
         axum::response::IntoResponse::into_response(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::same_object;
+
+    #[test]
+    fn same_object_ignores_only_resource_version_and_managed_field_times() {
+        let pod = |rv: &str, time: &str, label: &str, manager: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "resourceVersion": rv, "labels": {"app": label},
+                    "managedFields": [{"manager": manager, "operation": "Update", "time": time,
+                        "fieldsV1": {"f:metadata": {}}}]},
+                "spec": {"nodeName": "n1"}})
+        };
+        let base = pod("1", "2026-01-01T00:00:00Z", "a", "kubectl");
+        assert!(same_object(&base, &pod("2", "2026-01-02T00:00:00Z", "a", "kubectl")));
+        assert!(!same_object(&base, &pod("1", "2026-01-01T00:00:00Z", "b", "kubectl")));
+        assert!(!same_object(&base, &pod("1", "2026-01-01T00:00:00Z", "a", "skiff")));
+        let mut extra = base.clone();
+        extra["spec"]["hostname"] = json!("h");
+        assert!(!same_object(&base, &extra));
+        let mut no_rv = base.clone();
+        no_rv["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        assert!(same_object(&base, &no_rv) && same_object(&no_rv, &base));
+        let mut two_managers = base.clone();
+        two_managers["metadata"]["managedFields"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"manager": "x", "operation": "Update"}));
+        assert!(!same_object(&base, &two_managers));
     }
 }
