@@ -23,6 +23,11 @@ use skiff_control_plane::store::StoreExt;
 #[path = "bench_scheduler/mod.rs"]
 mod bench_scheduler;
 
+/// skiff-server's allocator: the scheduler under test runs in this process (as it runs inside
+/// skiff-server), and the load generators leave the shared CPUs to the server.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct ServerProcess {
     child: Child,
     kubeconfig: PathBuf,
