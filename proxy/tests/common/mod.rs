@@ -1,4 +1,5 @@
-//! Shared test helpers: a per-test bpffs pin directory, packet builders and checksum checks.
+//! Shared test helpers: a per-test bpffs pin directory, packet builders and checksum checks,
+//! BPF_PROG_TEST_RUN of a program, and the Service/EndpointSlice objects of the sync tests.
 #![allow(dead_code)]
 
 pub mod netns;
@@ -7,9 +8,14 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use aya::{TestRun, TestRunOptions, TestRunResult};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use skiff_ebpf_common::{
     Backend, PROTO_TCP, PROTO_UDP, RevNat, ServiceKey, ServiceValue, backend_flags, svc_flags,
 };
+use skiff_proxy::desired::SERVICE_NAME_LABEL;
 use skiff_proxy::maps::ServiceMaps;
 
 /// A bpffs mounted on a fresh temp dir; unmounted and removed on drop.
@@ -339,4 +345,83 @@ pub fn evict_conntrack_entry(pin_dir: &Path, key: &skiff_ebpf_common::CtKey) {
     let mut ct: aya::maps::HashMap<_, CtKey, CtValue> =
         aya::maps::Map::from_map_data(data).unwrap().try_into().unwrap();
     ct.remove(key).expect("the conntrack entry to evict exists");
+}
+
+/// A ClusterIP Service `default/NAME` with one port 80 (`port_name`, `proto`).
+pub fn service(name: &str, cluster_ip: &str, port_name: &str, proto: &str) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some(cluster_ip.into()),
+            ports: Some(vec![ServicePort {
+                name: Some(port_name.into()),
+                port: 80,
+                protocol: Some(proto.into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The EndpointSlice `default/SERVICE-abc` of `service`: port 8080 (`port_name`, `proto`),
+/// one ready endpoint per address.
+pub fn endpoint_slice(
+    service: &str,
+    port_name: &str,
+    proto: &str,
+    addrs: &[&str],
+) -> EndpointSlice {
+    EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: ObjectMeta {
+            name: Some(format!("{service}-abc")),
+            namespace: Some("default".into()),
+            labels: Some([(SERVICE_NAME_LABEL.to_string(), service.to_string())].into()),
+            ..Default::default()
+        },
+        ports: Some(vec![EndpointPort {
+            name: Some(port_name.into()),
+            port: Some(8080),
+            protocol: Some(proto.into()),
+            ..Default::default()
+        }]),
+        endpoints: addrs
+            .iter()
+            .map(|a| Endpoint {
+                addresses: vec![a.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// Runs `prog` (the `hook` program) on `pkt` with BPF_PROG_TEST_RUN: its verdict and the
+/// packet as it left.
+pub fn test_run<P>(prog: &P, hook: &str, pkt: &[u8]) -> (u32, Vec<u8>)
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
+{
+    let mut out = vec![0u8; pkt.len() + 256];
+    let r = prog
+        .test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| {
+            panic!("BPF_PROG_TEST_RUN {hook} on {} bytes {pkt:02x?}: {e}", pkt.len())
+        });
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
 }
