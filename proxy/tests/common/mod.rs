@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use aya::{TestRun, TestRunOptions, TestRunResult};
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use skiff_ebpf_common::{
     Backend, PROTO_TCP, PROTO_UDP, RevNat, ServiceKey, ServiceValue, backend_flags, svc_flags,
 };
@@ -349,24 +348,14 @@ pub fn evict_conntrack_entry(pin_dir: &Path, key: &skiff_ebpf_common::CtKey) {
 
 /// A ClusterIP Service `default/NAME` with one port 80 (`port_name`, `proto`).
 pub fn service(name: &str, cluster_ip: &str, port_name: &str, proto: &str) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            cluster_ip: Some(cluster_ip.into()),
-            ports: Some(vec![ServicePort {
-                name: Some(port_name.into()),
-                port: 80,
-                protocol: Some(proto.into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "clusterIP": cluster_ip,
+            "ports": [{"name": port_name, "port": 80, "protocol": proto}]
+        }
+    }))
+    .expect("a valid Service")
 }
 
 /// The EndpointSlice `default/SERVICE-abc` of `service`: port 8080 (`port_name`, `proto`),
@@ -377,33 +366,21 @@ pub fn endpoint_slice(
     proto: &str,
     addrs: &[&str],
 ) -> EndpointSlice {
-    EndpointSlice {
-        address_type: "IPv4".into(),
-        metadata: ObjectMeta {
-            name: Some(format!("{service}-abc")),
-            namespace: Some("default".into()),
-            labels: Some([(SERVICE_NAME_LABEL.to_string(), service.to_string())].into()),
-            ..Default::default()
-        },
-        ports: Some(vec![EndpointPort {
-            name: Some(port_name.into()),
-            port: Some(8080),
-            protocol: Some(proto.into()),
-            ..Default::default()
-        }]),
-        endpoints: addrs
-            .iter()
-            .map(|a| Endpoint {
-                addresses: vec![a.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    serving: Some(true),
-                    terminating: Some(false),
-                }),
-                ..Default::default()
-            })
-            .collect(),
-    }
+    let endpoints: Vec<_> = addrs
+        .iter()
+        .map(|a| {
+            serde_json::json!({"addresses": [a],
+                               "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{service}-abc"), "namespace": "default",
+                     "labels": {SERVICE_NAME_LABEL: service}},
+        "addressType": "IPv4",
+        "ports": [{"name": port_name, "port": 8080, "protocol": proto}],
+        "endpoints": endpoints
+    }))
+    .expect("a valid EndpointSlice")
 }
 
 /// Runs `prog` (the `hook` program) on `pkt` with BPF_PROG_TEST_RUN: its verdict and the
