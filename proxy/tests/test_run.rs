@@ -49,6 +49,17 @@ impl Rig {
         test_run(self.dp.xdp_program().expect("xdp program loads (verifier)"), "xdp", pkt)
     }
 
+    /// The backend's SYN-ACK (carrying `payload`) to `CLIENT:client_port` through tc on its
+    /// way out: passed, and the packet as rewritten.
+    fn tc_reply(&mut self, client_port: u16, payload: Vec<u8>) -> Parsed {
+        let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, client_port);
+        reply.tcp_flags = 0x12;
+        reply.payload = payload;
+        let (rc, out) = self.tc(&reply.build());
+        assert_eq!(rc, TC_ACT_OK);
+        parse_and_verify(&out)
+    }
+
     fn drops(&self, reason: u32) -> u64 {
         self.maps.drop_count(reason).unwrap()
     }
@@ -108,12 +119,7 @@ fn tc_reverse_nat_restores_the_frontend_on_replies() {
     r.one_service(PROTO_TCP);
     let (rc, _) = r.tc(&Pkt::tcp(CLIENT, 40001, VIP, 80).build());
     assert_eq!(rc, TC_ACT_OK);
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 40001);
-    reply.tcp_flags = 0x12;
-    reply.payload = vec![7; 33];
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(40001, vec![7; 33]);
     assert_eq!((p.src, p.sport), (VIP, 80), "reply source restored to the VIP");
     assert_eq!((p.dst, p.dport), (CLIENT, 40001));
 }
@@ -323,11 +329,7 @@ fn xdp_nodeport_to_local_backend_is_dnated_and_passed() {
     assert_eq!((p.src, p.sport), (CLIENT, 50000), "client IP kept for local backends");
     assert_eq!((p.dst, p.dport), (BACKEND, 8080));
     // The reply (seen by tc on the way out) is reverse-translated to node:nodeport.
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50000);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50000, Vec::new());
     assert_eq!((p.src, p.sport), (NODE, 30080));
 }
 
@@ -489,11 +491,7 @@ fn dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
     assert_eq!(r.maps.conntrack().unwrap().len(), 1);
 
     // The backend's reply leaves with the frontend as source (tc on the way out).
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50020);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50020, Vec::new());
     assert_eq!((p.src, p.sport), (frontend, 30080), "reply from the frontend address");
     assert_eq!((p.dst, p.dport), (CLIENT, 50020));
 }
@@ -586,11 +584,7 @@ fn tc_fallback_serves_nodeport_to_local_and_remote_backends() {
     assert_eq!(rc, TC_ACT_OK, "drops: {:?}", r.maps.drops().unwrap());
     let p = parse_and_verify(&out);
     assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50010, BACKEND, 8080));
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50010);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50010, Vec::new());
     assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 30080, CLIENT, 50010));
     // Remote backend: DNAT + SNAT to the node, forwarded (FIB redirect, or the stack).
     let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 50011, NODE, 30081).build());
