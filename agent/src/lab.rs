@@ -418,24 +418,15 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
 
 async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     // The segment, and the host's leg on it.
-    run(Command::new("ip").args(["netns", "add", &state.lab_netns]))?;
-    let lab_ns = format!("--net=/run/netns/{}", state.lab_netns);
-    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
-    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "set", "br0", "up"]))?;
+    let lab_netns = state.lab_netns.clone();
+    run(Command::new("ip").args(["netns", "add", &lab_netns]))?;
+    add_bridge(&lab_netns)?;
     let host_link = format!("{}-h", state.name);
-    run(Command::new("ip").args(["link", "add", &host_link, "type", "veth", "peer", "name", "h0"]))?;
-    state.host_link = Some(host_link.clone());
-    state.save()?;
-    run(Command::new("ip").args(["link", "set", "h0", "netns", &state.lab_netns]))?;
-    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "set", "h0", "master", "br0", "up"]))?;
-    run(Command::new("ip").args([
-        "addr",
-        "add",
-        &format!("{}/{}", state.host_ip, state.subnet.prefix()),
-        "dev",
-        &host_link,
-    ]))?;
-    run(Command::new("ip").args(["link", "set", &host_link, "up"]))?;
+    let host_addr = format!("{}/{}", state.host_ip, state.subnet.prefix());
+    connect_host(&lab_netns, &host_link, "h0", &host_addr, || {
+        state.host_link = Some(host_link.clone());
+        state.save()
+    })?;
 
     // The outside client.
     let out = format!("{}-out", state.name);
@@ -443,18 +434,7 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     state.outside_netns = Some(out.clone());
     state.save()?;
     let out_ns = format!("--net=/run/netns/{out}");
-    run(Command::new("nsenter")
-        .args([&lab_ns, "ip", "link", "add", "o0", "type", "veth", "peer", "name", "eth0"]))?;
-    run(Command::new("nsenter").args([
-        &lab_ns,
-        "ip",
-        "link",
-        "set",
-        "eth0",
-        "netns",
-        &format!("/run/netns/{out}"),
-    ]))?;
-    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "set", "o0", "master", "br0", "up"]))?;
+    add_bridge_port(&lab_netns, "o0", "eth0", &out)?;
     run(Command::new("nsenter").args([
         &out_ns,
         "ip",
@@ -491,19 +471,7 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         run(Command::new("ip").args(["netns", "add", &n.netns]))?;
         let ns = format!("--net=/run/netns/{}", n.netns);
         let (port, peer) = (format!("p{}", i + 1), format!("q{}", i + 1));
-        run(Command::new("nsenter")
-            .args([&lab_ns, "ip", "link", "add", &port, "type", "veth", "peer", "name", &peer]))?;
-        run(Command::new("nsenter").args([
-            &lab_ns,
-            "ip",
-            "link",
-            "set",
-            &peer,
-            "netns",
-            &format!("/run/netns/{}", n.netns),
-        ]))?;
-        run(Command::new("nsenter")
-            .args([&lab_ns, "ip", "link", "set", &port, "master", "br0", "up"]))?;
+        add_bridge_port(&lab_netns, &port, &peer, &n.netns)?;
         run(Command::new("nsenter").args([&ns, "ip", "link", "set", &peer, "name", "lab0"]))?;
         run(Command::new("nsenter").args([
             &ns,
@@ -830,7 +798,57 @@ fn spawn_background(mut cmd: Command, log: &Path, marker: &str) -> Result<Proc> 
     Ok(Proc { pid, marker: marker.to_string(), log: log.to_path_buf() })
 }
 
-fn run(cmd: &mut Command) -> Result<String> {
+/// Creates the segment's bridge `br0`, up, in the namespace `netns`.
+pub(crate) fn add_bridge(netns: &str) -> Result<()> {
+    let ns = format!("--net=/run/netns/{netns}");
+    run(Command::new("nsenter").args([&ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
+    run(Command::new("nsenter").args([&ns, "ip", "link", "set", "br0", "up"]))?;
+    Ok(())
+}
+
+/// Gives the host's own namespace a leg on the segment in `lab_netns`: the veth `host_end`
+/// (host) — `lab_end` (a port of `br0`), `host_addr` (address/prefix) on the host end, up.
+/// `created` runs as soon as the host end exists, to record it for cleanup.
+pub(crate) fn connect_host(
+    lab_netns: &str,
+    host_end: &str,
+    lab_end: &str,
+    host_addr: &str,
+    created: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    run(
+        Command::new("ip").args(["link", "add", host_end, "type", "veth", "peer", "name", lab_end])
+    )?;
+    created()?;
+    run(Command::new("ip").args(["link", "set", lab_end, "netns", lab_netns]))?;
+    let ns = format!("--net=/run/netns/{lab_netns}");
+    run(Command::new("nsenter").args([&ns, "ip", "link", "set", lab_end, "master", "br0", "up"]))?;
+    run(Command::new("ip").args(["addr", "add", host_addr, "dev", host_end]))?;
+    run(Command::new("ip").args(["link", "set", host_end, "up"]))?;
+    Ok(())
+}
+
+/// Connects the namespace `netns` to the segment in `lab_netns`: the veth `port` (a port of
+/// `br0`, up) — `peer` (moved into `netns`, left down).
+pub(crate) fn add_bridge_port(lab_netns: &str, port: &str, peer: &str, netns: &str) -> Result<()> {
+    let lab_ns = format!("--net=/run/netns/{lab_netns}");
+    run(Command::new("nsenter")
+        .args([&lab_ns, "ip", "link", "add", port, "type", "veth", "peer", "name", peer]))?;
+    run(Command::new("nsenter").args([
+        &lab_ns,
+        "ip",
+        "link",
+        "set",
+        peer,
+        "netns",
+        &format!("/run/netns/{netns}"),
+    ]))?;
+    run(Command::new("nsenter").args([&lab_ns, "ip", "link", "set", port, "master", "br0", "up"]))?;
+    Ok(())
+}
+
+/// Runs `cmd` to completion, stdin closed: its stdout, or its stderr in the error.
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let command = format!("{cmd:?}");
     let out = cmd
         .stdin(Stdio::null())

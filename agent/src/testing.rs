@@ -26,23 +26,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ipnetwork::Ipv4Network;
 
 use crate::containerd::{self, Containerd, ContainerdConfig};
-use crate::images;
 use crate::network::{self, CniSettings};
 use crate::runtime::cri::CriRuntime;
 use crate::runtime::{self, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL, Runtime, api};
+use crate::{images, lab};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("`{command}` failed: {stderr}")]
-    Command { command: String, stderr: String },
-    #[error("running `{command}`")]
-    Spawn {
-        command: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A command failed to start or exited unsuccessfully (`lab::Error::Command` or
+    /// `lab::Error::Spawn`, shown as they are).
+    #[error(transparent)]
+    Command(#[from] lab::Error),
     #[error("creating the node directory {path}")]
     Dir {
         path: PathBuf,
@@ -138,9 +134,7 @@ impl Lab {
         let netns = format!("skl{}-{n}", std::process::id() % 100_000);
         run(Command::new("ip").args(["netns", "add", &netns]))?;
         let lab = Lab { netns, subnet, host_links: Default::default() };
-        let ns = format!("--net=/run/netns/{}", lab.netns);
-        run(Command::new("nsenter").args([&ns, "ip", "link", "add", "br0", "type", "bridge"]))?;
-        run(Command::new("nsenter").args([&ns, "ip", "link", "set", "br0", "up"]))?;
+        lab::add_bridge(&lab.netns)?;
         Ok(lab)
     }
 
@@ -152,27 +146,11 @@ impl Lab {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let host_end = format!("skh{}-{n}", std::process::id() % 100_000);
         let lab_end = format!("h{n}");
-        run(Command::new("ip")
-            .args(["link", "add", &host_end, "type", "veth", "peer", "name", &lab_end]))?;
-        self.host_links.lock().unwrap_or_else(|e| e.into_inner()).push(host_end.clone());
-        let ns = format!("--net=/run/netns/{}", self.netns);
-        run(Command::new("ip").args([
-            "link",
-            "set",
-            &lab_end,
-            "netns",
-            &format!("/run/netns/{}", self.netns),
-        ]))?;
-        run(Command::new("nsenter")
-            .args([&ns, "ip", "link", "set", &lab_end, "master", "br0", "up"]))?;
-        run(Command::new("ip").args([
-            "addr",
-            "add",
-            &format!("{host_ip}/{}", self.subnet.prefix()),
-            "dev",
-            &host_end,
-        ]))?;
-        run(Command::new("ip").args(["link", "set", &host_end, "up"]))?;
+        let host_addr = format!("{host_ip}/{}", self.subnet.prefix());
+        lab::connect_host(&self.netns, &host_end, &lab_end, &host_addr, || {
+            self.host_links.lock().unwrap_or_else(|e| e.into_inner()).push(host_end.clone());
+            Ok(())
+        })?;
         Ok(host_end)
     }
 
@@ -263,25 +241,11 @@ impl NodeRig {
                     "lo",
                 ]))?;
             }
-            Some((lab, prefix)) => {
+            Some((lab_netns, prefix)) => {
                 // The veth is made in the lab namespace (unique names there), its node end
                 // moved into the node and renamed lab0.
-                let lab_ns = format!("--net=/run/netns/{lab}");
                 let (port, peer) = (format!("p{n}"), format!("q{n}"));
-                run(Command::new("nsenter").args([
-                    &lab_ns, "ip", "link", "add", &port, "type", "veth", "peer", "name", &peer,
-                ]))?;
-                run(Command::new("nsenter").args([
-                    &lab_ns,
-                    "ip",
-                    "link",
-                    "set",
-                    &peer,
-                    "netns",
-                    &format!("/run/netns/{}", rig.netns),
-                ]))?;
-                run(Command::new("nsenter")
-                    .args([&lab_ns, "ip", "link", "set", &port, "master", "br0", "up"]))?;
+                lab::add_bridge_port(lab_netns, &port, &peer, &rig.netns)?;
                 run(&mut rig.command(&["ip", "link", "set", &peer, "name", "lab0"]))?;
                 run(&mut rig.command(&[
                     "ip",
@@ -491,18 +455,7 @@ impl Drop for NodeRig {
 }
 
 fn run(cmd: &mut Command) -> Result<String> {
-    let command = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| Error::Spawn { command: command.clone(), source })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(lab::run(cmd)?)
 }
 
 /// What the control plane's ServiceAccount controller gives a namespace, for tests over an
@@ -536,4 +489,18 @@ pub async fn seed_namespace(client: &kube::Client, namespace: &str) {
     {
         tracing::debug!(error = %e, "seeding kube-root-ca.crt");
     }
+}
+
+/// An in-process apiserver over the in-memory store, and a client of it, with the `default`
+/// namespace seeded ([`seed_namespace`]): what the pod sync tests run the agent against.
+pub async fn apiserver() -> (std::sync::Arc<skiff_control_plane::apiserver::ApiServer>, kube::Client)
+{
+    use skiff_control_plane::apiserver::ApiServer;
+    use skiff_control_plane::store::memory::MemoryStore;
+    let api = ApiServer::start(std::sync::Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .expect("apiserver");
+    let client = api.client();
+    seed_namespace(&client, "default").await;
+    (api, client)
 }

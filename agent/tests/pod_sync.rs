@@ -16,7 +16,6 @@ use skiff_agent::config::AgentConfig;
 use skiff_agent::runtime::memory::{Behavior, MemoryRuntime};
 use skiff_agent::runtime::{POD_UID_LABEL, api};
 use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
 
 const NODE: &str = "node-1";
 
@@ -39,16 +38,18 @@ fn config(dir: &std::path::Path) -> AgentConfig {
     c
 }
 
+/// The in-memory runtime with the images the pods here use.
+fn runtime() -> MemoryRuntime {
+    let rt = MemoryRuntime::new();
+    rt.add_image("skiff.test/pause:1");
+    rt.add_image("busybox:1");
+    rt
+}
+
 impl Harness {
     async fn new() -> Harness {
-        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-            .await
-            .expect("apiserver");
-        let client = api.client();
-        skiff_agent::testing::seed_namespace(&client, "default").await;
-        let rt = MemoryRuntime::new();
-        rt.add_image("skiff.test/pause:1");
-        rt.add_image("busybox:1");
+        let (api, client) = skiff_agent::testing::apiserver().await;
+        let rt = runtime();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut h = Harness { _api: api, client, rt, dir, agent: None };
         h.start_agent().await;
@@ -511,14 +512,8 @@ async fn pods_the_node_cannot_run_are_rejected() {
 
 #[tokio::test(start_paused = true)]
 async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
-    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("apiserver");
-    let client = api.client();
-    skiff_agent::testing::seed_namespace(&client, "default").await;
-    let rt = MemoryRuntime::new();
-    rt.add_image("skiff.test/pause:1");
-    rt.add_image("busybox:1");
+    let (_api, client) = skiff_agent::testing::apiserver().await;
+    let rt = runtime();
     let starts = Arc::new(Mutex::new(Vec::new()));
     let seen = starts.clone();
     rt.set_behavior(move |_| {
@@ -559,11 +554,7 @@ async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
 
 #[tokio::test]
 async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
-    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("apiserver");
-    let client = api.client();
-    skiff_agent::testing::seed_namespace(&client, "default").await;
+    let (_api, client) = skiff_agent::testing::apiserver().await;
     let rt = MemoryRuntime::new();
     let dir = tempfile::tempdir().expect("tmp");
     let mut c = config(dir.path());
@@ -596,11 +587,7 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
 
 #[tokio::test]
 async fn agent_serves_dns_and_streaming_and_publishes_the_streaming_port() {
-    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("apiserver");
-    let client = api.client();
-    skiff_agent::testing::seed_namespace(&client, "default").await;
+    let (_api, client) = skiff_agent::testing::apiserver().await;
     let dir = tempfile::tempdir().expect("tmp");
     let pki =
         skiff_control_plane::pki::Pki::load_or_create(&dir.path().join("pki"), &[]).expect("pki");

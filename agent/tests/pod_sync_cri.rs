@@ -2,7 +2,6 @@
 //! server, which serves the in-memory runtime. Every runtime call of a pod's life crosses
 //! the socket.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -12,8 +11,6 @@ use skiff_agent::config::AgentConfig;
 use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::fake_cri;
 use skiff_agent::runtime::memory::{Behavior, MemoryRuntime};
-use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
 
 async fn wait_for(pods: &Api<Pod>, name: &str, what: &str, f: impl Fn(Option<&Pod>) -> bool) {
     for _ in 0..400 {
@@ -32,11 +29,7 @@ fn phase(p: Option<&Pod>) -> Option<String> {
 
 #[tokio::test]
 async fn pods_run_restart_and_terminate_through_the_cri_client() {
-    let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("apiserver");
-    let client = api.client();
-    skiff_agent::testing::seed_namespace(&client, "default").await;
+    let (_api, client) = skiff_agent::testing::apiserver().await;
     let dir = tempfile::tempdir().expect("tmp");
     let memory = MemoryRuntime::new();
     memory.add_image("skiff.test/pause:1");

@@ -10,8 +10,8 @@ use aya::Ebpf;
 use aya::maps::Array;
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{
-    CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode,
-    cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
+    CgroupAttachMode, CgroupSockAddr, Program, ProgramError, SchedClassifier, TcAttachType, Xdp,
+    XdpMode, cgroup_sock_addr::CgroupSockAddrLink, tc::SchedClassifierLink, xdp::XdpLink,
 };
 use skiff_ebpf_common::{
     Config, Counters, MAX_BACKENDS, MAX_REV_NAT, map_names, nodeport_mode, prog_names,
@@ -283,59 +283,52 @@ impl Dataplane {
             TcAttachType::Egress => prog_names::TC_EGRESS,
             _ => prog_names::TC_INGRESS,
         };
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(Error::MissingProgram { name })?
-            .try_into()
-            .map_err(|e| prog_err(name, "type", e))?;
-        if prog.fd().is_err() {
-            prog.load().map_err(|e| prog_err(name, "load", e))?;
-        }
-        Ok(prog)
+        self.loaded(name)
     }
 
     /// Loads (once) and returns the XDP program.
     pub fn xdp_program(&mut self) -> Result<&mut Xdp> {
-        let name = prog_names::XDP_NODEPORT;
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(Error::MissingProgram { name })?
-            .try_into()
-            .map_err(|e| prog_err(name, "type", e))?;
-        if prog.fd().is_err() {
-            prog.load().map_err(|e| prog_err(name, "load", e))?;
-        }
-        Ok(prog)
+        self.loaded(prog_names::XDP_NODEPORT)
     }
 
     /// Attaches the four socket-LB programs to the cgroup v2 directory `cgroup`.
     pub fn attach_sock_lb(&mut self, cgroup: &Path) -> Result<SockLbAttachment> {
         let file =
             File::open(cgroup).map_err(|source| Error::Cgroup { path: cgroup.into(), source })?;
-        let mut links = Vec::new();
-        for name in [
-            prog_names::CONNECT4,
-            prog_names::SENDMSG4,
-            prog_names::RECVMSG4,
-            prog_names::GETPEERNAME4,
-        ] {
-            let prog: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(Error::MissingProgram { name })?
-                .try_into()
-                .map_err(|e| prog_err(name, "type", e))?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|e| prog_err(name, "load", e))?;
-            }
-            let id = prog
-                .attach(&file, CgroupAttachMode::Single)
-                .map_err(|e| prog_err(name, "attach", e))?;
-            links.push(prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?);
-        }
+        let links = SOCK_LB_PROGRAMS
+            .into_iter()
+            .map(|name| self.attach_sock_lb_program(name, &file))
+            .collect::<Result<_>>()?;
         Ok(SockLbAttachment { _links: links })
+    }
+
+    /// Loads (once) the socket-LB program `name`, attaches it to the cgroup open as `cgroup`
+    /// and takes its link.
+    fn attach_sock_lb_program(
+        &mut self,
+        name: &'static str,
+        cgroup: &File,
+    ) -> Result<CgroupSockAddrLink> {
+        let prog: &mut CgroupSockAddr = self.loaded(name)?;
+        let id = prog
+            .attach(cgroup, CgroupAttachMode::Single)
+            .map_err(|e| prog_err(name, "attach", e))?;
+        prog.take_link(id).map_err(|e| prog_err(name, "take link", e))
+    }
+
+    /// The program `name` as a `P`, loaded into the kernel on first use.
+    fn loaded<P: LoadOnce>(&mut self, name: &'static str) -> Result<&mut P>
+    where
+        for<'a> &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+    {
+        let prog: &mut P = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(Error::MissingProgram { name })?
+            .try_into()
+            .map_err(|e| prog_err(name, "type", e))?;
+        prog.load_once().map_err(|e| prog_err(name, "load", e))?;
+        Ok(prog)
     }
 
     /// Attaches the tc program to `iface` in direction `dir` (TCX on kernels >= 6.6).
@@ -374,6 +367,31 @@ impl Dataplane {
     }
 }
 
+/// The socket-LB programs, attached to a cgroup together.
+const SOCK_LB_PROGRAMS: [&str; 4] =
+    [prog_names::CONNECT4, prog_names::SENDMSG4, prog_names::RECVMSG4, prog_names::GETPEERNAME4];
+
+/// The program types the data plane loads on first use ([`Dataplane::loaded`]).
+trait LoadOnce {
+    /// Loads the program into the kernel unless it already is.
+    fn load_once(&mut self) -> std::result::Result<(), ProgramError>;
+}
+
+macro_rules! impl_load_once {
+    ($($ty:ty),+) => {$(
+        impl LoadOnce for $ty {
+            fn load_once(&mut self) -> std::result::Result<(), ProgramError> {
+                if self.fd().is_err() {
+                    self.load()?;
+                }
+                Ok(())
+            }
+        }
+    )+};
+}
+
+impl_load_once!(SchedClassifier, Xdp, CgroupSockAddr);
+
 /// Remote NodePort flows are SNATed to the node address (in XDP or the tc fallback); when
 /// the FIB cannot resolve the next hop yet, the packet goes up the stack with that (local)
 /// source, which the stack would drop as martian, and so would it the reverse-translated
@@ -395,29 +413,12 @@ impl Dataplane {
         let file =
             File::open(cgroup).map_err(|source| Error::Cgroup { path: cgroup.into(), source })?;
         let mut attached = 0;
-        for name in [
-            prog_names::CONNECT4,
-            prog_names::SENDMSG4,
-            prog_names::RECVMSG4,
-            prog_names::GETPEERNAME4,
-        ] {
+        for name in SOCK_LB_PROGRAMS {
             let pin = link_dir.join(name);
             if PinnedLink::from_pin(&pin).is_ok() {
                 continue;
             }
-            let prog: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(Error::MissingProgram { name })?
-                .try_into()
-                .map_err(|e| prog_err(name, "type", e))?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|e| prog_err(name, "load", e))?;
-            }
-            let id = prog
-                .attach(&file, CgroupAttachMode::Single)
-                .map_err(|e| prog_err(name, "attach", e))?;
-            let link = prog.take_link(id).map_err(|e| prog_err(name, "take link", e))?;
+            let link = self.attach_sock_lb_program(name, &file)?;
             let fd_link = FdLink::try_from(link)
                 .map_err(|source| Error::LinkConvert { path: pin.clone(), source })?;
             fd_link.pin(&pin).map_err(|source| Error::PinLink { path: pin.clone(), source })?;

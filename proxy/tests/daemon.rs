@@ -9,12 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use skiff_proxy::daemon::{ProxyConfig, sync_forever};
-use skiff_proxy::desired::SERVICE_NAME_LABEL;
 use skiff_proxy::loader::Dataplane;
 use skiff_proxy::maps::ServiceMaps;
 
@@ -123,59 +119,6 @@ fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
     kube::Client::new(svc, "default")
 }
 
-fn service() -> Value {
-    serde_json::to_value(Service {
-        metadata: ObjectMeta {
-            name: Some("web".into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            cluster_ip: Some("10.96.0.10".into()),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    })
-    .unwrap()
-}
-
-fn slice(addrs: &[&str]) -> Value {
-    serde_json::to_value(EndpointSlice {
-        address_type: "IPv4".into(),
-        metadata: ObjectMeta {
-            name: Some("web-abc".into()),
-            namespace: Some("default".into()),
-            labels: Some([(SERVICE_NAME_LABEL.to_string(), "web".to_string())].into()),
-            ..Default::default()
-        },
-        ports: Some(vec![EndpointPort {
-            name: Some("http".into()),
-            port: Some(8080),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        endpoints: addrs
-            .iter()
-            .map(|a| Endpoint {
-                addresses: vec![a.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    serving: Some(true),
-                    terminating: Some(false),
-                }),
-                ..Default::default()
-            })
-            .collect(),
-    })
-    .unwrap()
-}
-
 fn wait_for(maps: &ServiceMaps, what: &str, ok: impl Fn(&ServiceMaps) -> bool) -> Duration {
     let t = Instant::now();
     while !ok(maps) {
@@ -191,8 +134,15 @@ fn watch_events_drive_the_maps() {
     let pin = bpffs.path();
     let _dp = Dataplane::load(&pin, "192.168.77.1".parse().unwrap()).expect("load");
     let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock().unwrap().put("services", service());
-    api.lock().unwrap().put("endpointslices", slice(&["10.0.1.1", "10.0.1.2"]));
+    api.lock().unwrap().put(
+        "services",
+        serde_json::to_value(service("web", "10.96.0.10", "http", "TCP")).unwrap(),
+    );
+    api.lock().unwrap().put(
+        "endpointslices",
+        serde_json::to_value(endpoint_slice("web", "http", "TCP", &["10.0.1.1", "10.0.1.2"]))
+            .unwrap(),
+    );
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let config = ProxyConfig { pin_dir: pin.clone(), ..ProxyConfig::default() };
@@ -213,7 +163,10 @@ fn watch_events_drive_the_maps() {
     wait_for(&maps, "initial list in the maps", |m| frontend_count(m) == Some(2));
     assert_eq!(maps.backends().unwrap().len(), 2);
 
-    api.lock().unwrap().put("endpointslices", slice(&["10.0.1.2"]));
+    api.lock().unwrap().put(
+        "endpointslices",
+        serde_json::to_value(endpoint_slice("web", "http", "TCP", &["10.0.1.2"])).unwrap(),
+    );
     let took = wait_for(&maps, "endpoint removal", |m| {
         frontend_count(m) == Some(1) && m.backends().unwrap().len() == 1
     });

@@ -12,7 +12,10 @@ use aya::programs::TcAttachType;
 use common::netns::*;
 use common::*;
 use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, ct_flags, drop_reason};
-use skiff_proxy::loader::{Dataplane, LoadOptions, NodePortMode, cgroup2_root};
+use skiff_proxy::daemon::ProxyConfig;
+use skiff_proxy::loader::{
+    Dataplane, LoadOptions, NodePortMode, TcAttachment, XdpAttachment, cgroup2_root,
+};
 use skiff_proxy::maps::ServiceMaps;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -52,29 +55,173 @@ fn lines(out: &str) -> (String, String) {
     (peer, data)
 }
 
+/// The backend that answered: the first field of an echo reply.
+fn backend_of(data: &str) -> String {
+    data.split('|').next().unwrap_or_default().to_string()
+}
+
+/// `count` TCP exchanges of the python client in `ns`, inside the socket-LB cgroup, with
+/// `vip`:80, sending `{tag}{i}`: the `peer` and `data` lines of each.
+fn socket_lb_tcp(
+    ns: &Netns,
+    cg: &TestCgroup,
+    vip: &str,
+    tag: &str,
+    count: usize,
+) -> Vec<(String, String)> {
+    (0..count)
+        .map(|i| {
+            lines(&run_client_in(
+                ns,
+                &cg.path,
+                CLIENT_PY,
+                &["tcp", vip, "80", &format!("{tag}{i}")],
+            ))
+        })
+        .collect()
+}
+
+/// What every test here starts from: the client — node — backend rig, echo servers in the
+/// backend namespace and a bpffs for the data plane. Fields drop in this order: the bpffs,
+/// then the servers, then the namespaces.
+struct Lab {
+    bpffs: BpffsDir,
+    _servers: EchoServers,
+    rig: Rig,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let rig = Rig::new();
+        let _servers = EchoServers::start(&rig.backend);
+        Self { bpffs: BpffsDir::new(), _servers, rig }
+    }
+
+    /// Loads the data plane with the node's address as the client sees it (NodePort
+    /// frontends and the SNAT source) and opens its pinned maps.
+    fn load(&self) -> (Dataplane, ServiceMaps) {
+        let dp = Dataplane::load(&self.bpffs.path(), NODE_CLIENT_SIDE).expect("load");
+        let maps = ServiceMaps::open_pinned(&self.bpffs.path()).unwrap();
+        (dp, maps)
+    }
+
+    /// The proxy's configuration on the node, without the socket LB.
+    fn proxy_config(&self) -> ProxyConfig {
+        ProxyConfig {
+            node_ip: NODE_CLIENT_SIDE,
+            pin_dir: self.bpffs.path(),
+            socket_lb: false,
+            ..Default::default()
+        }
+    }
+}
+
+/// XDP on the node's interfaces; the veth peers get it too (TX checksum offload off) so that
+/// frames redirected into them are accepted (native XDP on veth). tc egress on n0
+/// reverse-translates the replies of the local backend.
+fn attach_nodeport_xdp(dp: &mut Dataplane, rig: &Rig) -> (Vec<XdpAttachment>, TcAttachment) {
+    let (x0, x1, tc) = in_netns(&rig.node, || {
+        (
+            dp.attach_xdp("n0").expect("xdp n0"),
+            dp.attach_xdp("n1").expect("xdp n1"),
+            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
+        )
+    });
+    let xc = in_netns(&rig.client, || {
+        disable_tx_csum("c0");
+        dp.attach_xdp("c0").expect("xdp c0")
+    });
+    let xb = in_netns(&rig.backend, || {
+        disable_tx_csum("b0");
+        dp.attach_xdp("b0").expect("xdp b0")
+    });
+    (vec![x0, x1, xc, xb], tc)
+}
+
+/// NodePort services 30080 (a local backend, 10.201.1.2), 30081 (a remote one, .3) and
+/// 30082 (no endpoints), ids 1 to 3.
+fn put_nodeport_services(maps: &mut ServiceMaps) {
+    let any = Ipv4Addr::UNSPECIFIED;
+    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
+    put_service(maps, any, 30080, PROTO_TCP, np, 1, &[(1, BACKEND_IPS[0], BACKEND_PORT, true)]);
+    put_service(maps, any, 30081, PROTO_TCP, np, 2, &[(2, BACKEND_IPS[1], BACKEND_PORT, false)]);
+    put_service(maps, any, 30082, PROTO_TCP, np, 3, &[]);
+}
+
+/// Through the services of `put_nodeport_services`: the local backend sees the client's
+/// address, the remote one the node's (SNAT, replies translated back), the one without
+/// endpoints refuses; three new connections counted for each of the first two.
+fn assert_nodeport_local_and_remote(rig: &Rig, maps: &ServiceMaps) {
+    for i in 0..3 {
+        let data = talk(&rig.client, NODE_CLIENT_SIDE, 30080, &format!("l{i}"))
+            .expect("nodeport to a local backend");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"), "client address kept");
+    }
+    for i in 0..3 {
+        let data =
+            talk(&rig.client, NODE_CLIENT_SIDE, 30081, &format!("r{i}")).unwrap_or_else(|e| {
+                dump_state(rig, maps);
+                panic!("nodeport to a remote backend: {e:?}")
+            });
+        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
+    }
+    assert_eq!(
+        talk(&rig.client, NODE_CLIENT_SIDE, 30082, "x"),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "no endpoints: refused by a RST"
+    );
+    let stats = maps.service_stats().unwrap();
+    for id in [1, 2] {
+        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
+        assert_eq!(s.1.new_conns, 3, "service {id}");
+    }
+}
+
+/// Prints the rig's kernel counters, neighbours and the data plane's drops and conntrack,
+/// for a failing exchange.
+fn dump_state(rig: &Rig, maps: &ServiceMaps) {
+    for ns in [&rig.client, &rig.node, &rig.backend] {
+        let o = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", ns.path().display()))
+            .args(["sh", "-c", "nstat -az | grep -v ' 0 '; ip neigh; sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.n1.accept_local net.ipv4.conf.n0.accept_local 2>&1"])
+            .output()
+            .unwrap();
+        eprintln!("== {}\n{}", ns.name, String::from_utf8_lossy(&o.stdout));
+    }
+    eprintln!("drops {:?}\nct {:?}", maps.drops().unwrap(), maps.conntrack().unwrap());
+}
+
+/// A TCP exchange from `ns`: connect to `ip`:`port`, send `msg`, read the echo reply.
+fn talk(ns: &Netns, ip: Ipv4Addr, port: u16, msg: &str) -> Result<String, std::io::ErrorKind> {
+    let msg = msg.to_string();
+    in_netns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&sockaddr(ip, port), Duration::from_secs(5))
+            .map_err(|e| e.kind())?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
+        s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+        let mut data = String::new();
+        s.read_to_string(&mut data).map_err(|e| e.kind())?;
+        Ok(data)
+    })
+}
+
 #[test]
 fn clusterip_tcp_and_udp_through_socket_lb() {
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
-    let bpffs = BpffsDir::new();
-    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
-    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let (mut dp, mut maps) = lab.load();
     services(&mut maps);
     let cg = TestCgroup::new(&cgroup2_root().expect("cgroup2 root"));
     let _attached = dp.attach_sock_lb(&cg.path).expect("attach socket LB");
 
     let mut seen = BTreeSet::new();
-    for i in 0..12 {
-        let out = run_client_in(
-            &rig.client,
-            &cg.path,
-            CLIENT_PY,
-            &["tcp", "10.96.0.10", "80", &format!("t{i}")],
-        );
-        let (peer, data) = lines(&out);
-        assert_eq!(peer, "10.96.0.10 80", "getpeername shows the VIP: {out}");
+    for (i, (peer, data)) in
+        socket_lb_tcp(&rig.client, &cg, "10.96.0.10", "t", 12).iter().enumerate()
+    {
+        assert_eq!(peer, "10.96.0.10 80", "getpeername shows the VIP: {data}");
         let parts: Vec<&str> = data.split('|').collect();
-        assert_eq!(parts.len(), 3, "echo reply: {out}");
+        assert_eq!(parts.len(), 3, "echo reply: {data}");
         assert_eq!(parts[1], "10.201.0.2", "client address preserved (no SNAT)");
         assert_eq!(parts[2], format!("t{i}"));
         seen.insert(parts[0].to_string());
@@ -95,32 +242,18 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
         .collect();
     put_service(&mut maps, sticky_vip, 80, PROTO_TCP, CLUSTER_IP, 5, &backends);
     set_affinity(&mut maps, sticky_vip, 80, PROTO_TCP, 60);
-    let mut sticky = BTreeSet::new();
-    for i in 0..8 {
-        let out = run_client_in(
-            &rig.client,
-            &cg.path,
-            CLIENT_PY,
-            &["tcp", "10.96.0.12", "80", &format!("a{i}")],
-        );
-        let (_, data) = lines(&out);
-        sticky.insert(data.split('|').next().unwrap_or_default().to_string());
-    }
+    let sticky: BTreeSet<_> = socket_lb_tcp(&rig.client, &cg, "10.96.0.12", "a", 8)
+        .iter()
+        .map(|(_, data)| backend_of(data))
+        .collect();
     assert_eq!(sticky.len(), 1, "affinity keeps the client on one backend: {sticky:?}");
 
     // Hairpin: a backend reaching its own service lands on a backend (itself included)
     // through the socket LB, with no NAT to undo.
     let mut hairpin = BTreeSet::new();
-    for i in 0..8 {
-        let out = run_client_in(
-            &rig.backend,
-            &cg.path,
-            CLIENT_PY,
-            &["tcp", "10.96.0.10", "80", &format!("h{i}")],
-        );
-        let (peer, data) = lines(&out);
-        assert_eq!(peer, "10.96.0.10 80", "{out}");
-        hairpin.insert(data.split('|').next().unwrap_or_default().to_string());
+    for (peer, data) in socket_lb_tcp(&rig.backend, &cg, "10.96.0.10", "h", 8) {
+        assert_eq!(peer, "10.96.0.10 80", "{data}");
+        hairpin.insert(backend_of(&data));
     }
     assert!(hairpin.contains("10.201.1.2") || hairpin.contains("10.201.1.3"), "{hairpin:?}");
 
@@ -140,11 +273,9 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
 
 #[test]
 fn clusterip_tcp_and_udp_through_tc() {
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
-    let bpffs = BpffsDir::new();
-    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
-    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let (mut dp, mut maps) = lab.load();
     services(&mut maps);
     // Attach inside the node namespace (interface names resolve there).
     let (_ingress, _egress) = in_netns(&rig.node, || {
@@ -169,21 +300,7 @@ fn clusterip_tcp_and_udp_through_tc() {
             (peer, data)
         });
         if data.starts_with("ERR") {
-            for ns in [&rig.client, &rig.node, &rig.backend] {
-                let o = std::process::Command::new("nsenter")
-                    .arg(format!("--net={}", ns.path().display()))
-                    .args(["nstat", "-az"])
-                    .output()
-                    .unwrap();
-                let t = String::from_utf8_lossy(&o.stdout);
-                eprintln!(
-                    "== {}\n{}",
-                    ns.name,
-                    t.lines().filter(|l| !l.contains(" 0 ")).collect::<Vec<_>>().join("\n")
-                );
-            }
-            eprintln!("ct {:?}", maps.conntrack().unwrap());
-            eprintln!("drops after {:?}", maps.drops().unwrap());
+            dump_state(rig, &maps);
             panic!("{data}");
         }
         assert_eq!(peer, sockaddr(VIP, 80));
@@ -225,121 +342,30 @@ fn clusterip_tcp_and_udp_through_tc() {
 
 #[test]
 fn nodeport_through_xdp_to_local_and_remote_backends() {
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
-    let bpffs = BpffsDir::new();
-    // The node's address as the client sees it: NodePort frontends and the SNAT source.
-    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
-    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let (mut dp, mut maps) = lab.load();
+    put_nodeport_services(&mut maps);
     let any = Ipv4Addr::UNSPECIFIED;
     let np = skiff_ebpf_common::svc_flags::NODE_PORT;
-    put_service(
-        &mut maps,
-        any,
-        30080,
-        PROTO_TCP,
-        np,
-        1,
-        &[(1, BACKEND_IPS[0], BACKEND_PORT, true)],
-    );
-    put_service(
-        &mut maps,
-        any,
-        30081,
-        PROTO_TCP,
-        np,
-        2,
-        &[(2, BACKEND_IPS[1], BACKEND_PORT, false)],
-    );
-    put_service(&mut maps, any, 30082, PROTO_TCP, np, 3, &[]);
     put_service(&mut maps, any, 30083, PROTO_UDP, np, 4, &[]);
-    // XDP on the node's interfaces; the veth peers get it too so that frames redirected
-    // into them are accepted (native XDP on veth). tc egress on n0 reverse-translates the
-    // replies of the local backend.
-    let (_x0, _x1, _tc) = in_netns(&rig.node, || {
-        (
-            dp.attach_xdp("n0").expect("xdp n0"),
-            dp.attach_xdp("n1").expect("xdp n1"),
-            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
-        )
-    });
-    let _xc = in_netns(&rig.client, || {
-        disable_tx_csum("c0");
-        dp.attach_xdp("c0").expect("xdp c0")
-    });
-    let _xb = in_netns(&rig.backend, || {
-        disable_tx_csum("b0");
-        dp.attach_xdp("b0").expect("xdp b0")
-    });
+    let _attached = attach_nodeport_xdp(&mut dp, rig);
 
-    let talk = |port: u16, msg: &str| -> Result<String, std::io::ErrorKind> {
-        let msg = msg.to_string();
-        in_netns(&rig.client, move || {
-            let mut s = TcpStream::connect_timeout(
-                &sockaddr(NODE_CLIENT_SIDE, port),
-                Duration::from_secs(5),
-            )
-            .map_err(|e| e.kind())?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
-            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
-            let mut data = String::new();
-            s.read_to_string(&mut data).map_err(|e| e.kind())?;
-            Ok(data)
-        })
-    };
-    // Local backend: client address preserved.
-    for i in 0..3 {
-        let data = talk(30080, &format!("l{i}")).expect("nodeport to a local backend");
-        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"));
-    }
-    // Remote backend: SNAT to the node address, replies translated back by XDP.
-    for i in 0..3 {
-        let data = match talk(30081, &format!("r{i}")) {
-            Ok(d) => d,
-            Err(e) => {
-                for ns in [&rig.client, &rig.node, &rig.backend] {
-                    let o = std::process::Command::new("nsenter")
-                        .arg(format!("--net={}", ns.path().display()))
-                        .args(["sh", "-c", "nstat -az | grep -v ' 0 '; ip neigh; sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.n1.accept_local net.ipv4.conf.n0.accept_local 2>&1"])
-                        .output()
-                        .unwrap();
-                    eprintln!("== {}\n{}", ns.name, String::from_utf8_lossy(&o.stdout));
-                }
-                eprintln!("drops {:?}\nct {:?}", maps.drops().unwrap(), maps.conntrack().unwrap());
-                panic!("nodeport to a remote backend: {e:?}");
-            }
-        };
-        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
-    }
-    // No endpoints: refused by a RST from XDP.
-    assert_eq!(talk(30082, "x"), Err(std::io::ErrorKind::ConnectionRefused));
-    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1);
+    assert_nodeport_local_and_remote(rig, &maps);
+    assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 1, "the RST from XDP");
     assert_eq!(
         udp_refused(&rig.client, NODE_CLIENT_SIDE, 30083),
         std::io::ErrorKind::ConnectionRefused,
         "ICMP port unreachable from XDP"
     );
     assert_eq!(maps.drop_count(drop_reason::NO_BACKEND).unwrap(), 2);
-    let stats = maps.service_stats().unwrap();
-    for id in [1, 2] {
-        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
-        assert_eq!(s.1.new_conns, 3, "service {id}");
-    }
 }
 
 #[test]
 fn daemon_dataplane_pins_tc_links_that_outlive_it() {
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
-    let bpffs = BpffsDir::new();
-    let config = skiff_proxy::daemon::ProxyConfig {
-        node_ip: NODE_CLIENT_SIDE,
-        pin_dir: bpffs.path(),
-        socket_lb: false,
-        tc_interfaces: vec!["n0".into()],
-        ..Default::default()
-    };
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let config = ProxyConfig { tc_interfaces: vec!["n0".into()], ..lab.proxy_config() };
     let started = in_netns(&rig.node, || {
         skiff_proxy::daemon::start_dataplane(&config).map(|mut r| {
             services(&mut r.maps);
@@ -348,15 +374,7 @@ fn daemon_dataplane_pins_tc_links_that_outlive_it() {
     });
     let pin = started.expect("start the data plane");
     // The RunningDataplane is gone (the proxy exited): pinned tc links keep serving.
-    let data = in_netns(&rig.client, || {
-        let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"pinned").unwrap();
-        s.shutdown(std::net::Shutdown::Write).unwrap();
-        let mut d = String::new();
-        s.read_to_string(&mut d).unwrap();
-        d
-    });
+    let data = talk(&rig.client, VIP, 80, "pinned").expect("pinned tc links serve");
     assert!(data.ends_with("|10.201.0.2|pinned"), "{data}");
     // A second start finds the links pinned and attaches nothing twice.
     let again = in_netns(&rig.node, || skiff_proxy::daemon::start_dataplane(&config).map(|_| ()));
@@ -364,25 +382,10 @@ fn daemon_dataplane_pins_tc_links_that_outlive_it() {
     assert_eq!(skiff_proxy::loader::unpin_links(&pin.join("links")).unwrap(), 2);
 }
 
-/// A TCP exchange from the client namespace: connect, send `msg`, read the echo reply.
-fn talk(rig: &Rig, ip: Ipv4Addr, port: u16, msg: &str) -> Result<String, std::io::ErrorKind> {
-    let msg = msg.to_string();
-    in_netns(&rig.client, move || {
-        let mut s = TcpStream::connect_timeout(&sockaddr(ip, port), Duration::from_secs(5))
-            .map_err(|e| e.kind())?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
-        s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
-        let mut data = String::new();
-        s.read_to_string(&mut data).map_err(|e| e.kind())?;
-        Ok(data)
-    })
-}
-
 #[test]
 fn nodeport_through_the_tc_fallback_where_xdp_cannot_attach() {
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
+    let lab = Lab::new();
+    let rig = &lab.rig;
     // Another XDP program already holds n0 and n1 (native and generic XDP cannot coexist,
     // and a link-attached program cannot be replaced): skiff's XDP attach fails there.
     let blocker_fs = BpffsDir::new();
@@ -390,19 +393,15 @@ fn nodeport_through_the_tc_fallback_where_xdp_cannot_attach() {
     let _blocked = in_netns(&rig.node, || {
         (blocker.attach_xdp("n0").expect("xdp n0"), blocker.attach_xdp("n1").expect("xdp n1"))
     });
-    let bpffs = BpffsDir::new();
-    let config = skiff_proxy::daemon::ProxyConfig {
-        node_ip: NODE_CLIENT_SIDE,
-        pin_dir: bpffs.path(),
-        socket_lb: false,
+    let config = ProxyConfig {
         xdp_interfaces: vec!["n0".into(), "n1".into()],
         metrics_addr: None,
-        ..Default::default()
+        ..lab.proxy_config()
     };
     let mut running = in_netns(&rig.node, || {
         skiff_proxy::daemon::start_dataplane(&config).expect("the tc fallback attaches")
     });
-    let links = bpffs.path().join("links");
+    let links = lab.bpffs.path().join("links");
     for iface in ["n0", "n1"] {
         assert!(!links.join(format!("xdp-{iface}")).exists(), "no XDP link on {iface}");
         for dir in ["ingress", "egress"] {
@@ -410,32 +409,8 @@ fn nodeport_through_the_tc_fallback_where_xdp_cannot_attach() {
             assert!(skiff_proxy::loader::link_pinned(&pin), "{} pinned", pin.display());
         }
     }
-    let maps = &mut running.maps;
-    let any = Ipv4Addr::UNSPECIFIED;
-    let np = skiff_ebpf_common::svc_flags::NODE_PORT;
-    put_service(maps, any, 30080, PROTO_TCP, np, 1, &[(1, BACKEND_IPS[0], BACKEND_PORT, true)]);
-    put_service(maps, any, 30081, PROTO_TCP, np, 2, &[(2, BACKEND_IPS[1], BACKEND_PORT, false)]);
-    put_service(maps, any, 30082, PROTO_TCP, np, 3, &[]);
-    for i in 0..3 {
-        let data = talk(&rig, NODE_CLIENT_SIDE, 30080, &format!("l{i}")).expect("local backend");
-        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"), "client address kept");
-    }
-    for i in 0..3 {
-        let data = talk(&rig, NODE_CLIENT_SIDE, 30081, &format!("r{i}")).unwrap_or_else(|e| {
-            panic!("remote backend: {e:?}; drops {:?}", running.maps.drops().unwrap())
-        });
-        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "backend sees the node address");
-    }
-    assert_eq!(
-        talk(&rig, NODE_CLIENT_SIDE, 30082, "x"),
-        Err(std::io::ErrorKind::ConnectionRefused),
-        "no endpoints: RST from tc"
-    );
-    let stats = running.maps.service_stats().unwrap();
-    for id in [1, 2] {
-        let s = stats.iter().find(|(i, _)| *i == id).expect("counted");
-        assert_eq!(s.1.new_conns, 3, "service {id}");
-    }
+    put_nodeport_services(&mut running.maps);
+    assert_nodeport_local_and_remote(rig, &running.maps);
 }
 
 #[test]
@@ -445,11 +420,9 @@ fn traffic_policies_local_end_to_end() {
     use skiff_proxy::desired::{NodeContext, compute};
     use skiff_proxy::sync::ServiceMapSync;
 
-    let rig = Rig::new();
-    let _servers = EchoServers::start(&rig.backend);
-    let bpffs = BpffsDir::new();
-    let mut dp = Dataplane::load(&bpffs.path(), NODE_CLIENT_SIDE).expect("load");
-    let mut maps = ServiceMaps::open_pinned(&bpffs.path()).unwrap();
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let (mut dp, mut maps) = lab.load();
     // web: NodePort with both traffic policies Local; any: the same without policies. Each
     // has one endpoint on this node (10.201.1.2, node-a) and one elsewhere (.3, node-b).
     let svc = |name: &str, ip: &str, node_port: u16, local: bool| -> Service {
@@ -489,55 +462,27 @@ fn traffic_policies_local_end_to_end() {
     let d = compute(&services, &[slice("web", &both), slice("any", &both)], &node);
     sync.sync(&mut maps, &d).expect("sync");
 
-    let (_x0, _x1, _tc) = in_netns(&rig.node, || {
-        (
-            dp.attach_xdp("n0").expect("xdp n0"),
-            dp.attach_xdp("n1").expect("xdp n1"),
-            dp.attach_tc("n0", TcAttachType::Egress).expect("tc egress n0"),
-        )
-    });
-    let _xc = in_netns(&rig.client, || {
-        disable_tx_csum("c0");
-        dp.attach_xdp("c0").expect("xdp c0")
-    });
-    let _xb = in_netns(&rig.backend, || {
-        disable_tx_csum("b0");
-        dp.attach_xdp("b0").expect("xdp b0")
-    });
+    let _xdp = attach_nodeport_xdp(&mut dp, rig);
     let cg = TestCgroup::new(&cgroup2_root().expect("cgroup2 root"));
     let _sock = dp.attach_sock_lb(&cg.path).expect("attach socket LB");
 
     // externalTrafficPolicy Local: only the local endpoint, client address kept.
     for i in 0..8 {
-        let data = talk(&rig, NODE_CLIENT_SIDE, 30090, &format!("e{i}")).expect("eTP Local");
+        let data = talk(&rig.client, NODE_CLIENT_SIDE, 30090, &format!("e{i}")).expect("eTP Local");
         assert_eq!(data, format!("10.201.1.2|10.201.0.2|e{i}"));
     }
     // internalTrafficPolicy Local: a client on this node (in the socket-LB cgroup) only ever
     // reaches the local endpoint through the ClusterIP.
-    let mut seen = BTreeSet::new();
-    for i in 0..8 {
-        let out = run_client_in(
-            &rig.client,
-            &cg.path,
-            CLIENT_PY,
-            &["tcp", "10.96.0.20", "80", &format!("i{i}")],
-        );
-        let (_, data) = lines(&out);
-        seen.insert(data.split('|').next().unwrap_or_default().to_string());
-    }
+    let seen: BTreeSet<_> = socket_lb_tcp(&rig.client, &cg, "10.96.0.20", "i", 8)
+        .iter()
+        .map(|(_, data)| backend_of(data))
+        .collect();
     assert_eq!(seen, BTreeSet::from(["10.201.1.2".to_string()]), "iTP Local");
     // Without the policies both endpoints serve (Cluster).
-    let mut seen = BTreeSet::new();
-    for i in 0..16 {
-        let out = run_client_in(
-            &rig.client,
-            &cg.path,
-            CLIENT_PY,
-            &["tcp", "10.96.0.21", "80", &format!("c{i}")],
-        );
-        let (_, data) = lines(&out);
-        seen.insert(data.split('|').next().unwrap_or_default().to_string());
-    }
+    let seen: BTreeSet<_> = socket_lb_tcp(&rig.client, &cg, "10.96.0.21", "c", 16)
+        .iter()
+        .map(|(_, data)| backend_of(data))
+        .collect();
     assert_eq!(seen.len(), 2, "Cluster policy spreads over both endpoints: {seen:?}");
 
     // The local endpoint goes away: eTP Local has nothing left on this node and refuses
@@ -546,11 +491,12 @@ fn traffic_policies_local_end_to_end() {
     let d = compute(&services, &[slice("web", &remote_only), slice("any", &both)], &node);
     sync.sync(&mut maps, &d).expect("sync");
     assert_eq!(
-        talk(&rig, NODE_CLIENT_SIDE, 30090, "gone"),
+        talk(&rig.client, NODE_CLIENT_SIDE, 30090, "gone"),
         Err(std::io::ErrorKind::ConnectionRefused),
         "eTP Local without a local endpoint"
     );
-    let data = talk(&rig, NODE_CLIENT_SIDE, 30091, "still").expect("eTP Cluster still serves");
+    let data =
+        talk(&rig.client, NODE_CLIENT_SIDE, 30091, "still").expect("eTP Cluster still serves");
     assert!(data.ends_with("|still"), "{data}");
 }
 
@@ -588,43 +534,60 @@ fn nodeport_dsr_through_the_tc_fallback() {
     dsr_end_to_end(true);
 }
 
+/// The DSR lab: client, node A and node B on a lab bridge (10.210.0.0/24, not connected to
+/// the host), the backends' pod behind node B (10.201.1.0/24, routed there by node A). Fields
+/// drop in reverse order of creation.
+struct DsrRig {
+    pod: Netns,
+    node_b: Netns,
+    node_a: Netns,
+    client: Netns,
+    lab: Netns,
+}
+
+impl DsrRig {
+    fn new(tag: &str) -> Self {
+        let lab = Netns::new(format!("skf-l-{tag}"));
+        let client = Netns::new(format!("skf-c-{tag}"));
+        let node_a = Netns::new(format!("skf-a-{tag}"));
+        let node_b = Netns::new(format!("skf-b-{tag}"));
+        let pod = Netns::new(format!("skf-p-{tag}"));
+        lab.ip(&["link", "add", "br0", "type", "bridge"]);
+        for (ns, inside, outside) in
+            [(&client, "c0", "lc"), (&node_a, "a0", "la"), (&node_b, "b0", "lb")]
+        {
+            lab.add_veth(outside, inside, ns);
+            lab.ip(&["link", "set", outside, "master", "br0", "up"]);
+            ns.ip(&["link", "set", "lo", "up"]);
+            ns.ip(&["link", "set", inside, "up"]);
+        }
+        lab.ip(&["link", "set", "br0", "up"]);
+        client.ip(&["addr", "add", "10.210.0.10/24", "dev", "c0"]);
+        node_a.ip(&["addr", "add", "10.210.0.1/24", "dev", "a0"]);
+        node_b.ip(&["addr", "add", "10.210.0.2/24", "dev", "b0"]);
+        // The backend's subnet lives behind node B.
+        node_b.add_veth("bp0", "p0", &pod);
+        node_b.ip(&["addr", "add", "10.201.1.1/24", "dev", "bp0"]);
+        node_b.ip(&["link", "set", "bp0", "up"]);
+        pod.ip(&["link", "set", "lo", "up"]);
+        for a in BACKEND_IPS {
+            pod.ip(&["addr", "add", &format!("{a}/24"), "dev", "p0"]);
+        }
+        pod.ip(&["link", "set", "p0", "up"]);
+        pod.ip(&["route", "add", "default", "via", "10.201.1.1"]);
+        node_a.ip(&["route", "add", "10.201.1.0/24", "via", "10.210.0.2"]);
+        for n in [&node_a, &node_b] {
+            n.nsenter(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+        }
+        Self { pod, node_b, node_a, client, lab }
+    }
+}
+
 fn dsr_end_to_end(tc_fallback: bool) {
     let tag = format!("{}-dsr{}", std::process::id(), u8::from(tc_fallback));
-    let lab = Netns::new(format!("skf-l-{tag}"));
-    let client = Netns::new(format!("skf-c-{tag}"));
-    let node_a = Netns::new(format!("skf-a-{tag}"));
-    let node_b = Netns::new(format!("skf-b-{tag}"));
-    let pod = Netns::new(format!("skf-p-{tag}"));
-    lab.ip(&["link", "add", "br0", "type", "bridge"]);
-    for (ns, inside, outside) in
-        [(&client, "c0", "lc"), (&node_a, "a0", "la"), (&node_b, "b0", "lb")]
-    {
-        lab.ip(&[
-            "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", &ns.name,
-        ]);
-        lab.ip(&["link", "set", outside, "master", "br0", "up"]);
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns.ip(&["link", "set", inside, "up"]);
-    }
-    lab.ip(&["link", "set", "br0", "up"]);
-    client.ip(&["addr", "add", "10.210.0.10/24", "dev", "c0"]);
-    node_a.ip(&["addr", "add", "10.210.0.1/24", "dev", "a0"]);
-    node_b.ip(&["addr", "add", "10.210.0.2/24", "dev", "b0"]);
-    // The backend's subnet lives behind node B.
-    node_b.ip(&["link", "add", "bp0", "type", "veth", "peer", "name", "p0", "netns", &pod.name]);
-    node_b.ip(&["addr", "add", "10.201.1.1/24", "dev", "bp0"]);
-    node_b.ip(&["link", "set", "bp0", "up"]);
-    pod.ip(&["link", "set", "lo", "up"]);
-    for a in BACKEND_IPS {
-        pod.ip(&["addr", "add", &format!("{a}/24"), "dev", "p0"]);
-    }
-    pod.ip(&["link", "set", "p0", "up"]);
-    pod.ip(&["route", "add", "default", "via", "10.201.1.1"]);
-    node_a.ip(&["route", "add", "10.201.1.0/24", "via", "10.210.0.2"]);
-    for n in [&node_a, &node_b] {
-        n.nsenter(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
-    }
-    let _servers = EchoServers::start(&pod);
+    let rig = DsrRig::new(&tag);
+    let DsrRig { pod, node_b, node_a, client, lab } = &rig;
+    let _servers = EchoServers::start(pod);
 
     let node_a_ip = Ipv4Addr::new(10, 210, 0, 1);
     let dsr = LoadOptions::default().nodeport_mode(NodePortMode::Dsr);
@@ -652,16 +615,16 @@ fn dsr_end_to_end(tc_fallback: bool) {
     // Or the tc fallback on both (ingress wraps / unwraps, egress rewrites).
     let mut attached: Vec<Box<dyn Send>> = Vec::new();
     if tc_fallback {
-        let (i, e) = in_netns(&node_a, || dp_a.attach_tc_nodeport("a0").expect("tc a0"));
+        let (i, e) = in_netns(node_a, || dp_a.attach_tc_nodeport("a0").expect("tc a0"));
         attached.push(Box::new(i));
         attached.push(Box::new(e));
-        let (i, e) = in_netns(&node_b, || dp_b.attach_tc_nodeport("b0").expect("tc b0"));
+        let (i, e) = in_netns(node_b, || dp_b.attach_tc_nodeport("b0").expect("tc b0"));
         attached.push(Box::new(i));
         attached.push(Box::new(e));
     } else {
-        attached.push(Box::new(in_netns(&node_a, || dp_a.attach_xdp("a0").expect("xdp a0"))));
-        attached.push(Box::new(in_netns(&lab, || dp_a.attach_xdp("la").expect("xdp la"))));
-        let (x, t) = in_netns(&node_b, || {
+        attached.push(Box::new(in_netns(node_a, || dp_a.attach_xdp("a0").expect("xdp a0"))));
+        attached.push(Box::new(in_netns(lab, || dp_a.attach_xdp("la").expect("xdp la"))));
+        let (x, t) = in_netns(node_b, || {
             (
                 dp_b.attach_xdp("b0").expect("xdp b0"),
                 dp_b.attach_tc("b0", TcAttachType::Egress).expect("tc egress b0"),
@@ -670,25 +633,14 @@ fn dsr_end_to_end(tc_fallback: bool) {
         attached.push(Box::new(x));
         attached.push(Box::new(t));
     }
-    in_netns(&client, || disable_tx_csum("c0"));
+    in_netns(client, || disable_tx_csum("c0"));
 
-    let a_rx_before = dev_counter(&node_a, "a0", 1);
-    let c_rx_before = dev_counter(&client, "c0", 1);
-    let c_tx_before = dev_counter(&client, "c0", 9);
+    let a_rx_before = dev_counter(node_a, "a0", 1);
+    let c_rx_before = dev_counter(client, "c0", 1);
+    let c_tx_before = dev_counter(client, "c0", 9);
     for i in 0..3 {
         let msg = format!("dsr{i}");
-        let data = in_netns(&client, || -> Result<String, std::io::ErrorKind> {
-            let mut s =
-                TcpStream::connect_timeout(&sockaddr(node_a_ip, 30090), Duration::from_secs(5))
-                    .map_err(|e| e.kind())?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(msg.as_bytes()).map_err(|e| e.kind())?;
-            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
-            let mut data = String::new();
-            s.read_to_string(&mut data).map_err(|e| e.kind())?;
-            Ok(data)
-        })
-        .unwrap_or_else(|e| {
+        let data = talk(client, node_a_ip, 30090, &msg).unwrap_or_else(|e| {
             panic!(
                 "DSR NodePort: {e:?}; drops A {:?} B {:?}; ct A {:?} B {:?}",
                 maps_a.drops().unwrap(),
@@ -701,9 +653,9 @@ fn dsr_end_to_end(tc_fallback: bool) {
         // from 10.210.0.1:30090. The backend saw the client's own address.
         assert_eq!(data, format!("10.201.1.2|10.210.0.10|dsr{i}"));
     }
-    let a_rx = dev_counter(&node_a, "a0", 1) - a_rx_before;
-    let c_rx = dev_counter(&client, "c0", 1) - c_rx_before;
-    let c_tx = dev_counter(&client, "c0", 9) - c_tx_before;
+    let a_rx = dev_counter(node_a, "a0", 1) - a_rx_before;
+    let c_rx = dev_counter(client, "c0", 1) - c_rx_before;
+    let c_tx = dev_counter(client, "c0", 9) - c_tx_before;
     // Node A received the client's frames (and ARP), never the replies: a handful more
     // frames than the client sent at most, far fewer than client sent + client received.
     eprintln!("frames: node A received {a_rx}, client sent {c_tx}, client received {c_rx}");
@@ -711,7 +663,7 @@ fn dsr_end_to_end(tc_fallback: bool) {
     assert!(a_rx <= c_tx + 4, "node A received {a_rx} frames; the client sent {c_tx}");
     // UDP the same way: the datagram's answer comes from node A's address and NodePort
     // (the socket is connected to it: anything else would not be received).
-    let answer = in_netns(&client, || {
+    let answer = in_netns(client, || {
         let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
         s.connect(sockaddr(node_a_ip, 30091)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();

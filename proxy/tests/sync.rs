@@ -6,13 +6,9 @@ mod common;
 
 use std::net::Ipv4Addr;
 
-use aya::{TestRun, TestRunOptions};
 use common::netns::*;
 use common::*;
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use skiff_proxy::desired::{DesiredState, NodeContext, SERVICE_NAME_LABEL, compute};
+use skiff_proxy::desired::{DesiredState, NodeContext, compute};
 use skiff_proxy::loader::{Dataplane, cgroup2_root, unpin_links, unpin_stale_maps};
 use skiff_proxy::maps::ServiceMaps;
 use skiff_proxy::sync::ServiceMapSync;
@@ -20,75 +16,14 @@ use skiff_proxy::sync::ServiceMapSync;
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
-fn svc(name: &str, ip: &str, proto: &str) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            cluster_ip: Some(ip.into()),
-            ports: Some(vec![ServicePort {
-                name: Some("p".into()),
-                port: 80,
-                protocol: Some(proto.into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
-fn slice(svc: &str, proto: &str, addrs: &[&str]) -> EndpointSlice {
-    EndpointSlice {
-        address_type: "IPv4".into(),
-        metadata: ObjectMeta {
-            name: Some(format!("{svc}-abc")),
-            namespace: Some("default".into()),
-            labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
-            ..Default::default()
-        },
-        ports: Some(vec![EndpointPort {
-            name: Some("p".into()),
-            port: Some(8080),
-            protocol: Some(proto.into()),
-            ..Default::default()
-        }]),
-        endpoints: addrs
-            .iter()
-            .map(|a| Endpoint {
-                addresses: vec![a.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    serving: Some(true),
-                    terminating: Some(false),
-                }),
-                ..Default::default()
-            })
-            .collect(),
-    }
-}
-
 fn desired(proto: &str, addrs: &[&str]) -> DesiredState {
-    let s = svc("web", "10.96.0.10", proto);
-    let e = slice("web", proto, addrs);
+    let s = service("web", "10.96.0.10", "p", proto);
+    let e = endpoint_slice("web", "p", proto, addrs);
     compute([&s], [&e], &NodeContext::default())
 }
 
 fn tc_run(dp: &mut Dataplane, pkt: &[u8]) -> (u32, Vec<u8>) {
-    let prog = dp.tc_program().unwrap();
-    let mut out = vec![0u8; pkt.len() + 64];
-    let r = prog
-        .test_run(TestRunOptions {
-            data_in: Some(pkt),
-            data_out: Some(&mut out),
-            ..Default::default()
-        })
-        .unwrap();
-    out.truncate(r.data_size_out as usize);
-    (r.return_value, out)
+    test_run(dp.tc_program().unwrap(), "tc", pkt)
 }
 
 #[test]
@@ -233,8 +168,8 @@ fn pinned_socket_lb_links_outlive_the_loader() {
     let cg = TestCgroup::new(&cgroup2_root().unwrap());
     let links = bpffs.path().join("links");
     let want = {
-        let s = svc("web", "10.96.0.10", "TCP");
-        let e = slice("web", "TCP", &["10.201.1.2"]);
+        let s = service("web", "10.96.0.10", "p", "TCP");
+        let e = endpoint_slice("web", "p", "TCP", &["10.201.1.2"]);
         compute([&s], [&e], &NodeContext::default())
     };
     {
@@ -293,8 +228,8 @@ fn restarting_the_proxy_under_load_loses_nothing() {
     let links = pin.join("links");
     let links_for_restart = links.clone();
     let want = {
-        let s = svc("web", "10.96.0.10", "TCP");
-        let e = slice("web", "TCP", &["10.201.1.2", "10.201.1.3"]);
+        let s = service("web", "10.96.0.10", "p", "TCP");
+        let e = endpoint_slice("web", "p", "TCP", &["10.201.1.2", "10.201.1.3"]);
         compute([&s], [&e], &NodeContext::default())
     };
     let mut dp = Dataplane::load(&pin, NODE).unwrap();
@@ -398,17 +333,9 @@ fn maglev_picks_the_same_backend_on_every_node() {
         let mut node_picks = Vec::new();
         for port in 50000..50050u16 {
             let pkt = Pkt::tcp(CLIENT, port, NODE, 30080).build();
-            let prog = dp.xdp_program().unwrap();
-            let mut out = vec![0u8; pkt.len() + 64];
-            let r = prog
-                .test_run(TestRunOptions {
-                    data_in: Some(&pkt),
-                    data_out: Some(&mut out),
-                    ..Default::default()
-                })
-                .unwrap();
-            assert_eq!(r.return_value, 2, "XDP_PASS to a local backend");
-            node_picks.push(parse_and_verify(&out[..r.data_size_out as usize]).dst);
+            let (rc, out) = test_run(dp.xdp_program().unwrap(), "xdp", &pkt);
+            assert_eq!(rc, 2, "XDP_PASS to a local backend");
+            node_picks.push(parse_and_verify(&out).dst);
         }
         picks.push(node_picks);
     }
@@ -463,15 +390,7 @@ fn load_balancer_source_ranges_filter_external_clients() {
     state.sync(&mut maps, &spec(vec![(Ipv4Addr::new(10, 0, 0, 0), 24)])).unwrap();
     let mut xdp = |src: Ipv4Addr| {
         let pkt = Pkt::tcp(src, 40000, lb, 80).build();
-        let prog = dp.xdp_program().unwrap();
-        let mut out = vec![0u8; pkt.len() + 64];
-        prog.test_run(TestRunOptions {
-            data_in: Some(&pkt),
-            data_out: Some(&mut out),
-            ..Default::default()
-        })
-        .unwrap()
-        .return_value
+        test_run(dp.xdp_program().unwrap(), "xdp", &pkt).0
     };
     assert_eq!(xdp(Ipv4Addr::new(10, 0, 0, 2)), 2, "inside the range: passed to the backend");
     assert_eq!(xdp(Ipv4Addr::new(10, 9, 0, 2)), 1, "outside the range: dropped");

@@ -5,8 +5,6 @@ mod common;
 
 use std::net::Ipv4Addr;
 
-use aya::TestRun;
-use aya::TestRunOptions;
 use common::*;
 use skiff_ebpf_common::{PROTO_TCP, PROTO_UDP, ct_dir, drop_reason, svc_flags};
 use skiff_proxy::loader::{Dataplane, LoadOptions, NodePortMode};
@@ -44,33 +42,22 @@ fn rig_with(options: &LoadOptions) -> Rig {
 
 impl Rig {
     fn tc(&mut self, pkt: &[u8]) -> (u32, Vec<u8>) {
-        let prog = self.dp.tc_program().expect("tc program loads (verifier)");
-        let mut out = vec![0u8; pkt.len() + 256];
-        let r = prog
-            .test_run(TestRunOptions {
-                data_in: Some(pkt),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .unwrap_or_else(|e| {
-                panic!("BPF_PROG_TEST_RUN tc on {} bytes {pkt:02x?}: {e}", pkt.len())
-            });
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+        test_run(self.dp.tc_program().expect("tc program loads (verifier)"), "tc", pkt)
     }
 
     fn xdp(&mut self, pkt: &[u8]) -> (u32, Vec<u8>) {
-        let prog = self.dp.xdp_program().expect("xdp program loads (verifier)");
-        let mut out = vec![0u8; pkt.len() + 256];
-        let r = prog
-            .test_run(TestRunOptions {
-                data_in: Some(pkt),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN xdp");
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+        test_run(self.dp.xdp_program().expect("xdp program loads (verifier)"), "xdp", pkt)
+    }
+
+    /// The backend's SYN-ACK (carrying `payload`) to `CLIENT:client_port` through tc on its
+    /// way out: passed, and the packet as rewritten.
+    fn tc_reply(&mut self, client_port: u16, payload: Vec<u8>) -> Parsed {
+        let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, client_port);
+        reply.tcp_flags = 0x12;
+        reply.payload = payload;
+        let (rc, out) = self.tc(&reply.build());
+        assert_eq!(rc, TC_ACT_OK);
+        parse_and_verify(&out)
     }
 
     fn drops(&self, reason: u32) -> u64 {
@@ -132,12 +119,7 @@ fn tc_reverse_nat_restores_the_frontend_on_replies() {
     r.one_service(PROTO_TCP);
     let (rc, _) = r.tc(&Pkt::tcp(CLIENT, 40001, VIP, 80).build());
     assert_eq!(rc, TC_ACT_OK);
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 40001);
-    reply.tcp_flags = 0x12;
-    reply.payload = vec![7; 33];
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(40001, vec![7; 33]);
     assert_eq!((p.src, p.sport), (VIP, 80), "reply source restored to the VIP");
     assert_eq!((p.dst, p.dport), (CLIENT, 40001));
 }
@@ -347,11 +329,7 @@ fn xdp_nodeport_to_local_backend_is_dnated_and_passed() {
     assert_eq!((p.src, p.sport), (CLIENT, 50000), "client IP kept for local backends");
     assert_eq!((p.dst, p.dport), (BACKEND, 8080));
     // The reply (seen by tc on the way out) is reverse-translated to node:nodeport.
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50000);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50000, Vec::new());
     assert_eq!((p.src, p.sport), (NODE, 30080));
 }
 
@@ -513,11 +491,7 @@ fn dsr_unwraps_on_the_backends_node_and_tc_rewrites_the_reply() {
     assert_eq!(r.maps.conntrack().unwrap().len(), 1);
 
     // The backend's reply leaves with the frontend as source (tc on the way out).
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50020);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50020, Vec::new());
     assert_eq!((p.src, p.sport), (frontend, 30080), "reply from the frontend address");
     assert_eq!((p.dst, p.dport), (CLIENT, 50020));
 }
@@ -610,11 +584,7 @@ fn tc_fallback_serves_nodeport_to_local_and_remote_backends() {
     assert_eq!(rc, TC_ACT_OK, "drops: {:?}", r.maps.drops().unwrap());
     let p = parse_and_verify(&out);
     assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 50010, BACKEND, 8080));
-    let mut reply = Pkt::tcp(BACKEND, 8080, CLIENT, 50010);
-    reply.tcp_flags = 0x12;
-    let (rc, out) = r.tc(&reply.build());
-    assert_eq!(rc, TC_ACT_OK);
-    let p = parse_and_verify(&out);
+    let p = r.tc_reply(50010, Vec::new());
     assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 30080, CLIENT, 50010));
     // Remote backend: DNAT + SNAT to the node, forwarded (FIB redirect, or the stack).
     let (rc, out) = r.tc(&Pkt::tcp(CLIENT, 50011, NODE, 30081).build());
@@ -714,6 +684,25 @@ fn forward_key(sport: u16, proto: u8) -> skiff_ebpf_common::CtKey {
     }
 }
 
+/// Sends a flow's packet three times through `send` (which checks each: the first opens the
+/// flow, the second fills this CPU's flow cache from conntrack, the third hits the cache),
+/// then deletes the flow's FORWARD conntrack entry behind the proxy's back.
+fn fill_flow_cache_then_evict(r: &mut Rig, sport: u16, proto: u8, mut send: impl FnMut(&mut Rig)) {
+    for _ in 0..3 {
+        send(r);
+    }
+    evict_conntrack_entry(&r._bpffs.path(), &forward_key(sport, proto));
+}
+
+/// After `fill_flow_cache_then_evict` and one more packet served from the cache: the flow
+/// was not reopened, and the backend (id 11) counts four packets of one connection.
+fn assert_cache_hit_kept_the_flow(r: &Rig) {
+    let fwd = r.maps.conntrack().unwrap().into_iter().filter(|(k, _)| k.dir == ct_dir::FORWARD);
+    assert_eq!(fwd.count(), 0, "a cache hit did not reopen the flow");
+    let be = r.maps.backend_stats().unwrap();
+    assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
+}
+
 /// Packets of an established flow after the second come from this CPU's flow cache (shown
 /// by deleting the conntrack entry behind the proxy's back: the next packet still reaches the
 /// backend without reopening the flow) with the same rewrite, checksums and counters as
@@ -726,25 +715,20 @@ fn tc_established_flow_is_served_from_the_flow_cache() {
     let mut pkt = Pkt::tcp(CLIENT, 40100, VIP, 80);
     pkt.tcp_flags = 0x10;
     pkt.payload = vec![5; 21];
-    // Opens the flow; fills the cache from conntrack; hits the cache.
-    for _ in 0..3 {
+    fill_flow_cache_then_evict(&mut r, 40100, PROTO_TCP, |r| {
         let (rc, out) = r.tc(&pkt.build());
         assert_eq!(rc, TC_ACT_OK);
         let p = parse_and_verify(&out);
         assert_eq!((p.src, p.sport, p.dst, p.dport), (CLIENT, 40100, BACKEND, 8080));
-    }
-    evict_conntrack_entry(&r._bpffs.path(), &forward_key(40100, PROTO_TCP));
+    });
     let (rc, out) = r.tc(&pkt.build());
     assert_eq!(rc, TC_ACT_OK);
     let p = parse_and_verify(&out);
     assert_eq!((p.dst, p.dport), (BACKEND, 8080), "served from the cache");
-    let fwd = r.maps.conntrack().unwrap().into_iter().filter(|(k, _)| k.dir == ct_dir::FORWARD);
-    assert_eq!(fwd.count(), 0, "a cache hit did not reopen the flow");
+    assert_cache_hit_kept_the_flow(&r);
     let stats = r.maps.service_stats().unwrap();
     assert_eq!((stats[0].0, stats[0].1.packets, stats[0].1.new_conns), (7, 4, 1));
     assert_eq!(stats[0].1.bytes, 4 * pkt.build().len() as u64);
-    let be = r.maps.backend_stats().unwrap();
-    assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
 }
 
 /// The cache goes back to conntrack every `FLOW_CACHE_REFRESH` hits of an entry (what keeps
@@ -757,10 +741,7 @@ fn tc_flow_cache_rechecks_conntrack_within_the_refresh_interval() {
     let mut r = rig();
     r.one_service(PROTO_UDP);
     let pkt = Pkt::udp(CLIENT, 5400, VIP, 80).build();
-    for _ in 0..3 {
-        assert_eq!(r.tc(&pkt).0, TC_ACT_OK);
-    }
-    evict_conntrack_entry(&r._bpffs.path(), &forward_key(5400, PROTO_UDP));
+    fill_flow_cache_then_evict(&mut r, 5400, PROTO_UDP, |r| assert_eq!(r.tc(&pkt).0, TC_ACT_OK));
     let mut sent = 0;
     while !r.maps.conntrack().unwrap().iter().any(|(k, _)| k.dir == ct_dir::FORWARD) {
         assert!(sent < FLOW_CACHE_REFRESH, "still served from the cache after {sent} packets");
@@ -790,20 +771,16 @@ fn xdp_established_flow_is_served_from_the_flow_cache() {
         &[(11, BACKEND, 8080, true)],
     );
     let pkt = Pkt::tcp(CLIENT, 40200, VIP, 80).build();
-    for _ in 0..3 {
+    fill_flow_cache_then_evict(&mut r, 40200, PROTO_TCP, |r| {
         let (rc, out) = r.xdp(&pkt);
         assert_eq!(rc, XDP_PASS);
         let p = parse_and_verify(&out);
         assert_eq!((p.dst, p.dport), (BACKEND, 8080));
-    }
-    evict_conntrack_entry(&r._bpffs.path(), &forward_key(40200, PROTO_TCP));
+    });
     let (rc, out) = r.xdp(&pkt);
     assert_eq!(rc, XDP_PASS);
     assert_eq!(parse_and_verify(&out).dst, BACKEND, "served from the cache");
-    let fwd = r.maps.conntrack().unwrap().into_iter().filter(|(k, _)| k.dir == ct_dir::FORWARD);
-    assert_eq!(fwd.count(), 0, "a cache hit did not reopen the flow");
-    let be = r.maps.backend_stats().unwrap();
-    assert_eq!((be[0].0, be[0].1.packets, be[0].1.new_conns), (11, 4, 1));
+    assert_cache_hit_kept_the_flow(&r);
 }
 
 /// Two flows to different services whose keys share a flow cache slot: interleaved, each

@@ -32,6 +32,18 @@ pub struct PortInfo {
     pub port: u16,
 }
 
+impl PortInfo {
+    /// A Service's or a slice's port, `None` unless it is named and its number fits; the
+    /// protocol defaults to TCP, as in the API.
+    fn named(name: Option<&str>, protocol: Option<&str>, port: Option<i32>) -> Option<Self> {
+        Some(PortInfo {
+            name: name.filter(|n| !n.is_empty())?.to_string(),
+            protocol: protocol.unwrap_or("TCP").to_ascii_lowercase(),
+            port: u16::try_from(port?).ok()?,
+        })
+    }
+}
+
 /// What DNS needs from a Service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceInfo {
@@ -69,13 +81,7 @@ impl ServiceInfo {
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                Some(PortInfo {
-                    name: p.name.clone().filter(|n| !n.is_empty())?,
-                    protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
-                    port: u16::try_from(p.port).ok()?,
-                })
-            })
+            .filter_map(|p| PortInfo::named(p.name.as_deref(), p.protocol.as_deref(), Some(p.port)))
             .collect();
         Some(ServiceInfo { namespace, name, cluster_ips, headless, external_name, ports })
     }
@@ -118,13 +124,7 @@ impl SliceInfo {
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                Some(PortInfo {
-                    name: p.name.clone().filter(|n| !n.is_empty())?,
-                    protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
-                    port: u16::try_from(p.port?).ok()?,
-                })
-            })
+            .filter_map(|p| PortInfo::named(p.name.as_deref(), p.protocol.as_deref(), p.port))
             .collect();
         let endpoints = slice
             .endpoints

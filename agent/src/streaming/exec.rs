@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -22,31 +22,15 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use skiff_control_plane::apiserver::proxy::{
+    FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades,
+};
+
 use super::{Body, find_containers, logs::parse_bool, spdy, text, websocket};
 use crate::runtime::{Runtime, api};
 
 pub const V4_CHANNEL: &str = "v4.channel.k8s.io";
 pub const V5_CHANNEL: &str = "v5.channel.k8s.io";
-
-/// Headers of an upgrade request that the runtime's stream server needs.
-const FORWARDED_REQUEST: &[&str] = &[
-    "connection",
-    "upgrade",
-    "x-stream-protocol-version",
-    "sec-websocket-key",
-    "sec-websocket-version",
-    "sec-websocket-protocol",
-    "origin",
-];
-
-/// Headers of the upgrade response that go back to the client.
-const FORWARDED_RESPONSE: &[&str] = &[
-    "connection",
-    "upgrade",
-    "x-stream-protocol-version",
-    "sec-websocket-accept",
-    "sec-websocket-protocol",
-];
 
 /// The exec options of a request's query.
 fn exec_request(
@@ -194,21 +178,7 @@ pub async fn proxy_upgrade(
     let mut out = Response::new(Empty::new().map_err(|e| match e {}).boxed());
     *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     copy_headers(resp.headers(), out.headers_mut(), FORWARDED_RESPONSE);
-    let upstream_upgrade = hyper::upgrade::on(&mut resp);
-    tokio::spawn(async move {
-        let (client, upstream) = match tokio::join!(client_upgrade, upstream_upgrade) {
-            (Ok(c), Ok(u)) => (c, u),
-            (c, u) => {
-                tracing::debug!(client = ?c.err(), upstream = ?u.err(), "exec upgrade failed");
-                return;
-            }
-        };
-        let mut client = TokioIo::new(client);
-        let mut upstream = TokioIo::new(upstream);
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            tracing::debug!(error = %e, "exec stream ended");
-        }
-    });
+    splice_upgrades(client_upgrade, hyper::upgrade::on(&mut resp));
     out
 }
 
@@ -469,15 +439,6 @@ where
     };
     tokio::join!(readers, ws_writer, spdy_writer);
     Ok(())
-}
-
-fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, names: &[&'static str]) {
-    for name in names {
-        let name = HeaderName::from_static(name);
-        for v in from.get_all(&name) {
-            to.append(name.clone(), v.clone());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -30,8 +30,9 @@ const DEFAULT_KUBELET_PORT: u16 = 10250;
 /// How long reaching an agent (TCP and TLS) may take.
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Upgrade request headers the agent (and behind it the runtime) needs.
-const FORWARDED_REQUEST: &[&str] = &[
+/// Upgrade request headers the agent (and behind it the runtime's stream server) needs;
+/// the agent forwards the same to the runtime.
+pub const FORWARDED_REQUEST: &[&str] = &[
     "connection",
     "upgrade",
     "x-stream-protocol-version",
@@ -42,7 +43,7 @@ const FORWARDED_REQUEST: &[&str] = &[
 ];
 
 /// Upgrade response headers that go back to the client.
-const FORWARDED_RESPONSE: &[&str] = &[
+pub const FORWARDED_RESPONSE: &[&str] = &[
     "connection",
     "upgrade",
     "x-stream-protocol-version",
@@ -325,25 +326,32 @@ async fn upgrade(
     let mut out = Response::new(Body::empty());
     *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     copy_headers(resp.headers(), out.headers_mut(), FORWARDED_RESPONSE);
-    let agent_upgrade = hyper::upgrade::on(&mut resp);
+    splice_upgrades(on_upgrade, hyper::upgrade::on(&mut resp));
+    Ok(out)
+}
+
+/// Once both the client's and the upstream's connection have switched protocols, splices
+/// them on a task of its own until either ends. The agent splices its exec upgrades to the
+/// runtime's stream server the same way.
+pub fn splice_upgrades(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
     tokio::spawn(async move {
-        let (client, agent) = match tokio::join!(on_upgrade, agent_upgrade) {
-            (Ok(c), Ok(a)) => (c, a),
-            (c, a) => {
-                tracing::debug!(client = ?c.err(), agent = ?a.err(), "exec upgrade failed");
+        let (client, upstream) = match tokio::join!(client, upstream) {
+            (Ok(c), Ok(u)) => (c, u),
+            (c, u) => {
+                tracing::debug!(client = ?c.err(), upstream = ?u.err(), "exec upgrade failed");
                 return;
             }
         };
         let mut client = TokioIo::new(client);
-        let mut agent = TokioIo::new(agent);
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
+        let mut upstream = TokioIo::new(upstream);
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
             tracing::debug!(error = %e, "exec stream ended");
         }
     });
-    Ok(out)
 }
 
-fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, names: &[&'static str]) {
+/// Copies every value of the headers `names` from `from` to `to`.
+pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, names: &[&'static str]) {
     for name in names {
         let name = HeaderName::from_static(name);
         for v in from.get_all(&name) {

@@ -1,4 +1,5 @@
-//! Shared test helpers: a per-test bpffs pin directory, packet builders and checksum checks.
+//! Shared test helpers: a per-test bpffs pin directory, packet builders and checksum checks,
+//! BPF_PROG_TEST_RUN of a program, and the Service/EndpointSlice objects of the sync tests.
 #![allow(dead_code)]
 
 pub mod netns;
@@ -7,9 +8,13 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use aya::{TestRun, TestRunOptions, TestRunResult};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use skiff_ebpf_common::{
     Backend, PROTO_TCP, PROTO_UDP, RevNat, ServiceKey, ServiceValue, backend_flags, svc_flags,
 };
+use skiff_proxy::desired::SERVICE_NAME_LABEL;
 use skiff_proxy::maps::ServiceMaps;
 
 /// A bpffs mounted on a fresh temp dir; unmounted and removed on drop.
@@ -339,4 +344,61 @@ pub fn evict_conntrack_entry(pin_dir: &Path, key: &skiff_ebpf_common::CtKey) {
     let mut ct: aya::maps::HashMap<_, CtKey, CtValue> =
         aya::maps::Map::from_map_data(data).unwrap().try_into().unwrap();
     ct.remove(key).expect("the conntrack entry to evict exists");
+}
+
+/// A ClusterIP Service `default/NAME` with one port 80 (`port_name`, `proto`).
+pub fn service(name: &str, cluster_ip: &str, port_name: &str, proto: &str) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "clusterIP": cluster_ip,
+            "ports": [{"name": port_name, "port": 80, "protocol": proto}]
+        }
+    }))
+    .expect("a valid Service")
+}
+
+/// The EndpointSlice `default/SERVICE-abc` of `service`: port 8080 (`port_name`, `proto`),
+/// one ready endpoint per address.
+pub fn endpoint_slice(
+    service: &str,
+    port_name: &str,
+    proto: &str,
+    addrs: &[&str],
+) -> EndpointSlice {
+    let endpoints: Vec<_> = addrs
+        .iter()
+        .map(|a| {
+            serde_json::json!({"addresses": [a],
+                               "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{service}-abc"), "namespace": "default",
+                     "labels": {SERVICE_NAME_LABEL: service}},
+        "addressType": "IPv4",
+        "ports": [{"name": port_name, "port": 8080, "protocol": proto}],
+        "endpoints": endpoints
+    }))
+    .expect("a valid EndpointSlice")
+}
+
+/// Runs `prog` (the `hook` program) on `pkt` with BPF_PROG_TEST_RUN: its verdict and the
+/// packet as it left.
+pub fn test_run<P>(prog: &P, hook: &str, pkt: &[u8]) -> (u32, Vec<u8>)
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
+{
+    let mut out = vec![0u8; pkt.len() + 256];
+    let r = prog
+        .test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| {
+            panic!("BPF_PROG_TEST_RUN {hook} on {} bytes {pkt:02x?}: {e}", pkt.len())
+        });
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
 }

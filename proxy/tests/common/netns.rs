@@ -45,6 +45,22 @@ impl Netns {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args));
     }
 
+    /// Creates the veth pair `name` (here) — `peer` (in `peer_ns`).
+    pub fn add_veth(&self, name: &str, peer: &str, peer_ns: &Netns) {
+        self.ip(&[
+            "link",
+            "add",
+            name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            &peer_ns.name,
+        ]);
+    }
+
     /// Runs a command in this namespace (host mount namespace kept).
     pub fn nsenter(&self, args: &[&str]) {
         run(Command::new("nsenter").arg(format!("--net={}", self.path().display())).args(args));
@@ -124,30 +140,8 @@ impl Rig {
         let client = Netns::new(format!("skf-c-{tag}"));
         let node = Netns::new(format!("skf-n-{tag}"));
         let backend = Netns::new(format!("skf-b-{tag}"));
-        node.ip(&[
-            "link",
-            "add",
-            "n0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "c0",
-            "netns",
-            &client.name,
-        ]);
-        node.ip(&[
-            "link",
-            "add",
-            "n1",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "b0",
-            "netns",
-            &backend.name,
-        ]);
+        node.add_veth("n0", "c0", &client);
+        node.add_veth("n1", "b0", &backend);
         for ns in [&client, &node, &backend] {
             ns.ip(&["link", "set", "lo", "up"]);
         }
