@@ -24,14 +24,14 @@ pub fn ebpf_target_dir(root: &Path) -> PathBuf {
 }
 
 /// Builds `ebpf/` and returns the path of the object (an ELF with all programs and maps).
-pub fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
-    let target_dir = ebpf_target_dir(root);
+/// `cargo <subcommand>` of the eBPF crate for bpfel-unknown-none, in its own target dir.
+fn ebpf_cargo(root: &Path, subcommand: &str, target_dir: &Path) -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root)
-        .args(["build", "--package", "skiff-ebpf", "--bin", "skiff-ebpf", "--target", TARGET])
+        .args([subcommand, "--package", "skiff-ebpf", "--bin", "skiff-ebpf", "--target", TARGET])
         .args(["-Z", "build-std=core"])
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         // Stable 1.95 with the nightly-only -Z build-std (DESIGN.md "Pinned toolchain").
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags());
@@ -41,6 +41,25 @@ pub fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
     {
         cmd.env_remove(key);
     }
+    cmd
+}
+
+/// Clippy over the eBPF crate for its real target (the workspace clippy cannot reach it),
+/// warnings denied.
+pub fn clippy_ebpf(root: &Path) -> Result<()> {
+    let target_dir = root.join("target").join("bpf-clippy");
+    let mut cmd = ebpf_cargo(root, "clippy", &target_dir);
+    cmd.args(["--", "-D", "warnings"]);
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("clippy of the eBPF crate failed ({status})");
+    }
+    Ok(())
+}
+
+pub fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
+    let target_dir = ebpf_target_dir(root);
+    let mut cmd = ebpf_cargo(root, "build", &target_dir);
     if release {
         cmd.arg("--release");
     } else {

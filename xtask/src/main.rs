@@ -1,8 +1,8 @@
-//! Project tasks: `cargo xtask setup | up | down | test | bench <name>`.
+//! Project tasks: `cargo xtask setup | up | down | test | lint | bench <name>`.
 //!
 //! `setup` installs what the project needs on a fresh Debian machine (idempotently);
 //! `up` starts a cluster (server + N lab nodes) in the background, `down` removes it;
-//! `test` runs every test suite.
+//! `test` runs every test suite; `lint` checks formatting and runs clippy everywhere.
 
 mod bench;
 mod cluster;
@@ -38,8 +38,11 @@ enum Cmd {
     },
     /// Stop everything `up` started and remove every trace of it.
     Down,
-    /// Run the whole test suite (Rust, real kubectl, Python client).
+    /// Lint (as `lint`), then run the whole test suite (Rust, real kubectl, Python client).
     Test,
+    /// `cargo fmt --check`, clippy over the workspace and over the eBPF crate for its BPF
+    /// target, warnings denied.
+    Lint,
     /// Build the eBPF object (ebpf/ for bpfel-unknown-none) and print its path.
     BuildEbpf {
         /// Optimised release profile (the dev profile is optimised too; see xtask/src/ebpf.rs).
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         Cmd::Up { nodes } => cluster::up(&root, nodes),
         Cmd::Down => cluster::down(&root),
         Cmd::Test => test(&root),
+        Cmd::Lint => lint(&root),
         Cmd::BuildEbpf { release, install } => {
             if install {
                 ebpf::ensure_toolchain()?;
@@ -100,7 +104,21 @@ pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+fn lint(root: &Path) -> Result<()> {
+    run(cargo().current_dir(root).args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().current_dir(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    ebpf::clippy_ebpf(root)
+}
+
 fn test(root: &Path) -> Result<()> {
+    lint(root)?;
     setup::python_venv(root)?;
     // Build the binaries first: the end-to-end tests start them from target/debug.
     run(cargo().current_dir(root).args(["build", "--workspace", "--bins"]))?;
