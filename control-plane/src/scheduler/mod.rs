@@ -14,6 +14,7 @@ pub mod preemption;
 pub mod queue;
 pub mod resources;
 pub mod scores;
+mod watched;
 
 use std::collections::{HashMap, HashSet};
 use std::pin::pin;
@@ -35,6 +36,7 @@ use cache::{Cache, PodInfo, PodKey};
 use filters::{PodState, Reason, filter, fit_error_message};
 use queue::SchedulingQueue;
 use resources::Resources;
+use watched::WatchedPod;
 
 /// Scheduler settings; defaults match kube-scheduler's.
 #[derive(Debug, Clone)]
@@ -260,19 +262,19 @@ fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
 }
 
 async fn watch_pods(shared: Arc<Shared>) {
-    let api: Api<Pod> = Api::all(shared.client.clone());
+    let api: Api<WatchedPod> = Api::all(shared.client.clone());
     let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
     let mut listed = HashSet::new();
     while let Some(event) = stream.next().await {
         let mut state = shared.lock();
         let moved = match event {
-            Ok(watcher::Event::Apply(pod)) => apply_pod(&shared, &mut state, pod),
-            Ok(watcher::Event::InitApply(pod)) => {
+            Ok(watcher::Event::Apply(WatchedPod(pod))) => apply_pod(&shared, &mut state, pod),
+            Ok(watcher::Event::InitApply(WatchedPod(pod))) => {
                 listed.insert(cache::pod_key(&pod));
                 apply_pod(&shared, &mut state, pod);
                 false
             }
-            Ok(watcher::Event::Delete(pod)) => {
+            Ok(watcher::Event::Delete(WatchedPod(pod))) => {
                 let key = cache::pod_key(&pod);
                 state.forget(&key);
                 state.cache.remove_pod(&key).is_some()

@@ -1,0 +1,126 @@
+//! Pods as the scheduler watches them: decoded without `metadata.managedFields`, which the
+//! scheduler never reads and which made up most of a watched pod's decode (a FieldsV1 tree
+//! of JSON values per manager, built and dropped for every event).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Resource;
+use serde::{Deserialize, Deserializer};
+
+/// A [`Pod`] whose managed fields were skipped while decoding (the rest is as sent).
+#[derive(Clone, Debug)]
+pub struct WatchedPod(pub Pod);
+
+impl Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Pod::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        Pod::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        Pod::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Pod::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+/// `ObjectMeta` less `managedFields` (an unknown field to serde: skipped, not built).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Slim {
+    #[serde(default)]
+    metadata: Option<Meta>,
+    spec: Option<PodSpec>,
+    status: Option<PodStatus>,
+}
+
+impl<'de> Deserialize<'de> for WatchedPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let Slim { metadata, spec, status } = Slim::deserialize(deserializer)?;
+        let metadata = metadata.map_or_else(ObjectMeta::default, |m| ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: None,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        });
+        Ok(WatchedPod(Pod { metadata, spec, status }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Everything but the managed fields decodes as the typed Pod does.
+    #[test]
+    fn decodes_as_pod_without_managed_fields() {
+        let raw = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "labels": {"app": "a"}, "annotations": {"k": "v"}, "finalizers": ["f"],
+                "generateName": "p-", "generation": 2, "selfLink": "/x",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-02T00:00:00Z", "deletionGracePeriodSeconds": 30,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "rs", "uid": "u2", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Pending"}
+        });
+        let watched: WatchedPod = serde_json::from_value(raw.clone()).unwrap();
+        let mut typed: Pod = serde_json::from_value(raw).unwrap();
+        assert!(typed.metadata.managed_fields.take().is_some_and(|m| m.len() == 1));
+        assert_eq!(watched.0, typed);
+        let empty: WatchedPod = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(empty.0, Pod::default());
+    }
+}
