@@ -440,7 +440,17 @@ async fn namespace_lifecycle_and_binding() {
     assert_eq!((code, s["reason"].as_str()), (403, Some("Forbidden")), "{s}");
 
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
-    call(&c, "POST", "/api/v1/namespaces/default/pods", JSON, Some(pod)).await;
+    let (_, created) = call(&c, "POST", "/api/v1/namespaces/default/pods", JSON, Some(pod)).await;
+    // The field manager saw the request as decoded and defaulted (upstream's create handler):
+    // it owns the defaulted container fields, not what admission (the service account token
+    // volume, the default tolerations) or the strategy (status) added afterwards.
+    let managed = &created["metadata"]["managedFields"];
+    assert_eq!(managed.as_array().map(Vec::len), Some(1), "{managed}");
+    let spec = &managed[0]["fieldsV1"]["f:spec"];
+    assert!(spec["f:containers"]["k:{\"name\":\"c\"}"]["f:imagePullPolicy"].is_object(), "{spec}");
+    assert!(spec.get("f:volumes").is_none() && spec.get("f:tolerations").is_none(), "{spec}");
+    assert!(managed[0]["fieldsV1"].get("f:status").is_none(), "{managed}");
+    assert!(created["spec"]["volumes"].is_array() && created["spec"]["tolerations"].is_array());
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"}, "target": {"kind": "Node", "name": "n1"}});
     let (code, _) =
         call(&c, "POST", "/api/v1/namespaces/default/pods/b/binding", JSON, Some(binding.clone()))
@@ -448,6 +458,9 @@ async fn namespace_lifecycle_and_binding() {
     assert_eq!(code, 201);
     let (_, p) = call(&c, "GET", "/api/v1/namespaces/default/pods/b", JSON, None).await;
     assert_eq!(p["spec"]["nodeName"], "n1");
+    assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled", "{p}");
+    // A binding is a storage write past the field manager (upstream's assignPod).
+    assert_eq!(&p["metadata"]["managedFields"], managed, "a binding leaves managedFields alone");
     let (code, _) =
         call(&c, "POST", "/api/v1/namespaces/default/pods/b/binding", JSON, Some(binding)).await;
     assert_eq!(code, 409, "a pod is bound once");

@@ -578,12 +578,26 @@ async fn create_object(
     // Upstream's order: decode+default, mutating admission, then system metadata, then the
     // strategy, then validate, then validating admission.
     admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let ts = now();
+    // The field manager sees the request as decoded and defaulted, before mutating admission
+    // and the strategy (upstream's create handler): the fields they set are nobody's.
+    if track {
+        meta_mut(&mut obj).remove("managedFields");
+        apply::track_update(
+            None,
+            &mut obj,
+            manager,
+            None,
+            &rt.desc.api_version(),
+            kind_schema(rt),
+            &ts,
+        );
+    }
     let mut obj = plugins::admit_create(server, rt, ns, obj, dry_run).await?;
     let generate = meta_str(&obj, "name")
         .is_none()
         .then(|| meta_str(&obj, "generateName").map(str::to_string))
         .flatten();
-    let ts = now();
     {
         let meta = meta_mut(&mut obj);
         if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
@@ -595,9 +609,6 @@ async fn create_object(
         meta.insert("creationTimestamp".into(), json!(ts));
         meta.remove("deletionTimestamp");
         meta.remove("deletionGracePeriodSeconds");
-        if track {
-            meta.remove("managedFields");
-        }
         if rt.tracks_generation {
             meta.insert("generation".into(), json!(1));
         } else {
@@ -637,17 +648,6 @@ async fn create_object(
         } else {
             None
         };
-        if track {
-            apply::track_update(
-                None,
-                &mut candidate,
-                manager,
-                None,
-                &rt.desc.api_version(),
-                kind_schema(rt),
-                &ts,
-            );
-        }
         if dry_run {
             if let Some(r) = &reservation {
                 server.alloc.release(r);
@@ -1541,7 +1541,10 @@ async fn bind(
     let dry_run = query.dry_run()?;
     plugins::admit_subresource_create(server, rt, ns, name, "binding", &binding, dry_run).await?;
     let node_c = node.clone();
-    guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: Some("binding"), track: true, dry_run }, None, move |current| {
+    // Upstream assigns the pod straight in storage (`assignPod`), past the field manager: a
+    // binding leaves managedFields as they were (no scheduler entry), and skips their diff.
+    let w = Writer { manager: &manager, sub: Some("binding"), track: false, dry_run };
+    guaranteed_update(server, rt, ns, name, w, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {
             return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
         }
