@@ -25,26 +25,33 @@
 //! takes everything pending (up to [`EmbeddedConfig::max_batch`]), applies the transactions
 //! in arrival order inside one redb write transaction (each successful one gets its own
 //! revision; preconditions see the effects of earlier transactions of the same batch; a
-//! failed precondition fails only that transaction and consumes no revision), makes the batch
-//! durable with one fsync, publishes the events, and only then answers every caller:
+//! failed precondition fails only that transaction and consumes no revision) and hands the
+//! batch to a syncer thread, which makes it durable with one fsync, publishes the events, and
+//! only then answers every caller. The writer applies the next batch while the syncer's fsync
+//! runs (one fsync covers every batch applied meanwhile), so the disk flush no longer stalls
+//! the pipeline. Readers never return what is not durable yet: a snapshot that holds a batch
+//! still being synced waits for that fsync, and watch catch-up reads history only up to the
+//! durable revision.
 //! - [`SyncMode::Wal`] (default): the batch's history records are appended to `wal.log` and
-//!   fsynced, then redb commits with `Durability::None`; a checkpoint (a redb commit with
-//!   [`Durability::Immediate`]) every second or 8 MiB of log lets the log start over, and
-//!   open replays whatever the log holds beyond redb's last durable commit. A redb commit
+//!   redb commits with `Durability::None`; the syncer fsyncs the log; a checkpoint (a redb
+//!   commit with [`Durability::Immediate`]) every second or 8 MiB of log lets the log start
+//!   over, and open replays whatever the log holds beyond redb's last durable commit. A redb commit
 //!   writes back one 4 KiB B-tree leaf per key written; the log only the change, so this
 //!   mode sustains about 3x the creates/s (etcd's WAL + bbolt split, for the same reason).
-//! - [`SyncMode::RedbCommit`]: the batch is committed with [`Durability::Immediate`].
+//! - [`SyncMode::RedbCommit`]: the batch is committed with [`Durability::Immediate`] (the
+//!   syncer has nothing left to do but publish and answer).
 //!
 //! If the batch cannot be made durable, every transaction of it fails with
-//! [`Error::Backend`] and nothing of it is visible (in WAL mode the writer then refuses all
-//! writes until the store is reopened, since log and database may disagree). A compaction is
-//! durable at the next checkpoint; one lost in a crash is simply redone later.
+//! [`Error::Backend`] and no reader gets anything of it (in WAL mode the store then refuses
+//! all writes, and every read that would include it, until it is reopened, since log and
+//! database may disagree). A compaction is durable at the next checkpoint; one lost in a
+//! crash is simply redone later.
 //!
 //! # Watches
 //! A watcher subscribes to the live fan-out (a tokio broadcast of committed batches) *before*
-//! reading history, reads `history` from `after + 1` up to the revision of its read snapshot,
-//! then follows the live batches, skipping revisions it has already delivered. Anything
-//! committed after the snapshot is broadcast after the subscription, so there is no gap; the
+//! reading history, reads `history` from `after + 1` up to the durable revision, then follows
+//! the live batches, skipping revisions it has already delivered. Anything made durable
+//! after that read is broadcast after the subscription, so there is no gap; the
 //! skip removes the overlap, so there is no duplicate. Each watcher runs in its own task and
 //! hands events to its stream through a bounded channel: a slow consumer only stalls its own
 //! task. Writers never wait for watchers: when a watcher falls more than
@@ -56,8 +63,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -66,7 +73,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::wal::{Wal, WalTxn};
+use super::wal::{Wal, WalSync, WalTxn};
 use super::{
     Error, Event, EventKind, KeyValue, ListResult, Result, Revision, Store, TxnOp, TxnResult,
 };
@@ -226,9 +233,15 @@ type LiveBatch = Arc<Vec<CommittedTxn>>;
 /// What readers, watchers and the writer share.
 struct Shared {
     db: Database,
-    /// Last committed revision (updated after the fsync, before callers are answered).
+    /// Last durable revision (updated after the fsync, before callers are answered). redb may
+    /// already hold the next batch (applied while this one's fsync ran): readers never return
+    /// more than this (see [`Shared::wait_durable`]).
     revision: AtomicI64,
     compacted: AtomicI64,
+    /// Why writes fail until the store is reopened, and whether the syncer has stopped; the
+    /// condvar wakes readers waiting for a revision to become durable.
+    sync_state: Mutex<SyncState>,
+    durable: Condvar,
     /// The live fan-out; `None` once the writer has stopped.
     live: Mutex<Option<broadcast::Sender<LiveBatch>>>,
     config: EmbeddedConfig,
@@ -239,6 +252,14 @@ struct Shared {
     apply_nanos: AtomicU64,
     commit_nanos: AtomicU64,
     checkpoints: AtomicU64,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Set when the log and redb may disagree (a failed log write, fsync or commit in WAL
+    /// mode): every later write fails until the store is reopened (which replays the log).
+    poisoned: Option<String>,
+    stopped: bool,
 }
 
 /// Counters of the writer since open.
@@ -274,11 +295,65 @@ impl Shared {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
+    fn sync_state(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.sync_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn poisoned(&self) -> Option<String> {
+        self.sync_state().poisoned.clone()
+    }
+
+    /// From now on every write fails (the first reason stays).
+    fn poison(&self, reason: String) {
+        let mut state = self.sync_state();
+        if state.poisoned.is_none() {
+            tracing::error!(%reason, "store poisoned: writes fail until it is reopened");
+            state.poisoned = Some(reason);
+        }
+        self.durable.notify_all();
+    }
+
+    /// `revision` is durable: wake the readers waiting for it.
+    fn made_durable(&self, revision: Revision) {
+        let _state = self.sync_state();
+        self.revision.store(revision, Ordering::Release);
+        self.durable.notify_all();
+    }
+
+    /// Wait until everything up to `revision` is durable. A read snapshot can hold the batch
+    /// whose log fsync is still running (the writer applies a batch while the previous one
+    /// syncs); what a reader returns must survive a crash, so it waits for that fsync (about
+    /// one disk flush), and fails if the store is poisoned or stopped before.
+    fn wait_durable(&self, revision: Revision) -> Result<()> {
+        if self.revision.load(Ordering::Acquire) >= revision {
+            return Ok(());
+        }
+        let mut state = self.sync_state();
+        loop {
+            if self.revision.load(Ordering::Acquire) >= revision {
+                return Ok(());
+            }
+            if let Some(reason) = &state.poisoned {
+                return Err(Error::backend("read", reason.clone()));
+            }
+            if state.stopped {
+                return Err(Error::Closed);
+            }
+            state = match self.durable.wait_timeout(state, Duration::from_secs(1)) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
     fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let rtxn = self.db.begin_read().map_err(|e| Error::backend("begin read", e))?;
+        let revision = read_meta(&rtxn, META_REVISION)?;
         let kv = rtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
         let found = kv.get(key).map_err(|e| Error::backend(format!("get {key}"), e))?;
-        found.map(|raw| codec::decode_kv(key, raw.value())).transpose()
+        let found = found.map(|raw| codec::decode_kv(key, raw.value())).transpose()?;
+        self.wait_durable(revision)?;
+        Ok(found)
     }
 
     fn list(&self, prefix: &str) -> Result<ListResult> {
@@ -295,13 +370,16 @@ impl Shared {
             }
             kvs.push(codec::decode_kv(key, raw.value())?);
         }
+        self.wait_durable(revision)?;
         Ok(ListResult { kvs, revision })
     }
 
     /// Read up to `history_chunk` revisions after `after` from one snapshot.
     fn read_history(&self, prefix: &str, after: Revision) -> Result<HistoryChunk> {
         let rtxn = self.db.begin_read().map_err(|e| Error::backend("begin read", e))?;
-        let current = read_meta(&rtxn, META_REVISION)?;
+        // Only durable revisions: the rest come through the live fan-out once synced (the
+        // watcher subscribed before this read, so it misses none of them).
+        let current = read_meta(&rtxn, META_REVISION)?.min(self.revision.load(Ordering::Acquire));
         let compacted = read_meta(&rtxn, META_COMPACTED)?;
         if after < compacted {
             return Err(Error::Compacted { requested: after, compacted });
@@ -528,6 +606,8 @@ impl EmbeddedStore {
             revision: AtomicI64::new(revision),
             compacted: AtomicI64::new(compacted),
             live: Mutex::new(Some(live)),
+            sync_state: Mutex::new(SyncState::default()),
+            durable: Condvar::new(),
             config: config.clone(),
             commits: AtomicU64::new(0),
             committed_txns: AtomicU64::new(0),
@@ -536,9 +616,21 @@ impl EmbeddedStore {
             checkpoints: AtomicU64::new(0),
         });
         let (requests, rx) = mpsc::channel(config.queue_depth.max(1));
+        let (to_syncer, synced) = std::sync::mpsc::sync_channel(SYNC_PIPELINE);
+        let syncer = Syncer {
+            shared: shared.clone(),
+            wal: wal.as_ref().map(Wal::syncer).transpose()?,
+            pending: synced,
+        };
+        let syncer = std::thread::Builder::new()
+            .name("skiff-store-sync".into())
+            .spawn(move || syncer.run())
+            .map_err(|e| Error::backend("spawn syncer thread", e))?;
         let writer = Writer {
             shared: shared.clone(),
             requests: rx,
+            to_syncer: Some(to_syncer),
+            syncer: Some(syncer),
             revision,
             compacted,
             max_batch: config.max_batch.max(1),
@@ -547,7 +639,6 @@ impl EmbeddedStore {
             checkpoint_bytes: config.checkpoint_bytes,
             checkpoint_interval: config.checkpoint_interval,
             last_checkpoint: Instant::now(),
-            poisoned: None,
         };
         let writer = std::thread::Builder::new()
             .name("skiff-store-writer".into())
@@ -771,10 +862,19 @@ impl Watcher {
     }
 }
 
-/// The writer thread: the only place that writes to the database.
+/// Batches applied and waiting for their fsync at once, beyond the one being synced.
+const SYNC_PIPELINE: usize = 2;
+
+/// The writer thread: the only place that writes to the database. It applies a batch and
+/// writes its log record, then hands the batch to the syncer thread and goes on with the
+/// next one while the fsync runs: the disk flush overlaps the next batch's work instead of
+/// stalling every writer behind it.
 struct Writer {
     shared: Arc<Shared>,
     requests: mpsc::Receiver<Request>,
+    to_syncer: Option<std::sync::mpsc::SyncSender<Applied>>,
+    syncer: Option<std::thread::JoinHandle<()>>,
+    /// The last revision applied (redb may be ahead of the durable `shared.revision`).
     revision: Revision,
     compacted: Revision,
     max_batch: usize,
@@ -784,9 +884,99 @@ struct Writer {
     checkpoint_bytes: u64,
     checkpoint_interval: std::time::Duration,
     last_checkpoint: Instant,
-    /// Set when the log and redb may disagree (a failed append or commit in WAL mode): every
-    /// later write fails until the store is reopened (which replays the log).
-    poisoned: Option<String>,
+}
+
+/// A batch applied to redb (and written to the log), waiting for the fsync that makes it
+/// durable before its callers are answered and watchers see it.
+struct Applied {
+    batch: Vec<Request>,
+    staged: Staged,
+}
+
+/// The syncer thread: fsyncs the log once for every batch applied meanwhile, then (in
+/// revision order) publishes them and answers their callers.
+struct Syncer {
+    shared: Arc<Shared>,
+    /// `None` in [`SyncMode::RedbCommit`]: batches arrive durable already.
+    wal: Option<WalSync>,
+    pending: std::sync::mpsc::Receiver<Applied>,
+}
+
+impl Syncer {
+    fn run(self) {
+        let _span = tracing::info_span!("store.syncer").entered();
+        while let Ok(first) = self.pending.recv() {
+            let mut ready = vec![first];
+            ready.extend(self.pending.try_iter());
+            let started = Instant::now();
+            let synced = match (self.shared.poisoned(), &self.wal) {
+                (Some(reason), _) => Err(reason),
+                (None, Some(wal)) => wal.sync().map_err(|error| {
+                    let reason = format!("write-ahead log fsync failed: {error}");
+                    self.shared.poison(reason.clone());
+                    reason
+                }),
+                (None, None) => Ok(()),
+            };
+            self.shared
+                .commit_nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match synced {
+                Ok(()) => {
+                    // One fsync for all of them (in RedbCommit mode, one per batch already).
+                    let fsyncs = if self.wal.is_some() { 1 } else { ready.len() as u64 };
+                    self.shared.commits.fetch_add(fsyncs, Ordering::Relaxed);
+                    for applied in ready {
+                        self.finish(applied);
+                    }
+                }
+                Err(reason) => {
+                    for applied in ready {
+                        fail_batch(applied.batch, &reason);
+                    }
+                }
+            }
+        }
+        self.shared.sync_state().stopped = true;
+        self.shared.durable.notify_all();
+        self.shared.close_live();
+    }
+
+    fn finish(&self, Applied { batch, staged }: Applied) {
+        // Visible to readers of the atomics before any caller hears of its write.
+        self.shared.compacted.store(staged.compacted, Ordering::Release);
+        self.shared.made_durable(staged.revision);
+        self.shared.committed_txns.fetch_add(staged.committed.len() as u64, Ordering::Relaxed);
+        if !staged.committed.is_empty() {
+            self.shared.publish(Arc::new(staged.committed));
+        }
+        for (request, outcome) in batch.into_iter().zip(staged.outcomes) {
+            match (request, outcome) {
+                (Request::Txn { reply, .. }, Outcome::Txn(result)) => {
+                    let _ = reply.send(result);
+                }
+                (Request::Compact { reply, .. }, Outcome::Compact(result)) => {
+                    let _ = reply.send(result);
+                }
+                _ => unreachable!("outcomes are built in request order"),
+            }
+        }
+    }
+}
+
+/// Answer every request of `batch` with the failure `reason`.
+fn fail_batch(batch: Vec<Request>, reason: &str) {
+    for request in batch {
+        let error = || Error::backend("commit batch", reason.to_string());
+        match request {
+            Request::Txn { reply, .. } => {
+                let _ = reply.send(Err(error()));
+            }
+            Request::Compact { reply, .. } => {
+                let _ = reply.send(Err(error()));
+            }
+        }
+    }
 }
 
 enum Outcome {
@@ -814,13 +1004,19 @@ impl Writer {
             self.commit_batch(batch);
         }
         if self.wal.as_ref().is_some_and(|w| w.len() > 0)
-            && self.poisoned.is_none()
+            && self.shared.poisoned().is_none()
             && let Err(error) = self.checkpoint()
         {
             tracing::warn!(%error, "final checkpoint failed; the log is replayed at next open");
         }
+        // The syncer answers what it still holds, closes the live fan-out and stops.
+        drop(self.to_syncer.take());
+        if let Some(syncer) = self.syncer.take()
+            && syncer.join().is_err()
+        {
+            tracing::error!("store syncer thread panicked");
+        }
         tracing::info!(revision = self.revision, "store writer stopped");
-        self.shared.close_live();
     }
 
     fn maybe_checkpoint(&mut self) {
@@ -889,53 +1085,31 @@ impl Writer {
         );
         let _entered = span.enter();
         let started = Instant::now();
-        let outcome = match &self.poisoned {
-            Some(reason) => Err(Error::backend("store writer", reason.clone())),
+        let outcome = match self.shared.poisoned() {
+            Some(reason) => Err(Error::backend("store writer", reason)),
             None => self.stage_and_commit(&batch),
         };
         match outcome {
             Ok(staged) => {
                 span.record("last_revision", staged.revision);
-                tracing::trace!(elapsed_us = started.elapsed().as_micros() as u64, "committed");
+                tracing::trace!(elapsed_us = started.elapsed().as_micros() as u64, "applied");
                 self.revision = staged.revision;
                 self.compacted = staged.compacted;
-                // Visible to readers of the atomics before any caller hears of its write.
-                self.shared.revision.store(staged.revision, Ordering::Release);
-                self.shared.compacted.store(staged.compacted, Ordering::Release);
-                self.shared.commits.fetch_add(1, Ordering::Relaxed);
-                self.shared
-                    .committed_txns
-                    .fetch_add(staged.committed.len() as u64, Ordering::Relaxed);
-                if !staged.committed.is_empty() {
-                    self.shared.publish(Arc::new(staged.committed));
+                let applied = Applied { batch, staged };
+                let sent = match self.to_syncer.as_ref() {
+                    Some(tx) => tx.send(applied),
+                    None => Err(std::sync::mpsc::SendError(applied)),
+                };
+                if let Err(std::sync::mpsc::SendError(applied)) = sent {
+                    // Only if the syncer thread died: nothing can be made durable any more.
+                    self.shared.poison("the store syncer thread stopped".into());
+                    fail_batch(applied.batch, "the store syncer thread stopped");
                 }
                 self.maybe_checkpoint();
-                for (request, outcome) in batch.into_iter().zip(staged.outcomes) {
-                    match (request, outcome) {
-                        (Request::Txn { reply, .. }, Outcome::Txn(result)) => {
-                            let _ = reply.send(result);
-                        }
-                        (Request::Compact { reply, .. }, Outcome::Compact(result)) => {
-                            let _ = reply.send(result);
-                        }
-                        _ => unreachable!("outcomes are built in request order"),
-                    }
-                }
             }
             Err(error) => {
                 tracing::error!(error = %error, "store commit failed; failing the whole batch");
-                let message = error.to_string();
-                for request in batch {
-                    let error = || Error::backend("commit batch", message.clone());
-                    match request {
-                        Request::Txn { reply, .. } => {
-                            let _ = reply.send(Err(error()));
-                        }
-                        Request::Compact { reply, .. } => {
-                            let _ = reply.send(Err(error()));
-                        }
-                    }
-                }
+                fail_batch(batch, &error.to_string());
             }
         }
     }
@@ -1011,14 +1185,14 @@ impl Writer {
             let records: Vec<(Revision, &[u8])> =
                 logged.iter().map(|(r, e)| (*r, e.as_slice())).collect();
             if !records.is_empty()
-                && let Err(error) = wal.append(&records)
+                && let Err(error) = wal.write(&records)
             {
-                self.poisoned = Some(format!("write-ahead log append failed: {error}"));
+                self.shared.poison(format!("write-ahead log append failed: {error}"));
                 return Err(error);
             }
             if let Err(error) = wtxn.commit() {
                 // Logged but not applied: only a reopen (replay) reconciles the two.
-                self.poisoned = Some(format!("commit after the log append failed: {error}"));
+                self.shared.poison(format!("commit after the log append failed: {error}"));
                 return Err(Error::backend("commit", error));
             }
         } else {

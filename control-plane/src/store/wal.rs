@@ -70,7 +70,15 @@ impl Wal {
     }
 
     /// Append one record holding `txns` and wait until it is on disk.
+    #[cfg(test)]
     pub fn append(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
+        self.write(txns)?;
+        self.syncer()?.sync()
+    }
+
+    /// Write one record holding `txns` after the last one, without waiting for the disk: the
+    /// record is durable once a [`WalSync::sync`] that started after this call returns.
+    pub fn write(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
         let payload_len: usize = 4 + txns.iter().map(|(_, e)| 12 + e.len()).sum::<usize>();
         let mut record = Vec::with_capacity(HEADER + payload_len);
         record.extend_from_slice(&MAGIC.to_le_bytes());
@@ -87,11 +95,17 @@ impl Wal {
         self.file
             .write_all_at(&record, self.end)
             .map_err(|e| Error::backend(format!("append to {}", self.path.display()), e))?;
-        self.file
-            .sync_data()
-            .map_err(|e| Error::backend(format!("fsync {}", self.path.display()), e))?;
         self.end += record.len() as u64;
         Ok(())
+    }
+
+    /// A handle that makes what was written durable, for another thread.
+    pub fn syncer(&self) -> Result<WalSync> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::backend(format!("clone handle of {}", self.path.display()), e))?;
+        Ok(WalSync { file, path: self.path.clone() })
     }
 
     /// Bytes appended since the last reset.
@@ -102,6 +116,20 @@ impl Wal {
     /// Everything logged is now durable elsewhere (a redb checkpoint): start over at offset 0.
     pub fn reset(&mut self) {
         self.end = 0;
+    }
+}
+
+/// Makes the records written so far durable (`fdatasync` of the log, from any thread).
+pub(crate) struct WalSync {
+    file: File,
+    path: PathBuf,
+}
+
+impl WalSync {
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::backend(format!("fsync {}", self.path.display()), e))
     }
 }
 
