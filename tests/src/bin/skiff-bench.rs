@@ -1,6 +1,7 @@
 //! Benchmarks driven by `cargo xtask bench <name>`. `skiff-bench apiserver <server-binary>`
 //! starts a release skiff-server as its own process and measures, in one run:
-//! creates/s with 1 and 64 concurrent clients (and the raw embedded store as the floor),
+//! creates/s with 1 and 64 concurrent clients (and as floors the raw embedded store, and the
+//! same HTTPS load against a server that does nothing),
 //! LIST of 10k and 100k pods, watch delivery latency with 1,000 watchers, and server RSS
 //! at 10k pods, and the authentication + authorization cost per request (a non-admin user
 //! under Node,RBAC with 1,000 bindings vs AlwaysAllow, two servers in the same run). It prints a table and writes JSON to target/bench/apiserver.json.
@@ -320,6 +321,61 @@ async fn creates(
     })
 }
 
+/// The transport's ceiling on this machine: the same load (`creates`, the same clients, TLS
+/// with skiff's PKI and client certificates, HTTP/1.1 keep-alive) against a server that does
+/// nothing but read the body and answer 201 with a stored pod's bytes. Its server runs on its
+/// own 2-thread runtime (as skiff-server's) in this process; the CPU figure is the whole
+/// process's (client and server) per request.
+async fn transport_floor(total: usize, concurrency: usize) -> Result<CreateRun> {
+    use http_body_util::BodyExt;
+    let dir = tempfile::tempdir()?;
+    let pki = skiff_control_plane::pki::Pki::load_or_create(dir.path(), &[])?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    pki.write_admin_kubeconfig(&kubeconfig, &format!("https://{addr}"))?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_config()?));
+    // What a create answers: the created pod (about 3.4 KB with its managed fields).
+    let answer = Bytes::from(vec![b' '; 3400]);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        loop {
+            let (tcp, _) = listener.accept().await?;
+            tcp.set_nodelay(true)?;
+            let (acceptor, answer) = (acceptor.clone(), answer.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let answer = answer.clone();
+                        async move {
+                            req.into_body().collect().await?;
+                            let mut resp = http::Response::new(http_body_util::Full::new(answer));
+                            *resp.status_mut() = http::StatusCode::CREATED;
+                            resp.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, hyper::Error>(resp)
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), std::io::Error>(())
+    });
+    let raw = Arc::new(RawClient::new(&kubeconfig)?);
+    let run = creates(&raw, None, "floor", total, concurrency).await;
+    runtime.shutdown_background();
+    run
+}
+
 /// Time one full LIST of all pods (bytes read to the end), best of 3.
 async fn list_ms(client: &Client, query: &str) -> Result<(f64, usize)> {
     let mut best = f64::MAX;
@@ -458,6 +514,13 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
     let floor64 = store_creates(64, 20_000).await?;
     record("store creates/s, 1 writer (floor)", floor1, "ops/s", String::new());
     record("store creates/s, 64 writers (floor)", floor64, "ops/s", String::new());
+    let transport = transport_floor(30_000, 64).await?;
+    record(
+        "HTTPS POSTs/s, 64 clients, no-op server (floor)",
+        transport.per_sec,
+        "ops/s",
+        format!("CPU/request (client and server) {:.0} us", transport.client_cpu_us),
+    );
 
     let server = start_server(server_bin).await?;
     let client = client(&server.kubeconfig).await?;
@@ -671,6 +734,17 @@ async fn main() -> Result<()> {
         }
         // Load against a running server, for profiling:
         // creates <kubeconfig> <count> <clients> [<server pid>]
+        // The transport's ceiling: transport-floor <count> <clients>
+        Some("transport-floor") => {
+            let count: usize = args.get(2).map(String::as_str).unwrap_or("30000").parse()?;
+            let clients: usize = args.get(3).map(String::as_str).unwrap_or("64").parse()?;
+            let run = transport_floor(count, clients).await?;
+            println!(
+                "{count} no-op HTTPS POSTs with {clients} clients: {:.0}/s; CPU/request (client and server): {:.0} us",
+                run.per_sec, run.client_cpu_us
+            );
+            Ok(())
+        }
         Some("creates") => {
             let kubeconfig = PathBuf::from(
                 args.get(2).context("usage: skiff-bench creates <kubeconfig> <count> <clients>")?,
