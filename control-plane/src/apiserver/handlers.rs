@@ -575,12 +575,12 @@ async fn create_object(
         }
     }
     let g = gvk(rt);
-    // Upstream's order: decode+default, mutating admission, then system metadata, then the
-    // strategy, then validate, then validating admission.
+    // Upstream's order: decode+default, the field manager, mutating admission, then system
+    // metadata, then the strategy, then validate, then validating admission.
     admission::default_object(g, &mut obj).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let ts = now();
-    // The field manager sees the request as decoded and defaulted, before mutating admission
-    // and the strategy (upstream's create handler): the fields they set are nobody's.
+    // The field manager sees the request as decoded and defaulted: the fields admission and
+    // the strategy set are nobody's.
     if track {
         meta_mut(&mut obj).remove("managedFields");
         apply::track_update(
