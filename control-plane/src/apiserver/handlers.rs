@@ -1,6 +1,7 @@
 //! The resource verbs: get, list, create, update, patch, delete, deletecollection and the
 //! status/scale/binding subresources. Reads of single objects go to the store (read your
-//! writes); lists are served from the watch cache once it has caught up.
+//! writes); lists are served from the watch cache once it has caught up; a read-modify-write
+//! starts from the cache's copy and reads the store only when that copy proves stale.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -732,8 +733,22 @@ async fn update(
     Ok((obj, StatusCode::OK, warnings))
 }
 
+/// The watch cache's copy of an object, decoded, with its revision: the first guess of a
+/// read-modify-write (it may lag the store, never lead it).
+fn cached_current(server: &ApiServer, rt: &ResourceType, key: &str) -> Option<(Value, Revision)> {
+    let cached = server.cache.resource(rt).get(key)?;
+    let value = serde_json::from_slice(&cached.json).ok()?;
+    Some((value, cached.rv))
+}
+
 /// Read-modify-write with retries on revision conflicts (upstream's GuaranteedUpdate).
 /// `transform` computes the desired object from the current one.
+///
+/// As upstream's cacher does, the first attempt starts from the watch cache's copy rather
+/// than a store read. That copy may be stale: the compare-and-swap on its revision then
+/// fails and the next attempt reads the store. Whatever a stale copy would decide without
+/// a write (a failed precondition, an error from the transform or admission, no change at
+/// all) is decided again on the store's current object before it is answered.
 async fn guaranteed_update(
     server: &ApiServer,
     rt: &ResourceType,
@@ -744,27 +759,46 @@ async fn guaranteed_update(
     transform: impl Fn(&Value) -> ApiResult<Value>,
 ) -> ApiResult<Value> {
     let dry_run = w.dry_run;
-    for _ in 0..MAX_RETRIES {
-        let (current, rev) = get_object(server, rt, ns, name).await?;
-        if let Some(want) = &precondition
-            && want != &rev.to_string()
-        {
-            return Err(ApiError::modified(&rt.qualified(), name).with_details(
-                rt.group(),
-                rt.plural(),
-                name,
-            ));
+    let key = rt.key(ns, name);
+    // A dry run reads the store, as upstream's dry-run storage does.
+    let mut guess = if dry_run { None } else { cached_current(server, rt, &key) };
+    // pods/binding was admitted as a subresource create of its Binding body.
+    let admitted = w.sub != Some("binding");
+    let mut attempt = 0;
+    while attempt < MAX_RETRIES {
+        let (current, rev, fresh) = match guess.take() {
+            Some((current, rev)) => (current, rev, false),
+            None => {
+                attempt += 1;
+                let (current, rev) = get_object(server, rt, ns, name).await?;
+                (current, rev, true)
+            }
+        };
+        let decided = async {
+            if let Some(want) = &precondition
+                && want != &rev.to_string()
+            {
+                return Err(ApiError::modified(&rt.qualified(), name).with_details(
+                    rt.group(),
+                    rt.plural(),
+                    name,
+                ));
+            }
+            let mut desired = transform(&current)?;
+            if admitted {
+                desired =
+                    plugins::admit_update(server, rt, ns, name, w.sub, desired, &current, dry_run)
+                        .await?;
+            }
+            prepare_update(server, rt, name, w, desired, &current)
         }
-        let mut desired = transform(&current)?;
-        // pods/binding was admitted as a subresource create of its Binding body.
-        let admitted = w.sub != Some("binding");
-        if admitted {
-            desired =
-                plugins::admit_update(server, rt, ns, name, w.sub, desired, &current, dry_run)
-                    .await?;
-        }
-        let change = prepare_update(server, rt, name, w, desired, &current)?;
-        let key = rt.key(ns, name);
+        .await;
+        // What a stale copy decides without writing is decided again on a store read.
+        let change = match decided {
+            Err(_) | Ok(None) if !fresh => continue,
+            Err(e) => return Err(e),
+            Ok(change) => change,
+        };
         match change {
             None => return Ok(current),
             Some((Change::Remove, _)) => {
@@ -790,6 +824,9 @@ async fn guaranteed_update(
                     if let Some(r) = &reservation {
                         server.alloc.release(r);
                     }
+                    if !fresh {
+                        continue;
+                    }
                     return Err(e);
                 }
                 if dry_run {
@@ -805,6 +842,15 @@ async fn guaranteed_update(
                         }
                         set_resource_version(&mut obj, kv.mod_revision);
                         return Ok(obj);
+                    }
+                    Err(store::Error::Conflict { .. } | store::Error::NotFound { .. })
+                        if !fresh =>
+                    {
+                        // The cached copy was stale (or the object is gone): read the store.
+                        if let Some(r) = &reservation {
+                            server.alloc.release(r);
+                        }
+                        continue;
                     }
                     Err(store::Error::Conflict { .. }) => {
                         if let Some(r) = &reservation {
@@ -1675,5 +1721,97 @@ mod tests {
         x[""] = json!(1);
         y[""] = json!(2);
         assert!(!same_object(&x, &y));
+    }
+
+    /// Updates start from the watch cache's copy. Made stale on purpose (a write straight
+    /// to the store the cache has not seen yet, on this single-threaded runtime), the copy
+    /// must neither lose that write nor decide a precondition.
+    #[tokio::test]
+    async fn updates_from_a_stale_cached_copy_see_the_store() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use axum::body::Body;
+        use http::{Method, Request, StatusCode};
+        use serde_json::Value;
+        use tower::ServiceExt;
+
+        use crate::apiserver::ApiServer;
+        use crate::store::StoreExt;
+        use crate::store::memory::MemoryStore;
+
+        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver");
+        let call = |method: Method, uri: &str, ct: &str, body: Value| {
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("content-type", ct)
+                .body(Body::from(body.to_string()))
+                .expect("request");
+            let router = api.router();
+            async move {
+                let resp = router.oneshot(req).await.expect("response");
+                let status = resp.status();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            }
+        };
+        let uri = "/api/v1/namespaces/default/configmaps";
+        let (s, created) = call(
+            Method::POST,
+            uri,
+            "application/json",
+            json!({"metadata": {"name": "cm"}, "data": {"a": "1"}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{created}");
+        let rt = api.registry.find("", "v1", "configmaps").expect("configmaps");
+        let key = rt.key(Some("default"), "cm");
+        assert!(
+            api.cache
+                .wait_for(api.store.current_revision().await.unwrap(), Duration::from_secs(5))
+                .await
+        );
+
+        // Behind the cache's back: data.b, at a revision the cache does not hold yet.
+        let stale_rv = api.cache.resource(rt).get(&key).expect("cached").rv;
+        let mut behind = created.clone();
+        behind["data"]["b"] = json!("2");
+        behind["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        let fresh = api
+            .store
+            .update(&key, serde_json::to_vec(&behind).unwrap().into(), stale_rv)
+            .await
+            .expect("direct write");
+        assert_eq!(
+            api.cache.resource(rt).get(&key).expect("cached").rv,
+            stale_rv,
+            "cache already caught up"
+        );
+
+        // A precondition on the store's revision holds although the cache has another one.
+        let mut put = behind.clone();
+        put["metadata"]["resourceVersion"] = json!(fresh.mod_revision.to_string());
+        put["data"]["c"] = json!("3");
+        let (s, body) = call(Method::PUT, &format!("{uri}/cm"), "application/json", put).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(body["data"], json!({"a": "1", "b": "2", "c": "3"}));
+
+        // A merge patch keeps every earlier write; the cached revision is now a conflict.
+        let (s, body) = call(
+            Method::PATCH,
+            &format!("{uri}/cm"),
+            "application/merge-patch+json",
+            json!({"data": {"d": "4"}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(body["data"], json!({"a": "1", "b": "2", "c": "3", "d": "4"}));
+        let mut stale = created.clone();
+        stale["metadata"]["resourceVersion"] = json!(stale_rv.to_string());
+        let (s, body) = call(Method::PUT, &format!("{uri}/cm"), "application/json", stale).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{body}");
     }
 }
