@@ -2,7 +2,7 @@
 //! API of a release skiff-server process, then 10,000 and 50,000 pods created through the
 //! API (64 concurrent clients) and bound by (a) the skiff scheduler running out of process
 //! over a kubeconfig client and (b) the baseline: a trivial round-robin binder with the
-//! same watch and 64 bindings in flight but no filtering or scoring. Two modes each:
+//! same watch and as many bindings in flight (256) but no filtering or scoring. Two modes each:
 //! streaming (binder running while pods are created: pods/s create→bound and the p50/p99
 //! create→bound latency) and backlog (all pods created first, then the binder starts:
 //! pure binding throughput). A fresh server per run; its RSS is read at the end.
@@ -259,7 +259,7 @@ async fn round_robin_binder(client: Client) {
             .default_backoff()
             .applied_objects();
     stream
-        .for_each_concurrent(CONCURRENCY, |obj| {
+        .for_each_concurrent(SchedulerConfig::default().parallel_binds, |obj| {
             let client = client.clone();
             let next = &next;
             async move {
