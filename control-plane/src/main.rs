@@ -97,11 +97,15 @@ enum TokenCommand {
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// mimalloc's defaults trade memory for speed: arenas committed eagerly and freed pages
-/// purged after 10 ms. Both off keep skiff-server's RSS at 10k pods what glibc gave
-/// (under 100 MB) for most of mimalloc's CPU saving. Runs from `.init_array`, before the
-/// Rust runtime's first allocation creates an arena. The option numbers are those of
-/// mimalloc v3's `mi_option_e` (libmimalloc-sys 0.1.49 builds v3; it exports no constants
-/// for these two).
+/// purged after 10 ms. Eager commit off keeps skiff-server's RSS at 10k pods under 100 MB.
+/// Freed pages are purged (returned to the kernel) after 100 ms: purging them at once cost
+/// a page fault and a zeroed page every time a freed page was reused moments later, which
+/// under a burst of bindings was about 15% of the server's CPU (`cargo xtask bench
+/// scheduler`, alternating runs: 3,953 -> 4,432 and 4,692 -> 5,465 pods/s, server CPU per
+/// binding 244 -> 212 and 236 -> 190 us) for about 4 MB more RSS at 10k pods. Runs from
+/// `.init_array`, before the Rust runtime's first allocation creates an arena. The option
+/// numbers are those of mimalloc v3's `mi_option_e` (libmimalloc-sys 0.1.49 builds v3; it
+/// exports no constants for these two).
 #[used]
 #[unsafe(link_section = ".init_array")]
 static MIMALLOC_OPTIONS: extern "C" fn() = {
@@ -111,7 +115,7 @@ static MIMALLOC_OPTIONS: extern "C" fn() = {
         // SAFETY: plain option setters of the C library, called before any allocation.
         unsafe {
             libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
-            libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
+            libmimalloc_sys::mi_option_set(PURGE_DELAY, 100);
         }
     }
     set_options
