@@ -42,18 +42,39 @@ impl HostPort {
 
 /// A controller owner's uid with its hash computed once: default spreading looks the
 /// incoming pod's owner up in every feasible node's counts, so that lookup must not hash
-/// the 36-byte uid again each time.
+/// the 36-byte uid again each time. The uid is interned: the pods of one owner share one
+/// allocation, so a lookup's equality check is a pointer comparison, not a `memcmp`.
 #[derive(Debug, Clone)]
 pub struct OwnerKey {
     hash: u64,
     uid: Arc<str>,
 }
 
+/// Interned owner uids, held weakly: an owner whose last pod is gone is dropped at the
+/// next sweep (when the table has doubled since the previous one).
+#[derive(Default)]
+struct Interned {
+    uids: HashMap<Arc<str>, std::sync::Weak<str>>,
+    sweep_at: usize,
+}
+
 impl OwnerKey {
     pub fn new(uid: &str) -> OwnerKey {
         static STATE: OnceLock<RandomState> = OnceLock::new();
+        static INTERNED: OnceLock<std::sync::Mutex<Interned>> = OnceLock::new();
         let hash = STATE.get_or_init(RandomState::new).hash_one(uid);
-        OwnerKey { hash, uid: uid.into() }
+        let mut interned =
+            INTERNED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(uid) = interned.uids.get(uid).and_then(std::sync::Weak::upgrade) {
+            return OwnerKey { hash, uid };
+        }
+        if interned.uids.len() >= interned.sweep_at {
+            interned.uids.retain(|_, weak| weak.strong_count() > 0);
+            interned.sweep_at = (interned.uids.len() * 2).max(1024);
+        }
+        let shared: Arc<str> = uid.into();
+        interned.uids.insert(Arc::from(uid), Arc::downgrade(&shared));
+        OwnerKey { hash, uid: shared }
     }
 
     pub fn uid(&self) -> &str {
@@ -396,6 +417,20 @@ mod tests {
                                       "ports": [{"containerPort": 80, "hostPort": 8080}]}]}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn owner_keys_of_one_uid_share_it() {
+        let uid = "8d6f0c51-owner-keys-of-one-uid-share-it";
+        let (a, b) = (OwnerKey::new(uid), OwnerKey::new(uid));
+        assert!(Arc::ptr_eq(&a.uid, &b.uid));
+        assert_eq!(a, b);
+        let other = OwnerKey::new("8d6f0c51-another-owner");
+        assert_ne!(a, other);
+        assert_eq!(other.uid(), "8d6f0c51-another-owner");
+        // Once every key of an owner is gone, a new one starts a fresh allocation.
+        drop((a, b));
+        assert_eq!(OwnerKey::new(uid).uid(), uid);
     }
 
     #[test]
