@@ -1586,29 +1586,97 @@ async fn bind(
     let manager = manager(query, headers)?;
     let dry_run = query.dry_run()?;
     plugins::admit_subresource_create(server, rt, ns, name, "binding", &binding, dry_run).await?;
-    let node_c = node.clone();
+    let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+    // The common case without decoding the pod: the cached copy, if it can be bound, edited
+    // as JSON and compare-and-swapped on its revision. Anything else (no copy, a stale one,
+    // a pod that is terminating or bound already, a dry run) takes the general path below,
+    // which decides on the store's current object.
+    let key = rt.key(ns, name);
+    if !dry_run
+        && let Some(cached) = server.cache.resource(rt).get(&key)
+        && let Some(bound) = bound_json(&cached.json, &node, &now())
+    {
+        match server.store.update(&key, Bytes::from(bound), cached.rv).await {
+            Ok(_) => return Ok(success),
+            Err(store::Error::Conflict { .. } | store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_error(rt, name, e)),
+        }
+    }
     // Upstream assigns the pod straight in storage (`assignPod`), past the field manager: a
     // binding leaves managedFields as they were (no scheduler entry), and skips their diff.
     let w = Writer { manager: &manager, sub: Some("binding"), track: false, dry_run };
     guaranteed_update(server, rt, ns, name, w, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {
-            return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
+            return Err(ApiError::conflict(
+                "pods",
+                name,
+                "pod is being deleted, cannot be assigned to a host",
+            ));
         }
-        if let Some(existing) = current.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty()) {
-            return Err(ApiError::conflict("pods/binding", name, &format!("pod {name} is already assigned to node \"{existing}\"")));
+        if let Some(existing) =
+            current.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                "pods/binding",
+                name,
+                &format!("pod {name} is already assigned to node \"{existing}\""),
+            ));
         }
         let mut out = current.clone();
-        out["spec"]["nodeName"] = json!(node_c);
-        let conditions = out["status"]["conditions"].as_array().cloned().unwrap_or_default();
-        let mut conditions: Vec<Value> = conditions.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
-        conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()}));
-        out["status"]["conditions"] = Value::Array(conditions);
+        out["spec"]["nodeName"] = json!(node);
+        let status = std::mem::take(&mut out["status"]);
+        out["status"] = scheduled_status(status, &now());
         Ok(out)
     })
     .await?;
-    Ok(
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-    )
+    Ok(success)
+}
+
+/// `status` with its PodScheduled condition replaced by a True one (what a binding writes).
+fn scheduled_status(mut status: Value, now: &str) -> Value {
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    let mut conditions: Vec<Value> =
+        conditions.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+    conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null,
+                           "lastTransitionTime": now}));
+    status["conditions"] = Value::Array(conditions);
+    status
+}
+
+/// The stored form of a pod (`cached`: its JSON as the watch cache holds it) bound to
+/// `node`, edited member by member: only `status` is decoded, the other members are copied
+/// as they are. The bytes are those the general path would store (members in key order,
+/// no resourceVersion). `None` when the pod cannot be bound (terminating, assigned
+/// already) or the JSON is not the object expected; the caller then decides on a store
+/// read.
+fn bound_json(cached: &[u8], node: &str, now: &str) -> Option<Vec<u8>> {
+    use serde_json::value::{RawValue, to_raw_value};
+    use std::collections::BTreeMap;
+    type Members<'a> = BTreeMap<String, &'a RawValue>;
+
+    let mut top: Members = serde_json::from_slice(cached).ok()?;
+    let mut meta: Members = serde_json::from_str(top.get("metadata")?.get()).ok()?;
+    if meta.contains_key("deletionTimestamp") {
+        return None;
+    }
+    meta.remove("resourceVersion");
+    meta.remove("selfLink");
+    let mut spec: Members = serde_json::from_str(top.get("spec")?.get()).ok()?;
+    if spec.get("nodeName").is_some_and(|n| !matches!(n.get(), "\"\"" | "null")) {
+        return None;
+    }
+    let status: Value = match top.get("status") {
+        Some(raw) => serde_json::from_str(raw.get()).ok()?,
+        None => Value::Null,
+    };
+    let node = to_raw_value(node).ok()?;
+    spec.insert("nodeName".into(), &node);
+    let (meta, spec) = (to_raw_value(&meta).ok()?, to_raw_value(&spec).ok()?);
+    let status = to_raw_value(&scheduled_status(status, now)).ok()?;
+    top.insert("metadata".into(), &meta);
+    top.insert("spec".into(), &spec);
+    top.insert("status".into(), &status);
+    serde_json::to_vec(&top).ok()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1721,6 +1789,51 @@ mod tests {
         x[""] = json!(1);
         y[""] = json!(2);
         assert!(!same_object(&x, &y));
+    }
+
+    /// The binding fast path stores exactly what the general path (decode, transform,
+    /// encode) would, and declines every pod the general path would refuse.
+    #[test]
+    fn bound_json_is_the_general_paths_binding() {
+        use super::{bound_json, encode, scheduled_status};
+        use crate::apiserver::cache::with_resource_version;
+
+        let stored = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "\u{e9}\"x"},
+                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+                "managedFields": [{"manager": "m", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:containers": {}}}}]},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": {}}],
+                "nodeName": "", "priority": 0, "terminationGracePeriodSeconds": 30},
+            "status": {"phase": "Pending", "qosClass": "BestEffort", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"},
+                {"type": "Other", "status": "True"}]}});
+        let now = "2026-11-22T12:00:00Z";
+        let general = |obj: &serde_json::Value| {
+            let mut out = obj.clone();
+            out["spec"]["nodeName"] = json!("n1");
+            let status = std::mem::take(&mut out["status"]);
+            out["status"] = scheduled_status(status, now);
+            encode(&out).unwrap().to_vec()
+        };
+        for obj in [stored.clone(), {
+            let mut o = stored.clone();
+            o.as_object_mut().unwrap().remove("status");
+            o["spec"].as_object_mut().unwrap().remove("nodeName");
+            o
+        }] {
+            let cached = with_resource_version(&serde_json::to_vec(&obj).unwrap(), 42).unwrap();
+            let fast = bound_json(&cached, "n1", now).expect("bindable");
+            assert_eq!(String::from_utf8(fast).unwrap(), String::from_utf8(general(&obj)).unwrap());
+        }
+        let mut bound = stored.clone();
+        bound["spec"]["nodeName"] = json!("n2");
+        let mut terminating = stored.clone();
+        terminating["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
+        for refused in [bound, terminating] {
+            assert_eq!(bound_json(&serde_json::to_vec(&refused).unwrap(), "n1", now), None);
+        }
+        assert_eq!(bound_json(b"[1]", "n1", now), None);
     }
 
     /// Updates start from the watch cache's copy. Made stale on purpose (a write straight
