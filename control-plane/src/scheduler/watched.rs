@@ -1,6 +1,8 @@
 //! Pods as the scheduler watches them: decoded without `metadata.managedFields`, which the
 //! scheduler never reads and which made up most of a watched pod's decode (a FieldsV1 tree
-//! of JSON values per manager, built and dropped for every event).
+//! of JSON values per manager, built and dropped for every event), and without
+//! `spec.volumes`, which no filter reads either (the service-account token volume that
+//! admission adds to every pod was about half of what remained).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -9,9 +11,12 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
+use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDeserializer};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-/// A [`Pod`] whose managed fields were skipped while decoding (the rest is as sent).
+/// A [`Pod`] whose managed fields and volumes were skipped while decoding (the rest is as
+/// sent).
 #[derive(Clone, Debug)]
 pub struct WatchedPod(pub Pod);
 
@@ -63,8 +68,92 @@ struct Meta {
 struct Slim {
     #[serde(default)]
     metadata: Option<Meta>,
-    spec: Option<PodSpec>,
+    spec: Option<SpecWithoutVolumes>,
     status: Option<PodStatus>,
+}
+
+/// A [`PodSpec`] decoded with its `volumes` member skipped (checked as JSON, not built).
+struct SpecWithoutVolumes(PodSpec);
+
+impl<'de> Deserialize<'de> for SpecWithoutVolumes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SpecVisitor;
+        impl<'de> Visitor<'de> for SpecVisitor {
+            type Value = SpecWithoutVolumes;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a PodSpec object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<SpecWithoutVolumes, A::Error> {
+                PodSpec::deserialize(MapAccessDeserializer::new(SkipVolumes(map)))
+                    .map(SpecWithoutVolumes)
+            }
+        }
+        deserializer.deserialize_map(SpecVisitor)
+    }
+}
+
+/// The members of a map less `volumes`.
+struct SkipVolumes<A>(A);
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            match self.0.next_key::<Key<'de>>()? {
+                None => return Ok(None),
+                Some(Key::Borrowed("volumes")) => {
+                    self.0.next_value::<IgnoredAny>()?;
+                }
+                Some(Key::Owned(k)) if k == "volumes" => {
+                    self.0.next_value::<IgnoredAny>()?;
+                }
+                Some(Key::Borrowed(k)) => {
+                    return seed.deserialize(BorrowedStrDeserializer::new(k)).map(Some);
+                }
+                Some(Key::Owned(k)) => {
+                    return seed.deserialize(StringDeserializer::new(k)).map(Some);
+                }
+            }
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.0.next_value_seed(seed)
+    }
+}
+
+/// A member name, borrowed from the input unless it had escapes.
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Borrowed(s))
+            }
+
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(s.to_owned()))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
 }
 
 impl<'de> Deserialize<'de> for WatchedPod {
@@ -87,7 +176,7 @@ impl<'de> Deserialize<'de> for WatchedPod {
             self_link: m.self_link,
             uid: m.uid,
         });
-        Ok(WatchedPod(Pod { metadata, spec, status }))
+        Ok(WatchedPod(Pod { metadata, spec: spec.map(|s| s.0), status }))
     }
 }
 
@@ -97,7 +186,7 @@ mod tests {
 
     use super::*;
 
-    /// Everything but the managed fields decodes as the typed Pod does.
+    /// Everything but the managed fields and volumes decodes as the typed Pod does.
     #[test]
     fn decodes_as_pod_without_managed_fields() {
         let raw = json!({
@@ -113,13 +202,24 @@ mod tests {
                 "managedFields": [{"manager": "kubectl", "operation": "Update",
                     "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
             },
-            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}],
+                "volumes": [{"name": "v", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}],
+                "priority": 7},
             "status": {"phase": "Pending"}
         });
-        let watched: WatchedPod = serde_json::from_value(raw.clone()).unwrap();
-        let mut typed: Pod = serde_json::from_value(raw).unwrap();
+        // From bytes, as the watch decodes them (member names borrowed from the input).
+        let watched: WatchedPod = serde_json::from_slice(raw.to_string().as_bytes()).unwrap();
+        let mut typed: Pod = serde_json::from_value(raw.clone()).unwrap();
         assert!(typed.metadata.managed_fields.take().is_some_and(|m| m.len() == 1));
+        let spec = typed.spec.as_mut().unwrap();
+        assert!(spec.volumes.take().is_some_and(|v| v.len() == 1));
         assert_eq!(watched.0, typed);
+        // From a Value (owned member names), and a malformed spec is still an error.
+        let watched: WatchedPod = serde_json::from_value(raw).unwrap();
+        assert_eq!(watched.0, typed);
+        let bad = json!({"spec": {"volumes": [], "priority": "high"}});
+        assert!(serde_json::from_value::<WatchedPod>(bad).is_err());
         let empty: WatchedPod = serde_json::from_value(json!({})).unwrap();
         assert_eq!(empty.0, Pod::default());
     }
