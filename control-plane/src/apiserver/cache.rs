@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
 use super::registry::{Registry, ResourceType};
+use crate::machinery::MemberName;
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
 /// Live events buffered per watcher before it is cut off as too slow.
@@ -457,43 +458,6 @@ impl<'de> serde::de::Visitor<'de> for Sparse<'_> {
 
     fn visit_unit<E>(self) -> Result<Value, E> {
         Ok(Value::Null)
-    }
-}
-
-/// An object member's name, borrowed from the input unless it had escapes.
-enum MemberName<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl MemberName<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            MemberName::Borrowed(s) => s,
-            MemberName::Owned(s) => s,
-        }
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for MemberName<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct NameVisitor;
-        impl<'de> serde::de::Visitor<'de> for NameVisitor {
-            type Value = MemberName<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member name")
-            }
-
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<MemberName<'de>, E> {
-                Ok(MemberName::Borrowed(s))
-            }
-
-            fn visit_str<E>(self, s: &str) -> Result<MemberName<'de>, E> {
-                Ok(MemberName::Owned(s.to_string()))
-            }
-        }
-        d.deserialize_str(NameVisitor)
     }
 }
 

@@ -15,6 +15,8 @@ use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDes
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::machinery::MemberName;
+
 /// A [`Pod`] whose managed fields and volumes were skipped while decoding (the rest is as
 /// sent).
 #[derive(Clone, Debug)]
@@ -105,18 +107,15 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
         seed: K,
     ) -> Result<Option<K::Value>, A::Error> {
         loop {
-            match self.0.next_key::<Key<'de>>()? {
+            match self.0.next_key::<MemberName<'de>>()? {
                 None => return Ok(None),
-                Some(Key::Borrowed("volumes")) => {
+                Some(name) if name.as_str() == "volumes" => {
                     self.0.next_value::<IgnoredAny>()?;
                 }
-                Some(Key::Owned(k)) if k == "volumes" => {
-                    self.0.next_value::<IgnoredAny>()?;
-                }
-                Some(Key::Borrowed(k)) => {
+                Some(MemberName::Borrowed(k)) => {
                     return seed.deserialize(BorrowedStrDeserializer::new(k)).map(Some);
                 }
-                Some(Key::Owned(k)) => {
+                Some(MemberName::Owned(k)) => {
                     return seed.deserialize(StringDeserializer::new(k)).map(Some);
                 }
             }
@@ -125,34 +124,6 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
         self.0.next_value_seed(seed)
-    }
-}
-
-/// A member name, borrowed from the input unless it had escapes.
-enum Key<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member name")
-            }
-
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key::Borrowed(s))
-            }
-
-            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
-                Ok(Key::Owned(s.to_owned()))
-            }
-        }
-        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
