@@ -1836,9 +1836,51 @@ mod tests {
         assert_eq!(bound_json(b"[1]", "n1", now), None);
     }
 
-    /// Updates start from the watch cache's copy. Made stale on purpose (a write straight
-    /// to the store the cache has not seen yet, on this single-threaded runtime), the copy
-    /// must neither lose that write nor decide a precondition.
+    /// A store that counts its single-key reads.
+    struct CountingGets {
+        inner: crate::store::memory::MemoryStore,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::Store for CountingGets {
+        async fn get(&self, key: &str) -> crate::store::Result<Option<crate::store::KeyValue>> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.get(key).await
+        }
+        async fn list(&self, prefix: &str) -> crate::store::Result<crate::store::ListResult> {
+            self.inner.list(prefix).await
+        }
+        async fn txn(
+            &self,
+            ops: Vec<crate::store::TxnOp>,
+        ) -> crate::store::Result<Vec<crate::store::TxnResult>> {
+            self.inner.txn(ops).await
+        }
+        async fn current_revision(&self) -> crate::store::Result<crate::store::Revision> {
+            self.inner.current_revision().await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            after: crate::store::Revision,
+        ) -> crate::store::Result<
+            futures::stream::BoxStream<'static, crate::store::Result<crate::store::Event>>,
+        > {
+            self.inner.watch(prefix, after).await
+        }
+        async fn compact(&self, revision: crate::store::Revision) -> crate::store::Result<()> {
+            self.inner.compact(revision).await
+        }
+        async fn compacted_revision(&self) -> crate::store::Result<crate::store::Revision> {
+            self.inner.compacted_revision().await
+        }
+    }
+
+    /// Updates start from the watch cache's copy: with the cache caught up, an update reads
+    /// nothing from the store. Made stale on purpose (a write straight to the store the cache
+    /// has not seen yet, on this single-threaded runtime), the copy must neither lose that
+    /// write nor decide a precondition.
     #[tokio::test]
     async fn updates_from_a_stale_cached_copy_see_the_store() {
         use std::sync::Arc;
@@ -1853,9 +1895,9 @@ mod tests {
         use crate::store::StoreExt;
         use crate::store::memory::MemoryStore;
 
-        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
-            .await
-            .expect("apiserver");
+        let store = Arc::new(CountingGets { inner: MemoryStore::new(), gets: Default::default() });
+        let gets = || store.gets.load(std::sync::atomic::Ordering::SeqCst);
+        let api = ApiServer::start(store.clone(), Default::default()).await.expect("apiserver");
         let call = |method: Method, uri: &str, ct: &str, body: Value| {
             let req = Request::builder()
                 .method(method)
@@ -1888,6 +1930,24 @@ mod tests {
                 .await
         );
 
+        // A current copy: the update is computed from it, without a store read.
+        let before = gets();
+        let (s, body) = call(
+            Method::PATCH,
+            &format!("{uri}/cm"),
+            "application/merge-patch+json",
+            json!({"metadata": {"labels": {"l": "1"}}}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(gets(), before, "an update from a current cached copy read the store");
+        let created = body;
+        assert!(
+            api.cache
+                .wait_for(api.store.current_revision().await.unwrap(), Duration::from_secs(5))
+                .await
+        );
+
         // Behind the cache's back: data.b, at a revision the cache does not hold yet.
         let stale_rv = api.cache.resource(rt).get(&key).expect("cached").rv;
         let mut behind = created.clone();
@@ -1908,9 +1968,11 @@ mod tests {
         let mut put = behind.clone();
         put["metadata"]["resourceVersion"] = json!(fresh.mod_revision.to_string());
         put["data"]["c"] = json!("3");
+        let before = gets();
         let (s, body) = call(Method::PUT, &format!("{uri}/cm"), "application/json", put).await;
         assert_eq!(s, StatusCode::OK, "{body}");
         assert_eq!(body["data"], json!({"a": "1", "b": "2", "c": "3"}));
+        assert!(gets() > before, "the stale copy's precondition was not decided on a store read");
 
         // A merge patch keeps every earlier write; the cached revision is now a conflict.
         let (s, body) = call(
