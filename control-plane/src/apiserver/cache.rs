@@ -2,9 +2,9 @@
 //! Lists are served from it, and each change is serialized once and fanned out to all
 //! watchers of its resource through a broadcast channel.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -71,7 +71,47 @@ pub struct ResourceCache {
     tx: broadcast::Sender<Arc<CacheEvent>>,
     /// Events kept for watches that resume from a past resourceVersion.
     history_limit: usize,
+    /// Values a request of this server is writing, by the address of their bytes, with what
+    /// the cache indexes of them (see [`ResourceCache::expect`]).
+    expected: Mutex<HashMap<usize, Expected>>,
+    /// Events indexed from an expectation rather than by parsing their value.
+    expected_hits: AtomicU64,
+    /// Whether the store's events carry the written allocations (else nothing is expected).
+    expecting: bool,
 }
+
+/// A value about to be written under `key`, and the index parts of the object it encodes.
+struct Expected {
+    key: String,
+    value: Bytes,
+    parts: IndexParts,
+}
+
+/// What selectors read of an object: its labels and the kind's field values (name and
+/// namespace first).
+struct IndexParts {
+    labels: BTreeMap<String, String>,
+    fields: Vec<(&'static str, String)>,
+}
+
+impl IndexParts {
+    fn of(rt: &ResourceType, obj: &Value) -> IndexParts {
+        let labels = obj
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        IndexParts { labels, fields: rt.field_values(obj) }
+    }
+}
+
+/// Outstanding expectations per resource beyond which they are all dropped: each is taken by
+/// its event or withdrawn by its failed write, so only cancelled requests leave any behind.
+const MAX_EXPECTED: usize = 1024;
 
 struct ResourceState {
     objects: BTreeMap<String, Arc<CachedObject>>,
@@ -93,10 +133,13 @@ pub enum WatchStartError {
 }
 
 impl ResourceCache {
-    fn new(floor: Revision, history_limit: usize) -> Self {
+    fn new(floor: Revision, history_limit: usize, expecting: bool) -> Self {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         ResourceCache {
             history_limit,
+            expected: Mutex::new(HashMap::new()),
+            expected_hits: AtomicU64::new(0),
+            expecting,
             state: RwLock::new(ResourceState {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
@@ -177,6 +220,55 @@ impl ResourceCache {
         Ok(Subscription { backlog, rx })
     }
 
+    /// A request is about to store `value`, the encoding of `obj`, under `key`: when the
+    /// store's event for it arrives, the cache takes `obj`'s index parts from here instead of
+    /// parsing `value` again. Expectations are found by the value's allocation, so the event
+    /// must carry this very `Bytes` (what the embedded store passes through; a value read back
+    /// from disk or over the network is parsed as usual). The expectation holds the
+    /// allocation, so no other value can be mistaken for it.
+    pub fn expect(&self, rt: &ResourceType, key: &str, value: &Bytes, obj: &Value) {
+        if !self.expecting {
+            return;
+        }
+        let parts = IndexParts::of(rt, obj);
+        let mut expected = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        if expected.len() >= MAX_EXPECTED {
+            expected.clear();
+        }
+        expected.insert(
+            value.as_ptr() as usize,
+            Expected { key: key.to_string(), value: value.clone(), parts },
+        );
+    }
+
+    /// Withdraw the expectation of `value` (its write failed).
+    pub fn unexpect(&self, value: &Bytes) {
+        if self.expecting {
+            self.take(value);
+        }
+    }
+
+    fn take(&self, value: &Bytes) -> Option<Expected> {
+        let mut expected = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let found = expected.remove(&(value.as_ptr() as usize))?;
+        (found.value.len() == value.len()).then_some(found)
+    }
+
+    /// The index parts expected for `value` under `key`, if it is an expected allocation.
+    fn take_expected(&self, key: &str, value: &Bytes) -> Option<IndexParts> {
+        if !self.expecting {
+            return None;
+        }
+        let found = self.take(value).filter(|e| e.key == key)?;
+        self.expected_hits.fetch_add(1, Ordering::Relaxed);
+        Some(found.parts)
+    }
+
+    /// Events so far indexed from an expectation.
+    pub fn expected_hits(&self) -> u64 {
+        self.expected_hits.load(Ordering::Relaxed)
+    }
+
     fn apply(&self, event: Arc<CacheEvent>) {
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         match event.kind {
@@ -223,8 +315,12 @@ impl WatchCache {
         history_limit: usize,
     ) -> store::Result<Arc<WatchCache>> {
         let (rev_tx, _) = watch::channel(0);
-        let caches =
-            registry.all().iter().map(|_| Arc::new(ResourceCache::new(0, history_limit))).collect();
+        let expecting = store.events_share_written_values();
+        let caches = registry
+            .all()
+            .iter()
+            .map(|_| Arc::new(ResourceCache::new(0, history_limit, expecting)))
+            .collect();
         let prefixes = registry.all().iter().map(ResourceType::prefix).collect();
         let cache =
             Arc::new(WatchCache { registry, prefixes, caches, rev: AtomicI64::new(0), rev_tx });
@@ -300,7 +396,11 @@ impl WatchCache {
         let (kind, obj) = match event.kind {
             EventKind::Put => {
                 let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
-                (kind, cached_object(rt, &event.kv, event.kv.mod_revision))
+                let obj = match cache.take_expected(&event.kv.key, &event.kv.value) {
+                    Some(parts) => cached_from_parts(&event.kv, event.kv.mod_revision, parts),
+                    None => cached_object(rt, &event.kv, event.kv.mod_revision),
+                };
+                (kind, obj)
             }
             EventKind::Delete => (EventType::Deleted, cached_object(rt, &event.kv, event.revision)),
         };
@@ -351,14 +451,12 @@ impl WatchCache {
 pub fn cached_object(rt: &ResourceType, kv: &KeyValue, rv: Revision) -> Option<CachedObject> {
     // Only the members selectors look at are built; the rest is checked and skipped.
     let value = indexed_parts(rt, &kv.value)?;
-    let labels = value
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()
-        })
-        .unwrap_or_default();
-    let fields = rt.field_values(&value);
+    cached_from_parts(kv, rv, IndexParts::of(rt, &value))
+}
+
+/// The cached object of `kv` at `rv`, with `parts` its index parts.
+fn cached_from_parts(kv: &KeyValue, rv: Revision, parts: IndexParts) -> Option<CachedObject> {
+    let IndexParts { labels, fields } = parts;
     // Stored objects carry no resourceVersion: splice it into the bytes rather than
     // serializing the whole object again.
     let json = match with_resource_version(&kv.value, rv) {
@@ -542,6 +640,67 @@ mod tests {
         assert_eq!(indexed_parts(rt, escaped).unwrap()["metadata"]["name"], "q");
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}"#).is_none());
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}} x"#).is_none());
+    }
+
+    /// Writes through the apiserver are indexed from what the request knew (no second
+    /// parse), and index exactly what parsing the stored value gives; a write that fails
+    /// leaves nothing expected.
+    #[tokio::test]
+    async fn writes_are_indexed_from_the_request() {
+        use axum::body::Body;
+        use http::{Method, Request, StatusCode};
+        use tower::ServiceExt;
+
+        use crate::apiserver::ApiServer;
+        use crate::store::memory::MemoryStore;
+
+        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver");
+        let call = |method: Method, uri: &str, ct: &str, body: Value| {
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("content-type", ct)
+                .body(Body::from(body.to_string()))
+                .expect("request");
+            let router = api.router();
+            async move { router.oneshot(req).await.expect("response").status() }
+        };
+        let rt = api.registry.find("", "v1", "pods").expect("pods");
+        let pods = api.cache.resource(rt).clone();
+        let uri = "/api/v1/namespaces/default/pods";
+        let pod = serde_json::json!({
+            "metadata": {"name": "p", "labels": {"app": "a", "tier": "t"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+        });
+        assert_eq!(
+            call(Method::POST, uri, "application/json", pod.clone()).await,
+            StatusCode::CREATED
+        );
+        let patch = serde_json::json!({"metadata": {"labels": {"tier": null, "new": "1"}}});
+        let patched =
+            call(Method::PATCH, &format!("{uri}/p"), "application/merge-patch+json", patch).await;
+        assert_eq!(patched, StatusCode::OK);
+        // Refused by the store (the name is taken): withdrawn, not left behind.
+        assert_eq!(call(Method::POST, uri, "application/json", pod).await, StatusCode::CONFLICT);
+        let rev = api.store.current_revision().await.unwrap();
+        assert!(api.cache.wait_for(rev, Duration::from_secs(5)).await);
+
+        assert_eq!(pods.expected_hits(), 2, "the create and the patch were not parsed again");
+        assert!(pods.expected.lock().unwrap().is_empty(), "an expectation was left behind");
+        let cached = pods.get(&rt.key(Some("default"), "p")).expect("cached pod");
+        let stored = api.store.get(&cached.key).await.unwrap().expect("stored pod");
+        let parsed = cached_object(rt, &stored, cached.rv).expect("parsed");
+        assert_eq!(cached.labels, parsed.labels);
+        assert_eq!(cached.fields, parsed.fields);
+        assert_eq!(cached.json, parsed.json);
+        assert_eq!((cached.name.as_str(), cached.namespace.as_str()), ("p", "default"));
+        assert_eq!(
+            cached.labels,
+            BTreeMap::from([("app".into(), "a".into()), ("new".into(), "1".into())])
+        );
+        assert!(cached.fields.contains(&("spec.nodeName", "n1".into())));
     }
 
     #[test]

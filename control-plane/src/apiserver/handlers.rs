@@ -656,7 +656,13 @@ async fn create_object(
             return Ok(Created { obj: candidate, json: None });
         }
         let stored = encode(&candidate)?;
-        let result = server.store.create(&rt.key(ns, &name), stored.clone()).await;
+        let key = rt.key(ns, &name);
+        let cache = server.cache.resource(rt);
+        cache.expect(rt, &key, &stored, &candidate);
+        let result = server.store.create(&key, stored.clone()).await;
+        if result.is_err() {
+            cache.unexpect(&stored);
+        }
         match result {
             Ok(kv) => {
                 set_resource_version(&mut candidate, kv.mod_revision);
@@ -835,7 +841,14 @@ async fn guaranteed_update(
                     }
                     return Ok(obj);
                 }
-                match server.store.update(&key, encode(&obj)?, rev).await {
+                let stored = encode(&obj)?;
+                let cache = server.cache.resource(rt);
+                cache.expect(rt, &key, &stored, &obj);
+                let result = server.store.update(&key, stored.clone(), rev).await;
+                if result.is_err() {
+                    cache.unexpect(&stored);
+                }
+                match result {
                     Ok(kv) => {
                         if rt.kind() == "Service" && rt.group().is_empty() {
                             server.alloc.release_service(&current, Some(&obj));

@@ -700,6 +700,11 @@ impl EmbeddedStore {
 
 #[async_trait]
 impl Store for EmbeddedStore {
+    /// Live events hand on the transaction's `Bytes` (history read back from disk does not).
+    fn events_share_written_values(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let key = key.to_owned();
         self.blocking(move |s| s.get(&key)).await

@@ -45,6 +45,10 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn events_share_written_values(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         Ok(self.lock().kvs.get(key).cloned())
     }

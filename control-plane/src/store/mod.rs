@@ -181,6 +181,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// The revision up to which history has been compacted (0 if never).
     async fn compacted_revision(&self) -> Result<Revision>;
+
+    /// Whether a live watch event carries the very `Bytes` its write was given (no copy, no
+    /// transformation), so a reader of the events can recognise a value it wrote by its
+    /// allocation. Default false.
+    fn events_share_written_values(&self) -> bool {
+        false
+    }
 }
 
 /// Convenience wrappers over [`Store::txn`] for single-key writes.
