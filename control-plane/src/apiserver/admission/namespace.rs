@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
-use crate::apiserver::cache::set_resource_version;
+use crate::apiserver::cache::{CachedObject, set_resource_version};
 use crate::apiserver::status::{ApiError, ApiResult};
+use crate::store::Revision;
 
 /// How long creates in a namespace deleted through this apiserver look it up in the store
 /// instead of the watch cache (upstream's `forceLiveLookupTTL`).
@@ -25,6 +26,9 @@ const LIVE_LOOKUP_TTL: Duration = Duration::from_secs(30);
 pub struct NamespaceLifecycle {
     /// Namespaces whose deletion this apiserver admitted, and when.
     deleted: Mutex<HashMap<String, Instant>>,
+    /// Whether each namespace's cached object (at the revision noted) is terminating: every
+    /// create in a namespace asks, and the object changes rarely.
+    terminating: Mutex<HashMap<String, (Revision, bool)>>,
 }
 
 impl NamespaceLifecycle {
@@ -32,6 +36,20 @@ impl NamespaceLifecycle {
         let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
         deleted.retain(|_, at| at.elapsed() < LIVE_LOOKUP_TTL);
         deleted.contains_key(ns)
+    }
+
+    /// [`cached_terminating`] of `obj`, the cached object of namespace `ns`, decided once per
+    /// revision of it.
+    fn terminating_in_cache(&self, ns: &str, obj: &CachedObject) -> bool {
+        let mut known = self.terminating.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(rv, terminating)) = known.get(ns)
+            && rv == obj.rv
+        {
+            return terminating;
+        }
+        let terminating = cached_terminating(&obj.json);
+        known.insert(ns.to_string(), (obj.rv, terminating));
+        terminating
     }
 
     fn note_deleted(&self, ns: &str) {
@@ -104,8 +122,13 @@ impl MutatingPlugin for NamespaceLifecycle {
         let Some(ns) = req.namespace.as_deref().filter(|_| req.namespaced) else { return Ok(()) };
         let nsr = server.registry.namespaces();
         let key = nsr.key(None, ns);
-        let active_in_cache =
-            server.cache.resource(nsr).get(&key).is_some_and(|o| !cached_terminating(&o.json));
+        let active_in_cache = match server.cache.resource(nsr).get(&key) {
+            Some(o) => !self.terminating_in_cache(ns, &o),
+            None => {
+                self.terminating.lock().unwrap_or_else(|e| e.into_inner()).remove(ns);
+                false
+            }
+        };
         if active_in_cache && !self.recently_deleted(ns) {
             return Ok(());
         }
@@ -166,6 +189,27 @@ mod tests {
         );
         // Undecodable: the store is asked instead of trusting the cache.
         assert!(cached_terminating(b"{not json"));
+    }
+
+    #[test]
+    fn verdicts_are_kept_per_revision_of_the_namespace() {
+        let plugin = NamespaceLifecycle::default();
+        let at = |rv: Revision, json: &'static str| CachedObject {
+            key: "/registry/core/namespaces/n".into(),
+            namespace: String::new(),
+            name: "n".into(),
+            rv,
+            json: bytes::Bytes::from_static(json.as_bytes()),
+            labels: Default::default(),
+            fields: Vec::new(),
+        };
+        let active = r#"{"metadata":{"name":"n"},"status":{"phase":"Active"}}"#;
+        let terminating = r#"{"metadata":{"name":"n"},"status":{"phase":"Terminating"}}"#;
+        assert!(!plugin.terminating_in_cache("n", &at(5, active)));
+        // The same revision is not decided again (a different body proves it was not read).
+        assert!(!plugin.terminating_in_cache("n", &at(5, terminating)));
+        // A new revision is.
+        assert!(plugin.terminating_in_cache("n", &at(6, terminating)));
     }
 
     #[test]

@@ -55,9 +55,7 @@ impl MutatingPlugin for ServiceAccount {
         };
         let automount = match spec.get("automountServiceAccountToken").and_then(Value::as_bool) {
             Some(b) => b,
-            None => service_account(server, &ns, &sa_name)
-                .and_then(|sa| sa.get("automountServiceAccountToken").and_then(Value::as_bool))
-                .unwrap_or(true),
+            None => account_automounts(server, &ns, &sa_name).unwrap_or(true),
         };
         if automount {
             mount_token(spec, &random_suffix());
@@ -66,9 +64,17 @@ impl MutatingPlugin for ServiceAccount {
     }
 }
 
-fn service_account(server: &ApiServer, ns: &str, name: &str) -> Option<Value> {
+/// The service account's `automountServiceAccountToken`, if it exists and says.
+fn account_automounts(server: &ApiServer, ns: &str, name: &str) -> Option<bool> {
+    /// The one member read; the rest of the account is skipped, not built.
+    #[derive(serde::Deserialize)]
+    struct Account {
+        #[serde(rename = "automountServiceAccountToken")]
+        automount: Option<bool>,
+    }
     let rt = server.registry.find("", "v1", "serviceaccounts")?;
-    server.cache.resource(rt).get(&rt.key(Some(ns), name)).map(|o| o.value())
+    let account = server.cache.resource(rt).get(&rt.key(Some(ns), name))?;
+    serde_json::from_slice::<Account>(&account.json).ok()?.automount
 }
 
 /// The projected volume of a service-account token (upstream `TokenVolumeSource`).
