@@ -15,7 +15,7 @@ pub struct ResourceType {
     pub desc: ResourceDesc,
     /// Decode into the typed struct and encode again: prunes unknown fields and rejects
     /// wrongly typed values, as upstream's decoder does.
-    pub normalize: fn(Value) -> Result<Value, serde_json::Error>,
+    pub normalize: Normalizer,
     /// Selectable fields besides metadata.name / metadata.namespace.
     pub fields: &'static [&'static str],
     /// metadata.generation is kept and bumped on spec changes.
@@ -105,9 +105,21 @@ pub fn str_at(obj: &Value, path: &[&str]) -> String {
     value_at(obj, path).and_then(Value::as_str).unwrap_or_default().to_string()
 }
 
-fn normalize<K: Serialize + DeserializeOwned>(v: Value) -> Result<Value, serde_json::Error> {
-    let typed: K = serde_json::from_value(v)?;
-    serde_json::to_value(typed)
+/// A kind's typed round trip, consuming the value or reading a borrowed one.
+#[derive(Clone, Copy)]
+pub struct Normalizer {
+    pub owned: fn(Value) -> Result<Value, serde_json::Error>,
+    pub borrowed: fn(&Value) -> Result<Value, serde_json::Error>,
+}
+
+const fn normalize<K: Serialize + DeserializeOwned>() -> Normalizer {
+    fn owned<K: Serialize + DeserializeOwned>(v: Value) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(serde_json::from_value::<K>(v)?)
+    }
+    fn borrowed<K: Serialize + DeserializeOwned>(v: &Value) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(K::deserialize(v)?)
+    }
+    Normalizer { owned: owned::<K>, borrowed: borrowed::<K> }
 }
 
 const RW: &[&str] =
@@ -182,21 +194,21 @@ pub fn builtin() -> Vec<ResourceType> {
                     &[STATUS, FINALIZE],
                 )
             },
-            normalize: normalize::<core::v1::Namespace>,
+            normalize: normalize::<core::v1::Namespace>(),
             fields: &["status.phase"],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
             desc: desc("", "v1", "Node", "nodes", "node", false, &["no"], &[], &[STATUS]),
-            normalize: normalize::<core::v1::Node>,
+            normalize: normalize::<core::v1::Node>(),
             fields: &["spec.unschedulable"],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
             desc: desc("", "v1", "Pod", "pods", "pod", true, &["po"], all, &[STATUS, BINDING]),
-            normalize: normalize::<core::v1::Pod>,
+            normalize: normalize::<core::v1::Pod>(),
             fields: &[
                 "spec.nodeName",
                 "spec.restartPolicy",
@@ -212,28 +224,28 @@ pub fn builtin() -> Vec<ResourceType> {
         },
         ResourceType {
             desc: desc("", "v1", "Service", "services", "service", true, &["svc"], all, &[STATUS]),
-            normalize: normalize::<core::v1::Service>,
+            normalize: normalize::<core::v1::Service>(),
             fields: &[],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
             desc: desc("", "v1", "Endpoints", "endpoints", "endpoints", true, &["ep"], &[], &[]),
-            normalize: normalize::<core::v1::Endpoints>,
+            normalize: normalize::<core::v1::Endpoints>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
             desc: desc("", "v1", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], &[]),
-            normalize: normalize::<core::v1::ConfigMap>,
+            normalize: normalize::<core::v1::ConfigMap>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
             desc: desc("", "v1", "Secret", "secrets", "secret", true, &[], &[], &[]),
-            normalize: normalize::<core::v1::Secret>,
+            normalize: normalize::<core::v1::Secret>(),
             fields: &["type"],
             tracks_generation: false,
             has_status: false,
@@ -250,14 +262,14 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<core::v1::ServiceAccount>,
+            normalize: normalize::<core::v1::ServiceAccount>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
             desc: desc("", "v1", "Event", "events", "event", true, &["ev"], &[], &[]),
-            normalize: normalize::<core::v1::Event>,
+            normalize: normalize::<core::v1::Event>(),
             fields: &[
                 "involvedObject.kind",
                 "involvedObject.namespace",
@@ -286,7 +298,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 all,
                 &[STATUS, SCALE],
             ),
-            normalize: normalize::<apps::v1::Deployment>,
+            normalize: normalize::<apps::v1::Deployment>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
@@ -303,7 +315,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 all,
                 &[STATUS, SCALE],
             ),
-            normalize: normalize::<apps::v1::ReplicaSet>,
+            normalize: normalize::<apps::v1::ReplicaSet>(),
             fields: &["status.replicas"],
             tracks_generation: true,
             has_status: true,
@@ -320,7 +332,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 all,
                 &[STATUS],
             ),
-            normalize: normalize::<apps::v1::DaemonSet>,
+            normalize: normalize::<apps::v1::DaemonSet>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
@@ -337,14 +349,14 @@ pub fn builtin() -> Vec<ResourceType> {
                 all,
                 &[STATUS, SCALE],
             ),
-            normalize: normalize::<apps::v1::StatefulSet>,
+            normalize: normalize::<apps::v1::StatefulSet>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
             desc: desc("batch", "v1", "Job", "jobs", "job", true, &[], all, &[STATUS]),
-            normalize: normalize::<batch::v1::Job>,
+            normalize: normalize::<batch::v1::Job>(),
             fields: &["status.successful"],
             tracks_generation: true,
             has_status: true,
@@ -361,7 +373,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<discovery::v1::EndpointSlice>,
+            normalize: normalize::<discovery::v1::EndpointSlice>(),
             fields: &["addressType"],
             tracks_generation: false,
             has_status: false,
@@ -378,7 +390,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<coordination::v1::Lease>,
+            normalize: normalize::<coordination::v1::Lease>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -395,7 +407,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<rbac::v1::Role>,
+            normalize: normalize::<rbac::v1::Role>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -412,7 +424,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<rbac::v1::ClusterRole>,
+            normalize: normalize::<rbac::v1::ClusterRole>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -429,7 +441,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<rbac::v1::RoleBinding>,
+            normalize: normalize::<rbac::v1::RoleBinding>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -446,7 +458,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<rbac::v1::ClusterRoleBinding>,
+            normalize: normalize::<rbac::v1::ClusterRoleBinding>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -463,7 +475,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &["api-extensions"],
                 &[],
             ),
-            normalize: normalize::<admissionregistration::v1::MutatingWebhookConfiguration>,
+            normalize: normalize::<admissionregistration::v1::MutatingWebhookConfiguration>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -480,7 +492,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &["api-extensions"],
                 &[],
             ),
-            normalize: normalize::<admissionregistration::v1::ValidatingWebhookConfiguration>,
+            normalize: normalize::<admissionregistration::v1::ValidatingWebhookConfiguration>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
@@ -497,7 +509,7 @@ pub fn builtin() -> Vec<ResourceType> {
                 &[],
                 &[],
             ),
-            normalize: normalize::<scheduling::v1::PriorityClass>,
+            normalize: normalize::<scheduling::v1::PriorityClass>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,

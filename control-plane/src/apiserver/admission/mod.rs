@@ -302,7 +302,7 @@ fn renormalize(rt: &ResourceType, req: &AdmissionRequest, obj: Value) -> ApiResu
     if !req.patched {
         return Ok(obj);
     }
-    (rt.normalize)(obj).map_err(|e| {
+    (rt.normalize.owned)(obj).map_err(|e| {
         super::status::ApiError::bad_request(format!(
             "error decoding {} {} patched by an admission webhook: {e}",
             rt.kind(),
