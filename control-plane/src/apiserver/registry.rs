@@ -84,8 +84,7 @@ impl ResourceType {
         out.push(("metadata.name", str_at(obj, &["metadata", "name"])));
         out.push(("metadata.namespace", str_at(obj, &["metadata", "namespace"])));
         for &f in self.fields {
-            let path: Vec<&str> = f.split('.').collect();
-            let v = match value_at(obj, &path) {
+            let v = match f.split('.').try_fold(obj, |v, p| v.get(p)) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Bool(b)) => b.to_string(),
                 Some(Value::Number(n)) => n.to_string(),
