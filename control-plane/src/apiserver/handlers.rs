@@ -636,7 +636,13 @@ async fn create_object(
         }
         let name = meta_str(&candidate, "name").unwrap_or_default().to_string();
         admission::prepare_for_create(g, &mut candidate);
+        // Validation reads no managed fields: its typed view is built without them (their
+        // fieldsV1 trees would be copied into it for nothing).
+        let managed = meta_mut(&mut candidate).remove("managedFields");
         let errs = admission::validate(g, Operation::Create, None, &candidate, None);
+        if let Some(managed) = managed {
+            meta_mut(&mut candidate).insert("managedFields".into(), managed);
+        }
         if !errs.is_empty() {
             return Err(invalid(rt, &name, errs));
         }
