@@ -647,25 +647,19 @@ mod tests {
     /// leaves nothing expected.
     #[tokio::test]
     async fn writes_are_indexed_from_the_request() {
-        use axum::body::Body;
-        use http::{Method, Request, StatusCode};
-        use tower::ServiceExt;
+        use http::{Method, StatusCode};
 
-        use crate::apiserver::ApiServer;
+        use crate::apiserver::{ApiServer, testing};
         use crate::store::memory::MemoryStore;
 
         let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
             .await
             .expect("apiserver");
         let call = |method: Method, uri: &str, ct: &str, body: Value| {
-            let req = Request::builder()
-                .method(method)
-                .uri(uri)
-                .header("content-type", ct)
-                .body(Body::from(body.to_string()))
-                .expect("request");
-            let router = api.router();
-            async move { router.oneshot(req).await.expect("response").status() }
+            let api = api.clone();
+            let uri = uri.to_string();
+            let ct = ct.to_string();
+            async move { testing::call(&api, None, method, &uri, &ct, body).await.0 }
         };
         let rt = api.registry.find("", "v1", "pods").expect("pods");
         let pods = api.cache.resource(rt).clone();

@@ -1956,12 +1956,10 @@ mod tests {
         use std::sync::Arc;
         use std::time::Duration;
 
-        use axum::body::Body;
-        use http::{Method, Request, StatusCode};
+        use http::{Method, StatusCode};
         use serde_json::Value;
-        use tower::ServiceExt;
 
-        use crate::apiserver::ApiServer;
+        use crate::apiserver::{ApiServer, testing};
         use crate::store::StoreExt;
         use crate::store::memory::MemoryStore;
 
@@ -1969,19 +1967,10 @@ mod tests {
         let gets = || store.gets.load(std::sync::atomic::Ordering::SeqCst);
         let api = ApiServer::start(store.clone(), Default::default()).await.expect("apiserver");
         let call = |method: Method, uri: &str, ct: &str, body: Value| {
-            let req = Request::builder()
-                .method(method)
-                .uri(uri)
-                .header("content-type", ct)
-                .body(Body::from(body.to_string()))
-                .expect("request");
-            let router = api.router();
-            async move {
-                let resp = router.oneshot(req).await.expect("response");
-                let status = resp.status();
-                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
-                (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
-            }
+            let api = api.clone();
+            let uri = uri.to_string();
+            let ct = ct.to_string();
+            async move { testing::call(&api, None, method, &uri, &ct, body).await }
         };
         let uri = "/api/v1/namespaces/default/configmaps";
         let (s, created) = call(

@@ -16,6 +16,8 @@ pub mod request;
 pub mod selectors;
 pub mod status;
 pub mod table;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod user;
 mod watch;
 

@@ -249,10 +249,8 @@ fn service_account_volume_is_projected_and_mounted_everywhere() {
 mod through_router {
     use std::sync::Arc;
 
-    use axum::body::Body;
-    use http::{Method, Request, StatusCode};
-    use serde_json::{Value, json};
-    use tower::ServiceExt;
+    use http::{Method, StatusCode};
+    use serde_json::json;
 
     use crate::apiserver::ApiServer;
     use crate::apiserver::user::UserInfo;
@@ -262,28 +260,7 @@ mod through_router {
         ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.expect("apiserver")
     }
 
-    async fn call(
-        api: &Arc<ApiServer>,
-        user: Option<UserInfo>,
-        method: Method,
-        uri: &str,
-        content_type: &str,
-        body: Value,
-    ) -> (StatusCode, Value) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", content_type)
-            .body(Body::from(body.to_string()))
-            .expect("request");
-        if let Some(u) = user {
-            req.extensions_mut().insert(u);
-        }
-        let resp = api.router().oneshot(req).await.expect("response");
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
+    use crate::apiserver::testing::call;
 
     fn node_user(name: &str) -> UserInfo {
         super::node_user(name)
