@@ -123,6 +123,18 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 /// A pod this node already acknowledged (status written by an agent): not admitted again.
+/// Whether `new` differs from `old` only in what a status write changes: the status, the
+/// resourceVersion and the managed fields.
+fn same_but_status(old: &Pod, new: &Pod) -> bool {
+    let strip = |p: &Pod| {
+        let mut meta = p.metadata.clone();
+        meta.resource_version = None;
+        meta.managed_fields = None;
+        meta
+    };
+    old.spec == new.spec && strip(old) == strip(new)
+}
+
 fn acknowledged(pod: &Pod) -> bool {
     pod.status.as_ref().is_some_and(|s| s.host_ip.is_some() || s.start_time.is_some())
 }
@@ -209,7 +221,17 @@ impl<R: Runtime + Clone> PodSync<R> {
     ) {
         let Some(uid) = pod.uid() else { return };
         if let Some(w) = workers.get(&uid) {
-            w.tx.send_replace(Some(Arc::new(pod)));
+            // The worker always reads the latest object, but only a change it acts on wakes it:
+            // not the status it just wrote coming back (the kubelet's pod config, likewise,
+            // does not sync a pod on a status-only update). Otherwise every status write
+            // bought an immediate second pass, which replaced a just-written ErrImagePull
+            // with ImagePullBackOff before anyone could read it.
+            let pod = Arc::new(pod);
+            w.tx.send_if_modified(|current| {
+                let wake = current.as_deref().is_none_or(|old| !same_but_status(old, &pod));
+                *current = Some(pod);
+                wake
+            });
             return;
         }
         if rejected.contains(&uid) {
@@ -252,5 +274,40 @@ impl Drop for Workers {
         if let Some(t) = &self.1 {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+
+    #[test]
+    fn only_status_writes_leave_a_worker_asleep() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec { node_name: Some("n".into()), ..Default::default() }),
+            status: None,
+        };
+        let mut written = pod.clone();
+        written.metadata.resource_version = Some("2".into());
+        written.status = Some(PodStatus { phase: Some("Pending".into()), ..Default::default() });
+        assert!(same_but_status(&pod, &written));
+
+        let mut deleted = written.clone();
+        deleted.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert!(!same_but_status(&written, &deleted), "a deletion wakes the worker");
+        let mut relabelled = written.clone();
+        relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert!(!same_but_status(&written, &relabelled), "a metadata change wakes it");
+        let mut respec = written.clone();
+        respec.spec.as_mut().unwrap().active_deadline_seconds = Some(5);
+        assert!(!same_but_status(&written, &respec), "a spec change wakes it");
     }
 }
