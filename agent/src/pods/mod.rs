@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{reflector, watcher};
 use kube::{Client, ResourceExt};
@@ -122,19 +123,45 @@ pub fn is_terminal(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
-/// A pod this node already acknowledged (status written by an agent): not admitted again.
 /// Whether `new` differs from `old` only in what a status write changes: the status, the
-/// resourceVersion and the managed fields.
+/// resourceVersion and the managed fields. Compared in place (every pod update of the node
+/// asks); the destructuring names every member, so a new one cannot be left out silently.
 fn same_but_status(old: &Pod, new: &Pod) -> bool {
-    let strip = |p: &Pod| {
-        let mut meta = p.metadata.clone();
-        meta.resource_version = None;
-        meta.managed_fields = None;
-        meta
-    };
-    old.spec == new.spec && strip(old) == strip(new)
+    let ObjectMeta {
+        annotations,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields: _,
+        name,
+        namespace,
+        owner_references,
+        resource_version: _,
+        self_link,
+        uid,
+    } = &old.metadata;
+    let n = &new.metadata;
+    old.spec == new.spec
+        && *annotations == n.annotations
+        && *creation_timestamp == n.creation_timestamp
+        && *deletion_grace_period_seconds == n.deletion_grace_period_seconds
+        && *deletion_timestamp == n.deletion_timestamp
+        && *finalizers == n.finalizers
+        && *generate_name == n.generate_name
+        && *generation == n.generation
+        && *labels == n.labels
+        && *name == n.name
+        && *namespace == n.namespace
+        && *owner_references == n.owner_references
+        && *self_link == n.self_link
+        && *uid == n.uid
 }
 
+/// A pod this node already acknowledged (status written by an agent): not admitted again.
 fn acknowledged(pod: &Pod) -> bool {
     pod.status.as_ref().is_some_and(|s| s.host_ip.is_some() || s.start_time.is_some())
 }
@@ -280,7 +307,7 @@ impl Drop for Workers {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 
     use super::*;
 
@@ -298,6 +325,11 @@ mod tests {
         let mut written = pod.clone();
         written.metadata.resource_version = Some("2".into());
         written.status = Some(PodStatus { phase: Some("Pending".into()), ..Default::default() });
+        written.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("skiff-agent".into()),
+            subresource: Some("status".into()),
+            ..Default::default()
+        }]);
         assert!(same_but_status(&pod, &written));
 
         let mut deleted = written.clone();
