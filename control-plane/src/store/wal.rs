@@ -190,10 +190,39 @@ fn parse_payload(payload: &[u8]) -> Option<Vec<WalTxn>> {
     (at == payload.len()).then_some(txns)
 }
 
-/// CRC-32C (Castagnoli), bytewise.
-/// CRC-32C (Castagnoli), slicing by 8: eight table lookups per 8 bytes instead of one per
-/// byte (the log checksums every byte written, so this is on the commit path).
+/// CRC-32C (Castagnoli) of everything the log writes, so on the commit path: with the
+/// CPU's `crc32` instruction (SSE4.2, eight bytes per instruction) where it has one.
 fn crc32c(data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU has SSE4.2, checked just above.
+        return unsafe { crc32c_sse42(data) };
+    }
+    crc32c_table(data)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+fn crc32c_sse42(data: &[u8]) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
+    let mut chunks = data.chunks_exact(8);
+    let mut crc = u64::from(!0u32);
+    for c in &mut chunks {
+        crc = _mm_crc32_u64(
+            crc,
+            u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+        );
+    }
+    // The instruction leaves the CRC in the low 32 bits.
+    let mut crc = crc as u32;
+    for &b in chunks.remainder() {
+        crc = _mm_crc32_u8(crc, b);
+    }
+    !crc
+}
+
+/// CRC-32C, slicing by 8: eight table lookups per 8 bytes instead of one per byte.
+fn crc32c_table(data: &[u8]) -> u32 {
     const TABLES: [[u32; 256]; 8] = {
         let mut t = [[0u32; 256]; 8];
         let mut i = 0;
@@ -243,6 +272,20 @@ fn crc32c(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crc32c_instruction_and_tables_agree() {
+        let data: Vec<u8> =
+            (0u32..4099).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for len in (0..64).chain([255, 256, 257, 1024, 4095, 4096, 4099]) {
+            for start in [0, 1, 3, 7] {
+                let slice = &data[start.min(len)..len];
+                assert_eq!(crc32c(slice), crc32c_table(slice), "len {len} start {start}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        assert!(std::arch::is_x86_feature_detected!("sse4.2"), "CI machines have SSE4.2");
+    }
 
     #[test]
     fn crc32c_check_value() {
