@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
 use super::registry::{Registry, ResourceType};
+use super::selectors::Labels;
 use crate::machinery::MemberName;
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
@@ -28,7 +29,7 @@ pub struct CachedObject {
     pub name: String,
     pub rv: Revision,
     pub json: Bytes,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     pub fields: Vec<(&'static str, String)>,
 }
 
@@ -90,7 +91,7 @@ struct Expected {
 /// What selectors read of an object: its labels and the kind's field values (name and
 /// namespace first).
 struct IndexParts {
-    labels: BTreeMap<String, String>,
+    labels: Labels,
     fields: Vec<(&'static str, String)>,
 }
 
@@ -691,7 +692,7 @@ mod tests {
         assert_eq!(cached.json, parsed.json);
         assert_eq!((cached.name.as_str(), cached.namespace.as_str()), ("p", "default"));
         assert_eq!(
-            cached.labels,
+            cached.labels.to_map(),
             BTreeMap::from([("app".into(), "a".into()), ("new".into(), "1".into())])
         );
         assert!(cached.fields.contains(&("spec.nodeName", "n1".into())));

@@ -338,7 +338,14 @@ fn list_meta(rv: Revision, next: Option<&str>, remaining: usize) -> Value {
 // writes
 
 pub fn now() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    // Formatted once per second, not for every write that stamps a time.
+    static LAST: std::sync::Mutex<(i64, String)> = std::sync::Mutex::new((i64::MIN, String::new()));
+    let t = chrono::Utc::now();
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.0 != t.timestamp() {
+        *last = (t.timestamp(), t.format("%Y-%m-%dT%H:%M:%SZ").to_string());
+    }
+    last.1.clone()
 }
 
 fn gvk(rt: &ResourceType) -> Gvk<'static> {
@@ -494,21 +501,8 @@ fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> A
 }
 
 /// The stored form of an object: without resourceVersion (the store's revision is).
-fn encode(obj: &Value) -> ApiResult<Bytes> {
-    let meta = obj.get("metadata");
-    let bytes = if meta
-        .is_some_and(|m| m.get("resourceVersion").is_some() || m.get("selfLink").is_some())
-    {
-        let mut stored = obj.clone();
-        if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
-            meta.remove("selfLink");
-        }
-        serde_json::to_vec(&stored)
-    } else {
-        serde_json::to_vec(obj)
-    };
-    bytes.map(Bytes::from).map_err(ApiError::internal)
+fn encode(obj: &Value) -> Bytes {
+    Bytes::from(super::json::to_vec_without_metadata(obj, &["resourceVersion", "selfLink"]))
 }
 
 fn store_error(rt: &ResourceType, name: &str, e: store::Error) -> ApiError {
@@ -671,7 +665,7 @@ async fn create_object(
             }
             return Ok(Created { obj: candidate, json: None });
         }
-        let stored = encode(&candidate)?;
+        let stored = encode(&candidate);
         let key = rt.key(ns, &name);
         let cache = server.cache.resource(rt);
         cache.expect(rt, &key, &stored, &candidate);
@@ -857,7 +851,7 @@ async fn guaranteed_update(
                     }
                     return Ok(obj);
                 }
-                let stored = encode(&obj)?;
+                let stored = encode(&obj);
                 let cache = server.cache.resource(rt);
                 cache.expect(rt, &key, &stored, &obj);
                 let result = server.store.update(&key, stored.clone(), rev).await;
@@ -1424,7 +1418,7 @@ async fn delete(
             if same_object(&marked, &current) || dry_run {
                 return Ok((current, StatusCode::OK));
             }
-            match server.store.update(&key, encode(&marked)?, rev).await {
+            match server.store.update(&key, encode(&marked), rev).await {
                 Ok(kv) => {
                     set_resource_version(&mut marked, kv.mod_revision);
                     return Ok((marked, StatusCode::OK));
@@ -1884,7 +1878,7 @@ mod tests {
             out["spec"]["nodeName"] = json!("n1");
             let status = std::mem::take(&mut out["status"]);
             out["status"] = scheduled_status(status, now);
-            encode(&out).unwrap().to_vec()
+            encode(&out).to_vec()
         };
         for obj in [stored.clone(), {
             let mut o = stored.clone();

@@ -9,6 +9,7 @@ pub mod authz;
 pub mod cache;
 mod discovery;
 mod handlers;
+mod json;
 pub mod negotiate;
 pub mod proxy;
 pub mod registry;
@@ -265,7 +266,9 @@ async fn dispatch(State(server): State<Arc<ApiServer>>, req: Request) -> Respons
         },
         None => req,
     };
-    let response = match admission::with_user(user, route(&server, req)).await {
+    // Boxed: the routed request's future is large (every handler's state), and the
+    // router's layers move this one by value; a box keeps that move to a pointer.
+    let response = match admission::with_user(user, Box::pin(route(&server, req))).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     };

@@ -53,15 +53,49 @@ impl LabelSelector {
         self.reqs.is_empty()
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn matches(&self, labels: &Labels) -> bool {
         self.reqs.iter().all(|r| match r {
             LabelReq::Eq(k, v) => labels.get(k) == Some(v),
             LabelReq::NotEq(k, v) => labels.get(k) != Some(v),
-            LabelReq::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-            LabelReq::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-            LabelReq::Exists(k) => labels.contains_key(k),
-            LabelReq::NotExists(k) => !labels.contains_key(k),
+            LabelReq::In(k, vs) => labels.get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+            LabelReq::NotIn(k, vs) => labels.get(k).is_none_or(|l| vs.iter().all(|v| v != l)),
+            LabelReq::Exists(k) => labels.get(k).is_some(),
+            LabelReq::NotExists(k) => labels.get(k).is_none(),
         })
+    }
+}
+
+/// An object's labels as selectors read them: sorted by key, in one exact-size allocation.
+/// The watch cache holds one per object, where a `BTreeMap` would allocate a whole node
+/// (about 550 bytes) for a single label.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Labels(Box<[(String, String)]>);
+
+impl Labels {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        let i = self.0.binary_search_by(|(k, _)| k.as_str().cmp(key)).ok()?;
+        Some(self.0[i].1.as_str())
+    }
+
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.0.iter().cloned().collect()
+    }
+}
+
+impl FromIterator<(String, String)> for Labels {
+    /// A later duplicate key replaces an earlier one, as in a map.
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        let mut pairs: Vec<(String, String)> = iter.into_iter().collect();
+        // Stable: equal keys keep their order, and the last of each run is kept.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            match out.last_mut() {
+                Some(last) if last.0 == pair.0 => *last = pair,
+                _ => out.push(pair),
+            }
+        }
+        Labels(out.into_boxed_slice())
     }
 }
 
@@ -153,8 +187,26 @@ impl FieldSelector {
 mod tests {
     use super::*;
 
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn labels_are_sorted_and_a_later_duplicate_wins() {
+        let l = labels(&[("tier", "front"), ("app", "web"), ("b", "1"), ("app", "api")]);
+        assert_eq!(l.get("app"), Some("api"));
+        assert_eq!(l.get("tier"), Some("front"));
+        assert_eq!(l.get("b"), Some("1"));
+        assert_eq!(l.get("missing"), None);
+        assert_eq!(
+            l.to_map(),
+            BTreeMap::from([
+                ("app".into(), "api".into()),
+                ("b".into(), "1".into()),
+                ("tier".into(), "front".into())
+            ])
+        );
+        assert_eq!(Labels::default().get(""), None);
     }
 
     #[test]

@@ -217,8 +217,14 @@ pub fn track_update(
         return;
     }
     let cmp = typed::compare(old, new, Some(schema), Filter::root(subresource));
-    let mut taken = cmp.modified;
-    taken.union(&cmp.added);
+    // On create nothing is modified: the added set is taken whole, not copied into an empty one.
+    let taken = if cmp.modified.is_empty() {
+        cmp.added
+    } else {
+        let mut taken = cmp.modified;
+        taken.union(&cmp.added);
+        taken
+    };
     for e in entries.iter_mut() {
         e.fields.difference(&taken);
         e.fields.difference(&cmp.removed);

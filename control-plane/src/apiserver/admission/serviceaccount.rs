@@ -8,6 +8,8 @@
 //! runs without the service-account controller in bare-apiserver mode, and the agent's
 //! TokenRequest fails for a missing account anyway.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
@@ -39,10 +41,8 @@ impl MutatingPlugin for ServiceAccount {
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
         let ns = req.namespace.clone().unwrap_or_default();
         let Some(pod) = req.object.as_mut() else { return Ok(()) };
-        if pod
-            .pointer(&format!("/metadata/annotations/{}", MIRROR_POD_ANNOTATION.replace('/', "~1")))
-            .is_some()
-        {
+        let annotations = pod.get("metadata").and_then(|m| m.get("annotations"));
+        if annotations.and_then(|a| a.get(MIRROR_POD_ANNOTATION)).is_some() {
             return Ok(());
         }
         let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
@@ -79,8 +79,16 @@ fn account_automounts(server: &ApiServer, ns: &str, name: &str) -> Option<bool> 
 
 /// The projected volume of a service-account token (upstream `TokenVolumeSource`).
 pub fn token_volume(name: &str) -> Value {
+    // Built once and cloned, which is cheaper than building it through `json!` for each pod.
+    static VOLUME: LazyLock<Value> = LazyLock::new(token_volume_template);
+    let mut volume = VOLUME.clone();
+    volume["name"] = Value::String(name.to_string());
+    volume
+}
+
+fn token_volume_template() -> Value {
     json!({
-        "name": name,
+        "name": "",
         "projected": {
             "sources": [
                 {"serviceAccountToken": {"expirationSeconds": TOKEN_EXPIRATION_SECONDS, "path": "token"}},
@@ -124,9 +132,11 @@ pub(crate) fn mount_token(spec: &mut serde_json::Map<String, Value>, suffix: &st
             let Some(c) = c.as_object_mut() else { continue };
             let mounts = c.entry("volumeMounts").or_insert_with(|| json!([]));
             if let Some(ms) = mounts.as_array_mut() {
-                ms.push(
-                    json!({"name": volume_name, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH}),
-                );
+                let mut mount = serde_json::Map::new();
+                mount.insert("mountPath".into(), Value::String(TOKEN_MOUNT_PATH.into()));
+                mount.insert("name".into(), Value::String(volume_name.clone()));
+                mount.insert("readOnly".into(), Value::Bool(true));
+                ms.push(Value::Object(mount));
             }
         }
     }

@@ -322,7 +322,7 @@ fn namespace_selected(
         .cache
         .resource(nsr)
         .get(&nsr.key(None, ns))
-        .map(|o| o.labels.clone())
+        .map(|o| o.labels.to_map())
         .unwrap_or_default();
     selector_selects(Some(sel), &labels)
 }
