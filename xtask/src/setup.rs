@@ -7,12 +7,14 @@ use anyhow::Result;
 
 use crate::run;
 
-/// Debian packages: protoc (CRI/etcd protobufs), etcd (HA store tests), containerd + runc
+/// Debian packages: protoc and the well-known types it imports (CRI/etcd protobufs:
+/// `protobuf-compiler` only recommends `libprotobuf-dev`, and recommends are not installed), etcd (HA store tests), containerd + runc
 /// (agent), busybox-static (test images), python3-venv (client tests), iproute2 (lab netns),
 /// nftables (pod masquerade), containernetworking-plugins (`loopback` for containerd, and the
 /// reference ptp/host-local plugins the CNI benchmark compares against).
 const APT_PACKAGES: &[&str] = &[
     "protobuf-compiler",
+    "libprotobuf-dev",
     "etcd-server",
     "containerd",
     "runc",
