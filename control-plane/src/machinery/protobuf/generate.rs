@@ -19,11 +19,26 @@ const SPECIAL: &[&str] = &[
     "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1",
 ];
 
+/// The host's target triple (`rustc -vV`).
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = std::process::Command::new(rustc).arg("-vV").output().expect("run rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
+}
+
 fn k8s_pb_src() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    // Offline and for the host only: a fresh machine's registry holds only the packages
+    // built here, not the other platforms' dependencies (android_system_properties, ...).
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--manifest-path", manifest])
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform"])
+        .arg(host_triple())
+        .args(["--manifest-path", manifest])
         .output()
         .expect("run cargo metadata");
     assert!(
