@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, watch};
 use super::registry::{Registry, ResourceType};
 use super::selectors::Labels;
 use crate::machinery::MemberName;
+use crate::machinery::ValueAt;
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
 /// Live events buffered per watcher before it is cut off as too slow.
@@ -98,7 +99,7 @@ struct IndexParts {
 impl IndexParts {
     fn of(rt: &ResourceType, obj: &Value) -> IndexParts {
         let labels = obj
-            .pointer("/metadata/labels")
+            .at(&["metadata", "labels"])
             .and_then(Value::as_object)
             .map(|m| {
                 m.iter()
@@ -568,10 +569,11 @@ pub fn with_resource_version(json: &[u8], rv: Revision) -> Option<Bytes> {
         return None;
     }
     let empty = json[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let field = format!("\"resourceVersion\":\"{rv}\"{}", if empty { "" } else { "," });
-    let mut out = Vec::with_capacity(json.len() + field.len());
+    let mut out = Vec::with_capacity(json.len() + 44);
     out.extend_from_slice(&json[..=open]);
-    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(b"\"resourceVersion\":\"");
+    out.extend_from_slice(rv.to_string().as_bytes());
+    out.extend_from_slice(if empty { b"\"" } else { b"\"," });
     out.extend_from_slice(&json[open + 1..]);
     Some(Bytes::from(out))
 }

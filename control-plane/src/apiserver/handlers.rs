@@ -24,6 +24,7 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause, success_status};
 use super::table;
 use super::{ApiServer, admission as plugins, bytes_response, json_response, watch};
+use crate::machinery::ValueAt;
 use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
@@ -914,7 +915,7 @@ fn prepare_update(
     let Writer { manager, sub, track, .. } = w;
     if sub == Some("finalize") {
         // namespaces/finalize changes `spec.finalizers` and nothing else.
-        let finalizers = new.pointer("/spec/finalizers").cloned();
+        let finalizers = new.at(&["spec", "finalizers"]).cloned();
         new = old.clone();
         if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
             match finalizers {
@@ -1013,13 +1014,13 @@ fn prepare_update(
         return Err(invalid(rt, name, errs));
     }
     // Terminating and no finalizers left: the object goes away.
-    let finalizers_empty = new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
+    let finalizers_empty = new.at(&["metadata", "finalizers"]).and_then(Value::as_array).is_none_or(|f| f.is_empty())
             // A Namespace also waits for its `spec.finalizers` (removed through /finalize).
             && (rt.kind() != "Namespace"
-                || new.pointer("/spec/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty()));
+                || new.at(&["spec", "finalizers"]).and_then(Value::as_array).is_none_or(|f| f.is_empty()));
     let grace_pending = rt.kind() == "Pod"
         && rt.group().is_empty()
-        && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0)
+        && new.at(&["metadata", "deletionGracePeriodSeconds"]).and_then(Value::as_i64).unwrap_or(0)
             > 0;
     if meta_str(&new, "deletionTimestamp").is_some() && finalizers_empty && !grace_pending {
         release(&reservation);
@@ -1114,7 +1115,7 @@ async fn patch(
         let mut applied = negotiate::decode_object(BodyType::ApplyPatch, body)?;
         check_type_meta(rt, &mut applied)?;
         validate_fields(rt, &applied, validation, &mut warnings)?;
-        if applied.pointer("/metadata/managedFields").is_some_and(|m| !m.is_null()) {
+        if applied.at(&["metadata", "managedFields"]).is_some_and(|m| !m.is_null()) {
             return Err(ApiError::bad_request("metadata.managedFields must be nil"));
         }
         let api_version = rt.desc.api_version();
@@ -1170,7 +1171,7 @@ async fn patch(
     let precondition = match body_type {
         BodyType::JsonPatch => None,
         _ => patch_value
-            .pointer("/metadata/resourceVersion")
+            .at(&["metadata", "resourceVersion"])
             .and_then(Value::as_str)
             .map(str::to_string),
     };
@@ -1339,7 +1340,7 @@ async fn delete(
             }
         }
         let mut finalizers: Vec<Value> = current
-            .pointer("/metadata/finalizers")
+            .at(&["metadata", "finalizers"])
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
@@ -1356,11 +1357,11 @@ async fn delete(
         let grace = if is_pod {
             let scheduled = meta_str(&current, "deletionTimestamp").is_some()
                 || current
-                    .pointer("/spec/nodeName")
+                    .at(&["spec", "nodeName"])
                     .and_then(Value::as_str)
                     .is_some_and(|n| !n.is_empty());
             let finished = matches!(
-                current.pointer("/status/phase").and_then(Value::as_str),
+                current.at(&["status", "phase"]).and_then(Value::as_str),
                 Some("Succeeded" | "Failed")
             );
             if !scheduled || finished {
@@ -1369,7 +1370,7 @@ async fn delete(
                 grace_override
                     .or_else(|| {
                         current
-                            .pointer("/spec/terminationGracePeriodSeconds")
+                            .at(&["spec", "terminationGracePeriodSeconds"])
                             .and_then(Value::as_i64)
                     })
                     .unwrap_or(30)
@@ -1380,7 +1381,7 @@ async fn delete(
         };
         let namespace_finalizers = is_namespace
             && current
-                .pointer("/spec/finalizers")
+                .at(&["spec", "finalizers"])
                 .and_then(Value::as_array)
                 .is_some_and(|f| !f.is_empty());
         if grace > 0 || !finalizers.is_empty() || namespace_finalizers {
@@ -1495,7 +1496,7 @@ async fn delete_collection(
 /// autoscaling/v1 Scale of a workload.
 fn to_scale(obj: &Value) -> Value {
     let selector = obj
-        .pointer("/spec/selector/matchLabels")
+        .at(&["spec", "selector", "matchLabels"])
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
@@ -1515,9 +1516,9 @@ fn to_scale(obj: &Value) -> Value {
             "resourceVersion": meta.get("resourceVersion"),
             "creationTimestamp": meta.get("creationTimestamp"),
         },
-        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "spec": {"replicas": obj.at(&["spec", "replicas"]).cloned().unwrap_or(json!(1))},
         "status": {
-            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "replicas": obj.at(&["status", "replicas"]).cloned().unwrap_or(json!(0)),
             "selector": selector,
         },
     })
@@ -1541,7 +1542,7 @@ async fn scale(
         Verb::Update => {
             let v = negotiate::decode_object(body_type, body)?;
             let rv =
-                v.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
+                v.at(&["metadata", "resourceVersion"]).and_then(Value::as_str).map(str::to_string);
             (Some(v), rv)
         }
         _ => (None, None),
@@ -1568,7 +1569,7 @@ async fn scale(
             }
             (None, None) => current_scale,
         };
-        let replicas = new_scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+        let replicas = new_scale.at(&["spec", "replicas"]).and_then(Value::as_i64).unwrap_or(0);
         if replicas < 0 {
             return Err(ApiError::invalid(
                 format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"),
@@ -1595,7 +1596,7 @@ async fn bind(
 ) -> ApiResult<Value> {
     let binding = negotiate::decode_object(negotiate::body_type(headers)?, body)?;
     let node =
-        binding.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        binding.at(&["target", "name"]).and_then(Value::as_str).unwrap_or_default().to_string();
     if node.is_empty() {
         return Err(ApiError::invalid(
             format!("Binding \"{name}\" is invalid: target.name: Required value"),
@@ -1637,7 +1638,7 @@ async fn bind(
             ));
         }
         if let Some(existing) =
-            current.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())
+            current.at(&["spec", "nodeName"]).and_then(Value::as_str).filter(|n| !n.is_empty())
         {
             return Err(ApiError::conflict(
                 "pods/binding",

@@ -27,6 +27,7 @@ use super::ApiServer;
 use super::registry::ResourceType;
 use super::status::ApiResult;
 use super::user::{UserInfo, names};
+use crate::machinery::ValueAt;
 
 tokio::task_local! {
     /// The user of the request being served (set by the dispatcher for the request's task).
@@ -294,7 +295,7 @@ fn resource<'a>(rt: &'a ResourceType, sub: Option<&'a str>) -> Resource<'a> {
 }
 
 fn name_of(obj: &Value) -> String {
-    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string()
+    obj.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default().to_string()
 }
 
 /// Decode a webhook-patched object again as the kind's type (pruning unknown fields).
@@ -448,7 +449,7 @@ pub async fn admit_delete(
 
 /// The labels of an object's metadata.
 pub(crate) fn labels_of(obj: Option<&Value>) -> std::collections::BTreeMap<String, String> {
-    obj.and_then(|o| o.pointer("/metadata/labels"))
+    obj.and_then(|o| o.at(&["metadata", "labels"]))
         .and_then(Value::as_object)
         .map(|m| {
             m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()

@@ -12,6 +12,7 @@ use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
 use crate::apiserver::cache::{CachedObject, set_resource_version};
 use crate::apiserver::status::{ApiError, ApiResult};
+use crate::machinery::ValueAt;
 use crate::store::Revision;
 
 /// How long creates in a namespace deleted through this apiserver look it up in the store
@@ -59,8 +60,8 @@ impl NamespaceLifecycle {
 }
 
 fn terminating(o: &Value) -> bool {
-    o.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
-        || o.pointer("/metadata/deletionTimestamp")
+    o.at(&["status", "phase"]).and_then(Value::as_str) == Some("Terminating")
+        || o.at(&["metadata", "deletionTimestamp"])
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty())
 }

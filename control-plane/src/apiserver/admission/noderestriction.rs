@@ -11,6 +11,7 @@ use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::user::{UserInfo, names};
+use crate::machinery::ValueAt;
 
 /// Labels only an administrator may set on a Node.
 pub const RESTRICTED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/";
@@ -60,7 +61,7 @@ pub fn admit_node_request(req: &AdmissionRequest) -> ApiResult<()> {
 }
 
 fn node_name_of(obj: Option<&Value>) -> &str {
-    obj.and_then(|p| p.pointer("/spec/nodeName")).and_then(Value::as_str).unwrap_or_default()
+    obj.and_then(|p| p.at(&["spec", "nodeName"])).and_then(Value::as_str).unwrap_or_default()
 }
 
 fn admit_pod(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
@@ -68,7 +69,7 @@ fn admit_pod(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
         (None, Operation::Create) => {
             let pod = req.object.as_ref();
             let mirror = pod
-                .and_then(|p| p.pointer("/metadata/annotations"))
+                .and_then(|p| p.at(&["metadata", "annotations"]))
                 .and_then(Value::as_object)
                 .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION));
             if !mirror {
@@ -81,7 +82,7 @@ fn admit_pod(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
                     "node \"{node}\" can only create pods with spec.nodeName set to itself"
                 )));
             }
-            let volumes = pod.and_then(|p| p.pointer("/spec/volumes")).and_then(Value::as_array);
+            let volumes = pod.and_then(|p| p.at(&["spec", "volumes"])).and_then(Value::as_array);
             for v in volumes.into_iter().flatten() {
                 for (field, what) in [
                     ("secret", "secrets"),
@@ -127,7 +128,7 @@ fn admit_node(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
     let requested = req
         .object
         .as_ref()
-        .and_then(|o| o.pointer("/metadata/name"))
+        .and_then(|o| o.at(&["metadata", "name"]))
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .unwrap_or(&req.name);
@@ -178,7 +179,7 @@ fn admit_node(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
                 )));
             }
             let taints = |o: Option<&Value>| {
-                o.and_then(|o| o.pointer("/spec/taints"))
+                o.and_then(|o| o.at(&["spec", "taints"]))
                     .cloned()
                     .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
             };
@@ -199,7 +200,7 @@ fn admit_lease(node: &str, req: &AdmissionRequest) -> ApiResult<()> {
     }
     let name = req
         .subject()
-        .and_then(|o| o.pointer("/metadata/name"))
+        .and_then(|o| o.at(&["metadata", "name"]))
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .unwrap_or(&req.name);

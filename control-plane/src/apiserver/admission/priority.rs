@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
+use crate::machinery::ValueAt;
 
 pub struct Priority;
 
@@ -37,14 +38,14 @@ impl MutatingPlugin for Priority {
         let named = req
             .object
             .as_ref()
-            .and_then(|p| p.pointer("/spec/priorityClassName"))
+            .and_then(|p| p.at(&["spec", "priorityClassName"]))
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty() && system_class(n).is_none())
             .map(str::to_string);
         if let Some(n) = named
             && !classes
                 .iter()
-                .any(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(&n))
+                .any(|c| c.at(&["metadata", "name"]).and_then(Value::as_str) == Some(&n))
         {
             classes = priority_classes(server, true).await?;
         }
@@ -64,7 +65,7 @@ impl MutatingPlugin for Priority {
         } else {
             match classes
                 .iter()
-                .find(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(class_name))
+                .find(|c| c.at(&["metadata", "name"]).and_then(Value::as_str) == Some(class_name))
             {
                 Some(c) => class_parts(c),
                 None => {
@@ -136,10 +137,10 @@ impl ValidatingPlugin for Priority {
         if class.get("globalDefault").and_then(Value::as_bool) == Some(true)
             && let Some(other) = priority_classes(server, true).await?.iter().find(|c| {
                 c.get("globalDefault").and_then(Value::as_bool) == Some(true)
-                    && c.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str())
+                    && c.at(&["metadata", "name"]).and_then(Value::as_str) != Some(name.as_str())
             })
         {
-            let other = other.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let other = other.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
             return Err(req.forbidden(format!(
                 "PriorityClass {other} is already marked as default. Only one default can exist"
             )));
@@ -150,7 +151,7 @@ impl ValidatingPlugin for Priority {
 
 fn class_parts(c: &Value) -> (String, i64, Option<String>) {
     (
-        c.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string(),
+        c.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default().to_string(),
         c.get("value").and_then(Value::as_i64).unwrap_or(0),
         c.get("preemptionPolicy").and_then(Value::as_str).map(str::to_string),
     )

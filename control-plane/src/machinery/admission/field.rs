@@ -257,7 +257,25 @@ impl Path {
     }
 
     pub fn index(&self, i: usize) -> Self {
-        Self(format!("{}[{i}]", self.0))
+        // Pushed, not `format!`ed: validation builds a path for every list item it visits.
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = i;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let digits = std::str::from_utf8(&digits[at..]).expect("ASCII digits");
+        let mut s = String::with_capacity(self.0.len() + digits.len() + 2);
+        s.push_str(&self.0);
+        s.push('[');
+        s.push_str(digits);
+        s.push(']');
+        Self(s)
     }
 
     pub fn key(&self, k: &str) -> Self {
@@ -304,4 +322,23 @@ pub fn go_string_map(m: Option<&std::collections::BTreeMap<String, String>>) -> 
 /// A JSON rendering for struct values (upstream prints Go syntax there).
 pub fn json_value<T: serde::Serialize>(v: &T) -> Raw {
     Raw(serde_json::to_string(v).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Path;
+
+    #[test]
+    fn paths_name_children_indices_and_keys() {
+        let spec = Path::root("spec");
+        assert_eq!(
+            spec.child("containers").index(0).child("image").as_str(),
+            "spec.containers[0].image"
+        );
+        assert_eq!(spec.index(7).as_str(), "spec[7]");
+        assert_eq!(spec.index(10).as_str(), "spec[10]");
+        assert_eq!(spec.index(usize::MAX).as_str(), format!("spec[{}]", usize::MAX));
+        assert_eq!(Path::root("").child("a").as_str(), "a");
+        assert_eq!(spec.key("k").as_str(), "spec[k]");
+    }
 }
