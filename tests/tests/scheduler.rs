@@ -125,15 +125,30 @@ async fn bound(client: &Client, name: &str) -> String {
 
 /// Waits for PodScheduled=False/Unschedulable and returns its message.
 async fn unschedulable(client: &Client, name: &str) -> String {
+    unschedulable_as(client, name, None).await
+}
+
+/// Wait until the pod is marked unschedulable, with `message` when given. A scheduler whose
+/// node informer has not seen the last node yet reports fewer nodes first, then retries the
+/// pod when that node arrives: the message is waited for, not read once.
+async fn unschedulable_as(client: &Client, name: &str, message: Option<&str>) -> String {
     let c = client.clone();
     let n = name.to_string();
-    eventually(&format!("{name} to be marked unschedulable"), move || {
-        let (c, n) = (c.clone(), n.clone());
+    let want = message.map(str::to_string);
+    let what = match message {
+        Some(m) => format!("{name} to be marked unschedulable with {m:?}"),
+        None => format!("{name} to be marked unschedulable"),
+    };
+    eventually(&what, move || {
+        let (c, n, want) = (c.clone(), n.clone(), want.clone());
         async move {
             let p = get(&c, &n).await;
             let cond = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
-            (cond.status == "False" && cond.reason.as_deref() == Some("Unschedulable"))
-                .then(|| cond.message.unwrap_or_default())
+            let message = cond.message.unwrap_or_default();
+            (cond.status == "False"
+                && cond.reason.as_deref() == Some("Unschedulable")
+                && want.as_ref().is_none_or(|w| *w == message))
+            .then_some(message)
         }
     })
     .await
@@ -204,8 +219,8 @@ async fn insufficient_resources_then_a_node_is_added() {
         node(&rig.client, n, "1", json!({})).await;
     }
     pod(&rig.client, "big", "2", json!({})).await;
-    let msg = unschedulable(&rig.client, "big").await;
-    assert_eq!(msg, "0/3 nodes are available: 3 Insufficient cpu.");
+    unschedulable_as(&rig.client, "big", Some("0/3 nodes are available: 3 Insufficient cpu."))
+        .await;
     let c = rig.client.clone();
     let ev = eventually("a FailedScheduling event", move || {
         let c = c.clone();
@@ -316,11 +331,14 @@ async fn taints_tolerations_and_node_affinity() {
     let to_gpu = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "accel", "operator": "In", "values": ["gpu"]}]}]}}}}});
     pod(&rig.client, "intolerant", "100m", to_gpu.clone()).await;
-    let msg = unschedulable(&rig.client, "intolerant").await;
-    assert_eq!(
-        msg,
-        "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {accel: gpu}."
-    );
+    unschedulable_as(
+        &rig.client,
+        "intolerant",
+        Some(
+            "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {accel: gpu}.",
+        ),
+    )
+    .await;
     let mut tolerant = to_gpu;
     merge(
         &mut tolerant,
@@ -387,11 +405,12 @@ async fn anti_affinity_and_host_ports() {
     let second = bound(&rig.client, "edge-1").await;
     assert_ne!(first, second, "one pod per host port per node");
     pod(&rig.client, "edge-2", "100m", port).await;
-    let msg = unschedulable(&rig.client, "edge-2").await;
-    assert_eq!(
-        msg,
-        "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
-    );
+    unschedulable_as(
+        &rig.client,
+        "edge-2",
+        Some("0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
