@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::machinery::{ResourceDesc, SubresourceDesc};
+use crate::machinery::{ResourceDesc, SubresourceDesc, ValueAt};
 
 /// A served kind and what the generic handlers need to know about it.
 pub struct ResourceType {
@@ -111,7 +111,7 @@ impl ResourceType {
 }
 
 pub fn value_at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(obj, |v, p| v.get(*p))
+    obj.at(path)
 }
 
 pub fn str_at(obj: &Value, path: &[&str]) -> String {

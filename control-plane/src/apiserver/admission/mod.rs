@@ -14,6 +14,7 @@ mod serviceaccount;
 pub mod webhook;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -31,18 +32,20 @@ use crate::machinery::ValueAt;
 
 tokio::task_local! {
     /// The user of the request being served (set by the dispatcher for the request's task).
-    static USER: UserInfo;
+    /// Shared: every admission request of a write reads it (a clone of the `UserInfo` was
+    /// five allocations, several per create).
+    static USER: Arc<UserInfo>;
 }
 
 /// Run `f` (one request) as `user`: the admission chain and audit read it.
 pub async fn with_user<F: Future>(user: UserInfo, f: F) -> F::Output {
-    USER.scope(user, f).await
+    USER.scope(Arc::new(user), f).await
 }
 
 /// The user of the request being served. Without one (authentication not wired, in-process
 /// callers, tests) it is the cluster admin: `system:admin` in `system:masters`.
-pub fn current_user() -> UserInfo {
-    USER.try_with(UserInfo::clone).unwrap_or_else(|_| admin())
+pub fn current_user() -> Arc<UserInfo> {
+    USER.try_with(Arc::clone).unwrap_or_else(|_| Arc::new(admin()))
 }
 
 /// The identity requests get when authentication put none in the request.
@@ -107,7 +110,7 @@ pub struct AdmissionRequest {
     pub object: Option<Value>,
     /// The current object (update, delete).
     pub old_object: Option<Value>,
-    pub user: UserInfo,
+    pub user: Arc<UserInfo>,
     pub dry_run: bool,
     /// A webhook patched the object (the apiserver decodes it again, pruning what the
     /// kind does not declare).

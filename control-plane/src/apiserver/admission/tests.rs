@@ -48,7 +48,7 @@ fn denied(r: crate::apiserver::status::ApiResult<()>) -> String {
 #[test]
 fn node_may_update_status_of_its_own_pods_only() {
     let mut req = request("pods", "", Operation::Update, Some("default"), "p");
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.subresource = Some("status".into());
     req.object = Some(pod("n1"));
     req.old_object = Some(pod("n1"));
@@ -70,7 +70,7 @@ fn node_may_update_status_of_its_own_pods_only() {
 #[test]
 fn node_creates_only_mirror_pods_bound_to_itself() {
     let mut req = request("pods", "", Operation::Create, Some("default"), "p");
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.object = Some(pod("n1"));
     assert!(denied(admit_node_request(&req)).contains("can only create mirror pods"));
     let mut mirror = pod("n2");
@@ -85,12 +85,12 @@ fn node_creates_only_mirror_pods_bound_to_itself() {
     assert!(denied(admit_node_request(&req)).contains("reference secrets"));
     // Binding is the scheduler's.
     let mut bind = request("pods", "", Operation::Create, Some("default"), "p");
-    bind.user = node_user("n1");
+    bind.user = node_user("n1").into();
     bind.subresource = Some("binding".into());
     assert!(denied(admit_node_request(&bind)).contains("unexpected pod subresource"));
     // Deleting: only pods bound to it.
     let mut del = request("pods", "", Operation::Delete, Some("default"), "p");
-    del.user = node_user("n1");
+    del.user = node_user("n1").into();
     del.old_object = Some(pod("n2"));
     assert!(denied(admit_node_request(&del)).contains("can only delete pods"));
     del.old_object = Some(pod("n1"));
@@ -101,7 +101,7 @@ fn node_creates_only_mirror_pods_bound_to_itself() {
 fn node_modifies_only_its_own_node_without_restricted_labels_or_taints() {
     let node = |name: &str, labels: Value, taints: Value| json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}});
     let mut req = request("nodes", "", Operation::Update, None, "n2");
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.object = Some(node("n2", json!({}), json!([])));
     req.old_object = req.object.clone();
     assert_eq!(
@@ -109,7 +109,7 @@ fn node_modifies_only_its_own_node_without_restricted_labels_or_taints() {
         "nodes \"n2\" is forbidden: node \"n1\" is not allowed to modify node \"n2\""
     );
     let mut req = request("nodes", "", Operation::Update, None, "n1");
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.old_object = Some(node("n1", json!({"a": "1"}), json!([])));
     req.object = Some(node("n1", json!({"a": "2"}), json!([])));
     admit_node_request(&req).expect("ordinary labels are the node's");
@@ -124,7 +124,7 @@ fn node_modifies_only_its_own_node_without_restricted_labels_or_taints() {
     req.subresource = Some("status".into());
     admit_node_request(&req).expect("status");
     let mut create = request("nodes", "", Operation::Create, None, "n1");
-    create.user = node_user("n1");
+    create.user = node_user("n1").into();
     create.object = Some(node("n1", json!({"node-restriction.kubernetes.io/x": "y"}), json!([])));
     assert!(
         denied(admit_node_request(&create)).contains("not allowed to set the following labels")
@@ -135,7 +135,7 @@ fn node_modifies_only_its_own_node_without_restricted_labels_or_taints() {
 fn node_lease_is_its_own_in_kube_node_lease() {
     let mut req =
         request("leases", "coordination.k8s.io", Operation::Update, Some("kube-node-lease"), "n1");
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.object = Some(json!({"metadata": {"name": "n1"}}));
     admit_node_request(&req).expect("own lease");
     req.name = "n2".into();
@@ -148,11 +148,11 @@ fn node_lease_is_its_own_in_kube_node_lease() {
 #[test]
 fn non_node_users_are_not_restricted() {
     let mut req = request("nodes", "", Operation::Update, None, "n2");
-    req.user = super::admin();
+    req.user = super::admin().into();
     req.object = Some(json!({"metadata": {"name": "n2"}}));
     admit_node_request(&req).expect("admin");
     // In system:nodes but without a node name: refused.
-    req.user = UserInfo::new("kubelet", &[names::NODES]);
+    req.user = UserInfo::new("kubelet", &[names::NODES]).into();
     assert!(denied(admit_node_request(&req)).contains("could not determine node"));
 }
 
@@ -188,7 +188,7 @@ fn admission_review_has_upstream_shape() {
     req.subresource = Some("status".into());
     req.object = Some(pod("n1"));
     req.old_object = Some(pod("n1"));
-    req.user = node_user("n1");
+    req.user = node_user("n1").into();
     req.dry_run = true;
     let r = review(&req);
     assert_eq!(r["apiVersion"], "admission.k8s.io/v1");
