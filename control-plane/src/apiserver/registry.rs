@@ -110,12 +110,8 @@ impl ResourceType {
     }
 }
 
-pub fn value_at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    obj.at(path)
-}
-
 pub fn str_at(obj: &Value, path: &[&str]) -> String {
-    value_at(obj, path).and_then(Value::as_str).unwrap_or_default().to_string()
+    obj.at(path).and_then(Value::as_str).unwrap_or_default().to_string()
 }
 
 /// A kind's typed round trip, consuming the value or reading a borrowed one.

@@ -4,7 +4,8 @@
 use serde_json::{Value, json};
 
 use super::handlers::partial_metadata;
-use super::registry::{ResourceType, str_at, value_at};
+use super::registry::{ResourceType, str_at};
+use crate::machinery::ValueAt;
 
 struct Col {
     name: &'static str,
@@ -335,11 +336,11 @@ fn since(ts: &str, now: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 fn arr<'a>(o: &'a Value, path: &[&str]) -> &'a [Value] {
-    value_at(o, path).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+    o.at(path).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
 }
 
 fn int(o: &Value, path: &[&str]) -> i64 {
-    value_at(o, path).and_then(Value::as_i64).unwrap_or(0)
+    o.at(path).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn or_none(s: String) -> String {
@@ -452,7 +453,7 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(age),
                 json!(c),
                 json!(i),
-                json!(selector_string(value_at(o, &["spec", "selector"]))),
+                json!(selector_string(o.at(&["spec", "selector"]))),
             ]
         }
         "ReplicaSet" => {
@@ -465,7 +466,7 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(age),
                 json!(c),
                 json!(i),
-                json!(selector_string(value_at(o, &["spec", "selector"]))),
+                json!(selector_string(o.at(&["spec", "selector"]))),
             ]
         }
         "DaemonSet" => {
@@ -477,11 +478,11 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(int(o, &["status", "numberReady"])),
                 json!(int(o, &["status", "updatedNumberScheduled"])),
                 json!(int(o, &["status", "numberAvailable"])),
-                json!(map_string(value_at(o, &["spec", "template", "spec", "nodeSelector"]))),
+                json!(map_string(o.at(&["spec", "template", "spec", "nodeSelector"]))),
                 json!(age),
                 json!(c),
                 json!(i),
-                json!(selector_string(value_at(o, &["spec", "selector"]))),
+                json!(selector_string(o.at(&["spec", "selector"]))),
             ]
         }
         "StatefulSet" => {
@@ -614,7 +615,7 @@ fn node_cells(o: &Value, name: String, age: String) -> Vec<Value> {
         Some("True") => "Ready".to_string(),
         _ => "NotReady".to_string(),
     };
-    if value_at(o, &["spec", "unschedulable"]).and_then(Value::as_bool) == Some(true) {
+    if o.at(&["spec", "unschedulable"]).and_then(Value::as_bool) == Some(true) {
         status.push_str(",SchedulingDisabled");
     }
     let roles: Vec<String> = o
@@ -687,7 +688,7 @@ fn service_cells(o: &Value, name: String, age: String) -> Vec<Value> {
         json!(ext),
         json!(or_none(ports.join(","))),
         json!(age),
-        json!(map_string(value_at(o, &["spec", "selector"]))),
+        json!(map_string(o.at(&["spec", "selector"]))),
     ]
 }
 
@@ -715,7 +716,7 @@ fn event_cells(o: &Value, name: String, now: chrono::DateTime<chrono::Utc>) -> V
         let h = str_at(o, &["source", "host"]);
         if h.is_empty() { c } else { format!("{c}, {h}") }
     };
-    let count = value_at(o, &["count"]).and_then(Value::as_i64).unwrap_or(1);
+    let count = o.at(&["count"]).and_then(Value::as_i64).unwrap_or(1);
     vec![
         json!(since(&last, now)),
         json!(str_at(o, &["type"])),
@@ -737,12 +738,12 @@ fn job_cells(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Vec<Value> {
     let (c, i) = containers_images(o);
-    let completions = value_at(o, &["spec", "completions"]).and_then(Value::as_i64);
+    let completions = o.at(&["spec", "completions"]).and_then(Value::as_i64);
     let succeeded = int(o, &["status", "succeeded"]);
     let completions_str = match completions {
         Some(n) => format!("{succeeded}/{n}"),
         None => {
-            let p = value_at(o, &["spec", "parallelism"]).and_then(Value::as_i64).unwrap_or(1);
+            let p = o.at(&["spec", "parallelism"]).and_then(Value::as_i64).unwrap_or(1);
             if p > 1 { format!("{succeeded}/1 of {p}") } else { format!("{succeeded}/1") }
         }
     };
@@ -779,7 +780,7 @@ fn job_cells(
         json!(age),
         json!(c),
         json!(i),
-        json!(selector_string(value_at(o, &["spec", "selector"]))),
+        json!(selector_string(o.at(&["spec", "selector"]))),
     ]
 }
 

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
+use crate::machinery::ValueAt;
 
 /// Where the token volume is mounted (upstream `DefaultAPITokenMountPath`).
 pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -41,8 +42,7 @@ impl MutatingPlugin for ServiceAccount {
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
         let ns = req.namespace.clone().unwrap_or_default();
         let Some(pod) = req.object.as_mut() else { return Ok(()) };
-        let annotations = pod.get("metadata").and_then(|m| m.get("annotations"));
-        if annotations.and_then(|a| a.get(MIRROR_POD_ANNOTATION)).is_some() {
+        if pod.at(&["metadata", "annotations", MIRROR_POD_ANNOTATION]).is_some() {
             return Ok(());
         }
         let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
