@@ -571,9 +571,10 @@ pub fn with_resource_version(json: &[u8], rv: Revision) -> Option<Bytes> {
     let empty = json[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
     let mut out = Vec::with_capacity(json.len() + 44);
     out.extend_from_slice(&json[..=open]);
-    out.extend_from_slice(b"\"resourceVersion\":\"");
-    out.extend_from_slice(rv.to_string().as_bytes());
-    out.extend_from_slice(if empty { b"\"" } else { b"\"," });
+    // Written into the output, not `format!`ed into a string first (every write answers
+    // with it).
+    use std::io::Write as _;
+    let _ = write!(out, "\"resourceVersion\":\"{rv}\"{}", if empty { "" } else { "," });
     out.extend_from_slice(&json[open + 1..]);
     Some(Bytes::from(out))
 }
