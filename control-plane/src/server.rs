@@ -136,10 +136,11 @@ async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
     match &config.store {
         StoreConfig::Embedded => {
             let dir = config.data_dir.join("store");
-            // redb's page cache stays small: reads are served from the watch cache, and the
-            // store's cache would otherwise grow to 32 MiB with the data.
+            // redb's page cache stays small: reads are served from the watch cache, writes
+            // reach redb only at checkpoints, and the cache would otherwise grow to 32 MiB
+            // with the data (4 MiB holds the B-tree's branch pages at 100k pods).
             let store_config =
-                crate::store::embedded::EmbeddedConfig::default().cache_size(8 << 20);
+                crate::store::embedded::EmbeddedConfig::default().cache_size(4 << 20);
             // Opening replays the write-ahead log: blocking work, off the async workers.
             let store = tokio::task::spawn_blocking(move || {
                 crate::store::embedded::EmbeddedStore::open_with(&dir, store_config)

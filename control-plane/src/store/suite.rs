@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::embedded::{EmbeddedConfig, EmbeddedStore, SyncMode};
+use super::embedded::{EmbeddedConfig, EmbeddedStore};
 use super::etcd::EtcdStore;
 use super::testing::EtcdCluster;
 use super::{
@@ -36,9 +36,10 @@ pub(crate) async fn embedded() -> Harness {
     Harness { store: Arc::new(store), _guard: Box::new(dir) }
 }
 
-pub(crate) async fn embedded_redb_commit() -> Harness {
+/// Checkpointing after every commit: reads come from redb, not the memtable.
+pub(crate) async fn embedded_checkpointing() -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = EmbeddedConfig::default().sync(SyncMode::RedbCommit);
+    let config = EmbeddedConfig::default().checkpoint_interval(Duration::ZERO);
     let store = EmbeddedStore::open_with(dir.path(), config).expect("open embedded store");
     Harness { store: Arc::new(store), _guard: Box::new(dir) }
 }
@@ -493,7 +494,7 @@ macro_rules! store_suite {
 }
 
 store_suite!(embedded_backend, super::embedded);
-store_suite!(embedded_redb_commit_backend, super::embedded_redb_commit);
+store_suite!(embedded_checkpointing_backend, super::embedded_checkpointing);
 store_suite!(etcd_backend, super::etcd);
 
 /// A 3-member etcd cluster loses its leader (SIGKILL) while 16 writers keep creating: writes

@@ -1,17 +1,22 @@
-//! The embedded store's write-ahead log: each group commit's transactions are appended to
-//! `DIR/wal.log` and fsynced before they are acknowledged; redb then commits them without an
-//! fsync, and a periodic redb checkpoint (a durable commit) makes the log's content redundant.
+//! The embedded store's write-ahead log: each group commit's transactions are appended to the
+//! log and fsynced before they are acknowledged; the memtable holds them until a checkpoint
+//! writes them to redb (a durable commit), which makes that part of the log redundant.
+//!
+//! The log is two files, `DIR/wal.log` and `DIR/wal.1.log`. The writer appends to one; when it
+//! freezes the memtable for a checkpoint it switches to the other (whose records the previous
+//! checkpoint covered) and starts it over at offset 0, while the checkpoint runs. So the
+//! records a running checkpoint has not covered yet are always intact in one file or the
+//! other.
 //!
 //! Record: `magic u32 | payload_len u32 | crc32c(payload) u32 | payload`, with
 //! `payload = count u32 | count × (revision i64 | len u32 | events)` and `events` in the
 //! history encoding of `embedded::codec`. All little endian.
 //!
-//! The file is preallocated with zeros (so an append does not change its size and `fdatasync`
-//! writes no metadata) and reused from offset 0 after every checkpoint, without being cleared.
-//! Reading it back therefore stops at the first record that is not intact (zeros, a torn write,
-//! a checksum mismatch) or whose revisions do not continue the ones before it: records left
-//! from before the last checkpoint have revisions at or below the checkpoint's and are
-//! skipped, never replayed.
+//! The files are preallocated with zeros (so an append does not change their size and
+//! `fdatasync` writes no metadata) and reused from offset 0 without being cleared. Reading a
+//! file back therefore stops at the first record that is not intact (zeros, a torn write, a
+//! checksum mismatch) or whose revisions do not continue the ones before it: records left
+//! from an earlier round have lower revisions than the ones written over them.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -21,6 +26,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use super::{Error, Result, Revision};
+
+/// The log's files inside the data directory (`wal.log` is also what a one-file log of an
+/// earlier version left).
+pub const WAL_FILES: [&str; 2] = ["wal.log", "wal.1.log"];
 
 const MAGIC: u32 = 0x534b_5741; // "SKWA"
 const HEADER: usize = 12;
@@ -32,105 +41,173 @@ pub(crate) struct WalTxn {
     pub events: Bytes,
 }
 
-pub(crate) struct Wal {
+struct Segment {
     file: File,
     path: PathBuf,
-    /// Where the next record goes.
+}
+
+impl Segment {
+    fn try_clone(&self) -> Result<Segment> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::backend(format!("clone handle of {}", self.path.display()), e))?;
+        Ok(Segment { file, path: self.path.clone() })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::backend(format!("fsync {}", self.path.display()), e))
+    }
+}
+
+pub(crate) struct Wal {
+    segments: [Segment; 2],
+    /// The file appended to.
+    current: usize,
+    /// Where the next record goes in it.
     end: u64,
+    /// The record being written, kept between writes: a batch's record is often over 100 KB,
+    /// and a fresh allocation that large costs a page fault per 4 KiB.
+    record: Vec<u8>,
 }
 
 impl Wal {
-    /// Open (creating and preallocating `prealloc` bytes if absent) the log at `path` and
-    /// return its intact records in file order.
-    pub fn open(path: &Path, prealloc: u64) -> Result<(Wal, Vec<WalTxn>)> {
-        let context = |what: &str| format!("{what} {}", path.display());
-        let exists = path.exists();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| Error::backend(context("open write-ahead log"), e))?;
-        if !exists {
-            preallocate(&mut file, prealloc)
-                .map_err(|e| Error::backend(context("preallocate write-ahead log"), e))?;
-            // The new file's directory entry must be durable too.
-            if let Some(dir) = path.parent() {
-                File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| Error::backend(context("sync directory of"), e))?;
-            }
+    /// Open (creating and preallocating `prealloc` bytes where absent) the log's files in `dir`
+    /// and return the intact records of both, in revision order. Appends go to the first file
+    /// from its start: call [`Wal::clear`] once the records returned are durable elsewhere.
+    pub fn open(dir: &Path, prealloc: u64) -> Result<(Wal, Vec<WalTxn>)> {
+        let mut txns = Vec::new();
+        let [first, second] = WAL_FILES.map(|name| open_segment(&dir.join(name), prealloc));
+        let segments = [first?, second?];
+        for segment in &segments {
+            let mut content = Vec::new();
+            (&segment.file).read_to_end(&mut content).map_err(|e| {
+                Error::backend(format!("read write-ahead log {}", segment.path.display()), e)
+            })?;
+            txns.extend(parse(&content));
         }
-        let mut content = Vec::new();
-        file.read_to_end(&mut content)
-            .map_err(|e| Error::backend(context("read write-ahead log"), e))?;
-        let txns = parse(&content);
-        Ok((Wal { file, path: path.to_owned(), end: 0 }, txns))
+        txns.sort_by_key(|txn| txn.revision);
+        Ok((Wal { segments, current: 0, end: 0, record: Vec::new() }, txns))
+    }
+
+    /// Everything the log holds is durable elsewhere: make both files read back empty (a
+    /// record left in one could otherwise be taken for a later one of the same revision).
+    pub fn clear(&mut self) -> Result<()> {
+        for segment in &self.segments {
+            segment.file.write_all_at(&[0; HEADER], 0).map_err(|e| {
+                Error::backend(format!("clear write-ahead log {}", segment.path.display()), e)
+            })?;
+            segment.sync()?;
+        }
+        self.current = 0;
+        self.end = 0;
+        Ok(())
     }
 
     /// Append one record holding `txns` and wait until it is on disk.
     #[cfg(test)]
     pub fn append(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
-        self.write(txns)?;
-        self.syncer()?.sync()
+        let segment = self.write(txns, |(revision, events), out| {
+            out.extend_from_slice(events);
+            *revision
+        })?;
+        self.syncer()?.sync(segment)
     }
 
     /// Write one record holding `txns` after the last one, without waiting for the disk: the
-    /// record is durable once a [`WalSync::sync`] that started after this call returns.
-    pub fn write(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
-        let payload_len: usize = 4 + txns.iter().map(|(_, e)| 12 + e.len()).sum::<usize>();
-        let mut record = Vec::with_capacity(HEADER + payload_len);
+    /// record is durable once a [`WalSync::sync`] of the returned file that started after this
+    /// call returns. `encode` appends a transaction's events to the record and returns its
+    /// revision.
+    pub fn write<T>(
+        &mut self,
+        txns: &[T],
+        mut encode: impl FnMut(&T, &mut Vec<u8>) -> Revision,
+    ) -> Result<usize> {
+        let record = &mut self.record;
+        record.clear();
         record.extend_from_slice(&MAGIC.to_le_bytes());
-        record.extend_from_slice(&(payload_len as u32).to_le_bytes());
-        record.extend_from_slice(&[0; 4]);
+        record.extend_from_slice(&[0; 8]); // payload length and checksum, below
         record.extend_from_slice(&(txns.len() as u32).to_le_bytes());
-        for (revision, events) in txns {
-            record.extend_from_slice(&revision.to_le_bytes());
-            record.extend_from_slice(&(events.len() as u32).to_le_bytes());
-            record.extend_from_slice(events);
+        for txn in txns {
+            let at = record.len();
+            record.extend_from_slice(&[0; 12]); // revision and length, below
+            let revision = encode(txn, record);
+            let len = (record.len() - at - 12) as u32;
+            record[at..at + 8].copy_from_slice(&revision.to_le_bytes());
+            record[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
         }
+        let payload_len = (record.len() - HEADER) as u32;
         let crc = crc32c(&record[HEADER..]);
+        record[4..8].copy_from_slice(&payload_len.to_le_bytes());
         record[8..12].copy_from_slice(&crc.to_le_bytes());
-        self.file
-            .write_all_at(&record, self.end)
-            .map_err(|e| Error::backend(format!("append to {}", self.path.display()), e))?;
+        let segment = &self.segments[self.current];
+        segment
+            .file
+            .write_all_at(record, self.end)
+            .map_err(|e| Error::backend(format!("append to {}", segment.path.display()), e))?;
         self.end += record.len() as u64;
-        Ok(())
+        Ok(self.current)
     }
 
     /// A handle that makes what was written durable, for another thread.
     pub fn syncer(&self) -> Result<WalSync> {
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| Error::backend(format!("clone handle of {}", self.path.display()), e))?;
-        Ok(WalSync { file, path: self.path.clone() })
+        let [first, second] = &self.segments;
+        Ok(WalSync { segments: [first.try_clone()?, second.try_clone()?] })
     }
 
-    /// Bytes appended since the last reset.
+    /// The file appended to.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// Bytes appended to the current file since it was started.
     pub fn len(&self) -> u64 {
         self.end
     }
 
-    /// Everything logged is now durable elsewhere (a redb checkpoint): start over at offset 0.
-    pub fn reset(&mut self) {
+    /// Append to the other file from its start on. Only once every record in it is durable
+    /// elsewhere (the checkpoint that covers them has committed).
+    pub fn switch(&mut self) {
+        self.current = 1 - self.current;
         self.end = 0;
     }
 }
 
-/// Makes the records written so far durable (`fdatasync` of the log, from any thread).
+/// Makes the records written so far durable (`fdatasync` of a log file, from any thread).
 pub(crate) struct WalSync {
-    file: File,
-    path: PathBuf,
+    segments: [Segment; 2],
 }
 
 impl WalSync {
-    pub fn sync(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| Error::backend(format!("fsync {}", self.path.display()), e))
+    /// Make what was written to file `segment` (as [`Wal::write`] returned) durable.
+    pub fn sync(&self, segment: usize) -> Result<()> {
+        self.segments[segment].sync()
     }
+}
+
+fn open_segment(path: &Path, prealloc: u64) -> Result<Segment> {
+    let context = |what: &str| format!("{what} {}", path.display());
+    let exists = path.exists();
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::backend(context("open write-ahead log"), e))?;
+    if !exists {
+        preallocate(&mut file, prealloc)
+            .map_err(|e| Error::backend(context("preallocate write-ahead log"), e))?;
+        // The new file's directory entry must be durable too.
+        if let Some(dir) = path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| Error::backend(context("sync directory of"), e))?;
+        }
+    }
+    Ok(Segment { file, path: path.to_owned() })
 }
 
 fn preallocate(file: &mut File, bytes: u64) -> std::io::Result<()> {
@@ -301,29 +378,44 @@ mod tests {
     #[test]
     fn records_round_trip_stop_at_damage_and_skip_stale() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wal.log");
-        let (mut wal, txns) = Wal::open(&path, 64 << 10).unwrap();
+        let path = dir.path().join(WAL_FILES[0]);
+        let (mut wal, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
         assert!(txns.is_empty());
         wal.append(&[(1, b"a"), (2, b"bb")]).unwrap();
         wal.append(&[(3, b"ccc")]).unwrap();
         wal.append(&[(4, b"dddd")]).unwrap();
         drop(wal);
-        let (mut wal, txns) = Wal::open(&path, 64 << 10).unwrap();
+        let (mut wal, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
         assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [1, 2, 3, 4]);
         assert_eq!(&txns[3].events[..], b"dddd");
 
-        // After a reset, a new shorter record overwrites the start; what follows is stale.
-        wal.reset();
-        wal.append(&[(5, b"e")]).unwrap();
+        // The second file continues the first; both are read back, in revision order.
+        wal.switch();
+        wal.append(&[(5, b"e"), (6, b"f")]).unwrap();
         drop(wal);
-        let (_, txns) = Wal::open(&path, 64 << 10).unwrap();
-        assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [5]);
+        let (mut wal, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
+        assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
 
-        // A damaged byte ends the log at the damaged record.
+        // Started over, a new shorter record overwrites the first file's start; what follows
+        // it there is stale.
+        wal.append(&[(7, b"g")]).unwrap();
+        drop(wal);
+        let (mut wal, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
+        assert_eq!(txns.iter().map(|t| t.revision).collect::<Vec<_>>(), [5, 6, 7]);
+
+        // Cleared, both files read back empty.
+        wal.clear().unwrap();
+        drop(wal);
+        let (mut wal, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
+        assert!(txns.is_empty());
+
+        // A damaged byte ends a file at the damaged record.
+        wal.append(&[(8, b"h")]).unwrap();
+        drop(wal);
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER + 6] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let (_, txns) = Wal::open(&path, 64 << 10).unwrap();
+        let (_, txns) = Wal::open(dir.path(), 64 << 10).unwrap();
         assert!(txns.is_empty());
         assert!(parse(&[0xff; 100]).is_empty());
         assert!(parse(&[]).is_empty());
