@@ -13,11 +13,11 @@
 //!
 //! # Data directory layout
 //! `DIR/wal.log` and `DIR/wal.1.log`, the write-ahead log (see `store::wal`), and
-//! `DIR/store.redb`, one redb
-//! database with three tables, which hold everything up to the last checkpoint:
+//! `DIR/store.redb`, one redb database with three tables, which hold everything up to the
+//! last checkpoint:
 //! - `kv`: key (`&str`) → `create_revision: i64 LE | mod_revision: i64 LE | value bytes`;
 //! - `history`: revision (`i64`) → the events of a run of revisions, stored under the last of
-//!   them (see [`codec::encode_run_into`]); together they hold every revision contiguously
+//!   them (see `codec::encode_run_into`); together they hold every revision contiguously
 //!   from at most the compacted revision + 1 to the checkpoint;
 //! - `meta`: `"revision"` → the checkpoint's revision, `"compacted"` → compacted revision,
 //!   `"checkpoint"` → the same revision (informational).
@@ -45,8 +45,8 @@
 //! bbolt split, except that etcd writes bbolt every 100 ms without an fsync, and this store
 //! keeps the changes in memory until the checkpoint. Writing redb in every batch (even
 //! without an fsync) kept the writer busy about twice as long per transaction, and each
-//! batch's latency is what 64 waiting clients see; in alternating runs of 20,000 pod creates
-//! this design gave 8-15% more creates/s.
+//! batch's latency is what 64 waiting clients see; in two runs of 20 alternating pairs of
+//! 20,000 pod creates (`skiff-bench compare`) this design gave 2% and 9% more creates/s.
 //!
 //! Reads merge the memtable's layers over a redb snapshot taken while the memtable is locked:
 //! a checkpoint commits to redb before it drops its layer, so either snapshot a reader can
@@ -61,14 +61,13 @@
 //! # Watches
 //! A watcher subscribes to the live fan-out (a tokio broadcast of committed batches) *before*
 //! reading history, reads history (redb's, then the memtable's) from `after + 1` up to the
-//! durable revision, then follows
-//! the live batches, skipping revisions it has already delivered. Anything made durable
-//! after that read is broadcast after the subscription, so there is no gap; the
-//! skip removes the overlap, so there is no duplicate. Each watcher runs in its own task and
-//! hands events to its stream through a bounded channel: a slow consumer only stalls its own
-//! task. Writers never wait for watchers: when a watcher falls more than
+//! durable revision, then follows the live batches, skipping revisions it has already
+//! delivered. Anything made durable after that read is broadcast after the subscription, so
+//! there is no gap; the skip removes the overlap, so there is no duplicate. Each watcher runs
+//! in its own task and hands events to its stream through a bounded channel: a slow consumer
+//! only stalls its own task. Writers never wait for watchers: when a watcher falls more than
 //! [`EmbeddedConfig::live_buffer`] batches behind the broadcast, it re-subscribes and re-reads
-//! the missed revisions from `history` (the same catch-up as at start). Only if those have been
+//! the missed revisions from history (the same catch-up as at start). Only if those have been
 //! compacted in the meantime does the stream end, with [`Error::Compacted`]; the caller resumes
 //! with a fresh list. When the store shuts down, open streams end with [`Error::Closed`].
 
@@ -113,7 +112,7 @@ pub struct EmbeddedConfig {
     pub cache_size: usize,
     /// Most transactions committed by one fsync. Default 1024: large enough that the fsync
     /// (~3 ms on the CI VMs) is shared by every concurrent caller, small enough that a batch's
-    /// write transaction stays a few MB.
+    /// log record stays a few MB.
     pub max_batch: usize,
     /// Transactions queued for the writer before `txn` callers wait (backpressure). Default
     /// 4096 (4 full batches).
@@ -244,16 +243,16 @@ struct Shared {
     /// Successful commits (= fsyncs) and the transactions they carried.
     commits: AtomicU64,
     committed_txns: AtomicU64,
-    /// Nanoseconds spent applying batches, and in redb's commit (write-back + fsync).
+    /// Nanoseconds spent applying batches, and making them durable (see [`EmbeddedStats`]).
     apply_nanos: AtomicU64,
     commit_nanos: AtomicU64,
     checkpoints: AtomicU64,
 }
 
-/// Everything the writer applied since the last checkpoint: redb holds the revisions up to
-/// `checkpoint`, the memtable the ones after it (in the log, durable or about to be): a
-/// `frozen` layer being written to redb by the checkpointer thread, if a checkpoint is
-/// running, and the `active` layer the writer applies new batches to.
+/// Everything the writer applied since the last checkpoint. redb holds the revisions up to
+/// `checkpoint`; the memtable holds the ones after it (also in the log, durable or about to
+/// be), in two layers: the `frozen` one the checkpointer thread is writing to redb (while a
+/// checkpoint runs) and the `active` one the writer applies new batches to.
 ///
 /// Readers take a redb snapshot while they hold the lock, and the checkpointer drops the
 /// frozen layer (under the write lock) only after its redb commit: any snapshot a reader can
@@ -340,15 +339,16 @@ struct SyncState {
 /// Counters of the writer since open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EmbeddedStats {
-    /// Group commits, each one fsync (of the log, or of redb in [`SyncMode::RedbCommit`]).
+    /// Group commits, each one fsync of the log.
     pub commits: u64,
-    /// Durable redb commits of [`SyncMode::Wal`] (one more fsync each).
+    /// Checkpoints: durable redb commits of the memtable (one more fsync each).
     pub checkpoints: u64,
     /// Transactions committed (each got a revision).
     pub txns: u64,
-    /// Time the writer spent applying batches to the B-trees.
+    /// Time the writer spent applying batches to the memtable.
     pub apply: std::time::Duration,
-    /// Time the writer spent making batches durable (log append and fsync, redb commit).
+    /// Time spent making batches durable (log append, by the writer, and fsync, by the
+    /// syncer).
     pub commit: std::time::Duration,
 }
 
@@ -1327,7 +1327,6 @@ impl Writer {
                 self.shared.poison(format!("write-ahead log append failed: {error}"));
             })?;
         }
-
         self.shared.apply_nanos.fetch_add((applied - started).as_nanos() as u64, Ordering::Relaxed);
         self.shared.commit_nanos.fetch_add(applied.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok((staged, segment))
@@ -1366,8 +1365,8 @@ impl Writer {
                     } else if target <= staged.compacted {
                         Ok(())
                     } else {
-                        // redb's history is trimmed at the next checkpoint.
-                        // The frozen layer's history goes with it at its checkpoint.
+                        // The frozen layer's history goes when its checkpoint ends; redb's is
+                        // trimmed at the next checkpoint.
                         let history = &mut memtable.active.history;
                         let gone = history.partition_point(|batch| {
                             batch.last().is_none_or(|txn| txn.revision <= target)
