@@ -718,6 +718,40 @@ async fn auth_cost(server_bin: &Path) -> Result<Vec<(String, f64, &'static str, 
     ])
 }
 
+/// Two server builds, `pairs` alternating runs of `count` creates with 64 clients each, a
+/// fresh server (and data directory) per run. On a VM whose speed swings between minutes, a
+/// single run of each says little; alternating pairs see the same swings, so the number of
+/// pairs won and the mean ratio are what to read.
+async fn compare(a: &Path, b: &Path, pairs: usize, count: usize) -> Result<()> {
+    async fn run(bin: &Path, count: usize) -> Result<CreateRun> {
+        let server = start_server(bin).await?;
+        let client = client(&server.kubeconfig).await?;
+        let raw = Arc::new(RawClient::new(&server.kubeconfig)?);
+        create_ns(&client, "compare").await?;
+        creates(&raw, Some(server.child.id()), "compare", count, 64).await
+    }
+    let (mut sum_a, mut sum_b, mut wins, mut ratios) = (0.0, 0.0, 0, Vec::new());
+    println!("{:<6} {:>12} {:>12} {:>8}", "pair", "A creates/s", "B creates/s", "B/A");
+    for pair in 1..=pairs {
+        let (ra, rb) = (run(a, count).await?, run(b, count).await?);
+        let ratio = rb.per_sec / ra.per_sec;
+        println!("{pair:<6} {:>12.0} {:>12.0} {ratio:>8.3}", ra.per_sec, rb.per_sec);
+        sum_a += ra.per_sec;
+        sum_b += rb.per_sec;
+        wins += usize::from(ratio > 1.0);
+        ratios.push(ratio);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "A mean {:.0}/s, B mean {:.0}/s: B/A {:.3} (median pair {:.3}); B won {wins} of {pairs} pairs",
+        sum_a / pairs as f64,
+        sum_b / pairs as f64,
+        sum_b / sum_a,
+        ratios[ratios.len() / 2],
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -761,6 +795,19 @@ async fn main() -> Result<()> {
             );
             Ok(())
         }
+        // Two builds against each other: compare <server A> <server B> [<pairs>] [<count>]
+        Some("compare") => {
+            let usage =
+                "usage: skiff-bench compare <skiff-server A> <skiff-server B> [pairs] [count]";
+            let a = PathBuf::from(args.get(2).context(usage)?);
+            let b = PathBuf::from(args.get(3).context(usage)?);
+            let pairs: usize = args.get(4).map(String::as_str).unwrap_or("6").parse()?;
+            let count: usize = args.get(5).map(String::as_str).unwrap_or("20000").parse()?;
+            if pairs == 0 {
+                bail!("{usage}: at least one pair");
+            }
+            compare(&a, &b, pairs, count).await
+        }
         Some("scheduler") => {
             let bin = PathBuf::from(
                 args.get(2).context("usage: skiff-bench scheduler <skiff-server> <out-dir>")?,
@@ -777,6 +824,8 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
-        other => bail!("unknown benchmark {other:?} (known: apiserver, auth, creates, scheduler)"),
+        other => bail!(
+            "unknown benchmark {other:?} (known: apiserver, auth, compare, creates, scheduler)"
+        ),
     }
 }
