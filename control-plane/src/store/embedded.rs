@@ -497,78 +497,112 @@ impl Shared {
         if after > current {
             return Err(Error::FutureRevision { requested: after, current });
         }
-        let mut events = Vec::new();
-        let chunk_full = |last: Revision| last - after >= self.config.history_chunk as Revision;
+        let chunk = self.config.history_chunk as Revision;
         if after >= memtable.checkpoint {
-            let mut last = after;
+            let mut read = HistoryRead::new(prefix, after, current, chunk);
             let batches = memtable.batches();
             let batches =
                 batches.skip_while(|batch| batch.last().is_none_or(|txn| txn.revision <= after));
             'batches: for batch in batches {
-                for txn in batch.iter().filter(|txn| txn.revision > after) {
-                    if txn.revision > current || chunk_full(last) {
+                for txn in batch.iter() {
+                    let matching = |prefix: &str, out: &mut Vec<Event>| {
+                        out.extend(
+                            txn.events.iter().filter(|e| e.kv.key.starts_with(prefix)).cloned(),
+                        );
+                        Ok(())
+                    };
+                    if !read.take(txn.revision, matching)? {
                         break 'batches;
                     }
-                    if txn.revision != last + 1 {
-                        return Err(Error::backend(
-                            "read history",
-                            format!("history has a gap: revision {} follows {last}", txn.revision),
-                        ));
-                    }
-                    let matching = txn.events.iter().filter(|e| e.kv.key.starts_with(prefix));
-                    events.extend(matching.cloned());
-                    last = txn.revision;
                 }
             }
-            if last < current && last == after {
-                return Err(Error::backend(
-                    "read history",
-                    format!("history has a gap: revision {} is missing", after + 1),
-                ));
-            }
-            return Ok(HistoryChunk { events, last, caught_up: last == current });
+            return read.finish(current);
         }
         let rtxn = self.begin_read()?;
         drop(memtable);
         // redb's checkpoint can be past the memtable's seen above (a checkpoint committed in
         // between), and past the durable revision (it may hold a batch still being synced).
         let end = read_meta(&rtxn, META_REVISION)?.min(current);
+        let mut read = HistoryRead::new(prefix, after, end, chunk);
         let history =
             rtxn.open_table(HISTORY).map_err(|e| Error::backend("open history table", e))?;
-        let mut last = after;
         // Records are stored under their last revision: the first one from `after + 1` on
         // holds `after + 1` (and may hold revisions up to `after`, skipped).
         let range = history.range((after + 1)..).map_err(|e| Error::backend("read history", e))?;
         'records: for entry in range {
-            if last >= end || chunk_full(last) {
+            if read.full() {
                 break;
             }
             let (record_last, raw) = entry.map_err(|e| Error::backend("read history", e))?;
             let record = Bytes::copy_from_slice(raw.value());
             for (revision, raw) in codec::split_batch(record_last.value(), record)? {
-                if revision <= last {
-                    continue;
-                }
-                if revision > end {
+                let decode = |prefix: &str, out: &mut Vec<Event>| {
+                    codec::decode_events(revision, raw, prefix, out)
+                };
+                if !read.take(revision, decode)? {
                     break 'records;
                 }
-                if revision != last + 1 {
-                    return Err(Error::backend(
-                        "read history",
-                        format!("history has a gap: revision {revision} follows {last}"),
-                    ));
-                }
-                codec::decode_events(revision, raw, prefix, &mut events)?;
-                last = revision;
             }
         }
-        if last < end && !chunk_full(last) {
+        read.finish(current)
+    }
+}
+
+/// One history read: the revisions after `after` up to `end`, contiguous, about `chunk` of
+/// them at most, whether they come from redb's records or the memtable's batches.
+struct HistoryRead<'p> {
+    prefix: &'p str,
+    after: Revision,
+    end: Revision,
+    chunk: Revision,
+    /// The last revision taken.
+    last: Revision,
+    events: Vec<Event>,
+}
+
+impl<'p> HistoryRead<'p> {
+    fn new(prefix: &'p str, after: Revision, end: Revision, chunk: Revision) -> Self {
+        HistoryRead { prefix, after, end, chunk, last: after, events: Vec::new() }
+    }
+
+    /// Whether the read has what it can return.
+    fn full(&self) -> bool {
+        self.last >= self.end || self.last - self.after >= self.chunk
+    }
+
+    /// Take `revision`'s events (those under the prefix, appended by `events`) if it is the
+    /// next one; revisions already taken are skipped. `false`: the read is full.
+    fn take(
+        &mut self,
+        revision: Revision,
+        events: impl FnOnce(&str, &mut Vec<Event>) -> Result<()>,
+    ) -> Result<bool> {
+        if revision <= self.last {
+            return Ok(true);
+        }
+        if self.full() {
+            return Ok(false);
+        }
+        if revision != self.last + 1 {
             return Err(Error::backend(
                 "read history",
-                format!("history has a gap: revision {} is missing", last + 1),
+                format!("history has a gap: revision {revision} follows {}", self.last),
             ));
         }
-        Ok(HistoryChunk { events, last, caught_up: last == current })
+        events(self.prefix, &mut self.events)?;
+        self.last = revision;
+        Ok(true)
+    }
+
+    /// The chunk read; a history that ended before the read was full has a gap.
+    fn finish(self, current: Revision) -> Result<HistoryChunk> {
+        if !self.full() {
+            return Err(Error::backend(
+                "read history",
+                format!("history has a gap: revision {} is missing", self.last + 1),
+            ));
+        }
+        Ok(HistoryChunk { events: self.events, last: self.last, caught_up: self.last == current })
     }
 }
 

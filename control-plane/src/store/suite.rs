@@ -36,7 +36,8 @@ pub(crate) async fn embedded() -> Harness {
     Harness { store: Arc::new(store), _guard: Box::new(dir) }
 }
 
-/// Checkpointing after every commit: reads come from redb, not the memtable.
+/// Checkpointing whenever none is running (after almost every commit): most reads come from
+/// redb and the frozen layer, not the active one.
 pub(crate) async fn embedded_checkpointing() -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = EmbeddedConfig::default().checkpoint_interval(Duration::ZERO);
