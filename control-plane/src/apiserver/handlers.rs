@@ -376,6 +376,14 @@ fn decode_for(
     validation: FieldValidation,
     warnings: &mut Vec<String>,
 ) -> ApiResult<Value> {
+    // The common case, a JSON body of known fields only, takes one pass: anything else
+    // (errors to report, unknown fields to warn about) takes the full path below.
+    if body_type == BodyType::Json
+        && body.len() <= negotiate::MAX_BODY
+        && let Some(normalized) = (rt.normalize.clean_json)(body)
+    {
+        return Ok(normalized);
+    }
     let mut obj = negotiate::decode_object(body_type, body)?;
     check_type_meta(rt, &mut obj)?;
     // The typed round trip drops exactly the fields the schema does not know (both come from

@@ -72,10 +72,7 @@ fn write_object<'v>(
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
-    // serde_json escapes exactly these bytes: the quote, the backslash and controls. A
-    // fold without an early exit compiles to a vectorized scan.
-    let escapes = s.bytes().fold(false, |any, b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
-    if escapes {
+    if needs_escape(s.as_bytes()) {
         serde_json::to_writer(&mut *out, s).expect("writing a string into a Vec");
     } else {
         out.reserve(s.len() + 2);
@@ -85,11 +82,47 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// Whether `s` holds a byte serde_json escapes: the quote, the backslash or a control.
+/// Most strings of an object are short, so eight bytes are tested at a time as one word.
+fn needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // A byte of `x` is below `n` (n <= 0x80) where this sets its high bit (exactly for
+    // bytes below 0x80; a byte with its own high bit set is masked out by `!x`).
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * n as u64) & !x & HIGHS;
+    let escape = |x: u64| {
+        below(x, 0x20) | below(x ^ (ONES * b'"' as u64), 1) | below(x ^ (ONES * b'\\' as u64), 1)
+    };
+    let mut words = s.chunks_exact(8);
+    for w in &mut words {
+        if escape(u64::from_ne_bytes(w.try_into().expect("chunks of eight"))) != 0 {
+            return true;
+        }
+    }
+    words.remainder().iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn finds_every_byte_that_needs_an_escape() {
+        for len in 0..20 {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut s = vec![b'a'; len];
+                    s[at] = b;
+                    let expected = b < 0x20 || b == b'"' || b == b'\\';
+                    assert_eq!(needs_escape(&s), expected, "byte {b:#x} at {at} of {len}");
+                }
+            }
+            assert!(!needs_escape(&vec![0xff; len]));
+            assert!(!needs_escape("é→世🚀".repeat(len).as_bytes()));
+        }
+    }
 
     #[test]
     fn writes_what_serde_json_writes() {

@@ -119,6 +119,10 @@ pub fn str_at(obj: &Value, path: &[&str]) -> String {
 pub struct Normalizer {
     pub owned: fn(Value) -> Result<Value, serde_json::Error>,
     pub borrowed: fn(&Value) -> Result<Value, serde_json::Error>,
+    /// The round trip straight from a JSON body, without building the body's own `Value`
+    /// first: `None` unless the body decodes into the type with no error and no unknown
+    /// field (what the borrowed round trip of the parsed body would then also give).
+    pub clean_json: fn(&[u8]) -> Option<Value>,
 }
 
 const fn normalize<K: Serialize + DeserializeOwned>() -> Normalizer {
@@ -128,7 +132,17 @@ const fn normalize<K: Serialize + DeserializeOwned>() -> Normalizer {
     fn borrowed<K: Serialize + DeserializeOwned>(v: &Value) -> Result<Value, serde_json::Error> {
         serde_json::to_value(K::deserialize(v)?)
     }
-    Normalizer { owned: owned::<K>, borrowed: borrowed::<K> }
+    fn clean_json<K: Serialize + DeserializeOwned>(body: &[u8]) -> Option<Value> {
+        let mut unknown = false;
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let typed: K = serde_ignored::deserialize(&mut de, |_| unknown = true).ok()?;
+        de.end().ok()?;
+        if unknown {
+            return None;
+        }
+        serde_json::to_value(typed).ok()
+    }
+    Normalizer { owned: owned::<K>, borrowed: borrowed::<K>, clean_json: clean_json::<K> }
 }
 
 const RW: &[&str] =
@@ -583,7 +597,56 @@ impl Default for Registry {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::Registry;
+
+    #[test]
+    fn a_clean_json_body_decodes_in_one_pass_as_in_two() {
+        let registry = Registry::new();
+        let pods = registry.find("", "v1", "pods").expect("pods");
+        let deployments = registry.find("apps", "v1", "deployments").expect("deployments");
+        let two_passes = |rt: &super::ResourceType, body: &Value| {
+            (rt.normalize.borrowed)(body).expect("a clean body normalizes")
+        };
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"a": "b"}, "annotations": null},
+            "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80}],
+                "resources": {"limits": {"cpu": "1"}}}], "terminationGracePeriodSeconds": 3}});
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}},
+                "strategy": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 1}},
+                "template": {"metadata": {"labels": {"a": "b"}},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+        for (rt, body) in [(pods, &pod), (deployments, &deployment)] {
+            let bytes = serde_json::to_vec(body).unwrap();
+            let one_pass = (rt.normalize.clean_json)(&bytes).expect("a clean body");
+            assert_eq!(one_pass, two_passes(rt, body));
+        }
+        // Without apiVersion and kind (the full path fills them in): the same object.
+        let bare = json!({"metadata": {"name": "p"}, "spec": {"containers": []}});
+        let one_pass = (pods.normalize.clean_json)(&serde_json::to_vec(&bare).unwrap());
+        assert_eq!(one_pass.expect("a clean body"), two_passes(pods, &bare));
+        // A repeated member: the last one, as when the body is parsed first.
+        let repeated = br#"{"metadata": {"name": "a", "name": "b"}}"#;
+        let parsed: Value = serde_json::from_slice(repeated).unwrap();
+        assert_eq!((pods.normalize.clean_json)(repeated), Some(two_passes(pods, &parsed)));
+        // Whatever the full path has to report or warn about is left to it.
+        for body in [
+            r#"{"apiVersion": "v1", "kind": "Pod", "spec": {"containerz": []}}"#,
+            r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "extra": 1}}"#,
+            r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "p"}}"#,
+            r#"{"apiVersion": "v2", "kind": "Pod"}"#,
+            r#"{"kind": ""}"#,
+            r#"{"metadata": {"name": 5}}"#,
+            r#"{"metadata": {}} trailing"#,
+            r#"{"metadata": "#,
+            "[]",
+        ] {
+            assert_eq!((pods.normalize.clean_json)(body.as_bytes()), None, "{body}");
+        }
+    }
 
     #[test]
     fn keys_name_group_plural_namespace_and_name() {

@@ -10,7 +10,7 @@
 mod builtin;
 mod patch_meta;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -24,12 +24,12 @@ pub struct Schemas {
     components: BTreeMap<String, Value>,
     /// (group, version, kind) → component name, from `x-kubernetes-group-version-kind`
     /// (looked up on every write, so indexed once).
-    kinds: std::collections::HashMap<(String, String, String), String>,
+    kinds: HashMap<(String, String, String), String>,
 }
 
 impl Schemas {
     pub fn from_components(components: BTreeMap<String, Value>) -> Self {
-        let mut kinds = std::collections::HashMap::new();
+        let mut kinds = HashMap::new();
         for (name, schema) in &components {
             let Some(gvks) =
                 schema.get("x-kubernetes-group-version-kind").and_then(Value::as_array)
@@ -115,7 +115,40 @@ impl Schemas {
 
     /// A navigable view of a schema.
     pub fn field<'a>(&'a self, schema: &'a Value) -> FieldSchema<'a> {
-        FieldSchema { schemas: self, raw: schema, resolved: self.resolve(schema) }
+        let resolved = match self.resolved_builtin(schema) {
+            Some(resolved) => resolved,
+            None => self.resolve(schema),
+        };
+        FieldSchema { schemas: self, raw: schema, resolved }
+    }
+
+    /// What [`Schemas::resolve`] gives for a node of the built-in schemas, looked up by the
+    /// node's address: the walks of patches, apply and managed fields resolve the same
+    /// nodes on every write, and a reference is a search among hundreds of long component
+    /// names. `None` for other schemas (custom resources) and for nodes not in the table.
+    fn resolved_builtin<'a>(&'a self, schema: &'a Value) -> Option<&'a Value> {
+        type ByAddress = HashMap<usize, &'static Value, foldhash::fast::FixedState>;
+        static RESOLVED: OnceLock<ByAddress> = OnceLock::new();
+        let builtin = Schemas::builtin();
+        if !std::ptr::eq(self, builtin) {
+            return None;
+        }
+        let table = RESOLVED.get_or_init(|| {
+            fn visit(schemas: &'static Schemas, v: &'static Value, table: &mut ByAddress) {
+                match v {
+                    Value::Object(members) => {
+                        table.insert(v as *const Value as usize, schemas.resolve(v));
+                        members.values().for_each(|m| visit(schemas, m, table));
+                    }
+                    Value::Array(items) => items.iter().for_each(|i| visit(schemas, i, table)),
+                    _ => {}
+                }
+            }
+            let mut table = ByAddress::default();
+            builtin.components.values().for_each(|c| visit(builtin, c, &mut table));
+            table
+        });
+        table.get(&(schema as *const Value as usize)).map(|resolved| &**resolved)
     }
 }
 
@@ -281,6 +314,30 @@ mod tests {
     fn deployment() -> FieldSchema<'static> {
         let schemas = Schemas::builtin();
         schemas.field(schemas.for_kind("apps", "v1", "Deployment").expect("Deployment schema"))
+    }
+
+    #[test]
+    fn builtin_nodes_resolve_by_address_as_by_reference() {
+        let s = Schemas::builtin();
+        fn check(s: &Schemas, v: &Value, seen: &mut usize) {
+            match v {
+                Value::Object(members) => {
+                    assert!(std::ptr::eq(s.field(v).resolved(), s.resolve(v)), "{v}");
+                    *seen += 1;
+                    members.values().for_each(|m| check(s, m, seen));
+                }
+                Value::Array(items) => items.iter().for_each(|i| check(s, i, seen)),
+                _ => {}
+            }
+        }
+        let mut seen = 0;
+        s.components().values().for_each(|c| check(s, c, &mut seen));
+        assert!(seen > 1000, "{seen} nodes");
+        // A node that is not part of the built-in schemas is resolved by its reference.
+        let foreign = json!({"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"});
+        let field = s.field(&foreign);
+        assert!(std::ptr::eq(field.resolved(), s.component("io.k8s.api.core.v1.PodSpec").unwrap()));
+        assert!(field.property("containers").is_some());
     }
 
     #[test]

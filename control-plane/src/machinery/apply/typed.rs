@@ -153,13 +153,20 @@ fn item_path_element(list: Shape, item: &Value) -> Result<String, String> {
             let Value::Object(fields) = item else {
                 return Err("associative list with keys has an element that is not a map".into());
             };
-            let item_schema = s.items();
-            let mut key = Map::new();
-            for name in list_map_keys(&s) {
+            // `k:` and the key fields as a JSON object, written as serde_json writes a map
+            // (names in order, no spaces) without building one.
+            let mut keys = list_map_keys(&s);
+            keys.dedup();
+            let mut out = b"k:{".to_vec();
+            for (i, name) in keys.into_iter().enumerate() {
+                let default;
                 let value = match fields.get(name) {
-                    Some(v) if !v.is_null() => v.clone(),
-                    _ => match key_default(item_schema, name) {
-                        Some(d) => d,
+                    Some(v) if !v.is_null() => v,
+                    _ => match key_default(s.items(), name) {
+                        Some(d) => {
+                            default = d;
+                            &default
+                        }
                         None => {
                             return Err(format!(
                                 "associative list with keys has an element that omits key field {name:?} (and doesn't have default value)"
@@ -167,9 +174,15 @@ fn item_path_element(list: Shape, item: &Value) -> Result<String, String> {
                         }
                     },
                 };
-                key.insert(name.to_string(), value);
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut out, name).expect("writing into a Vec");
+                out.push(b':');
+                serde_json::to_writer(&mut out, value).expect("writing into a Vec");
             }
-            Ok(format!("k:{}", Value::Object(key)))
+            out.push(b'}');
+            Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
         }
         Shape::ListSet => match item {
             Value::Object(_) | Value::Array(_) => {
