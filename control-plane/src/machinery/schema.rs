@@ -13,7 +13,7 @@ mod patch_meta;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Prefix of OpenAPI v3 component references.
 pub const REF_PREFIX: &str = "#/components/schemas/";
@@ -115,29 +115,45 @@ impl Schemas {
 
     /// A navigable view of a schema.
     pub fn field<'a>(&'a self, schema: &'a Value) -> FieldSchema<'a> {
-        let resolved = match self.resolved_builtin(schema) {
-            Some(resolved) => resolved,
-            None => self.resolve(schema),
-        };
-        FieldSchema { schemas: self, raw: schema, resolved }
+        match self.builtin_facts(schema) {
+            Some(facts) => FieldSchema {
+                schemas: self,
+                raw: schema,
+                resolved: facts.resolved,
+                facts: Some(facts),
+            },
+            None => FieldSchema {
+                schemas: self,
+                raw: schema,
+                resolved: self.resolve(schema),
+                facts: None,
+            },
+        }
     }
 
-    /// What [`Schemas::resolve`] gives for a node of the built-in schemas, looked up by the
-    /// node's address: the walks of patches, apply and managed fields resolve the same
-    /// nodes on every write, and a reference is a search among hundreds of long component
-    /// names. `None` for other schemas (custom resources) and for nodes not in the table.
-    fn resolved_builtin<'a>(&'a self, schema: &'a Value) -> Option<&'a Value> {
-        type ByAddress = HashMap<usize, &'static Value, foldhash::fast::FixedState>;
-        static RESOLVED: OnceLock<ByAddress> = OnceLock::new();
+    /// The [`Facts`] of a node of the built-in schemas, looked up by the node's address: the
+    /// walks of patches, apply and managed fields ask the same questions of the same nodes on
+    /// every write, and each answer is a search (a reference, among hundreds of long
+    /// component names). `None` for other schemas (custom resources) and for nodes not in
+    /// the table.
+    fn builtin_facts(&self, schema: &Value) -> Option<&'static Facts> {
+        type ByAddress = HashMap<usize, Facts, foldhash::fast::FixedState>;
+        static FACTS: OnceLock<ByAddress> = OnceLock::new();
         let builtin = Schemas::builtin();
         if !std::ptr::eq(self, builtin) {
             return None;
         }
-        let table = RESOLVED.get_or_init(|| {
+        let table = FACTS.get_or_init(|| {
             fn visit(schemas: &'static Schemas, v: &'static Value, table: &mut ByAddress) {
                 match v {
                     Value::Object(members) => {
-                        table.insert(v as *const Value as usize, schemas.resolve(v));
+                        let field = FieldSchema {
+                            schemas,
+                            raw: v,
+                            resolved: schemas.resolve(v),
+                            facts: None,
+                        };
+                        table.insert(v as *const Value as usize, Facts::of(field));
                         members.values().for_each(|m| visit(schemas, m, table));
                     }
                     Value::Array(items) => items.iter().for_each(|i| visit(schemas, i, table)),
@@ -148,7 +164,30 @@ impl Schemas {
             builtin.components.values().for_each(|c| visit(builtin, c, &mut table));
             table
         });
-        table.get(&(schema as *const Value as usize)).map(|resolved| &**resolved)
+        table.get(&(schema as *const Value as usize))
+    }
+}
+
+/// What is asked of a schema node on every walk over a value, answered once (for the
+/// built-in schemas, whose nodes live as long as the process).
+#[derive(Debug)]
+struct Facts {
+    resolved: &'static Value,
+    properties: Option<&'static Map<String, Value>>,
+    map_type: &'static str,
+    is_map: bool,
+    preserves_unknown: bool,
+}
+
+impl Facts {
+    fn of(field: FieldSchema<'static>) -> Facts {
+        Facts {
+            resolved: field.resolved,
+            properties: field.resolved.get("properties").and_then(Value::as_object),
+            map_type: field.map_type(),
+            is_map: field.is_map(),
+            preserves_unknown: field.preserves_unknown(),
+        }
     }
 }
 
@@ -159,6 +198,7 @@ pub struct FieldSchema<'a> {
     schemas: &'a Schemas,
     raw: &'a Value,
     resolved: &'a Value,
+    facts: Option<&'a Facts>,
 }
 
 impl<'a> FieldSchema<'a> {
@@ -166,9 +206,17 @@ impl<'a> FieldSchema<'a> {
         self.raw.get(name).or_else(|| self.resolved.get(name))
     }
 
+    /// The declared properties of an object type.
+    pub fn properties(&self) -> Option<&'a Map<String, Value>> {
+        match self.facts {
+            Some(facts) => facts.properties,
+            None => self.resolved.get("properties").and_then(Value::as_object),
+        }
+    }
+
     /// The schema of property `name` of an object type.
     pub fn property(&self, name: &str) -> Option<FieldSchema<'a>> {
-        self.resolved.get("properties")?.get(name).map(|s| self.schemas.field(s))
+        self.properties()?.get(name).map(|s| self.schemas.field(s))
     }
 
     /// The element schema of an array.
@@ -198,6 +246,9 @@ impl<'a> FieldSchema<'a> {
 
     /// An object whose keys are free (a map), as opposed to a struct with properties.
     pub fn is_map(&self) -> bool {
+        if let Some(facts) = self.facts {
+            return facts.is_map;
+        }
         self.resolved.get("additionalProperties").is_some()
             && self.resolved.get("properties").is_none()
     }
@@ -205,6 +256,9 @@ impl<'a> FieldSchema<'a> {
     /// True when unknown fields are kept (`x-kubernetes-preserve-unknown-fields`) or the
     /// node has no type information at all (e.g. RawExtension, JSON).
     pub fn preserves_unknown(&self) -> bool {
+        if let Some(facts) = self.facts {
+            return facts.preserves_unknown;
+        }
         self.ext("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true)
             || (self.resolved.get("type").is_none()
                 && self.resolved.get("properties").is_none()
@@ -238,6 +292,9 @@ impl<'a> FieldSchema<'a> {
 
     /// `x-kubernetes-map-type`: "granular" (default) or "atomic".
     pub fn map_type(&self) -> &'a str {
+        if let Some(facts) = self.facts {
+            return facts.map_type;
+        }
         self.ext("x-kubernetes-map-type").and_then(Value::as_str).unwrap_or("granular")
     }
 
@@ -270,7 +327,7 @@ fn collect_unknown(
     }
     match value {
         Value::Object(fields) => {
-            if let Some(props) = schema.resolved().get("properties").and_then(Value::as_object) {
+            if let Some(props) = schema.properties() {
                 for (name, field) in fields {
                     let len = path.len();
                     path.push('.');
@@ -317,12 +374,23 @@ mod tests {
     }
 
     #[test]
-    fn builtin_nodes_resolve_by_address_as_by_reference() {
+    fn builtin_nodes_answer_from_their_facts_as_from_the_schema() {
         let s = Schemas::builtin();
         fn check(s: &Schemas, v: &Value, seen: &mut usize) {
             match v {
                 Value::Object(members) => {
-                    assert!(std::ptr::eq(s.field(v).resolved(), s.resolve(v)), "{v}");
+                    let fast = s.field(v);
+                    let slow =
+                        FieldSchema { schemas: s, raw: v, resolved: s.resolve(v), facts: None };
+                    assert!(fast.facts.is_some(), "{v}");
+                    assert!(std::ptr::eq(fast.resolved(), slow.resolved()), "{v}");
+                    assert!(
+                        fast.properties().map(|p| p as *const _)
+                            == slow.properties().map(|p| p as *const _)
+                    );
+                    assert_eq!(fast.map_type(), slow.map_type());
+                    assert_eq!(fast.is_map(), slow.is_map());
+                    assert_eq!(fast.preserves_unknown(), slow.preserves_unknown());
                     *seen += 1;
                     members.values().for_each(|m| check(s, m, seen));
                 }

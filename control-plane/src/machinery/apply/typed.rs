@@ -75,7 +75,7 @@ fn shape<'a>(schema: Schema<'a>, v: &Value) -> Shape<'a> {
             let Some(s) = schema else { return Shape::Map(None) };
             if s.map_type() == "atomic" {
                 Shape::Leaf
-            } else if s.resolved().get("properties").is_some() {
+            } else if s.properties().is_some() {
                 Shape::Struct(s)
             } else if s.is_map() {
                 Shape::Map(s.map_values())
