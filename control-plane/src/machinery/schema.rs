@@ -24,7 +24,9 @@ pub struct Schemas {
     components: BTreeMap<String, Value>,
     /// (group, version, kind) → component name, from `x-kubernetes-group-version-kind`
     /// (looked up on every write, so indexed once).
-    kinds: HashMap<(String, String, String), String>,
+    /// Keyed by kind, then searched by group and version, so that a lookup by borrowed
+    /// names allocates nothing.
+    kinds: HashMap<String, Vec<(String, String, String)>>,
 }
 
 impl Schemas {
@@ -39,9 +41,11 @@ impl Schemas {
             for gvk in gvks {
                 let part =
                     |k: &str| gvk.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-                kinds
-                    .entry((part("group"), part("version"), part("kind")))
-                    .or_insert_with(|| name.clone());
+                let entries: &mut Vec<_> = kinds.entry(part("kind")).or_default();
+                let (group, version) = (part("group"), part("version"));
+                if !entries.iter().any(|(g, v, _)| *g == group && *v == version) {
+                    entries.push((group, version, name.clone()));
+                }
             }
         }
         Schemas { components, kinds }
@@ -83,8 +87,10 @@ impl Schemas {
     /// `x-kubernetes-group-version-kind`.
     pub fn component_name_for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&str> {
         self.kinds
-            .get(&(group.to_string(), version.to_string(), kind.to_string()))
-            .map(String::as_str)
+            .get(kind)?
+            .iter()
+            .find(|(g, v, _)| g == group && v == version)
+            .map(|(_, _, name)| name.as_str())
     }
 
     /// Follow `$ref` and single-element `allOf: [{$ref}]` to the referenced component.

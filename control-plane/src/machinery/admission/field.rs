@@ -257,12 +257,25 @@ impl Path {
     }
 
     pub fn index(&self, i: usize) -> Self {
-        // Written into a string of the right size, not `format!`ed: validation builds a path
-        // for every list item it visits.
-        use std::fmt::Write;
-        let mut s = String::with_capacity(self.0.len() + 8);
+        // Written into a string of the right size, digit by digit, not formatted: validation
+        // builds a path for every list item it visits.
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = i;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let digits = std::str::from_utf8(&digits[at..]).expect("ASCII digits");
+        let mut s = String::with_capacity(self.0.len() + digits.len() + 2);
         s.push_str(&self.0);
-        let _ = write!(s, "[{i}]");
+        s.push('[');
+        s.push_str(digits);
+        s.push(']');
         Self(s)
     }
 

@@ -38,15 +38,26 @@ fn unset(v: Option<&Value>) -> bool {
 
 /// Sets `key` to `val` when it is absent, null or "" (a Go string or pointer zero value).
 pub fn default(m: &mut Obj, key: &str, val: impl Into<Value>) {
-    if unset(m.get(key)) {
-        m.insert(key.to_string(), val.into());
-    }
+    set_if(m, key, val, |v| unset(Some(v)));
 }
 
 /// Sets `key` to `val` when absent or null (a Go pointer; "" stays).
 pub fn default_ptr(m: &mut Obj, key: &str, val: impl Into<Value>) {
-    if matches!(m.get(key), None | Some(Value::Null)) {
-        m.insert(key.to_string(), val.into());
+    set_if(m, key, val, Value::is_null);
+}
+
+/// Sets `key` to `val` when absent or when `replace` says so of its value. One search of
+/// the map (defaults are mostly absent, so the key is owned up front).
+fn set_if(m: &mut Obj, key: &str, val: impl Into<Value>, replace: impl Fn(&Value) -> bool) {
+    match m.entry(key) {
+        serde_json::map::Entry::Vacant(e) => {
+            e.insert(val.into());
+        }
+        serde_json::map::Entry::Occupied(mut e) => {
+            if replace(e.get()) {
+                e.insert(val.into());
+            }
+        }
     }
 }
 
