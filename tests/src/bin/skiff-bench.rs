@@ -533,18 +533,32 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
         "ops/s",
         format!("{:.2}x of store floor; {}", c1.per_sec / floor1, c1.note()),
     );
-    let c64 = creates(&raw, pid, "bench64", 7_000, 64).await?;
+    // The target's figure: the median of several runs, each against a fresh server. One run
+    // lasts a second or two, and this VM's speed moves by up to 2x between minutes; the spread
+    // is printed with it.
+    let mut runs = Vec::with_capacity(HEADLINE_RUNS);
+    for _ in 0..HEADLINE_RUNS {
+        runs.push(fresh_server_creates(server_bin, HEADLINE_CREATES).await?);
+    }
+    runs.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+    let median = &runs[runs.len() / 2];
     record(
         "apiserver creates/s, 64 clients",
-        c64.per_sec,
+        median.per_sec,
         "ops/s",
         format!(
-            "{:.2}x of store floor; target >= 20000 ({:.2}x); {}",
-            c64.per_sec / floor64,
-            c64.per_sec / 20_000.0,
-            c64.note()
+            "median of {HEADLINE_RUNS} runs of {}k on fresh servers (min {:.0}, max {:.0}); {:.2}x of store floor; target >= 20000 ({:.2}x); {}",
+            HEADLINE_CREATES / 1000,
+            runs[0].per_sec,
+            runs[runs.len() - 1].per_sec,
+            median.per_sec / floor64,
+            median.per_sec / 20_000.0,
+            median.note()
         ),
     );
+    // The same load on the server the next figures are taken on (it brings it to 10k pods).
+    let c64 = creates(&raw, pid, "bench64", 7_000, 64).await?;
+    record("apiserver creates/s, 64 clients, to 10k", c64.per_sec, "ops/s", c64.note());
     let ck = creates_kube(&client, "bench-kube", 1_000, 64).await?;
     record(
         "apiserver creates/s, 64 tasks on one kube::Client",
@@ -718,22 +732,29 @@ async fn auth_cost(server_bin: &Path) -> Result<Vec<(String, f64, &'static str, 
     ])
 }
 
+/// Runs of the headline create load in `cargo xtask bench apiserver`, and creates per run.
+const HEADLINE_RUNS: usize = 5;
+const HEADLINE_CREATES: usize = 20_000;
+
+/// `count` creates with 64 clients against a fresh server (and data directory) of `bin`.
+async fn fresh_server_creates(bin: &Path, count: usize) -> Result<CreateRun> {
+    let server = start_server(bin).await?;
+    let client = client(&server.kubeconfig).await?;
+    let raw = Arc::new(RawClient::new(&server.kubeconfig)?);
+    create_ns(&client, "creates").await?;
+    creates(&raw, Some(server.child.id()), "creates", count, 64).await
+}
+
 /// Two server builds, `pairs` alternating runs of `count` creates with 64 clients each, a
 /// fresh server (and data directory) per run. On a VM whose speed swings between minutes, a
 /// single run of each says little; alternating pairs see the same swings, so the number of
 /// pairs won and the mean ratio are what to read.
 async fn compare(a: &Path, b: &Path, pairs: usize, count: usize) -> Result<()> {
-    async fn run(bin: &Path, count: usize) -> Result<CreateRun> {
-        let server = start_server(bin).await?;
-        let client = client(&server.kubeconfig).await?;
-        let raw = Arc::new(RawClient::new(&server.kubeconfig)?);
-        create_ns(&client, "compare").await?;
-        creates(&raw, Some(server.child.id()), "compare", count, 64).await
-    }
     let (mut sum_a, mut sum_b, mut wins, mut ratios) = (0.0, 0.0, 0, Vec::new());
     println!("{:<6} {:>12} {:>12} {:>8}", "pair", "A creates/s", "B creates/s", "B/A");
     for pair in 1..=pairs {
-        let (ra, rb) = (run(a, count).await?, run(b, count).await?);
+        let (ra, rb) =
+            (fresh_server_creates(a, count).await?, fresh_server_creates(b, count).await?);
         let ratio = rb.per_sec / ra.per_sec;
         println!("{pair:<6} {:>12.0} {:>12.0} {ratio:>8.3}", ra.per_sec, rb.per_sec);
         sum_a += ra.per_sec;
