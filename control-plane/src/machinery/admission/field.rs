@@ -257,20 +257,10 @@ impl Path {
     }
 
     pub fn index(&self, i: usize) -> Self {
-        // Written into a string of the right size, digit by digit, not formatted: validation
-        // builds a path for every list item it visits.
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut n = i;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let digits = std::str::from_utf8(&digits[at..]).expect("ASCII digits");
+        // Written into a string of the right size, not formatted: validation builds a path
+        // for every list item it visits.
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(i);
         let mut s = String::with_capacity(self.0.len() + digits.len() + 2);
         s.push_str(&self.0);
         s.push('[');
