@@ -84,6 +84,9 @@ impl Drop for Upstream {
     }
 }
 
+/// How much of each process's log a failed run prints.
+const FAILURE_LOG_LINES: usize = 80;
+
 /// The lab, taken down on drop.
 struct Cluster {
     state: LabState,
@@ -93,6 +96,9 @@ struct Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.report_failure();
+        }
         if let Err(e) = self.rt.block_on(lab::down(&self.dir)) {
             eprintln!("e2e: taking the lab down: {e}");
         }
@@ -134,6 +140,29 @@ impl Cluster {
             }
         };
         Cluster { state, dir, rt }
+    }
+
+    /// On a failed run, before the lab (and its logs) go: the cluster's objects as kubectl
+    /// sees them and the end of the server's and every agent's log, into the test's output.
+    fn report_failure(&self) {
+        let k = Kubectl::new(33, &self.state.kubeconfig);
+        for what in [&["get", "nodes,pods", "-A", "-o", "wide"][..], &["get", "events", "-A"]] {
+            let out = k.run(&[&["--request-timeout=10s"], what].concat(), None);
+            eprintln!(
+                "e2e: kubectl {}:\n{}{}",
+                what.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let logs = std::iter::once(("skiff-server".to_string(), self.dir.join("server.log")))
+            .chain(self.state.nodes.iter().map(|n| (n.name.clone(), n.dir.join("agent.log"))));
+        for (name, log) in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"));
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(FAILURE_LOG_LINES)..];
+            eprintln!("e2e: last {} lines of {name}'s log:\n{}", tail.len(), tail.join("\n"));
+        }
     }
 
     fn reload(&mut self) {
@@ -316,6 +345,7 @@ spec:
       - maxSkew: 1
         topologyKey: kubernetes.io/hostname
         whenUnsatisfiable: DoNotSchedule
+        nodeTaintsPolicy: Honor
         labelSelector: {{matchLabels: {{app: web}}}}
       containers:
       - name: httpd

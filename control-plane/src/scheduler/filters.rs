@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, PodAffinityTerm, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, PodAffinityTerm, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::cache::{Cache, NodeInfo, PodInfo};
@@ -220,6 +220,14 @@ impl<'a> PodState<'a> {
         state
     }
 
+    /// The first of the node's NoSchedule and NoExecute taints the pod does not tolerate.
+    pub fn untolerated_taint<'n>(&self, node: &'n NodeInfo) -> Option<&'n Taint> {
+        node.taints.iter().find(|taint| {
+            (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
+                && !tolerated(self.tolerations, taint)
+        })
+    }
+
     /// Node name, selector and required node affinity (upstream NodeName + NodeAffinity).
     pub fn matches_node_affinity(&self, node: &NodeInfo) -> bool {
         let Some(n) = node.node.as_deref() else { return false };
@@ -242,17 +250,27 @@ impl<'a> PodState<'a> {
         let mut out = Vec::new();
         for c in constraints {
             let selector: Option<&LabelSelector> = c.label_selector.as_ref();
+            // The nodes whose domains count (upstream's node inclusion policies): by default
+            // those the pod's node selector and required affinity admit (`nodeAffinityPolicy:
+            // Ignore`: all), tainted ones included (`nodeTaintsPolicy: Honor`: only those
+            // whose NoSchedule and NoExecute taints the pod tolerates).
+            let honor_affinity = c.node_affinity_policy.as_deref() != Some("Ignore");
+            let honor_taints = c.node_taints_policy.as_deref() == Some("Honor");
             let mut counts: HashMap<String, i64> = HashMap::new();
             for node in cache.nodes() {
                 let Some(value) = node.labels.get(&c.topology_key) else { continue };
-                if node.node.is_none() || !self.matches_node_affinity(node) {
+                if node.node.is_none()
+                    || (honor_affinity && !self.matches_node_affinity(node))
+                    || (honor_taints && self.untolerated_taint(node).is_some())
+                {
                     continue;
                 }
+                // Terminating pods are on their way out and do not count (as upstream).
                 let n = node
                     .pods
                     .values()
                     .filter(|p| p.key != self.pod.key && p.namespace == self.pod.namespace)
-                    .filter(|p| selector_matches(selector, p.labels()))
+                    .filter(|p| !p.terminating && selector_matches(selector, p.labels()))
                     .count() as i64;
                 *counts.entry(value.clone()).or_default() += n;
             }
@@ -296,13 +314,9 @@ pub fn filter(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reason>> 
     if !state.matches_node_affinity(node) {
         return Err(vec![Reason::NodeAffinity]);
     }
-    for taint in &node.taints {
-        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
-            && !tolerated(state.tolerations, taint)
-        {
-            let t = format!("{}: {}", taint.key, taint.value.as_deref().unwrap_or_default());
-            return Err(vec![Reason::Taint(t)]);
-        }
+    if let Some(taint) = state.untolerated_taint(node) {
+        let t = format!("{}: {}", taint.key, taint.value.as_deref().unwrap_or_default());
+        return Err(vec![Reason::Taint(t)]);
     }
     fits_resources(state, node)?;
     fits_ports(state.pod, node)?;
@@ -643,6 +657,64 @@ pub(crate) mod tests {
         assert_eq!(
             check(&cache, pod("w2", spread), "n3"),
             Err(vec![Reason::TopologySpreadMissingLabel])
+        );
+    }
+
+    #[test]
+    fn topology_spread_leaves_out_terminating_pods() {
+        let spread = json!({"spec": {"topologySpreadConstraints": [{"maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}}}]}});
+        let going = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "n1"}});
+        let cache = cache_with(
+            vec![node("n1", "1", json!({})), node("n2", "1", json!({}))],
+            vec![pod("w1", going)],
+        );
+        assert_eq!(check(&cache, pod("w2", spread), "n1"), Ok(()), "n1 counts 0 pods, as n2");
+    }
+
+    /// A lost node (tainted unreachable, its pods evicted): `nodeTaintsPolicy: Honor` leaves
+    /// its domain out, so the pods it held fit on the others; by default it still counts.
+    #[test]
+    fn topology_spread_node_inclusion_policies() {
+        let spread = |policies: Value| {
+            let mut c = json!({"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}});
+            merge(&mut c, policies);
+            json!({"spec": {"nodeSelector": {"pool": "web"}, "topologySpreadConstraints": [c]}})
+        };
+        let pool = json!({"metadata": {"labels": {"pool": "web"}}});
+        let mut lost = pool.clone();
+        merge(
+            &mut lost,
+            json!({"spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}}),
+        );
+        let cache = cache_with(
+            vec![
+                node("n1", "1", pool.clone()),
+                node("n2", "1", pool),
+                node("lost", "1", lost),
+                node("other", "1", json!({})),
+            ],
+            vec![
+                pod("w1", json!({"spec": {"nodeName": "n1"}})),
+                pod("w2", json!({"spec": {"nodeName": "n2"}})),
+            ],
+        );
+        // The lost node's empty domain counts: every other domain is one pod ahead.
+        assert_eq!(
+            check(&cache, pod("w3", spread(json!({}))), "n1"),
+            Err(vec![Reason::TopologySpread])
+        );
+        let honor = spread(json!({"nodeTaintsPolicy": "Honor"}));
+        assert_eq!(check(&cache, pod("w3", honor), "n1"), Ok(()));
+        // The unselected node counts only under `nodeAffinityPolicy: Ignore`.
+        let ignore_affinity =
+            spread(json!({"nodeTaintsPolicy": "Honor", "nodeAffinityPolicy": "Ignore"}));
+        assert_eq!(
+            check(&cache, pod("w3", ignore_affinity), "n1"),
+            Err(vec![Reason::TopologySpread])
         );
     }
 

@@ -240,6 +240,16 @@ pub fn validate_topology_spread(
                 ));
             }
         }
+        for (name, policy) in [
+            ("nodeAffinityPolicy", &c.node_affinity_policy),
+            ("nodeTaintsPolicy", &c.node_taints_policy),
+        ] {
+            if let Some(policy) = policy.as_deref()
+                && !matches!(policy, "Honor" | "Ignore")
+            {
+                errs.push(FieldError::not_supported(&p.child(name), policy, &["Honor", "Ignore"]));
+            }
+        }
         if let Some(sel) = &c.label_selector {
             errs.extend(meta::validate_label_selector(sel, &p.child("labelSelector")));
         }

@@ -437,6 +437,15 @@ fn pod_rejections() {
             "FieldValueNotSupported",
         ),
         (
+            "spread node policy",
+            &|p| {
+                p["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": "zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Sometimes"}]);
+            },
+            "spec.topologySpreadConstraints[0].nodeTaintsPolicy: Unsupported value: \"Sometimes\": supported values: \"Honor\", \"Ignore\"",
+            "FieldValueNotSupported",
+        ),
+        (
             "host network port",
             &|p| {
                 p["spec"]["hostNetwork"] = json!(true);
