@@ -87,6 +87,20 @@ impl Drop for Upstream {
 /// How much of each process's log a failed run prints.
 const FAILURE_LOG_LINES: usize = 80;
 
+/// `text` without the ANSI colour sequences (`ESC [ ... m`) of the processes' logs.
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The lab, taken down on drop.
 struct Cluster {
     state: LabState,
@@ -161,7 +175,11 @@ impl Cluster {
             let text = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"));
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(FAILURE_LOG_LINES)..];
-            eprintln!("e2e: last {} lines of {name}'s log:\n{}", tail.len(), tail.join("\n"));
+            let tail = without_colours(&tail.join("\n"));
+            eprintln!(
+                "e2e: last {} lines of {name}'s log:\n{tail}",
+                lines.len().min(FAILURE_LOG_LINES)
+            );
         }
     }
 
