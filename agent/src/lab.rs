@@ -175,9 +175,21 @@ pub struct LabState {
     pub log_filter: String,
 }
 
+impl NodeState {
+    /// The node's agent log (appended to across restarts).
+    pub fn agent_log(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+}
+
 impl LabState {
     fn path(dir: &Path) -> PathBuf {
         dir.join("lab.json")
+    }
+
+    /// skiff-server's log (appended to across restarts).
+    pub fn server_log(&self) -> PathBuf {
+        self.dir.join("server.log")
     }
 
     /// Reads `<dir>/lab.json`; `None` when there is no lab there.
@@ -271,7 +283,7 @@ impl LabState {
         // first pod would make it); it goes with the node's cgroups in [`down`].
         let cg = cgroup2_dir(&n.cgroup_parent);
         std::fs::create_dir_all(&cg).map_err(|source| Error::Write { path: cg, source })?;
-        let log = n.dir.join("agent.log");
+        let log = n.agent_log();
         let marker = n.dir.join("agent").to_string_lossy().into_owned();
         let proc = spawn_background(self.agent_command(&n), &log, &marker)?;
         self.nodes[i].agent = Some(proc);
@@ -328,7 +340,7 @@ impl LabState {
 
     /// Starts skiff-server again (same data dir, same address).
     pub fn start_server(&mut self) -> Result<()> {
-        let log = self.dir.join("server.log");
+        let log = self.server_log();
         let mut cmd = Command::new(self.bin_dir.join("skiff-server"));
         cmd.arg("--data-dir")
             .arg(&self.server_data_dir)
@@ -740,6 +752,24 @@ fn unmount_under(dir: &Path) {
     }
 }
 
+/// The last `lines` lines of a process's log, in order and without the ANSI colour
+/// sequences (`ESC [ ... m`) its logger writes; the read error in their place if unreadable.
+pub fn log_tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("({}: {e})", log.display()));
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    let mut out = String::with_capacity(tail.len());
+    let mut chars = tail.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn alive(p: &Proc) -> bool {
     std::fs::read(format!("/proc/{}/cmdline", p.pid))
         .map(|c| {
@@ -967,4 +997,20 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
         LabCommand::StartServer { dir } => loaded(&dir)?.start_server()?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_tail_keeps_the_last_lines_in_order_without_colours() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("agent.log");
+        std::fs::write(&log, "one\n\u{1b}[2mtwo\u{1b}[0m x\n\u{1b}[32m INFO\u{1b}[0m three\n")
+            .expect("write log");
+        assert_eq!(log_tail(&log, 2), "two x\n INFO three");
+        assert_eq!(log_tail(&log, 10), "one\ntwo x\n INFO three");
+        assert!(log_tail(&dir.path().join("missing.log"), 5).contains("missing.log"));
+    }
 }

@@ -87,20 +87,6 @@ impl Drop for Upstream {
 /// How much of each process's log a failed run prints.
 const FAILURE_LOG_LINES: usize = 80;
 
-/// `text` without the ANSI colour sequences (`ESC [ ... m`) of the processes' logs.
-fn without_colours(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// The lab, taken down on drop.
 struct Cluster {
     state: LabState,
@@ -169,17 +155,11 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let logs = std::iter::once(("skiff-server".to_string(), self.dir.join("server.log")))
-            .chain(self.state.nodes.iter().map(|n| (n.name.clone(), n.dir.join("agent.log"))));
+        let logs = std::iter::once(("skiff-server".to_string(), self.state.server_log()))
+            .chain(self.state.nodes.iter().map(|n| (n.name.clone(), n.agent_log())));
         for (name, log) in logs {
-            let text = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"));
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(FAILURE_LOG_LINES)..];
-            let tail = without_colours(&tail.join("\n"));
-            eprintln!(
-                "e2e: last {} lines of {name}'s log:\n{tail}",
-                lines.len().min(FAILURE_LOG_LINES)
-            );
+            let tail = lab::log_tail(&log, FAILURE_LOG_LINES);
+            eprintln!("e2e: the end of {name}'s log:\n{tail}");
         }
     }
 
