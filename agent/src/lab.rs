@@ -586,8 +586,7 @@ pub async fn wait_ready(state: &LabState, timeout: Duration) -> Result<()> {
             if let Some(a) = &n.agent
                 && !alive(a)
             {
-                let log = std::fs::read_to_string(&a.log).unwrap_or_default();
-                let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+                let tail = log_tail(&a.log, 20);
                 return Err(Error::NodesNotReady {
                     timeout,
                     detail: format!("the agent of {} exited; its log ends:\n{tail}", n.name),
