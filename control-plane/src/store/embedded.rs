@@ -1062,7 +1062,36 @@ const SYNC_PIPELINE: usize = 2;
 
 /// Most revisions in one `history` record written by a checkpoint (a watcher catching up from
 /// redb reads whole records).
-const CHECKPOINT_RECORD_REVISIONS: usize = 64;
+const CHECKPOINT_RECORD_REVISIONS: usize = 256;
+
+/// The size a checkpoint fills each `history` record up to (unless one revision alone is
+/// bigger). redb stores a value bigger than a page in a power-of-two run of pages and writes
+/// all of it, so records just under 64 KiB (the margin is for redb's leaf header) fill their
+/// pages. A fixed 64 revisions of pods (~150 KB) took 256 KiB runs: the history written at
+/// checkpoints was 1.8 times its events.
+const CHECKPOINT_RECORD_BYTES: usize = (64 << 10) - 512;
+
+/// Cut `txns` into the runs a checkpoint stores one `history` record each: as many
+/// revisions as fit [`CHECKPOINT_RECORD_BYTES`], at most [`CHECKPOINT_RECORD_REVISIONS`], at
+/// least one.
+fn record_runs<'t>(txns: &'t [&'t CommittedTxn]) -> Vec<&'t [&'t CommittedTxn]> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, codec::RUN_HEADER_LEN);
+    for (i, txn) in txns.iter().enumerate() {
+        let len = codec::run_entry_len(txn);
+        let full =
+            bytes + len > CHECKPOINT_RECORD_BYTES || i - start == CHECKPOINT_RECORD_REVISIONS;
+        if i > start && full {
+            runs.push(&txns[start..i]);
+            (start, bytes) = (i, codec::RUN_HEADER_LEN);
+        }
+        bytes += len;
+    }
+    if start < txns.len() {
+        runs.push(&txns[start..]);
+    }
+    runs
+}
 
 /// The writer thread: the only place that writes to the memtable and the log. It applies a
 /// batch to the memtable and writes its log record, then hands the batch to the syncer thread
@@ -1471,7 +1500,7 @@ fn checkpoint(shared: &Shared, layer: &Layer) -> Result<()> {
         }
         let txns: Vec<&CommittedTxn> = layer.history.iter().flat_map(|b| b.iter()).collect();
         let mut record = Vec::new();
-        for run in txns.chunks(CHECKPOINT_RECORD_REVISIONS) {
+        for run in record_runs(&txns) {
             let last = run[run.len() - 1].revision;
             codec::encode_run_into(&mut record, run);
             history
@@ -1679,17 +1708,17 @@ pub(crate) mod codec {
         out
     }
 
+    /// The length of what [`encode_events_into`] writes for `events`.
+    fn events_len(events: &[Event]) -> usize {
+        let kv_len = |kv: &KeyValue| 20 + kv.value.len();
+        let event_len =
+            |e: &Event| 6 + e.kv.key.len() + kv_len(&e.kv) + e.prev.as_ref().map_or(0, kv_len);
+        5 + events.iter().map(event_len).sum::<usize>()
+    }
+
     /// [`encode_events`], appended to `out`.
     pub fn encode_events_into(out: &mut Vec<u8>, events: &[Event]) {
-        let size: usize = events
-            .iter()
-            .map(|e| {
-                40 + e.kv.key.len()
-                    + e.kv.value.len()
-                    + e.prev.as_ref().map_or(0, |p| 20 + p.value.len())
-            })
-            .sum();
-        out.reserve(5 + size);
+        out.reserve(events_len(events));
         out.push(EVENTS_FORMAT);
         out.extend_from_slice(&(events.len() as u32).to_le_bytes());
         for event in events {
@@ -1746,10 +1775,18 @@ pub(crate) mod codec {
         }
     }
 
+    /// The length of a run record's header (see [`encode_run_into`]).
+    pub(super) const RUN_HEADER_LEN: usize = 5;
+
+    /// The length `txn` adds to a run record.
+    pub(super) fn run_entry_len(txn: &CommittedTxn) -> usize {
+        12 + events_len(&txn.events)
+    }
+
     /// A `history` record holding a run of revisions, stored under the last of them:
     /// `format u8 (2) | count u32 | count × (revision i64 | len u32 | events)`, each `events` as
-    /// [`encode_events`] writes it; written into `out` (cleared first). A checkpoint stores up
-    /// to [`super::CHECKPOINT_RECORD_REVISIONS`] per record: one B-tree insert per run instead
+    /// [`encode_events`] writes it; written into `out` (cleared first). A checkpoint stores
+    /// the runs [`super::record_runs`] cuts, one record each: one B-tree insert per run instead
     /// of one per revision. A format-1 record (what [`encode_events`] writes, and what earlier
     /// versions stored) is the run of its one revision.
     pub(super) fn encode_run_into(out: &mut Vec<u8>, txns: &[&CommittedTxn]) {
@@ -1955,6 +1992,56 @@ pub(crate) mod codec {
             let mut raw = Vec::new();
             encode_run_into(&mut raw, &holed);
             assert!(matches!(split_batch(7, Bytes::from(raw)), Err(Error::Backend { .. })));
+        }
+
+        #[test]
+        fn checkpoint_records_fill_their_pages() {
+            use super::super::{CHECKPOINT_RECORD_BYTES, CHECKPOINT_RECORD_REVISIONS, record_runs};
+            // Revisions of a pod's size (one over the record size alone), then many small ones.
+            let value = |r: Revision| {
+                if r == 40 {
+                    70_000
+                } else if r < 100 {
+                    2_300
+                } else {
+                    40
+                }
+            };
+            let txns: Vec<CommittedTxn> = (1..=1000)
+                .map(|r| {
+                    let mut event = put(r, &format!("/registry/pods/default/p-{r}"));
+                    event.kv.value = Bytes::from(vec![b'x'; value(r)]);
+                    CommittedTxn { revision: r, events: vec![event] }
+                })
+                .collect();
+            let all: Vec<&CommittedTxn> = txns.iter().collect();
+            let runs = record_runs(&all);
+            // Every revision once, in order; each record as long as computed.
+            let flat: Vec<Revision> =
+                runs.iter().flat_map(|r| r.iter().map(|t| t.revision)).collect();
+            assert_eq!(flat, (1..=1000).collect::<Vec<_>>());
+            for (i, run) in runs.iter().enumerate() {
+                let mut raw = Vec::new();
+                encode_run_into(&mut raw, run);
+                let computed = RUN_HEADER_LEN + run.iter().map(|t| run_entry_len(t)).sum::<usize>();
+                assert_eq!(raw.len(), computed);
+                assert!(run.len() <= CHECKPOINT_RECORD_REVISIONS);
+                if run.len() > 1 {
+                    assert!(
+                        raw.len() <= CHECKPOINT_RECORD_BYTES,
+                        "record {i}: {} bytes",
+                        raw.len()
+                    );
+                }
+                // Not cut early: the next revision would not have fitted.
+                if let Some(next) = runs.get(i + 1) {
+                    let full = raw.len() + run_entry_len(next[0]) > CHECKPOINT_RECORD_BYTES
+                        || run.len() == CHECKPOINT_RECORD_REVISIONS;
+                    assert!(full, "record {i} cut at {} bytes, {} revisions", raw.len(), run.len());
+                }
+            }
+            // The oversized revision is a record of its own.
+            assert!(runs.iter().any(|r| r.len() == 1 && r[0].revision == 40));
         }
 
         #[test]
