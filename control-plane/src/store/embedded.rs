@@ -2693,8 +2693,7 @@ mod tests {
                 (r, key.to_string())
             })
             .collect();
-        // a3, displaced by the replay (b1's revision was never referenced: its key was
-        // deleted in a later checkpoint, which kept it).
+        // Left: b1, displaced by the delete's checkpoint, and a3, displaced by the replay.
         let b1 = expected[2].0;
         let a3 = expected[4].0;
         assert_eq!(kept, vec![(b1, "/r/b".to_string()), (a3, "/r/a".to_string())]);
