@@ -2591,16 +2591,18 @@ mod tests {
         store.close().await.unwrap();
     }
 
-    /// Checkpoints store a put whose value is current by reference: history still returns
-    /// every revision's own value after later checkpoints and a log replay displace it from
-    /// `kv`, and compaction drops the displaced values it no longer needs.
+    /// Checkpoints store a put whose value is current by reference (history then holds each
+    /// value once): history still returns every revision's own value after later checkpoints
+    /// and a log replay displace it from `kv`, and compaction drops the displaced values it no
+    /// longer needs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn history_keeps_the_values_checkpoints_stored_by_reference() {
         let dir = tempfile::tempdir().unwrap();
         let every_commit =
             EmbeddedConfig::default().checkpoint_interval(Duration::ZERO).wal_prealloc(64 << 10);
         let store = EmbeddedStore::open_with(dir.path(), every_commit).unwrap();
-        let value = |s: &str| Bytes::from(s.to_string());
+        // Values no key or revision encoding can contain, to look for in the records.
+        let value = |s: &str| Bytes::from(format!("<{s}>"));
         let mut expected: Vec<(Revision, &str, Option<&str>)> = Vec::new();
         let mut ticks = 0;
         for (key, new) in [
@@ -2647,10 +2649,33 @@ mod tests {
                 create_revision: 1,
                 mod_revision: next,
             },
-            prev: None,
+            prev: Some(KeyValue {
+                key: "/r/a".into(),
+                value: value("a3"),
+                create_revision: 1,
+                mod_revision: expected[4].0,
+            }),
         };
         let logged = WalTxn { revision: next, events: Bytes::from(codec::encode_events(&[a4])) };
         assert_eq!(replay(&db, &[logged]).unwrap(), 1);
+        // History holds each value once: a checkpointed put's by reference, inline as the
+        // prev of the update after it (or as the deleted value); a4 inline (the replay's).
+        {
+            let rtxn = db.begin_read().unwrap();
+            let history = rtxn.open_table(HISTORY).unwrap();
+            let records: Vec<Vec<u8>> =
+                history.iter().unwrap().map(|e| e.unwrap().1.value().to_vec()).collect();
+            let copies = |v: &str| {
+                let v = value(v);
+                records
+                    .iter()
+                    .map(|r| r.windows(v.len()).filter(|w| *w == &v[..]).count())
+                    .sum::<usize>()
+            };
+            for v in ["a1", "a2", "b1", "a3", "a4"] {
+                assert_eq!(copies(v), 1, "copies of {v} in history");
+            }
+        }
         drop(db);
         expected.push((next, "/r/a", Some("a4")));
 
