@@ -7,7 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, PodAffinityTerm, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    NodeSelectorTerm, PodAffinityTerm, Taint, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::cache::{Cache, NodeInfo, PodInfo};
@@ -247,6 +249,15 @@ impl<'a> PodState<'a> {
             .as_ref()
             .and_then(|s| s.topology_spread_constraints.as_deref())
             .unwrap_or_default();
+        // A node counts for a constraint only if it carries the topology keys of every
+        // constraint of the same kind (upstream counts hard and soft ones apart).
+        let hard = |c: &TopologySpreadConstraint| c.when_unsatisfiable == "DoNotSchedule";
+        let has_keys = |node: &NodeInfo, hard_ones: bool| {
+            constraints
+                .iter()
+                .filter(|c| hard(c) == hard_ones)
+                .all(|c| node.labels.contains_key(&c.topology_key))
+        };
         let mut out = Vec::new();
         for c in constraints {
             let selector: Option<&LabelSelector> = c.label_selector.as_ref();
@@ -260,6 +271,7 @@ impl<'a> PodState<'a> {
             for node in cache.nodes() {
                 let Some(value) = node.labels.get(&c.topology_key) else { continue };
                 if node.node.is_none()
+                    || !has_keys(node, hard(c))
                     || (honor_affinity && !self.matches_node_affinity(node))
                     || (honor_taints && self.untolerated_taint(node).is_some())
                 {
@@ -283,7 +295,7 @@ impl<'a> PodState<'a> {
             out.push(Spread {
                 topology_key: c.topology_key.clone(),
                 max_skew: c.max_skew,
-                hard: c.when_unsatisfiable == "DoNotSchedule",
+                hard: hard(c),
                 counts,
                 min,
                 matches_self: selector_matches(selector, self.pod.labels()),
@@ -656,6 +668,36 @@ pub(crate) mod tests {
         assert_eq!(check(&cache, pod("w2", spread.clone()), "n2"), Ok(()));
         assert_eq!(
             check(&cache, pod("w2", spread), "n3"),
+            Err(vec![Reason::TopologySpreadMissingLabel])
+        );
+    }
+
+    /// A node without every hard constraint's topology key cannot take the pod, so its
+    /// domains do not count either: here the zoneless n3's empty hostname domain would
+    /// otherwise hold the minimum at 0 and keep the third pod off n1.
+    #[test]
+    fn topology_spread_counts_only_nodes_with_every_key() {
+        let constraint = |key: &str| {
+            json!({"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "web"}}})
+        };
+        let spread = json!({"spec": {"topologySpreadConstraints":
+            [constraint("zone"), constraint("kubernetes.io/hostname")]}});
+        let zone = |zone: &str| json!({"metadata": {"labels": {"zone": zone}}});
+        let cache = cache_with(
+            vec![
+                node("n1", "1", zone("a")),
+                node("n2", "1", zone("b")),
+                node("n3", "1", json!({})),
+            ],
+            vec![
+                pod("w1", json!({"spec": {"nodeName": "n1"}})),
+                pod("w2", json!({"spec": {"nodeName": "n2"}})),
+            ],
+        );
+        assert_eq!(check(&cache, pod("w3", spread.clone()), "n1"), Ok(()));
+        assert_eq!(
+            check(&cache, pod("w3", spread), "n3"),
             Err(vec![Reason::TopologySpreadMissingLabel])
         );
     }
