@@ -13,24 +13,31 @@
 //!
 //! # Data directory layout
 //! `DIR/wal.log` and `DIR/wal.1.log`, the write-ahead log (see `store::wal`), and
-//! `DIR/store.redb`, one redb database with three tables, which hold everything up to the
+//! `DIR/store.redb`, one redb database with four tables, which hold everything up to the
 //! last checkpoint:
-//! - `kv`: key (`&str`) → `create_revision: i64 LE | mod_revision: i64 LE | value bytes`;
-//! - `history`: revision (`i64`) → the events of a run of revisions, stored under the last of
-//!   them (see `codec::encode_run_into`); together they hold every revision contiguously
-//!   from at most the compacted revision + 1 to the checkpoint;
-//! - `superseded`: (revision, key) → the value `key` was given at `revision`, for values a
-//!   checkpoint stored in `history` by reference (see below) and a later write displaced from
-//!   `kv`, until that revision is compacted;
+//! - `keys`: key (`&str`) → `create_revision: i64 LE | mod_revision: i64 LE`, every key's
+//!   current state without its value;
+//! - `history`: revision (`i64`) → the events of a run of revisions, values inline, stored
+//!   under the last of them (see `codec::encode_run_into`); together they hold every revision
+//!   contiguously from at most the compacted revision + 1 to the checkpoint;
+//! - `values`: (revision, key) → the value `key` was given at `revision`, for the current
+//!   values whose revision is compacted;
 //! - `meta`: `"revision"` → the checkpoint's revision, `"compacted"` → compacted revision,
 //!   `"checkpoint"` → the same revision (informational).
 //!
-//! A checkpoint writes each value once: a put whose value is still the key's current one at
-//! the checkpoint goes to `history` without it (the value is `kv`'s), and whichever later
-//! write (checkpoint or log replay) displaces that value from `kv` keeps it in `superseded`.
-//! Pods are created far more often than rewritten within one checkpoint, so this halves the
-//! bytes a checkpoint writes for them.
-//!
+//! A value is written once, in its revision's history record, and read from there while its
+//! key is current: a key's entry names its mod revision, the record holding that revision is
+//! the first one stored under it or after. Compaction copies the values still current out of
+//! the revisions it drops into `values`. This is etcd's layout (values stored by revision, a
+//! key index), with history records packing up to 64 KiB of revisions each: a checkpoint
+//! appends its values in revision order, and what it rewrites in key order is the small `keys`
+//! table, about sixty keys to a page. (A `kv` table of entries with their values, as earlier
+//! versions kept, gave each pod a page of its own: every create rewrote a random page, read
+//! back first when out of cache.) Reads of many keys (a list) read their values in revision
+//! order, each record once. Stores written by earlier versions (values in a `kv` table,
+//! history referring to them and to the displaced ones kept in `superseded`) are converted
+//! when opened; their history keeps those references, resolved from `values`.
+
 //! # Writes: group commit to a log, checkpoints to redb
 //! [`Store::txn`] sends the transaction to one writer thread over a bounded channel. The writer
 //! takes everything pending (up to [`EmbeddedConfig::max_batch`]) and applies the transactions
@@ -89,7 +96,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -103,10 +110,15 @@ pub const DB_FILE: &str = "store.redb";
 /// The write-ahead log's files inside the data directory.
 pub use super::wal::WAL_FILES;
 
-const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
+const VALUES: TableDefinition<(i64, &str), &[u8]> = TableDefinition::new("values");
 const HISTORY: TableDefinition<i64, &[u8]> = TableDefinition::new("history");
 const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
-const SUPERSEDED: TableDefinition<(i64, &str), &[u8]> = TableDefinition::new("superseded");
+/// Earlier versions' tables, converted at open: `kv` held each key's entry with its value
+/// (`create_revision | mod_revision | value`), `superseded` the displaced values `history`
+/// refers to, under the same keys as `values`.
+const LEGACY_KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const LEGACY_SUPERSEDED: TableDefinition<(i64, &str), &[u8]> = TableDefinition::new("superseded");
 const META_REVISION: &str = "revision";
 const META_COMPACTED: &str = "compacted";
 /// The revision of the last checkpoint (informational).
@@ -328,6 +340,11 @@ struct Stored {
 }
 
 impl Stored {
+    /// Create revision, mod revision and value, as [`set_key`] takes them.
+    fn state(&self) -> (Revision, Revision, &[u8]) {
+        (self.create_revision, self.mod_revision, &self.value)
+    }
+
     fn with_key(&self, key: &str) -> KeyValue {
         KeyValue {
             key: key.to_owned(),
@@ -447,9 +464,7 @@ impl Shared {
             None => {
                 let rtxn = self.begin_read()?;
                 drop(memtable);
-                let kv = rtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
-                let found = kv.get(key).map_err(|e| Error::backend(format!("get {key}"), e))?;
-                found.map(|raw| codec::decode_kv(key, raw.value())).transpose()?
+                Snapshot::open(&rtxn)?.get(key)?
             }
         };
         self.wait_durable(revision)?;
@@ -462,14 +477,19 @@ impl Shared {
         let mut recent = memtable.recent(prefix).into_iter().peekable();
         let rtxn = self.begin_read()?;
         drop(memtable);
-        let kv = rtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
+        let snapshot = Snapshot::open(&rtxn)?;
         let mut kvs = Vec::new();
+        // The entries read from redb, whose values are read once all are known.
+        let mut stored = Vec::new();
         fn take_recent(kvs: &mut Vec<KeyValue>, (key, state): (String, Option<Stored>)) {
             if let Some(stored) = state {
                 kvs.push(stored.with_key(&key));
             }
         }
-        let range = kv.range(prefix..).map_err(|e| Error::backend(format!("list {prefix}"), e))?;
+        let range = snapshot
+            .keys
+            .range(prefix..)
+            .map_err(|e| Error::backend(format!("list {prefix}"), e))?;
         for entry in range {
             let (key, raw) = entry.map_err(|e| Error::backend(format!("list {prefix}"), e))?;
             let key = key.value();
@@ -482,12 +502,23 @@ impl Shared {
             }
             match recent.next_if(|(recent, _)| recent == key) {
                 Some(newer) => take_recent(&mut kvs, newer),
-                None => kvs.push(codec::decode_kv(key, raw.value())?),
+                None => {
+                    let (create_revision, mod_revision) = codec::decode_key(key, raw.value())?;
+                    let value = Bytes::new(); // filled in below, in revision order
+                    stored.push(kvs.len());
+                    kvs.push(KeyValue {
+                        key: key.to_owned(),
+                        value,
+                        create_revision,
+                        mod_revision,
+                    });
+                }
             }
         }
         for newer in recent {
             take_recent(&mut kvs, newer);
         }
+        snapshot.fill_values(&mut kvs, stored)?;
         self.wait_durable(revision)?;
         Ok(ListResult { kvs, revision })
     }
@@ -536,9 +567,7 @@ impl Shared {
         let mut read = HistoryRead::new(prefix, after, end, chunk);
         let history =
             rtxn.open_table(HISTORY).map_err(|e| Error::backend("open history table", e))?;
-        let kv = rtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
-        let superseded =
-            rtxn.open_table(SUPERSEDED).map_err(|e| Error::backend("open superseded table", e))?;
+        let values = rtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?;
         // Records are stored under their last revision: the first one from `after + 1` on
         // holds `after + 1` (and may hold revisions up to `after`, skipped).
         let range = history.range((after + 1)..).map_err(|e| Error::backend("read history", e))?;
@@ -550,7 +579,7 @@ impl Shared {
             let record = Bytes::copy_from_slice(raw.value());
             for (revision, raw) in codec::split_batch(record_last.value(), record)? {
                 let decode = |prefix: &str, out: &mut Vec<Event>| {
-                    let mut stored = |key: &str| stored_value(&kv, &superseded, key, revision);
+                    let mut stored = |key: &str| stored_value(&values, key, revision);
                     codec::decode_events_with(revision, raw, prefix, out, &mut stored)
                 };
                 if !read.take(revision, decode)? {
@@ -562,27 +591,96 @@ impl Shared {
     }
 }
 
-/// The value `key` was given at `revision` by a put a checkpoint stored by reference: `kv`'s
-/// if still current, else the one kept in `superseded` when it was displaced.
+/// The value `key` was given at `revision`, kept in `values`.
 fn stored_value(
-    kv: &redb::ReadOnlyTable<&str, &[u8]>,
-    superseded: &redb::ReadOnlyTable<(i64, &str), &[u8]>,
+    values: &impl ReadableTable<(i64, &'static str), &'static [u8]>,
     key: &str,
     revision: Revision,
 ) -> Result<Bytes> {
-    let current = kv.get(key).map_err(|e| Error::backend("read kv", e))?;
-    if let Some(current) = current {
-        let (mod_revision, value) = codec::kv_value(key, current.value())?;
-        if mod_revision == revision {
-            return Ok(Bytes::copy_from_slice(value));
-        }
-    }
-    match superseded.get((revision, key)).map_err(|e| Error::backend("read superseded", e))? {
+    match values.get((revision, key)).map_err(|e| Error::backend("read values", e))? {
         Some(value) => Ok(Bytes::copy_from_slice(value.value())),
-        None => Err(Error::backend(
-            "read history",
-            format!("the value of {key} at revision {revision} is missing"),
-        )),
+        None => Err(missing_value(key, revision)),
+    }
+}
+
+fn missing_value(key: &str, revision: Revision) -> Error {
+    Error::backend("read value", format!("the value of {key} at revision {revision} is missing"))
+}
+
+/// redb's keys as of one read transaction, with their values: a value written after the
+/// compacted revision is read from its revision's history record, one at or below it (kept
+/// because it is still current) from `values`.
+struct Snapshot {
+    keys: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    values: redb::ReadOnlyTable<(i64, &'static str), &'static [u8]>,
+    history: redb::ReadOnlyTable<i64, &'static [u8]>,
+    compacted: Revision,
+    /// The history record read last, split into its revisions: values read in revision
+    /// order read each record once.
+    record: std::cell::RefCell<Vec<(Revision, Bytes)>>,
+}
+
+impl Snapshot {
+    fn open(rtxn: &redb::ReadTransaction) -> Result<Snapshot> {
+        Ok(Snapshot {
+            keys: rtxn.open_table(KEYS).map_err(|e| Error::backend("open keys table", e))?,
+            values: rtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?,
+            history: rtxn
+                .open_table(HISTORY)
+                .map_err(|e| Error::backend("open history table", e))?,
+            compacted: read_meta(rtxn, META_COMPACTED)?,
+            record: Default::default(),
+        })
+    }
+
+    /// Whether `key` exists (without reading its value).
+    fn contains(&self, key: &str) -> Result<bool> {
+        let found = self.keys.get(key).map_err(|e| Error::backend(format!("get {key}"), e))?;
+        Ok(found.is_some())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let found = self.keys.get(key).map_err(|e| Error::backend(format!("get {key}"), e))?;
+        let Some(entry) = found else { return Ok(None) };
+        let (create_revision, mod_revision) = codec::decode_key(key, entry.value())?;
+        let value = self.value(key, mod_revision)?;
+        Ok(Some(KeyValue { key: key.to_owned(), value, create_revision, mod_revision }))
+    }
+
+    /// Fill in the values of the entries `read` of `kvs` (current states read from `keys`), in
+    /// revision order.
+    fn fill_values(&self, kvs: &mut [KeyValue], mut read: Vec<usize>) -> Result<()> {
+        read.sort_unstable_by_key(|&i| kvs[i].mod_revision);
+        for i in read {
+            kvs[i].value = self.value(&kvs[i].key, kvs[i].mod_revision)?;
+        }
+        Ok(())
+    }
+
+    /// The value `key` was given at `revision`, its current one.
+    fn value(&self, key: &str, revision: Revision) -> Result<Bytes> {
+        if revision <= self.compacted {
+            return stored_value(&self.values, key, revision);
+        }
+        let raw = {
+            let mut record = self.record.borrow_mut();
+            let held = record.first().is_some_and(|(first, _)| *first <= revision)
+                && record.last().is_some_and(|(last, _)| revision <= *last);
+            if !held {
+                let read = |e| Error::backend("read history", e);
+                let found = self.history.range(revision..).map_err(read)?.next();
+                let Some(found) = found else { return Err(missing_value(key, revision)) };
+                let (last, raw) = found.map_err(read)?;
+                *record = codec::split_batch(last.value(), Bytes::copy_from_slice(raw.value()))?;
+            }
+            let at = record.iter().find(|(r, _)| *r == revision);
+            at.map(|(_, raw)| raw.clone()).ok_or_else(|| missing_value(key, revision))?
+        };
+        let mut events = Vec::new();
+        let mut stored = |key: &str| stored_value(&self.values, key, revision);
+        codec::decode_events_with(revision, raw, key, &mut events, &mut stored)?;
+        let put = events.into_iter().find(|e| e.kind == EventKind::Put && e.kv.key == key);
+        put.map(|e| e.kv.value).ok_or_else(|| missing_value(key, revision))
     }
 }
 
@@ -657,9 +755,9 @@ fn replay(db: &Database, txns: &[WalTxn]) -> Result<usize> {
     wtxn.set_durability(Durability::Immediate).map_err(|e| Error::backend("set durability", e))?;
     let mut applied = 0;
     {
-        let mut kv = wtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
-        let mut superseded =
-            wtxn.open_table(SUPERSEDED).map_err(|e| Error::backend("open superseded table", e))?;
+        let mut keys = wtxn.open_table(KEYS).map_err(|e| Error::backend("open keys table", e))?;
+        let mut values =
+            wtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?;
         let mut history =
             wtxn.open_table(HISTORY).map_err(|e| Error::backend("open history table", e))?;
         let mut meta = wtxn.open_table(META).map_err(|e| Error::backend("open meta table", e))?;
@@ -691,15 +789,12 @@ fn replay(db: &Database, txns: &[WalTxn]) -> Result<usize> {
             codec::decode_events(txn.revision, txn.events.clone(), "", &mut events)?;
             for event in &events {
                 let key = event.kv.key.as_str();
-                let encoded = match event.kind {
-                    EventKind::Put => Some(codec::encode_kv(
-                        event.kv.create_revision,
-                        event.kv.mod_revision,
-                        &event.kv.value,
-                    )),
+                let kv = &event.kv;
+                let new = match event.kind {
+                    EventKind::Put => Some((kv.create_revision, kv.mod_revision, &kv.value[..])),
                     EventKind::Delete => None,
                 };
-                set_kv(&mut kv, &mut superseded, key, encoded.as_deref(), compacted)
+                set_key(&mut keys, &mut values, key, new, compacted)
                     .map_err(|e| Error::backend(format!("replay {key}"), e))?;
             }
             history
@@ -769,10 +864,11 @@ impl EmbeddedStore {
             .map_err(|e| Error::backend("set durability", e))?;
         {
             wtxn.open_table(META).map_err(|e| Error::backend("open meta table", e))?;
-            wtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
+            wtxn.open_table(KEYS).map_err(|e| Error::backend("open keys table", e))?;
+            wtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?;
             wtxn.open_table(HISTORY).map_err(|e| Error::backend("open history table", e))?;
-            wtxn.open_table(SUPERSEDED).map_err(|e| Error::backend("open superseded table", e))?;
         }
+        convert_legacy_tables(&wtxn)?;
         wtxn.commit().map_err(|e| Error::backend("commit table creation", e))?;
 
         // Replay what the write-ahead log holds beyond redb's last durable commit.
@@ -1113,16 +1209,16 @@ const CHECKPOINT_RECORD_REVISIONS: usize = 256;
 const CHECKPOINT_RECORD_BYTES: usize = (64 << 10) - 512;
 
 /// Cut `txns` into the runs a checkpoint stores one `history` record each (with the values
-/// of the events `in_kv` picks left out): as many revisions as fit
+/// of the events `by_ref` picks left out): as many revisions as fit
 /// [`CHECKPOINT_RECORD_BYTES`], at most [`CHECKPOINT_RECORD_REVISIONS`], at least one.
 fn record_runs<'t>(
     txns: &'t [&'t CommittedTxn],
-    in_kv: &dyn Fn(&Event) -> bool,
+    by_ref: &dyn Fn(&Event) -> bool,
 ) -> Vec<&'t [&'t CommittedTxn]> {
     let mut runs = Vec::new();
     let (mut start, mut bytes) = (0, codec::RUN_HEADER_LEN);
     for (i, txn) in txns.iter().enumerate() {
-        let len = codec::run_entry_len(txn, in_kv);
+        let len = codec::run_entry_len(txn, by_ref);
         let full =
             bytes + len > CHECKPOINT_RECORD_BYTES || i - start == CHECKPOINT_RECORD_REVISIONS;
         if i > start && full {
@@ -1155,9 +1251,9 @@ struct Writer {
     compacted: Revision,
     /// The compacted revision when the memtable was last frozen.
     frozen_compaction: Revision,
-    /// redb's `kv` as of checkpoint `.0`, for the keys the memtable does not hold (opened on
-    /// first use after each checkpoint).
-    snapshot: Option<(Revision, redb::ReadOnlyTable<&'static str, &'static [u8]>)>,
+    /// redb's keys and values as of checkpoint `.0`, for the keys the memtable does not hold
+    /// (opened on first use after each checkpoint).
+    snapshot: Option<(Revision, Snapshot)>,
     max_batch: usize,
     linger: std::time::Duration,
     wal: Wal,
@@ -1446,8 +1542,7 @@ impl Writer {
         if self.snapshot.as_ref().is_none_or(|(at, _)| *at != memtable.checkpoint) {
             self.snapshot = None;
             let rtxn = self.shared.begin_read()?;
-            let kv = rtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
-            self.snapshot = Some((memtable.checkpoint, kv));
+            self.snapshot = Some((memtable.checkpoint, Snapshot::open(&rtxn)?));
         }
         let (_, snapshot) = self.snapshot.as_ref().expect("opened above");
         let mut committed = Vec::new();
@@ -1496,29 +1591,134 @@ impl Writer {
     }
 }
 
-/// Write `key`'s new state (`None`: deleted) to `kv`. The value it displaces stays readable in
-/// `superseded` unless its revision is compacted: a checkpoint may have stored that revision's
-/// put in `history` by reference.
-fn set_kv(
-    kv: &mut redb::Table<&str, &[u8]>,
-    superseded: &mut redb::Table<(i64, &str), &[u8]>,
+/// Write `key`'s new state (`None`: deleted; else create revision, mod revision and value)
+/// to `keys`. Its value is in the history record of its revision, written with it, unless
+/// that revision is compacted already (its put went with the memtable's history): then it
+/// is kept in `values`. The value it displaces leaves `values` if its revision is compacted
+/// (else compaction drops it later: an earlier version's history may refer to it).
+fn set_key(
+    keys: &mut redb::Table<&str, &[u8]>,
+    values: &mut redb::Table<(i64, &str), &[u8]>,
     key: &str,
-    new: Option<&[u8]>,
+    new: Option<(Revision, Revision, &[u8])>,
     compacted: Revision,
 ) -> Result<()> {
     let old = match new {
-        Some(encoded) => kv.insert(key, encoded),
-        None => kv.remove(key),
+        Some((create_revision, mod_revision, _)) => {
+            keys.insert(key, &codec::encode_key(create_revision, mod_revision)[..])
+        }
+        None => keys.remove(key),
     }
-    .map_err(|e| Error::backend("write kv", e))?;
-    if let Some(old) = old {
-        let (mod_revision, value) = codec::kv_value(key, old.value())?;
-        if mod_revision > compacted {
-            superseded
-                .insert((mod_revision, key), value)
-                .map_err(|e| Error::backend("write superseded value", e))?;
+    .map_err(|e| Error::backend("write keys", e))?
+    .map(|old| codec::decode_key(key, old.value()))
+    .transpose()?;
+    if let Some((_, mod_revision, value)) = new
+        && mod_revision <= compacted
+    {
+        values.insert((mod_revision, key), value).map_err(|e| Error::backend("write value", e))?;
+    }
+    if let Some((_, displaced)) = old
+        && displaced <= compacted
+        && new.is_none_or(|(_, mod_revision, _)| mod_revision != displaced)
+    {
+        values.remove((displaced, key)).map_err(|e| Error::backend("drop value", e))?;
+    }
+    Ok(())
+}
+
+/// Copy into `values` the values history holds inline for the revisions after `from` up to
+/// `to` that are still their keys' current ones: compaction is about to drop those revisions.
+fn keep_current_values(
+    history: &redb::Table<i64, &[u8]>,
+    keys: &redb::Table<&str, &[u8]>,
+    values: &mut redb::Table<(i64, &str), &[u8]>,
+    from: Revision,
+    to: Revision,
+) -> Result<()> {
+    let read = |e| Error::backend("read history", e);
+    for entry in history.range((from + 1)..).map_err(read)? {
+        let (last, raw) = entry.map_err(read)?;
+        let record = Bytes::copy_from_slice(raw.value());
+        for (revision, raw) in codec::split_batch(last.value(), record)? {
+            if revision <= from {
+                continue;
+            }
+            if revision > to {
+                return Ok(());
+            }
+            // A put an earlier version stored by reference has its value in `values` already.
+            let mut by_reference = Vec::new();
+            let mut events = Vec::new();
+            codec::decode_events_with(revision, raw, "", &mut events, &mut |key| {
+                by_reference.push(key.to_owned());
+                Ok(Bytes::new())
+            })?;
+            for event in events.iter().filter(|e| e.kind == EventKind::Put) {
+                let key = event.kv.key.as_str();
+                if by_reference.iter().any(|k| k == key) {
+                    continue;
+                }
+                let current = keys.get(key).map_err(|e| Error::backend(format!("get {key}"), e))?;
+                let current = current.map(|raw| codec::decode_key(key, raw.value())).transpose()?;
+                if current.is_some_and(|(_, at)| at == revision) {
+                    values
+                        .insert((revision, key), &event.kv.value[..])
+                        .map_err(|e| Error::backend("keep a current value", e))?;
+                }
+            }
         }
     }
+    Ok(())
+}
+
+/// Convert the tables of a store written by an earlier version (each value inline in its
+/// `kv` entry, displaced ones in `superseded`) into `keys` and `values`, and drop them.
+fn convert_legacy_tables(wtxn: &redb::WriteTransaction) -> Result<()> {
+    let tables: Vec<String> = wtxn
+        .list_tables()
+        .map_err(|e| Error::backend("list tables", e))?
+        .map(|table| table.name().to_string())
+        .collect();
+    let has = |definition: &dyn TableHandle| tables.iter().any(|name| name == definition.name());
+    let (has_kv, has_superseded) = (has(&LEGACY_KV), has(&LEGACY_SUPERSEDED));
+    if !has_kv && !has_superseded {
+        return Ok(());
+    }
+    let mut converted = 0usize;
+    {
+        let mut keys = wtxn.open_table(KEYS).map_err(|e| Error::backend("open keys table", e))?;
+        let mut values =
+            wtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?;
+        let convert = |e: redb::StorageError| Error::backend("convert the kv table", e);
+        if has_kv {
+            let kv =
+                wtxn.open_table(LEGACY_KV).map_err(|e| Error::backend("open the kv table", e))?;
+            for entry in kv.iter().map_err(convert)? {
+                let (key, raw) = entry.map_err(convert)?;
+                let (key, raw) = (key.value(), raw.value());
+                let (mod_revision, value) = codec::kv_value(key, raw)?;
+                let create_revision = i64::from_le_bytes(raw[..8].try_into().unwrap_or_default());
+                keys.insert(key, &codec::encode_key(create_revision, mod_revision)[..])
+                    .map_err(convert)?;
+                values.insert((mod_revision, key), value).map_err(convert)?;
+                converted += 1;
+            }
+        }
+        if has_superseded {
+            let convert = |e: redb::StorageError| Error::backend("convert the superseded table", e);
+            let superseded = wtxn
+                .open_table(LEGACY_SUPERSEDED)
+                .map_err(|e| Error::backend("open the superseded table", e))?;
+            for entry in superseded.iter().map_err(convert)? {
+                let (at, value) = entry.map_err(convert)?;
+                values.insert(at.value(), value.value()).map_err(convert)?;
+            }
+        }
+    }
+    let dropped = |e| Error::backend("drop the converted tables", e);
+    wtxn.delete_table(LEGACY_KV).map_err(dropped)?;
+    wtxn.delete_table(LEGACY_SUPERSEDED).map_err(dropped)?;
+    tracing::info!(keys = converted, "converted the store's tables to keys and values");
     Ok(())
 }
 
@@ -1547,37 +1747,52 @@ fn checkpoint(shared: &Shared, layer: &Layer) -> Result<()> {
             .map_err(|e| Error::backend("read meta", e))?
             .map_or(0, |v| v.value());
         let compacted = compacted_before.max(layer.compacted);
-        let mut kv = wtxn.open_table(KV).map_err(|e| Error::backend("open kv table", e))?;
-        let mut superseded =
-            wtxn.open_table(SUPERSEDED).map_err(|e| Error::backend("open superseded table", e))?;
+        let mut keys = wtxn.open_table(KEYS).map_err(|e| Error::backend("open keys table", e))?;
+        let mut values =
+            wtxn.open_table(VALUES).map_err(|e| Error::backend("open values table", e))?;
         for (key, state) in &layer.kv {
-            let encoded = state.as_ref().map(|stored| {
-                codec::encode_kv(stored.create_revision, stored.mod_revision, &stored.value)
-            });
-            set_kv(&mut kv, &mut superseded, key, encoded.as_deref(), compacted)
+            let new = state.as_ref().map(Stored::state);
+            set_key(&mut keys, &mut values, key, new, compacted)
                 .map_err(|e| Error::backend(format!("checkpoint {key}"), e))?;
         }
         let mut history =
             wtxn.open_table(HISTORY).map_err(|e| Error::backend("open history table", e))?;
         if compacted > compacted_before {
+            keep_current_values(&history, &keys, &mut values, compacted_before, compacted)?;
             history
                 .retain_in(..=compacted, |_, _| false)
                 .map_err(|e| Error::backend("compact history", e))?;
-            superseded
-                .retain_in(..(compacted + 1, ""), |_, _| false)
-                .map_err(|e| Error::backend("compact superseded values", e))?;
+            // The values of the revisions compacted now that are no longer current (those
+            // displaced at or below the compacted revision went when displaced).
+            let mut unreadable = None;
+            values
+                .retain_in((compacted_before + 1, "")..(compacted + 1, ""), |(revision, key), _| {
+                    let current = keys
+                        .get(key)
+                        .map_err(|e| Error::backend(format!("get {key}"), e))
+                        .and_then(|entry| {
+                            entry.map(|raw| codec::decode_key(key, raw.value())).transpose()
+                        });
+                    match current {
+                        Ok(current) => current.is_some_and(|(_, at)| at == revision),
+                        Err(error) => {
+                            unreadable.get_or_insert(error);
+                            true
+                        }
+                    }
+                })
+                .map_err(|e| Error::backend("compact values", e))?;
+            if let Some(error) = unreadable {
+                return Err(error);
+            }
         }
-        // A put whose value is the key's current one goes to history by reference.
-        let in_kv = |event: &Event| {
-            layer.kv.get(&event.kv.key).is_some_and(|state| {
-                state.as_ref().is_some_and(|s| s.mod_revision == event.kv.mod_revision)
-            })
-        };
+        // Every value goes into history inline: that is where reads find it.
+        let by_ref = |_: &Event| false;
         let txns: Vec<&CommittedTxn> = layer.history.iter().flat_map(|b| b.iter()).collect();
         let mut record = Vec::new();
-        for run in record_runs(&txns, &in_kv) {
+        for run in record_runs(&txns, &by_ref) {
             let last = run[run.len() - 1].revision;
-            codec::encode_run_into(&mut record, run, &in_kv);
+            codec::encode_run_into(&mut record, run, &by_ref);
             history
                 .insert(last, record.as_slice())
                 .map_err(|e| Error::backend("write history", e))?;
@@ -1613,7 +1828,7 @@ fn checkpoint(shared: &Shared, layer: &Layer) -> Result<()> {
 #[allow(clippy::type_complexity)]
 fn apply_txn(
     memtable: &mut Memtable,
-    snapshot: &redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    snapshot: &Snapshot,
     revision: Revision,
     ops: &[TxnOp],
 ) -> Result<Result<(Vec<TxnResult>, Vec<Event>)>> {
@@ -1626,11 +1841,14 @@ fn apply_txn(
         let current = match (overlay.get(key), memtable.lookup(key)) {
             (Some(state), _) => state.clone(),
             (None, Some(state)) => state.as_ref().map(|stored| stored.with_key(key)),
-            (None, None) => snapshot
-                .get(key)
-                .map_err(|e| Error::backend(format!("read {key}"), e))?
-                .map(|raw| codec::decode_kv(key, raw.value()))
-                .transpose()?,
+            // A create only asks whether the key exists: no value is read for it.
+            (None, None) if matches!(op, TxnOp::Create { .. }) => {
+                if snapshot.contains(key)? {
+                    return Ok(Err(Error::AlreadyExists { key: key.to_owned() }));
+                }
+                None
+            }
+            (None, None) => snapshot.get(key)?,
         };
         match (op, current) {
             (TxnOp::Create { .. }, Some(_)) => {
@@ -1723,9 +1941,10 @@ pub(crate) mod codec {
     const BATCH_FORMAT: u8 = 2;
     const KIND_PUT: u8 = 0;
     const KIND_DELETE: u8 = 1;
-    /// A put stored without its value (`value_len` 0): the value is `kv`'s for the key if
-    /// written at this revision, else `superseded`'s. Only checkpoints write it to `history`.
-    const KIND_PUT_IN_KV: u8 = 2;
+    /// A put stored without its value (`value_len` 0): the value is in `values` under the
+    /// revision and key. Checkpoints of earlier versions wrote it to `history` (this one
+    /// writes every value inline, and reads it in their records).
+    const KIND_PUT_BY_REFERENCE: u8 = 2;
 
     #[derive(Debug, thiserror::Error)]
     pub enum CorruptRecord {
@@ -1747,6 +1966,8 @@ pub(crate) mod codec {
         Error::backend(what, cause)
     }
 
+    /// An earlier version's `kv` entry: `create_revision | mod_revision | value`.
+    #[cfg(test)]
     pub fn encode_kv(create_revision: Revision, mod_revision: Revision, value: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + value.len());
         out.extend_from_slice(&create_revision.to_le_bytes());
@@ -1755,6 +1976,30 @@ pub(crate) mod codec {
         out
     }
 
+    /// A `keys` entry: `create_revision i64 LE | mod_revision i64 LE`.
+    pub fn encode_key(create_revision: Revision, mod_revision: Revision) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&create_revision.to_le_bytes());
+        out[8..].copy_from_slice(&mod_revision.to_le_bytes());
+        out
+    }
+
+    /// The create and mod revisions of a `keys` entry.
+    pub fn decode_key(key: &str, raw: &[u8]) -> Result<(Revision, Revision)> {
+        let revisions: Option<[u8; 16]> = raw.try_into().ok();
+        match revisions {
+            Some(r) => Ok((
+                i64::from_le_bytes(r[..8].try_into().unwrap_or_default()),
+                i64::from_le_bytes(r[8..].try_into().unwrap_or_default()),
+            )),
+            None => Err(corrupt(
+                format!("decode key {key}"),
+                CorruptRecord::Truncated { offset: 0, needed: 16, len: raw.len() },
+            )),
+        }
+    }
+
+    #[cfg(test)]
     pub fn decode_kv(key: &str, raw: &[u8]) -> Result<KeyValue> {
         let (mod_revision, value) = kv_value(key, raw)?;
         Ok(KeyValue {
@@ -1765,7 +2010,7 @@ pub(crate) mod codec {
         })
     }
 
-    /// The mod revision and value of a `kv` entry, without copying the value.
+    /// The mod revision and value of an earlier version's `kv` entry, without copying it.
     pub fn kv_value<'r>(key: &str, raw: &'r [u8]) -> Result<(Revision, &'r [u8])> {
         match raw.get(8..16) {
             Some(modr) => Ok((i64::from_le_bytes(modr.try_into().unwrap_or_default()), &raw[16..])),
@@ -1792,17 +2037,17 @@ pub(crate) mod codec {
         out
     }
 
-    /// Whether `event` is stored by reference when `in_kv` picks the values left out: only a
+    /// Whether `event` is stored by reference when `by_ref` picks the values left out: only a
     /// put's can be.
-    fn by_reference(event: &Event, in_kv: &dyn Fn(&Event) -> bool) -> bool {
-        event.kind == EventKind::Put && in_kv(event)
+    fn by_reference(event: &Event, by_ref: &dyn Fn(&Event) -> bool) -> bool {
+        event.kind == EventKind::Put && by_ref(event)
     }
 
     /// The length of what [`encode_events_into_with`] writes for `events`.
-    fn events_len(events: &[Event], in_kv: &dyn Fn(&Event) -> bool) -> usize {
+    fn events_len(events: &[Event], by_ref: &dyn Fn(&Event) -> bool) -> usize {
         let kv_len = |kv: &KeyValue| 20 + kv.value.len();
         let event_len = |e: &Event| {
-            let value = if by_reference(e, in_kv) { 20 } else { kv_len(&e.kv) };
+            let value = if by_reference(e, by_ref) { 20 } else { kv_len(&e.kv) };
             6 + e.kv.key.len() + value + e.prev.as_ref().map_or(0, kv_len)
         };
         5 + events.iter().map(event_len).sum::<usize>()
@@ -1813,20 +2058,20 @@ pub(crate) mod codec {
         encode_events_into_with(out, events, &|_| false)
     }
 
-    /// [`encode_events_into`], with the values of the puts `in_kv` picks left out
-    /// ([`KIND_PUT_IN_KV`]).
+    /// [`encode_events_into`], with the values of the puts `by_ref` picks left out
+    /// ([`KIND_PUT_BY_REFERENCE`]).
     fn encode_events_into_with(
         out: &mut Vec<u8>,
         events: &[Event],
-        in_kv: &dyn Fn(&Event) -> bool,
+        by_ref: &dyn Fn(&Event) -> bool,
     ) {
-        out.reserve(events_len(events, in_kv));
+        out.reserve(events_len(events, by_ref));
         out.push(EVENTS_FORMAT);
         out.extend_from_slice(&(events.len() as u32).to_le_bytes());
         for event in events {
-            let by_reference = by_reference(event, in_kv);
+            let by_reference = by_reference(event, by_ref);
             out.push(match event.kind {
-                EventKind::Put if by_reference => KIND_PUT_IN_KV,
+                EventKind::Put if by_reference => KIND_PUT_BY_REFERENCE,
                 EventKind::Put => KIND_PUT,
                 EventKind::Delete => KIND_DELETE,
             });
@@ -1889,21 +2134,22 @@ pub(crate) mod codec {
     pub(super) const RUN_HEADER_LEN: usize = 5;
 
     /// The length `txn` adds to a run record.
-    pub(super) fn run_entry_len(txn: &CommittedTxn, in_kv: &dyn Fn(&Event) -> bool) -> usize {
-        12 + events_len(&txn.events, in_kv)
+    pub(super) fn run_entry_len(txn: &CommittedTxn, by_ref: &dyn Fn(&Event) -> bool) -> usize {
+        12 + events_len(&txn.events, by_ref)
     }
 
     /// A `history` record holding a run of revisions, stored under the last of them:
     /// `format u8 (2) | count u32 | count × (revision i64 | len u32 | events)`, each `events` as
-    /// [`encode_events`] writes it but for the values of the puts `in_kv` picks, left out
-    /// ([`KIND_PUT_IN_KV`]); written into `out` (cleared first). A checkpoint stores
+    /// [`encode_events`] writes it but for the values of the puts `by_ref` picks, left out
+    /// ([`KIND_PUT_BY_REFERENCE`]: a checkpoint now picks none; the tests write the records of
+    /// earlier versions with it); written into `out` (cleared first). A checkpoint stores
     /// the runs [`super::record_runs`] cuts, one record each: one B-tree insert per run instead
     /// of one per revision. A format-1 record (what [`encode_events`] writes, and what earlier
     /// versions stored) is the run of its one revision.
     pub(super) fn encode_run_into(
         out: &mut Vec<u8>,
         txns: &[&CommittedTxn],
-        in_kv: &dyn Fn(&Event) -> bool,
+        by_ref: &dyn Fn(&Event) -> bool,
     ) {
         out.clear();
         out.push(BATCH_FORMAT);
@@ -1912,7 +2158,7 @@ pub(crate) mod codec {
             out.extend_from_slice(&txn.revision.to_le_bytes());
             let at = out.len();
             out.extend_from_slice(&[0; 4]); // length, below
-            encode_events_into_with(out, &txn.events, in_kv);
+            encode_events_into_with(out, &txn.events, by_ref);
             let len = (out.len() - at - 4) as u32;
             out[at..at + 4].copy_from_slice(&len.to_le_bytes());
         }
@@ -1996,10 +2242,10 @@ pub(crate) mod codec {
             }
             let count = reader.u32()?;
             for _ in 0..count {
-                let (kind, in_kv) = match reader.u8()? {
+                let (kind, by_ref) = match reader.u8()? {
                     KIND_PUT => (EventKind::Put, false),
                     KIND_DELETE => (EventKind::Delete, false),
-                    KIND_PUT_IN_KV => (EventKind::Put, true),
+                    KIND_PUT_BY_REFERENCE => (EventKind::Put, true),
                     other => return Err(CorruptRecord::Kind(other)),
                 };
                 let key_len = reader.u32()? as usize;
@@ -2010,11 +2256,11 @@ pub(crate) mod codec {
                     0 => None,
                     _ => Some(reader.kv(key)?),
                 };
-                if in_kv && !kv.value.is_empty() {
+                if by_ref && !kv.value.is_empty() {
                     return Err(CorruptRecord::ValueInReference);
                 }
                 if key.starts_with(prefix) {
-                    if in_kv {
+                    if by_ref {
                         by_reference.push(out.len());
                     }
                     out.push(Event { kind, revision, kv, prev });
@@ -2166,17 +2412,17 @@ pub(crate) mod codec {
                 .collect();
             let all: Vec<&CommittedTxn> = txns.iter().collect();
             // Every third revision's value by reference.
-            let in_kv = |e: &Event| e.revision % 3 == 0;
-            let runs = record_runs(&all, &in_kv);
+            let by_ref = |e: &Event| e.revision % 3 == 0;
+            let runs = record_runs(&all, &by_ref);
             // Every revision once, in order; each record as long as computed.
             let flat: Vec<Revision> =
                 runs.iter().flat_map(|r| r.iter().map(|t| t.revision)).collect();
             assert_eq!(flat, (1..=1000).collect::<Vec<_>>());
             for (i, run) in runs.iter().enumerate() {
                 let mut raw = Vec::new();
-                encode_run_into(&mut raw, run, &in_kv);
+                encode_run_into(&mut raw, run, &by_ref);
                 let computed =
-                    RUN_HEADER_LEN + run.iter().map(|t| run_entry_len(t, &in_kv)).sum::<usize>();
+                    RUN_HEADER_LEN + run.iter().map(|t| run_entry_len(t, &by_ref)).sum::<usize>();
                 assert_eq!(raw.len(), computed);
                 assert!(run.len() <= CHECKPOINT_RECORD_REVISIONS);
                 if run.len() > 1 {
@@ -2188,7 +2434,8 @@ pub(crate) mod codec {
                 }
                 // Not cut early: the next revision would not have fitted.
                 if let Some(next) = runs.get(i + 1) {
-                    let full = raw.len() + run_entry_len(next[0], &in_kv) > CHECKPOINT_RECORD_BYTES
+                    let full = raw.len() + run_entry_len(next[0], &by_ref)
+                        > CHECKPOINT_RECORD_BYTES
                         || run.len() == CHECKPOINT_RECORD_REVISIONS;
                     assert!(full, "record {i} cut at {} bytes, {} revisions", raw.len(), run.len());
                 }
@@ -2208,9 +2455,9 @@ pub(crate) mod codec {
                 })
                 .collect();
             // The puts of /a/ keys by reference (a delete never is, whatever the predicate says).
-            let in_kv = |e: &Event| e.kv.key.starts_with("/a/") || e.kind == EventKind::Delete;
+            let by_ref = |e: &Event| e.kv.key.starts_with("/a/") || e.kind == EventKind::Delete;
             let mut raw = Vec::new();
-            encode_run_into(&mut raw, &txns.iter().collect::<Vec<_>>(), &in_kv);
+            encode_run_into(&mut raw, &txns.iter().collect::<Vec<_>>(), &by_ref);
             let mut inline = Vec::new();
             encode_run_into(&mut inline, &txns.iter().collect::<Vec<_>>(), &|_| false);
             assert_eq!(inline.len() - raw.len(), 3 * "v".len(), "only the /a/ values left out");
@@ -2591,22 +2838,21 @@ mod tests {
         store.close().await.unwrap();
     }
 
-    /// Checkpoints store a put whose value is current by reference (history then holds each
-    /// value once): history still returns every revision's own value after later checkpoints
-    /// and a log replay displace it from `kv`, and compaction drops the displaced values it no
-    /// longer needs.
+    /// Values live in the history records of their revisions, through later checkpoints and
+    /// a log replay that displace them; compaction keeps the values still current (in
+    /// `values`) and drops the rest with their revisions.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn history_keeps_the_values_checkpoints_stored_by_reference() {
+    async fn history_holds_the_values_and_compaction_keeps_the_current_ones() {
         let dir = tempfile::tempdir().unwrap();
         let every_commit =
             EmbeddedConfig::default().checkpoint_interval(Duration::ZERO).wal_prealloc(64 << 10);
         let store = EmbeddedStore::open_with(dir.path(), every_commit).unwrap();
-        // Values no key or revision encoding can contain, to look for in the records.
         let value = |s: &str| Bytes::from(format!("<{s}>"));
         let mut expected: Vec<(Revision, &str, Option<&str>)> = Vec::new();
         let mut ticks = 0;
         for (key, new) in [
             ("/r/a", Some("a1")),
+            ("/r/c", Some("c1")),
             ("/r/a", Some("a2")),
             ("/r/b", Some("b1")),
             ("/r/b", None),
@@ -2617,7 +2863,6 @@ mod tests {
                 (Some(v), Some(old)) => {
                     store.update(key, value(v), old.mod_revision).await.unwrap().mod_revision
                 }
-                // (A delete answers with the deleted value.)
                 (None, _) => {
                     store.delete(key, None).await.unwrap();
                     store.current_revision().await.unwrap()
@@ -2653,29 +2898,23 @@ mod tests {
                 key: "/r/a".into(),
                 value: value("a3"),
                 create_revision: 1,
-                mod_revision: expected[4].0,
+                mod_revision: expected[5].0,
             }),
         };
         let logged = WalTxn { revision: next, events: Bytes::from(codec::encode_events(&[a4])) };
         assert_eq!(replay(&db, &[logged]).unwrap(), 1);
-        // History holds each value once: a checkpointed put's by reference, inline as the
-        // prev of the update after it (or as the deleted value); a4 inline (the replay's).
-        {
+        let kept = |db: &Database| -> Vec<(Revision, String)> {
             let rtxn = db.begin_read().unwrap();
-            let history = rtxn.open_table(HISTORY).unwrap();
-            let records: Vec<Vec<u8>> =
-                history.iter().unwrap().map(|e| e.unwrap().1.value().to_vec()).collect();
-            let copies = |v: &str| {
-                let v = value(v);
-                records
-                    .iter()
-                    .map(|r| r.windows(v.len()).filter(|w| *w == &v[..]).count())
-                    .sum::<usize>()
-            };
-            for v in ["a1", "a2", "b1", "a3", "a4"] {
-                assert_eq!(copies(v), 1, "copies of {v} in history");
-            }
-        }
+            let values = rtxn.open_table(VALUES).unwrap();
+            let all = values.iter().unwrap().map(|e| {
+                let (at, _) = e.unwrap();
+                let (revision, key) = at.value();
+                (revision, key.to_string())
+            });
+            all.filter(|(_, key)| !key.starts_with("/z/")).collect()
+        };
+        // Nothing compacted: every value is in history only.
+        assert_eq!(kept(&db), vec![]);
         drop(db);
         expected.push((next, "/r/a", Some("a4")));
 
@@ -2697,31 +2936,130 @@ mod tests {
                 .map(|(r, k, v)| (*r, k.to_string(), v.map(value)))
                 .collect()
         };
+        let current_values = async |store: &EmbeddedStore| {
+            let listed = store.list("/r/").await.unwrap().kvs;
+            let got = store.get("/r/c").await.unwrap().unwrap();
+            assert_eq!(listed[1], got);
+            listed.into_iter().map(|kv| (kv.key, kv.value)).collect::<Vec<_>>()
+        };
+        let now = vec![("/r/a".to_string(), value("a4")), ("/r/c".to_string(), value("c1"))];
         let store = EmbeddedStore::open_with(dir.path(), never.clone()).unwrap();
         assert_eq!(history(&store, 0).await, want(0));
-        // Compacting past a1 and a2 drops them from `superseded` (at the close's checkpoint).
-        let a2 = expected[1].0;
-        store.compact(a2).await.unwrap();
-        store.close().await.unwrap();
-        let store = EmbeddedStore::open_with(dir.path(), never).unwrap();
-        assert_eq!(history(&store, a2).await, want(a2));
+        assert_eq!(current_values(&store).await, now);
+        // Compacting past b1 (at the close's checkpoint) keeps c1, still current, and
+        // nothing else of /r/.
+        let b1 = expected[3].0;
+        store.compact(b1).await.unwrap();
         store.close().await.unwrap();
         let db = Database::create(dir.path().join(DB_FILE)).unwrap();
-        let rtxn = db.begin_read().unwrap();
-        let superseded = rtxn.open_table(SUPERSEDED).unwrap();
-        let kept: Vec<(Revision, String)> = superseded
-            .iter()
-            .unwrap()
-            .map(|e| {
-                let (k, _) = e.unwrap();
-                let (r, key) = k.value();
-                (r, key.to_string())
-            })
-            .collect();
-        // Left: b1, displaced by the delete's checkpoint, and a3, displaced by the replay.
-        let b1 = expected[2].0;
-        let a3 = expected[4].0;
-        assert_eq!(kept, vec![(b1, "/r/b".to_string()), (a3, "/r/a".to_string())]);
+        assert_eq!(kept(&db), vec![(expected[1].0, "/r/c".to_string())]);
+        drop(db);
+        let store = EmbeddedStore::open_with(dir.path(), never.clone()).unwrap();
+        assert_eq!(history(&store, b1).await, want(b1));
+        assert_eq!(current_values(&store).await, now);
+        // Once /r/c is rewritten, its compacted value goes.
+        let c1 = store.get("/r/c").await.unwrap().unwrap();
+        store.update("/r/c", value("c2"), c1.mod_revision).await.unwrap();
+        store.close().await.unwrap();
+        let db = Database::create(dir.path().join(DB_FILE)).unwrap();
+        assert_eq!(kept(&db), vec![]);
+    }
+
+    /// A store written by an earlier version (each value inline in its `kv` entry, history
+    /// referring to it and to the displaced ones kept in `superseded`) opens with the same
+    /// keys, values and history, converted, and keeps its values through a compaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn converts_the_tables_of_earlier_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let every_commit =
+            EmbeddedConfig::default().checkpoint_interval(Duration::ZERO).wal_prealloc(64 << 10);
+        let store = EmbeddedStore::open_with(dir.path(), every_commit).unwrap();
+        for i in 0..40 {
+            let key = format!("/c/{:02}", i % 12);
+            let value = Bytes::from(format!("v{i}"));
+            match store.get(&key).await.unwrap() {
+                None => drop(store.create(&key, value).await.unwrap()),
+                Some(_) if i % 7 == 0 => drop(store.delete(&key, None).await.unwrap()),
+                Some(old) => drop(store.update(&key, value, old.mod_revision).await.unwrap()),
+            }
+        }
+        let before = store.list("/c/").await.unwrap();
+        let history = async |store: &EmbeddedStore, count: usize| {
+            let mut watch = store.watch("/c/", 0).await.unwrap();
+            let mut events = Vec::new();
+            while events.len() < count {
+                let e = watch.next().await.unwrap().unwrap();
+                events.push((e.revision, e.kind, e.kv.key, e.kv.value));
+            }
+            events
+        };
+        let events = history(&store, 40).await;
+        assert!(store.stats().checkpoints > 5, "{:?}", store.stats());
+        store.close().await.unwrap();
+
+        // Rewrite the tables as an earlier version kept them: every put in history by
+        // reference, to the value in `kv` if current, else in `superseded`.
+        let db = Database::create(dir.path().join(DB_FILE)).unwrap();
+        let wtxn = db.begin_write().unwrap();
+        {
+            let mut history = wtxn.open_table(HISTORY).unwrap();
+            let mut kv = wtxn.open_table(LEGACY_KV).unwrap();
+            let mut superseded = wtxn.open_table(LEGACY_SUPERSEDED).unwrap();
+            for e in &before.kvs {
+                let entry = codec::encode_kv(e.create_revision, e.mod_revision, &e.value);
+                kv.insert(e.key.as_str(), &entry[..]).unwrap();
+            }
+            let current = |revision: Revision, key: &str| {
+                before.kvs.iter().any(|e| e.key == key && e.mod_revision == revision)
+            };
+            let records: Vec<(Revision, Bytes)> = history
+                .iter()
+                .unwrap()
+                .map(|e| {
+                    let (last, raw) = e.unwrap();
+                    (last.value(), Bytes::copy_from_slice(raw.value()))
+                })
+                .collect();
+            for (last, record) in records {
+                let mut txns = Vec::new();
+                for (revision, raw) in codec::split_batch(last, record).unwrap() {
+                    let mut events = Vec::new();
+                    codec::decode_events(revision, raw, "", &mut events).unwrap();
+                    for e in events.iter().filter(|e| e.kind == EventKind::Put) {
+                        if !current(revision, &e.kv.key) {
+                            superseded
+                                .insert((revision, e.kv.key.as_str()), &e.kv.value[..])
+                                .unwrap();
+                        }
+                    }
+                    txns.push(CommittedTxn { revision, events });
+                }
+                let mut raw = Vec::new();
+                let run: Vec<&CommittedTxn> = txns.iter().collect();
+                codec::encode_run_into(&mut raw, &run, &|e: &Event| e.kind == EventKind::Put);
+                history.insert(last, raw.as_slice()).unwrap();
+            }
+            assert!(!redb::ReadableTableMetadata::is_empty(&superseded).unwrap(), "none displaced");
+        }
+        wtxn.delete_table(KEYS).unwrap();
+        wtxn.delete_table(VALUES).unwrap();
+        wtxn.commit().unwrap();
+        drop(db);
+
+        let store = EmbeddedStore::open_with(dir.path(), EmbeddedConfig::default()).unwrap();
+        let after = store.list("/c/").await.unwrap();
+        assert_eq!((&after.kvs, after.revision), (&before.kvs, before.revision));
+        assert_eq!(history(&store, 40).await, events);
+        store.compact(before.revision).await.unwrap();
+        store.close().await.unwrap();
+        let db = Database::create(dir.path().join(DB_FILE)).unwrap();
+        let tables: Vec<String> =
+            db.begin_read().unwrap().list_tables().unwrap().map(|t| t.name().to_string()).collect();
+        assert!(!tables.iter().any(|t| t == "kv" || t == "superseded"), "{tables:?}");
+        drop(db);
+        let store = EmbeddedStore::open_with(dir.path(), EmbeddedConfig::default()).unwrap();
+        assert_eq!(store.list("/c/").await.unwrap().kvs, before.kvs);
+        store.close().await.unwrap();
     }
 
     /// Checkpoints happen and the log is reused; reads, updates, deletes and watches see the
