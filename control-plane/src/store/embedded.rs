@@ -615,9 +615,6 @@ struct Snapshot {
     values: redb::ReadOnlyTable<(i64, &'static str), &'static [u8]>,
     history: redb::ReadOnlyTable<i64, &'static [u8]>,
     compacted: Revision,
-    /// The history record read last, split into its revisions: values read in revision
-    /// order read each record once.
-    record: std::cell::RefCell<Vec<(Revision, Bytes)>>,
 }
 
 impl Snapshot {
@@ -629,7 +626,6 @@ impl Snapshot {
                 .open_table(HISTORY)
                 .map_err(|e| Error::backend("open history table", e))?,
             compacted: read_meta(rtxn, META_COMPACTED)?,
-            record: Default::default(),
         })
     }
 
@@ -648,7 +644,7 @@ impl Snapshot {
     }
 
     /// Fill in the values of the entries `read` of `kvs` (current states read from `keys`), in
-    /// revision order.
+    /// revision order: each history record is read from disk once (then from redb's cache).
     fn fill_values(&self, kvs: &mut [KeyValue], mut read: Vec<usize>) -> Result<()> {
         read.sort_unstable_by_key(|&i| kvs[i].mod_revision);
         for i in read {
@@ -662,25 +658,23 @@ impl Snapshot {
         if revision <= self.compacted {
             return stored_value(&self.values, key, revision);
         }
-        let raw = {
-            let mut record = self.record.borrow_mut();
-            let held = record.first().is_some_and(|(first, _)| *first <= revision)
-                && record.last().is_some_and(|(last, _)| revision <= *last);
-            if !held {
-                let read = |e| Error::backend("read history", e);
-                let found = self.history.range(revision..).map_err(read)?.next();
-                let Some(found) = found else { return Err(missing_value(key, revision)) };
-                let (last, raw) = found.map_err(read)?;
-                *record = codec::split_batch(last.value(), Bytes::copy_from_slice(raw.value()))?;
-            }
-            let at = record.iter().find(|(r, _)| *r == revision);
-            at.map(|(_, raw)| raw.clone()).ok_or_else(|| missing_value(key, revision))?
-        };
+        // The record holding `revision` is the first one stored under it or after; only that
+        // revision's events are copied out of it.
+        let read = |e| Error::backend("read history", e);
+        let found = self.history.range(revision..).map_err(read)?.next();
+        let Some(found) = found else { return Err(missing_value(key, revision)) };
+        let (last, record) = found.map_err(read)?;
+        let record = record.value();
+        let ranges = codec::batch_ranges(last.value(), record)?;
+        let at = ranges.into_iter().find(|(r, _)| *r == revision);
+        let Some((_, range)) = at else { return Err(missing_value(key, revision)) };
+        let raw = Bytes::copy_from_slice(&record[range]);
         let mut events = Vec::new();
         let mut stored = |key: &str| stored_value(&self.values, key, revision);
         codec::decode_events_with(revision, raw, key, &mut events, &mut stored)?;
         let put = events.into_iter().find(|e| e.kind == EventKind::Put && e.kv.key == key);
-        put.map(|e| e.kv.value).ok_or_else(|| missing_value(key, revision))
+        // A copy: a slice would keep the revision's other values (its prevs) in memory.
+        put.map(|e| Bytes::copy_from_slice(&e.kv.value)).ok_or_else(|| missing_value(key, revision))
     }
 }
 
@@ -2130,6 +2124,30 @@ pub(crate) mod codec {
         }
     }
 
+    /// A cursor over a borrowed record, for what is only located in it (a [`Reader`] hands
+    /// out owned slices).
+    struct Cursor<'a> {
+        buf: &'a [u8],
+        pos: usize,
+    }
+
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> Result<&'a [u8], CorruptRecord> {
+            let end = self.pos.checked_add(n).filter(|end| *end <= self.buf.len()).ok_or(
+                CorruptRecord::Truncated { offset: self.pos, needed: n, len: self.buf.len() },
+            )?;
+            let out = &self.buf[self.pos..end];
+            self.pos = end;
+            Ok(out)
+        }
+        fn u32(&mut self) -> Result<u32, CorruptRecord> {
+            Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+        }
+        fn i64(&mut self) -> Result<i64, CorruptRecord> {
+            Ok(i64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+        }
+    }
+
     /// The length of a run record's header (see [`encode_run_into`]).
     pub(super) const RUN_HEADER_LEN: usize = 5;
 
@@ -2168,25 +2186,36 @@ pub(crate) mod codec {
     /// events)` with `events` as [`decode_events`] takes them. The revisions must be
     /// contiguous and end at `last`.
     pub fn split_batch(last: Revision, raw: Bytes) -> Result<Vec<(Revision, Bytes)>> {
+        let ranges = batch_ranges(last, &raw)?;
+        Ok(ranges.into_iter().map(|(revision, range)| (revision, raw.slice(range))).collect())
+    }
+
+    /// [`split_batch`] of a borrowed record: where each revision's events are in it.
+    pub fn batch_ranges(
+        last: Revision,
+        raw: &[u8],
+    ) -> Result<Vec<(Revision, std::ops::Range<usize>)>> {
         let what = || format!("decode history record of revision {last}");
         if raw.first() == Some(&EVENTS_FORMAT) {
-            return Ok(vec![(last, raw)]);
+            return Ok(vec![(last, 0..raw.len())]);
         }
-        let mut reader = Reader { buf: raw, pos: 0 };
-        let mut split = || -> Result<Vec<(Revision, Bytes)>, CorruptRecord> {
-            let format = reader.u8()?;
+        let mut cursor = Cursor { buf: raw, pos: 0 };
+        let mut split = || -> Result<Vec<(Revision, std::ops::Range<usize>)>, CorruptRecord> {
+            let format = cursor.take(1)?[0];
             if format != BATCH_FORMAT {
                 return Err(CorruptRecord::Format(format));
             }
-            let count = reader.u32()? as usize;
-            let mut out = Vec::with_capacity(count.min(reader.buf.len() / 12));
+            let count = cursor.u32()? as usize;
+            let mut out = Vec::with_capacity(count.min(raw.len() / 12));
             for _ in 0..count {
-                let revision = reader.i64()?;
-                let len = reader.u32()? as usize;
-                out.push((revision, reader.take(len)?));
+                let revision = cursor.i64()?;
+                let len = cursor.u32()? as usize;
+                let start = cursor.pos;
+                cursor.take(len)?;
+                out.push((revision, start..cursor.pos));
             }
-            if reader.pos != reader.buf.len() {
-                return Err(CorruptRecord::Trailing(reader.buf.len() - reader.pos));
+            if cursor.pos != raw.len() {
+                return Err(CorruptRecord::Trailing(raw.len() - cursor.pos));
             }
             Ok(out)
         };
