@@ -119,6 +119,10 @@ const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 /// refers to, under the same keys as `values`.
 const LEGACY_KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const LEGACY_SUPERSEDED: TableDefinition<(i64, &str), &[u8]> = TableDefinition::new("superseded");
+/// An empty table under `superseded`'s name and of another type: an earlier version opening
+/// this store fails on it ("table type mismatch") before it replays the log into a `kv`
+/// table it would believe empty.
+const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("superseded");
 const META_REVISION: &str = "revision";
 const META_COMPACTED: &str = "compacted";
 /// The revision of the last checkpoint (informational).
@@ -1666,7 +1670,8 @@ fn keep_current_values(
 }
 
 /// Convert the tables of a store written by an earlier version (each value inline in its
-/// `kv` entry, displaced ones in `superseded`) into `keys` and `values`, and drop them.
+/// `kv` entry, displaced ones in `superseded`) into `keys` and `values`, and drop them; then
+/// make sure the [`DOWNGRADE_GUARD`] is there.
 fn convert_legacy_tables(wtxn: &redb::WriteTransaction) -> Result<()> {
     let tables: Vec<String> = wtxn
         .list_tables()
@@ -1674,8 +1679,16 @@ fn convert_legacy_tables(wtxn: &redb::WriteTransaction) -> Result<()> {
         .map(|table| table.name().to_string())
         .collect();
     let has = |definition: &dyn TableHandle| tables.iter().any(|name| name == definition.name());
-    let (has_kv, has_superseded) = (has(&LEGACY_KV), has(&LEGACY_SUPERSEDED));
+    let has_kv = has(&LEGACY_KV);
+    // Under that name is either an earlier version's table or this version's guard.
+    let has_superseded = has(&LEGACY_SUPERSEDED)
+        && match wtxn.open_table(LEGACY_SUPERSEDED) {
+            Ok(_) => true,
+            Err(redb::TableError::TableTypeMismatch { .. }) => false,
+            Err(e) => return Err(Error::backend("open the superseded table", e)),
+        };
     if !has_kv && !has_superseded {
+        wtxn.open_table(DOWNGRADE_GUARD).map_err(|e| Error::backend("open the guard table", e))?;
         return Ok(());
     }
     let mut converted = 0usize;
@@ -1711,7 +1724,10 @@ fn convert_legacy_tables(wtxn: &redb::WriteTransaction) -> Result<()> {
     }
     let dropped = |e| Error::backend("drop the converted tables", e);
     wtxn.delete_table(LEGACY_KV).map_err(dropped)?;
-    wtxn.delete_table(LEGACY_SUPERSEDED).map_err(dropped)?;
+    if has_superseded {
+        wtxn.delete_table(LEGACY_SUPERSEDED).map_err(dropped)?;
+    }
+    wtxn.open_table(DOWNGRADE_GUARD).map_err(|e| Error::backend("open the guard table", e))?;
     tracing::info!(keys = converted, "converted the store's tables to keys and values");
     Ok(())
 }
@@ -3030,6 +3046,7 @@ mod tests {
         // reference, to the value in `kv` if current, else in `superseded`.
         let db = Database::create(dir.path().join(DB_FILE)).unwrap();
         let wtxn = db.begin_write().unwrap();
+        assert!(wtxn.delete_table(DOWNGRADE_GUARD).unwrap(), "this version's store has the guard");
         {
             let mut history = wtxn.open_table(HISTORY).unwrap();
             let mut kv = wtxn.open_table(LEGACY_KV).unwrap();
@@ -3084,7 +3101,14 @@ mod tests {
         let db = Database::create(dir.path().join(DB_FILE)).unwrap();
         let tables: Vec<String> =
             db.begin_read().unwrap().list_tables().unwrap().map(|t| t.name().to_string()).collect();
-        assert!(!tables.iter().any(|t| t == "kv" || t == "superseded"), "{tables:?}");
+        assert!(!tables.iter().any(|t| t == "kv"), "{tables:?}");
+        // What an earlier version opens first fails, before it touches the log.
+        let wtxn = db.begin_write().unwrap();
+        assert!(matches!(
+            wtxn.open_table(LEGACY_SUPERSEDED),
+            Err(redb::TableError::TableTypeMismatch { .. })
+        ));
+        drop(wtxn);
         drop(db);
         let store = EmbeddedStore::open_with(dir.path(), EmbeddedConfig::default()).unwrap();
         assert_eq!(store.list("/c/").await.unwrap().kvs, before.kvs);
