@@ -1206,17 +1206,13 @@ const CHECKPOINT_RECORD_REVISIONS: usize = 256;
 /// checkpoints was 1.8 times its events.
 const CHECKPOINT_RECORD_BYTES: usize = (64 << 10) - 512;
 
-/// Cut `txns` into the runs a checkpoint stores one `history` record each (with the values
-/// of the events `by_ref` picks left out): as many revisions as fit
-/// [`CHECKPOINT_RECORD_BYTES`], at most [`CHECKPOINT_RECORD_REVISIONS`], at least one.
-fn record_runs<'t>(
-    txns: &'t [&'t CommittedTxn],
-    by_ref: &dyn Fn(&Event) -> bool,
-) -> Vec<&'t [&'t CommittedTxn]> {
+/// Cut `txns` into the runs a checkpoint stores one `history` record each: as many revisions
+/// as fit [`CHECKPOINT_RECORD_BYTES`], at most [`CHECKPOINT_RECORD_REVISIONS`], at least one.
+fn record_runs<'t>(txns: &'t [&'t CommittedTxn]) -> Vec<&'t [&'t CommittedTxn]> {
     let mut runs = Vec::new();
     let (mut start, mut bytes) = (0, codec::RUN_HEADER_LEN);
     for (i, txn) in txns.iter().enumerate() {
-        let len = codec::run_entry_len(txn, by_ref);
+        let len = codec::run_entry_len(txn);
         let full =
             bytes + len > CHECKPOINT_RECORD_BYTES || i - start == CHECKPOINT_RECORD_REVISIONS;
         if i > start && full {
@@ -1797,12 +1793,11 @@ fn checkpoint(shared: &Shared, layer: &Layer) -> Result<()> {
             }
         }
         // Every value goes into history inline: that is where reads find it.
-        let by_ref = |_: &Event| false;
         let txns: Vec<&CommittedTxn> = layer.history.iter().flat_map(|b| b.iter()).collect();
         let mut record = Vec::new();
-        for run in record_runs(&txns, &by_ref) {
+        for run in record_runs(&txns) {
             let last = run[run.len() - 1].revision;
-            codec::encode_run_into(&mut record, run, &by_ref);
+            codec::encode_run_into(&mut record, run);
             history
                 .insert(last, record.as_slice())
                 .map_err(|e| Error::backend("write history", e))?;
@@ -2109,14 +2104,19 @@ pub(crate) mod codec {
         pos: usize,
     }
 
+    /// The `n` bytes at `pos` of a record of `len`, if it has them.
+    fn span(pos: usize, n: usize, len: usize) -> Result<std::ops::Range<usize>, CorruptRecord> {
+        match pos.checked_add(n) {
+            Some(end) if end <= len => Ok(pos..end),
+            _ => Err(CorruptRecord::Truncated { offset: pos, needed: n, len }),
+        }
+    }
+
     impl Reader {
         fn take(&mut self, n: usize) -> Result<Bytes, CorruptRecord> {
-            let end = self.pos.checked_add(n).filter(|end| *end <= self.buf.len()).ok_or(
-                CorruptRecord::Truncated { offset: self.pos, needed: n, len: self.buf.len() },
-            )?;
-            let out = self.buf.slice(self.pos..end);
-            self.pos = end;
-            Ok(out)
+            let span = span(self.pos, n, self.buf.len())?;
+            self.pos = span.end;
+            Ok(self.buf.slice(span))
         }
         fn u8(&mut self) -> Result<u8, CorruptRecord> {
             Ok(self.take(1)?[0])
@@ -2149,12 +2149,9 @@ pub(crate) mod codec {
 
     impl<'a> Cursor<'a> {
         fn take(&mut self, n: usize) -> Result<&'a [u8], CorruptRecord> {
-            let end = self.pos.checked_add(n).filter(|end| *end <= self.buf.len()).ok_or(
-                CorruptRecord::Truncated { offset: self.pos, needed: n, len: self.buf.len() },
-            )?;
-            let out = &self.buf[self.pos..end];
-            self.pos = end;
-            Ok(out)
+            let span = span(self.pos, n, self.buf.len())?;
+            self.pos = span.end;
+            Ok(&self.buf[span])
         }
         fn u32(&mut self) -> Result<u32, CorruptRecord> {
             Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
@@ -2168,19 +2165,24 @@ pub(crate) mod codec {
     pub(super) const RUN_HEADER_LEN: usize = 5;
 
     /// The length `txn` adds to a run record.
-    pub(super) fn run_entry_len(txn: &CommittedTxn, by_ref: &dyn Fn(&Event) -> bool) -> usize {
-        12 + events_len(&txn.events, by_ref)
+    pub(super) fn run_entry_len(txn: &CommittedTxn) -> usize {
+        12 + events_len(&txn.events, &|_| false)
     }
 
     /// A `history` record holding a run of revisions, stored under the last of them:
     /// `format u8 (2) | count u32 | count × (revision i64 | len u32 | events)`, each `events` as
-    /// [`encode_events`] writes it but for the values of the puts `by_ref` picks, left out
-    /// ([`KIND_PUT_BY_REFERENCE`]: a checkpoint now picks none; the tests write the records of
-    /// earlier versions with it); written into `out` (cleared first). A checkpoint stores
+    /// [`encode_events`] writes it; written into `out` (cleared first). A checkpoint stores
     /// the runs [`super::record_runs`] cuts, one record each: one B-tree insert per run instead
     /// of one per revision. A format-1 record (what [`encode_events`] writes, and what earlier
     /// versions stored) is the run of its one revision.
-    pub(super) fn encode_run_into(
+    pub(super) fn encode_run_into(out: &mut Vec<u8>, txns: &[&CommittedTxn]) {
+        encode_run_with(out, txns, &|_| false)
+    }
+
+    /// [`encode_run_into`], with the values of the puts `by_ref` picks left out
+    /// ([`KIND_PUT_BY_REFERENCE`]), as earlier versions' checkpoints wrote them (the tests
+    /// write such records; this version only reads them).
+    pub(super) fn encode_run_with(
         out: &mut Vec<u8>,
         txns: &[&CommittedTxn],
         by_ref: &dyn Fn(&Event) -> bool,
@@ -2407,7 +2409,7 @@ pub(crate) mod codec {
 
         fn run(txns: &[CommittedTxn]) -> Vec<u8> {
             let mut out = vec![0xaa; 3]; // replaced, not appended to
-            encode_run_into(&mut out, &txns.iter().collect::<Vec<_>>(), &|_| false);
+            encode_run_into(&mut out, &txns.iter().collect::<Vec<_>>());
             out
         }
 
@@ -2431,7 +2433,7 @@ pub(crate) mod codec {
             assert!(matches!(split_batch(8, raw), Err(Error::Backend { .. })));
             let holed = [&txns[0], &txns[2]];
             let mut raw = Vec::new();
-            encode_run_into(&mut raw, &holed, &|_| false);
+            encode_run_into(&mut raw, &holed);
             assert!(matches!(split_batch(7, Bytes::from(raw)), Err(Error::Backend { .. })));
         }
 
@@ -2456,18 +2458,15 @@ pub(crate) mod codec {
                 })
                 .collect();
             let all: Vec<&CommittedTxn> = txns.iter().collect();
-            // Every third revision's value by reference.
-            let by_ref = |e: &Event| e.revision % 3 == 0;
-            let runs = record_runs(&all, &by_ref);
+            let runs = record_runs(&all);
             // Every revision once, in order; each record as long as computed.
             let flat: Vec<Revision> =
                 runs.iter().flat_map(|r| r.iter().map(|t| t.revision)).collect();
             assert_eq!(flat, (1..=1000).collect::<Vec<_>>());
             for (i, run) in runs.iter().enumerate() {
                 let mut raw = Vec::new();
-                encode_run_into(&mut raw, run, &by_ref);
-                let computed =
-                    RUN_HEADER_LEN + run.iter().map(|t| run_entry_len(t, &by_ref)).sum::<usize>();
+                encode_run_into(&mut raw, run);
+                let computed = RUN_HEADER_LEN + run.iter().map(|t| run_entry_len(t)).sum::<usize>();
                 assert_eq!(raw.len(), computed);
                 assert!(run.len() <= CHECKPOINT_RECORD_REVISIONS);
                 if run.len() > 1 {
@@ -2479,8 +2478,7 @@ pub(crate) mod codec {
                 }
                 // Not cut early: the next revision would not have fitted.
                 if let Some(next) = runs.get(i + 1) {
-                    let full = raw.len() + run_entry_len(next[0], &by_ref)
-                        > CHECKPOINT_RECORD_BYTES
+                    let full = raw.len() + run_entry_len(next[0]) > CHECKPOINT_RECORD_BYTES
                         || run.len() == CHECKPOINT_RECORD_REVISIONS;
                     assert!(full, "record {i} cut at {} bytes, {} revisions", raw.len(), run.len());
                 }
@@ -2502,9 +2500,9 @@ pub(crate) mod codec {
             // The puts of /a/ keys by reference (a delete never is, whatever the predicate says).
             let by_ref = |e: &Event| e.kv.key.starts_with("/a/") || e.kind == EventKind::Delete;
             let mut raw = Vec::new();
-            encode_run_into(&mut raw, &txns.iter().collect::<Vec<_>>(), &by_ref);
+            encode_run_with(&mut raw, &txns.iter().collect::<Vec<_>>(), &by_ref);
             let mut inline = Vec::new();
-            encode_run_into(&mut inline, &txns.iter().collect::<Vec<_>>(), &|_| false);
+            encode_run_into(&mut inline, &txns.iter().collect::<Vec<_>>());
             assert_eq!(inline.len() - raw.len(), 3 * "v".len(), "only the /a/ values left out");
             let mut asked = Vec::new();
             for (revision, events) in split_batch(3, Bytes::from(raw)).unwrap() {
@@ -3082,7 +3080,7 @@ mod tests {
                 }
                 let mut raw = Vec::new();
                 let run: Vec<&CommittedTxn> = txns.iter().collect();
-                codec::encode_run_into(&mut raw, &run, &|e: &Event| e.kind == EventKind::Put);
+                codec::encode_run_with(&mut raw, &run, &|e: &Event| e.kind == EventKind::Put);
                 history.insert(last, raw.as_slice()).unwrap();
             }
             assert!(!redb::ReadableTableMetadata::is_empty(&superseded).unwrap(), "none displaced");
