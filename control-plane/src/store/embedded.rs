@@ -124,6 +124,8 @@ const LEGACY_SUPERSEDED: TableDefinition<(i64, &str), &[u8]> = TableDefinition::
 /// table it would believe empty.
 const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("superseded");
 const META_REVISION: &str = "revision";
+/// How long [`EmbeddedStore::close`] waits for the watch tasks of dropped streams to let go.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 const META_COMPACTED: &str = "compacted";
 /// The revision of the last checkpoint (informational).
 const META_CHECKPOINT: &str = "checkpoint";
@@ -991,15 +993,23 @@ impl EmbeddedStore {
     }
 
     /// Stop the writer after the queued transactions and wait for it. The file is released once
-    /// the last watch stream of this store has ended too.
+    /// the last watch stream of this store has ended too: the streams end once drained, since
+    /// the writer closes the live fan-out, and `close` waits up to [`RELEASE_WAIT`] for that
+    /// (a stream still held and not read keeps the file open until it is dropped).
     pub async fn close(mut self) -> Result<()> {
         let writer = self.writer.take();
+        let shared = Arc::downgrade(&self.shared);
         drop(self);
         if let Some(writer) = writer {
             tokio::task::spawn_blocking(move || writer.join())
                 .await
                 .map_err(|e| Error::backend("join writer thread", e))?
                 .map_err(|_| Error::backend("join writer thread", "writer thread panicked"))?;
+        }
+        // Watch tasks (and their history reads) let go of the store when they next run.
+        let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
+        while shared.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
     }
@@ -3006,6 +3016,31 @@ mod tests {
         store.close().await.unwrap();
         let db = Database::create(dir.path().join(DB_FILE)).unwrap();
         assert_eq!(kept(&db), vec![]);
+    }
+
+    /// `close` returns with the file released when the streams of the store's watches were
+    /// dropped just before, whether their tasks were following live events or reading history.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn close_releases_the_file_of_dropped_watches() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..50 {
+            let store = EmbeddedStore::open_with(dir.path(), EmbeddedConfig::default()).unwrap();
+            let base = store.current_revision().await.unwrap();
+            for i in 0..8 {
+                store.create(&format!("/w/{round}/{i}"), Bytes::from_static(b"v")).await.unwrap();
+            }
+            let mut watches = Vec::new();
+            for after in base..base + 8 {
+                let mut watch = store.watch("/w/", after).await.unwrap();
+                watch.next().await.unwrap().unwrap();
+                watches.push(watch);
+            }
+            drop(watches);
+            store.close().await.unwrap();
+            let db = Database::create(dir.path().join(DB_FILE))
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            drop(db);
+        }
     }
 
     /// A store written by an earlier version (each value inline in its `kv` entry, history
