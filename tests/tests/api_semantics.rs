@@ -413,6 +413,55 @@ async fn deletion_dry_run_and_bad_input() {
     .await;
     assert_eq!(code, 201);
     assert!(o.get("bogus").is_none(), "unknown fields are dropped");
+
+    // A 422 names the field once: in `field`, not again in the cause's message (kubectl
+    // prints "field: message").
+    let (code, s) = call(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        JSON,
+        Some(cm("badlabel", json!({"bad key": "1"}))),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")), "{s}");
+    let cause = &s["details"]["causes"][0];
+    assert_eq!(cause["field"], "metadata.labels", "{s}");
+    let message = cause["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("Invalid value: \"bad key\": "), "{s}");
+
+    // A patch may not rename the object (upstream's checkName); nothing is written.
+    let path = "/api/v1/namespaces/default/configmaps/u";
+    let (code, s) = call(
+        &c,
+        "PATCH",
+        path,
+        "application/merge-patch+json",
+        Some(json!({"metadata": {"name": "other"}})),
+    )
+    .await;
+    assert_eq!(code, 400, "{s}");
+    assert_eq!(
+        s["message"], "the name of the object (other) does not match the name on the URL (u)",
+        "{s}"
+    );
+    let (code, _) =
+        call(&c, "GET", "/api/v1/namespaces/default/configmaps/other", JSON, None).await;
+    assert_eq!(code, 404);
+
+    // A dry-run patch answers with the revision it read.
+    let (_, live) = call(&c, "GET", path, JSON, None).await;
+    let (code, o) = call(
+        &c,
+        "PATCH",
+        &format!("{path}?dryRun=All"),
+        "application/merge-patch+json",
+        Some(json!({"data": {"k": "dry"}})),
+    )
+    .await;
+    assert_eq!(code, 200, "{o}");
+    assert_eq!(o["data"]["k"], "dry", "{o}");
+    assert_eq!(o["metadata"]["resourceVersion"], live["metadata"]["resourceVersion"], "{o}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -485,7 +485,11 @@ fn cached_from_parts(kv: &KeyValue, rv: Revision, parts: IndexParts) -> Option<C
 /// everything else without building it (but still rejects malformed JSON).
 fn indexed_parts(rt: &ResourceType, json: &[u8]) -> Option<Value> {
     use serde::de::DeserializeSeed;
-    let split: Vec<Vec<&str>> = rt.fields.iter().map(|f| f.split('.').collect()).collect();
+    let split: Vec<Vec<&str>> = rt
+        .fields
+        .iter()
+        .map(|f| super::registry::selectable_field(f).0.split('.').collect())
+        .collect();
     let mut paths: Vec<&[&str]> =
         vec![&["metadata", "name"], &["metadata", "namespace"], &["metadata", "labels"]];
     paths.extend(split.iter().map(Vec::as_slice));
@@ -644,6 +648,37 @@ mod tests {
         assert_eq!(indexed_parts(rt, escaped).unwrap()["metadata"]["name"], "q");
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}"#).is_none());
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}} x"#).is_none());
+    }
+
+    /// Selectors whose value upstream formats from a typed field: read from their real path,
+    /// with the zero value of the type when unset, from a full and a sparse parse alike.
+    #[test]
+    fn selectors_read_upstream_paths_and_zero_values() {
+        let registry = Registry::new();
+        let value_of = |resource: &str, group: &str, json: &[u8], field: &str| {
+            let rt = registry.find(group, "v1", resource).unwrap();
+            let full: Value = serde_json::from_slice(json).unwrap();
+            let sparse = indexed_parts(rt, json).unwrap();
+            let value = |v: &Value| {
+                rt.field_values(v).into_iter().find(|(f, _)| *f == field).map(|(_, v)| v)
+            };
+            assert_eq!(value(&sparse), value(&full), "{resource} {field}");
+            value(&full).unwrap()
+        };
+        let job = br#"{"metadata":{"name":"j"},"status":{"succeeded":2}}"#;
+        assert_eq!(value_of("jobs", "batch", job, "status.successful"), "2");
+        let job = br#"{"metadata":{"name":"j"},"status":{}}"#;
+        assert_eq!(value_of("jobs", "batch", job, "status.successful"), "0");
+        let event = br#"{"metadata":{"name":"e"},"source":{"component":"default-scheduler"}}"#;
+        assert_eq!(value_of("events", "", event, "source"), "default-scheduler");
+        let node = br#"{"metadata":{"name":"n"},"spec":{}}"#;
+        assert_eq!(value_of("nodes", "", node, "spec.unschedulable"), "false");
+        let node = br#"{"metadata":{"name":"n"},"spec":{"unschedulable":true}}"#;
+        assert_eq!(value_of("nodes", "", node, "spec.unschedulable"), "true");
+        let pod = br#"{"metadata":{"name":"p"},"spec":{"containers":[]}}"#;
+        assert_eq!(value_of("pods", "", pod, "spec.hostNetwork"), "false");
+        let rs = br#"{"metadata":{"name":"r"},"status":{}}"#;
+        assert_eq!(value_of("replicasets", "apps", rs, "status.replicas"), "0");
     }
 
     /// Writes through the apiserver are indexed from what the request knew (no second

@@ -242,10 +242,10 @@ async fn list(
                         )));
                     }
                     if !server.cache.wait_for(rv, CACHE_WAIT).await {
-                        return Err(ApiError::timeout(format!(
-                            "Too large resource version: {rv}, current: {}",
-                            server.cache.revision()
-                        )));
+                        return Err(ApiError::too_large_resource_version(
+                            rv,
+                            server.cache.revision(),
+                        ));
                     }
                     server.cache.revision()
                 }
@@ -502,7 +502,9 @@ fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> A
         .iter()
         .map(|e| Cause {
             reason: e.reason().to_string(),
-            message: e.to_string(),
+            // Upstream's `ErrorBody()`: the field is its own member, and clients (kubectl)
+            // print it before the message.
+            message: e.body(),
             field: e.field.clone(),
         })
         .collect();
@@ -737,12 +739,8 @@ async fn update(
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
-    if meta_str(&new, "name").is_some_and(|n| n != name) {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({}) does not match the name on the URL ({name})",
-            meta_str(&new, "name").unwrap_or_default()
-        )));
-    }
+    // The name only: an update keeps the live object's namespace (`prepare_update`).
+    check_name(&new, name, None)?;
     let manager = manager(query, headers)?;
     let precondition = meta_str(&new, "resourceVersion").map(str::to_string);
     let obj = guaranteed_update(
@@ -858,6 +856,8 @@ async fn guaranteed_update(
                     if let Some(r) = &reservation {
                         server.alloc.release(r);
                     }
+                    // Upstream's dry-run storage answers with the revision it read.
+                    set_resource_version(&mut obj, rev);
                     return Ok(obj);
                 }
                 let stored = encode(&obj);
@@ -1122,6 +1122,7 @@ async fn patch(
         let force = query.flag("force");
         let mut applied = negotiate::decode_object(BodyType::ApplyPatch, body)?;
         check_type_meta(rt, &mut applied)?;
+        check_name(&applied, name, ns)?;
         validate_fields(rt, &applied, validation, &mut warnings)?;
         if applied.at(&["metadata", "managedFields"]).is_some_and(|m| !m.is_null()) {
             return Err(ApiError::bad_request("metadata.managedFields must be nil"));
@@ -1196,11 +1197,30 @@ async fn patch(
             validate_fields(rt, &patched, validation, &mut w)?;
             let mut obj = normalize(rt, patched)?;
             check_type_meta(rt, &mut obj)?;
+            check_name(&obj, name, ns)?;
             Ok(obj)
         },
     )
     .await?;
     Ok((obj, StatusCode::OK, warnings))
+}
+
+/// Upstream's `checkName`: the object an update or patch writes may not be renamed, nor
+/// moved out of `ns` when one is given.
+fn check_name(obj: &Value, name: &str, ns: Option<&str>) -> ApiResult<()> {
+    if let Some(other) = meta_str(obj, "name").filter(|n| *n != name) {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({other}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let (Some(ns), Some(other)) = (ns, meta_str(obj, "namespace"))
+        && other != ns
+    {
+        return Err(ApiError::bad_request(format!(
+            "the namespace of the object ({other}) does not match the namespace on the URL ({ns})"
+        )));
+    }
+    Ok(())
 }
 
 fn apply_patch_body(

@@ -98,15 +98,31 @@ impl ResourceType {
         out.push(("metadata.name", str_at(obj, &["metadata", "name"])));
         out.push(("metadata.namespace", str_at(obj, &["metadata", "namespace"])));
         for &f in self.fields {
-            let v = match f.split('.').try_fold(obj, |v, p| v.get(p)) {
+            let (path, unset) = selectable_field(f);
+            let v = match path.split('.').try_fold(obj, |v, p| v.get(p)) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Bool(b)) => b.to_string(),
                 Some(Value::Number(n)) => n.to_string(),
-                _ => String::new(),
+                _ => unset.to_string(),
             };
             out.push((f, v));
         }
         out
+    }
+}
+
+/// Where a field selector's value is read from, and its value when the object leaves that
+/// path unset. Upstream's `*ToSelectableFields` format typed fields: an unset bool is
+/// "false" and an unset count "0" (`strconv.Itoa`), and two selectors name another path.
+pub(crate) fn selectable_field(selector: &str) -> (&str, &'static str) {
+    match selector {
+        // Jobs: `strconv.Itoa(int(job.Status.Succeeded))`.
+        "status.successful" => ("status.succeeded", "0"),
+        // Events: `event.Source.Component`.
+        "source" => ("source.component", ""),
+        "spec.unschedulable" | "spec.hostNetwork" => (selector, "false"),
+        "status.replicas" => (selector, "0"),
+        _ => (selector, ""),
     }
 }
 

@@ -163,6 +163,23 @@ impl ApiError {
         e
     }
 
+    /// Upstream's `NewTooLargeResourceVersionError`: a read or watch from a revision the
+    /// server has not reached. client-go's reflector recognizes it by its cause and relists.
+    pub fn too_large_resource_version(
+        requested: crate::store::Revision,
+        current: crate::store::Revision,
+    ) -> Self {
+        let mut e = ApiError::timeout(format!(
+            "Timeout: Too large resource version: {requested}, current: {current}"
+        ));
+        e.causes = vec![Cause {
+            reason: "ResourceVersionTooLarge".into(),
+            message: "Too large resource version".into(),
+            field: String::new(),
+        }];
+        e
+    }
+
     pub fn service_unavailable(message: impl Into<String>) -> Self {
         let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message);
         e.retry_after_seconds = Some(1);
@@ -186,7 +203,14 @@ impl ApiError {
                 "causes".into(),
                 self.causes
                     .iter()
-                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .map(|c| {
+                        // `field` is omitempty upstream.
+                        let mut cause = json!({"reason": c.reason, "message": c.message});
+                        if !c.field.is_empty() {
+                            cause["field"] = json!(c.field);
+                        }
+                        cause
+                    })
                     .collect(),
             );
         }
@@ -237,9 +261,9 @@ impl From<crate::store::Error> for ApiError {
             S::Compacted { requested, compacted } => {
                 ApiError::gone(format!("too old resource version: {requested} ({compacted})"))
             }
-            S::FutureRevision { requested, current } => ApiError::timeout(format!(
-                "Too large resource version: {requested}, current: {current}"
-            )),
+            S::FutureRevision { requested, current } => {
+                ApiError::too_large_resource_version(requested, current)
+            }
             S::Closed => ApiError::service_unavailable("storage is closed"),
             other => ApiError::internal(other),
         }
@@ -255,4 +279,24 @@ pub fn success_status(group: &str, kind: &str, name: &str, uid: &str) -> Value {
         "status": "Success",
         "details": {"name": name, "group": group, "kind": kind, "uid": uid},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause client-go's reflector looks for before it relists
+    /// (`isTooLargeResourceVersionError`); `field` is omitted when empty, as upstream does.
+    #[test]
+    fn too_large_resource_version_carries_its_cause() {
+        let status = ApiError::too_large_resource_version(9, 5).to_status();
+        assert_eq!(status["code"], 504);
+        assert_eq!(status["reason"], "Timeout");
+        assert_eq!(status["message"], "Timeout: Too large resource version: 9, current: 5");
+        assert_eq!(
+            status["details"]["causes"],
+            json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}])
+        );
+        assert_eq!(status["details"]["retryAfterSeconds"], 1);
+    }
 }

@@ -60,10 +60,7 @@ pub async fn serve(
         && rv > server.cache.revision()
         && !server.cache.wait_for(rv, Duration::from_secs(3)).await
     {
-        return Err(ApiError::timeout(format!(
-            "Too large resource version: {rv}, current: {}",
-            server.cache.revision()
-        )));
+        return Err(ApiError::too_large_resource_version(rv, server.cache.revision()));
     }
     let prefix = filter.prefix(rt);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
