@@ -191,6 +191,130 @@ async fn selectors_and_paging() {
     assert_eq!(names, (0..7).map(|i| format!("c{i}")).collect::<Vec<_>>());
 }
 
+/// Every page of a paginated list shows the collection at the revision of the first page,
+/// whatever changed in between; `resourceVersionMatch=Exact` reads that revision too. Once
+/// the watch cache's history no longer reaches it, the continue token is refused as
+/// upstream does (410 Expired), with a token that goes on at the latest revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paginated_lists_are_one_snapshot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = skiff_control_plane::server::ServerConfig {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        ..Default::default()
+    };
+    config.api.watch_history = 20;
+    let server = TestServer::start_with(dir, config);
+    let c = client(&server).await;
+    let base = "/api/v1/namespaces/default/configmaps";
+    let mut created = Vec::new();
+    for i in 0..6 {
+        let (code, o) = call(&c, "POST", base, JSON, Some(cm(&format!("c{i}"), json!({})))).await;
+        assert_eq!(code, 201, "{o}");
+        created.push((format!("c{i}"), o["metadata"]["resourceVersion"].clone()));
+    }
+    let named = |page: &Value| -> Vec<(String, Value)> {
+        page["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    o["metadata"]["resourceVersion"].clone(),
+                )
+            })
+            .collect()
+    };
+    let (_, first) = call(&c, "GET", &format!("{base}?limit=2"), JSON, None).await;
+    assert_eq!(named(&first), created[..2]);
+    let rv = first["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    let token = first["metadata"]["continue"].as_str().expect("continue").to_string();
+
+    // Between the pages: one not yet listed changes, one goes, one is added among them.
+    let mut c2 = cm("c2", json!({}));
+    c2["data"]["k"] = json!("changed");
+    let (code, o) = call(&c, "PUT", &format!("{base}/c2"), JSON, Some(c2)).await;
+    assert_eq!(code, 200, "{o}");
+    let (code, o) = call(&c, "DELETE", &format!("{base}/c4"), JSON, None).await;
+    assert_eq!(code, 200, "{o}");
+    let (code, o) = call(&c, "POST", base, JSON, Some(cm("c1a", json!({})))).await;
+    assert_eq!(code, 201, "{o}");
+
+    let (code, second) =
+        call(&c, "GET", &format!("{base}?limit=2&continue={token}"), JSON, None).await;
+    assert_eq!(code, 200, "{second}");
+    assert_eq!(named(&second), created[2..4]);
+    assert_eq!(second["items"][0]["data"]["k"], "v", "c2 as it was");
+    assert_eq!(second["metadata"]["resourceVersion"], rv.as_str());
+    assert_eq!(second["metadata"]["remainingItemCount"], 2);
+    let token2 = second["metadata"]["continue"].as_str().expect("continue").to_string();
+    let (_, third) =
+        call(&c, "GET", &format!("{base}?limit=2&continue={token2}"), JSON, None).await;
+    assert_eq!(named(&third), created[4..]);
+    assert!(third["metadata"].get("continue").is_none(), "{third}");
+
+    let exact = format!("{base}?resourceVersion={rv}&resourceVersionMatch=Exact");
+    let (code, at) = call(&c, "GET", &exact, JSON, None).await;
+    assert_eq!(code, 200, "{at}");
+    assert_eq!(named(&at), created);
+    assert_eq!(at["metadata"]["resourceVersion"], rv.as_str());
+    let (_, now) = call(&c, "GET", base, JSON, None).await;
+    let names: Vec<String> = named(&now).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["c0", "c1", "c1a", "c2", "c3", "c5"]);
+
+    // Options upstream refuses (ValidateListOptions).
+    for (query, message) in [
+        (
+            "resourceVersionMatch=Exact",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ),
+        (
+            "sendInitialEvents=true",
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list",
+        ),
+        (
+            "resourceVersion=0&resourceVersionMatch=Exact",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+        ),
+    ] {
+        let (code, s) = call(&c, "GET", &format!("{base}?{query}"), JSON, None).await;
+        assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")), "{query}: {s}");
+        assert_eq!(
+            s["message"],
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+            "{s}"
+        );
+        assert_eq!(s["details"]["kind"], "ListOptions", "{s}");
+    }
+
+    // Enough changes that the history of 20 events no longer reaches the first page.
+    for i in 0..25 {
+        let mut c5 = cm("c5", json!({}));
+        c5["data"]["k"] = json!(i.to_string());
+        let (code, o) = call(&c, "PUT", &format!("{base}/c5"), JSON, Some(c5)).await;
+        assert_eq!(code, 200, "{o}");
+    }
+    let (code, s) = call(&c, "GET", &format!("{base}?limit=2&continue={token}"), JSON, None).await;
+    assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")), "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("The provided continue parameter is too old"),
+        "{s}"
+    );
+    let (code, _) = call(&c, "GET", &exact, JSON, None).await;
+    assert_eq!(code, 410);
+    // The token in the refusal lists the rest as it is now.
+    let rest = s["metadata"]["continue"].as_str().expect("a token to go on with");
+    let (code, rest) = call(&c, "GET", &format!("{base}?continue={rest}"), JSON, None).await;
+    assert_eq!(code, 200, "{rest}");
+    let names: Vec<String> = named(&rest).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["c1a", "c2", "c3", "c5"]);
+    assert_eq!(rest["items"][3]["data"]["k"], "24");
+}
+
 async fn read_events(c: &Client, path: &str, n: usize) -> Vec<Value> {
     let req = http::Request::get(path).body(Vec::new()).expect("request");
     let stream = c.request_stream(req).await.expect("watch");
@@ -462,6 +586,20 @@ async fn deletion_dry_run_and_bad_input() {
     assert_eq!(code, 200, "{o}");
     assert_eq!(o["data"]["k"], "dry", "{o}");
     assert_eq!(o["metadata"]["resourceVersion"], live["metadata"]["resourceVersion"], "{o}");
+
+    // A PUT may not move the object to another namespace either; nothing is written.
+    let mut moved = live.clone();
+    moved["metadata"]["namespace"] = json!("kube-system");
+    moved["data"] = json!({"k": "moved"});
+    let (code, s) = call(&c, "PUT", path, JSON, Some(moved)).await;
+    assert_eq!(code, 400, "{s}");
+    assert_eq!(
+        s["message"],
+        "the namespace of the provided object does not match the namespace sent on the request",
+        "{s}"
+    );
+    let (_, after) = call(&c, "GET", path, JSON, None).await;
+    assert_eq!(after, live);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -166,6 +166,60 @@ impl ResourceCache {
             .collect()
     }
 
+    /// The objects whose key starts with `prefix` as they were at revision `rv`, from key
+    /// `after` (exclusive) on: the current objects with the later events of the history
+    /// window undone. `TooOld` when the window no longer reaches back to `rv`.
+    pub fn list_at(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        rv: Revision,
+    ) -> Result<Vec<Arc<CachedObject>>, WatchStartError> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        if rv < state.history_floor {
+            return Err(WatchStartError::TooOld { requested: rv, oldest: state.history_floor });
+        }
+        let in_range = |key: &str| key.starts_with(prefix) && after.is_none_or(|a| key > a);
+        // Each key changed since `rv` as it was then: what its first later event replaced.
+        let mut then: BTreeMap<&str, Option<&Arc<CachedObject>>> = BTreeMap::new();
+        let start = state.history.partition_point(|e| e.rv <= rv);
+        for event in state.history.range(start..) {
+            if in_range(&event.obj.key) {
+                let before = match event.kind {
+                    EventType::Added => None,
+                    EventType::Modified | EventType::Deleted => event.prev.as_ref(),
+                };
+                then.entry(event.obj.key.as_str()).or_insert(before);
+            }
+        }
+        let start = match after {
+            Some(k) => std::ops::Bound::Excluded(k.to_string()),
+            None => std::ops::Bound::Included(prefix.to_string()),
+        };
+        let now = state
+            .objects
+            .range((start, std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix));
+        if then.is_empty() {
+            return Ok(now.map(|(_, o)| o.clone()).collect());
+        }
+        // Merge the two key-ordered sequences; a changed key takes its earlier state.
+        let mut out = Vec::new();
+        let mut changed = then.into_iter().peekable();
+        for (key, obj) in now {
+            // Keys before this one that were there at `rv` and are gone now.
+            while let Some((_, before)) = changed.next_if(|(k, _)| *k < key.as_str()) {
+                out.extend(before.cloned());
+            }
+            match changed.next_if(|(k, _)| *k == key.as_str()) {
+                Some((_, before)) => out.extend(before.cloned()),
+                None => out.push(obj.clone()),
+            }
+        }
+        out.extend(changed.filter_map(|(_, before)| before.cloned()));
+        Ok(out)
+    }
+
     pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned()
     }
@@ -648,6 +702,69 @@ mod tests {
         assert_eq!(indexed_parts(rt, escaped).unwrap()["metadata"]["name"], "q");
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}"#).is_none());
         assert!(indexed_parts(rt, br#"{"metadata":{"name":"p"}} x"#).is_none());
+    }
+
+    /// A list at a past revision sees every key as it was then, from any page start, for
+    /// every revision the history window reaches; older ones are refused.
+    #[test]
+    fn lists_at_a_revision_undo_the_later_changes() {
+        let cache = ResourceCache::new(0, 40, false);
+        let object = |key: &str, rv: Revision| {
+            Arc::new(CachedObject {
+                key: key.to_string(),
+                namespace: String::new(),
+                name: key.to_string(),
+                rv,
+                json: Bytes::from(rv.to_string()),
+                labels: Default::default(),
+                fields: Vec::new(),
+            })
+        };
+        let mut states: Vec<BTreeMap<String, Revision>> = vec![BTreeMap::new()];
+        // A fixed pseudo-random walk of creates, updates and deletes over eight keys.
+        let mut seed = 7u64;
+        for rv in 1..=60 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let key = format!("/r/{}", (seed >> 33) % 8);
+            let mut state = states.last().unwrap().clone();
+            let prev = cache.get(&key);
+            let event = match (&prev, (seed >> 40) % 3) {
+                (Some(p), 0) => {
+                    state.remove(&key);
+                    CacheEvent { rv, kind: EventType::Deleted, obj: object(&p.key, rv), prev }
+                }
+                _ => {
+                    state.insert(key.clone(), rv);
+                    let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
+                    CacheEvent { rv, kind, obj: object(&key, rv), prev }
+                }
+            };
+            cache.apply(Arc::new(event));
+            states.push(state);
+        }
+        let floor = cache.state.read().unwrap().history_floor;
+        assert_eq!(floor, 20, "the window holds the last 40 events");
+        for rv in floor..=60 {
+            for after in [None, Some("/r/2"), Some("/r/5"), Some("/r/7")] {
+                let listed: Vec<(String, Revision)> = cache
+                    .list_at("/r/", after, rv)
+                    .unwrap()
+                    .iter()
+                    .map(|o| (o.key.clone(), o.rv))
+                    .collect();
+                let expected: Vec<(String, Revision)> = states[rv as usize]
+                    .iter()
+                    .filter(|(k, _)| after.is_none_or(|a| k.as_str() > a))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+                assert_eq!(listed, expected, "at {rv} after {after:?}");
+            }
+        }
+        assert!(cache.list_at("/other/", None, floor).unwrap().is_empty());
+        assert!(matches!(
+            cache.list_at("/r/", None, floor - 1),
+            Err(WatchStartError::TooOld { requested: 19, oldest: 20 })
+        ));
     }
 
     /// Selectors whose value upstream formats from a typed field: read from their real path,

@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{Map, Value, json};
 
-use super::cache::{CachedObject, set_resource_version, with_resource_version};
+use super::cache::{CachedObject, WatchStartError, set_resource_version, with_resource_version};
 use super::negotiate::{self, BodyType, Output};
 use super::registry::ResourceType;
 use super::request::{FieldValidation, Query, RequestInfo, Verb};
@@ -167,6 +167,76 @@ fn decode_stored(kv: &KeyValue) -> ApiResult<Value> {
     Ok(v)
 }
 
+/// Upstream's answer to a continue token whose revision has left the history (`Expired`,
+/// with a token for the rest of the list at the latest revision).
+const EXPIRED_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+/// Upstream's `ValidateListOptions`: which of resourceVersion, resourceVersionMatch,
+/// continue and sendInitialEvents a list (or a watch) may combine. A 422 on
+/// `ListOptions.meta.k8s.io`.
+pub fn validate_list_options(query: &Query, watch: bool) -> ApiResult<()> {
+    let path = admission::Path::root("resourceVersionMatch");
+    let forbidden = |detail: &str| admission::FieldError::forbidden(&path, detail);
+    let matched = query.get("resourceVersionMatch");
+    let continued = query.get("continue").is_some();
+    let send_initial = query.has("sendInitialEvents");
+    let mut errs = Vec::new();
+    if watch {
+        if send_initial && matched != Some("NotOlderThan") {
+            errs.push(forbidden(
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        if let Some(m) = matched {
+            if !send_initial {
+                errs.push(forbidden(
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ));
+            }
+            if m != "NotOlderThan" {
+                errs.push(admission::FieldError::not_supported(&path, m, &["NotOlderThan"]));
+            }
+            if continued {
+                errs.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+        }
+    } else {
+        if let Some(m) = matched {
+            let rv = query.get("resourceVersion");
+            if rv.is_none() {
+                errs.push(forbidden(
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
+            }
+            if continued {
+                errs.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+            if m != "Exact" && m != "NotOlderThan" {
+                errs.push(admission::FieldError::not_supported(
+                    &path,
+                    m,
+                    &["Exact", "NotOlderThan", ""],
+                ));
+            }
+            if m == "Exact" && rv == Some("0") {
+                errs.push(forbidden(
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+        }
+        if send_initial {
+            errs.push(admission::FieldError::forbidden(
+                &admission::Path::root("sendInitialEvents"),
+                "sendInitialEvents is forbidden for list",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        return Ok(());
+    }
+    Err(invalid_of("ListOptions", "meta.k8s.io", "", errs))
+}
+
 /// A continue token: the list's revision and the last key returned.
 fn encode_continue(rv: Revision, key: &str) -> String {
     let raw = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": key});
@@ -220,37 +290,44 @@ async fn list(
     query: &Query,
     output: Output,
 ) -> ApiResult<Response> {
+    validate_list_options(query, false)?;
     let filter = Filter::from_query(rt, ns, query)?;
     let limit = query.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
+    let exact = query.get("resourceVersionMatch") == Some("Exact");
     let (list_rv, after) = match query.get("continue") {
         Some(token) => {
+            if query.get("resourceVersion").is_some_and(|rv| rv != "0") {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
             let (rv, key) = decode_continue(token)?;
+            // A token of another server of the cluster may be ahead of this one's cache.
+            if !server.cache.wait_for(rv, CACHE_WAIT).await {
+                return Err(ApiError::too_large_resource_version(rv, server.cache.revision()));
+            }
+            // -1: the rest of a list whose snapshot expired, at the latest revision.
+            let rv = if rv < 0 { server.cache.revision() } else { rv };
             (rv, Some(key))
         }
         None => {
-            let rv = match (query.get("resourceVersion"), query.get("resourceVersionMatch")) {
+            let rv = match query.get("resourceVersion") {
                 // "0": any revision is fine; serve what the cache has.
-                (Some("0"), _) => server.cache.revision(),
-                (Some(rv), m) => {
+                Some("0") => server.cache.revision(),
+                Some(rv) => {
                     let rv: Revision = rv.parse().map_err(|_| {
                         ApiError::bad_request(format!("invalid resource version {rv:?}"))
                     })?;
-                    if m == Some("Exact") && rv != server.cache.revision() {
-                        return Err(ApiError::gone(format!(
-                            "too old resource version: {rv} ({})",
-                            server.cache.revision()
-                        )));
-                    }
                     if !server.cache.wait_for(rv, CACHE_WAIT).await {
                         return Err(ApiError::too_large_resource_version(
                             rv,
                             server.cache.revision(),
                         ));
                     }
-                    server.cache.revision()
+                    if exact { rv } else { server.cache.revision() }
                 }
                 // Consistent read: wait until the cache holds every committed write.
-                (None, _) => {
+                None => {
                     let current = server.store.current_revision().await?;
                     if !server.cache.wait_for(current, CACHE_WAIT).await {
                         return Err(ApiError::timeout(
@@ -264,7 +341,26 @@ async fn list(
         }
     };
     let prefix = filter.prefix(rt);
-    let all = server.cache.resource(rt).list(&prefix, after.as_deref());
+    let cache = server.cache.resource(rt);
+    // Every page of a list is read at the revision of its first: later pages undo the
+    // changes since from the watch cache's history window.
+    let all = match cache.list_at(&prefix, after.as_deref(), list_rv) {
+        Ok(all) => all,
+        Err(WatchStartError::TooOld { .. }) if after.is_some() => {
+            let after = after.as_deref().unwrap_or_default();
+            let mut e = ApiError::gone(EXPIRED_CONTINUE);
+            e.continue_token = Some(encode_continue(-1, after));
+            return Err(e);
+        }
+        Err(WatchStartError::TooOld { requested, oldest }) if exact => {
+            return Err(ApiError::gone(format!(
+                "too old resource version: {requested} ({oldest})"
+            )));
+        }
+        // A first page whose revision the window has passed (just reloaded): the current
+        // objects, which are at least that new.
+        Err(WatchStartError::TooOld { .. }) => cache.list(&prefix, None),
+    };
     let mut items: Vec<Arc<CachedObject>> = Vec::new();
     let mut next = None;
     let mut remaining = 0usize;
@@ -497,7 +593,12 @@ fn generate_suffix() -> String {
 }
 
 fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> ApiError {
-    let message = admission::invalid_message(rt.kind(), rt.group(), name, &errs);
+    invalid_of(rt.kind(), rt.group(), name, errs)
+}
+
+/// Upstream's `NewInvalid` for `kind`.`group` `name`.
+fn invalid_of(kind: &str, group: &str, name: &str, errs: Vec<admission::FieldError>) -> ApiError {
+    let message = admission::invalid_message(kind, group, name, &errs);
     let causes = errs
         .iter()
         .map(|e| Cause {
@@ -508,7 +609,7 @@ fn invalid(rt: &ResourceType, name: &str, errs: Vec<admission::FieldError>) -> A
             field: e.field.clone(),
         })
         .collect();
-    ApiError::invalid(message, causes).with_details(rt.group(), rt.kind(), name)
+    ApiError::invalid(message, causes).with_details(group, kind, name)
 }
 
 /// The stored form of an object: without resourceVersion (the store's revision is).
@@ -565,6 +666,25 @@ async fn create_rendered(
     Ok((created, StatusCode::CREATED, warnings))
 }
 
+/// The namespace of a created or updated object must agree with the URL: set when the body
+/// has none, cleared for a cluster-scoped resource, else a 400 (upstream's
+/// `EnsureObjectNamespaceMatchesRequestNamespace`).
+fn ensure_namespace(ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
+    match (ns, meta_str(obj, "namespace")) {
+        (Some(url), Some(body)) if url != body => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        (Some(url), _) => {
+            meta_mut(obj).insert("namespace".into(), json!(url));
+            Ok(())
+        }
+        (None, _) => {
+            meta_mut(obj).remove("namespace");
+            Ok(())
+        }
+    }
+}
+
 /// The create path after decoding, shared by POST and apply-creates (which computed their
 /// managed fields already: `track` false).
 async fn create_object(
@@ -576,20 +696,7 @@ async fn create_object(
     dry_run: bool,
     track: bool,
 ) -> ApiResult<Created> {
-    // Namespace of the object must agree with the URL.
-    match (ns, meta_str(&obj, "namespace").map(str::to_string)) {
-        (Some(url), Some(body)) if url != body => {
-            return Err(ApiError::bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request",
-            ));
-        }
-        (Some(url), _) => {
-            meta_mut(&mut obj).insert("namespace".into(), json!(url));
-        }
-        (None, _) => {
-            meta_mut(&mut obj).remove("namespace");
-        }
-    }
+    ensure_namespace(ns, &mut obj)?;
     let g = gvk(rt);
     // Upstream's order: decode+default, the field manager, mutating admission, then system
     // metadata, then the strategy, then validate, then validating admission.
@@ -738,9 +845,9 @@ async fn update(
 ) -> ApiResult<(Value, StatusCode, Vec<String>)> {
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
-    let new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
-    // The name only: an update keeps the live object's namespace (`prepare_update`).
-    check_name(&new, name, None)?;
+    let mut new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
+    ensure_namespace(ns, &mut new)?;
+    check_name(&new, name, ns)?;
     let manager = manager(query, headers)?;
     let precondition = meta_str(&new, "resourceVersion").map(str::to_string);
     let obj = guaranteed_update(

@@ -140,6 +140,11 @@ impl Query {
         self.raw.get(key).map(String::as_str).filter(|s| !s.is_empty())
     }
 
+    /// Whether the parameter was given at all, even empty.
+    pub fn has(&self, key: &str) -> bool {
+        self.raw.contains_key(key)
+    }
+
     /// A boolean parameter, parsed like Go's strconv.ParseBool ("1", "t", "True", ...).
     pub fn flag(&self, key: &str) -> bool {
         matches!(

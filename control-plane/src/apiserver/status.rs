@@ -43,6 +43,8 @@ pub struct StatusError {
     pub kind: Option<String>,
     pub causes: Vec<Cause>,
     pub retry_after_seconds: Option<u32>,
+    /// `metadata.continue`: where an expired paginated list may go on from.
+    pub continue_token: Option<String>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -58,6 +60,7 @@ impl ApiError {
             kind: None,
             causes: Vec::new(),
             retry_after_seconds: None,
+            continue_token: None,
         }))
     }
 
@@ -189,13 +192,13 @@ impl ApiError {
     /// The `Status` object.
     pub fn to_status(&self) -> Value {
         let mut details = serde_json::Map::new();
-        if let Some(name) = &self.name {
+        if let Some(name) = self.name.as_ref().filter(|v| !v.is_empty()) {
             details.insert("name".into(), json!(name));
         }
-        if let Some(group) = &self.group {
+        if let Some(group) = self.group.as_ref().filter(|v| !v.is_empty()) {
             details.insert("group".into(), json!(group));
         }
-        if let Some(kind) = &self.kind {
+        if let Some(kind) = self.kind.as_ref().filter(|v| !v.is_empty()) {
             details.insert("kind".into(), json!(kind));
         }
         if !self.causes.is_empty() {
@@ -226,6 +229,9 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code.as_u16(),
         });
+        if let Some(token) = &self.continue_token {
+            status["metadata"]["continue"] = json!(token);
+        }
         if !details.is_empty() {
             status["details"] = Value::Object(details);
         }

@@ -30,6 +30,7 @@ pub async fn serve(
     query: &Query,
     output: Output,
 ) -> ApiResult<Response> {
+    super::handlers::validate_list_options(query, true)?;
     let mut filter = Filter::from_query(rt, ns, query)?;
     if let Some(name) = name {
         // The legacy /watch/<resource>/<name> form watches one object.
