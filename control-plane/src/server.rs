@@ -192,7 +192,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         if cc.apiserver_endpoint.is_none() {
             cc.apiserver_endpoint = apiserver_endpoint(&config, addr.port());
         }
-        let client = api.client();
+        let client = api.client_as("kube-controller-manager");
         let id = identity.clone();
         tokio::spawn(async move {
             crate::leader::run_leading(
@@ -207,7 +207,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         });
     }
     if let Some(sc) = config.scheduler.clone() {
-        let client = api.client();
+        let client = api.client_as("kube-scheduler");
         let id = identity.clone();
         tokio::spawn(async move {
             crate::leader::run_leading(

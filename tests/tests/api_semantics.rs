@@ -587,6 +587,76 @@ async fn deletion_dry_run_and_bad_input() {
     assert_eq!(o["data"]["k"], "dry", "{o}");
     assert_eq!(o["metadata"]["resourceVersion"], live["metadata"]["resourceVersion"], "{o}");
 
+    // PatchOptions as upstream validates them, before the body is read.
+    let (code, s) = call(
+        &c,
+        "PATCH",
+        &format!("{path}?force=true"),
+        "application/merge-patch+json",
+        Some(json!({"data": {"k": "forced"}})),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")), "{s}");
+    assert_eq!(
+        s["message"],
+        "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch"
+    );
+    let apply = "application/apply-patch+yaml";
+    let config = json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "u", "namespace": "default"}
+    });
+    let (code, s) = call(&c, "PATCH", path, apply, Some(config.clone())).await;
+    assert_eq!(code, 422, "{s}");
+    assert_eq!(
+        s["message"],
+        "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"
+    );
+    // An apply configuration holds only the kind's fields, whatever the fieldValidation, and
+    // names its apiVersion and kind (upstream's field manager).
+    let mut bogus = config.clone();
+    bogus["data"] = json!({"k": "applied"});
+    bogus["bogus"] = json!(1);
+    let (code, s) = call(
+        &c,
+        "PATCH",
+        &format!("{path}?fieldManager=t&fieldValidation=Ignore"),
+        apply,
+        Some(bogus),
+    )
+    .await;
+    assert_eq!(code, 400, "{s}");
+    assert_eq!(
+        s["message"],
+        "failed to create typed patch object (default/u; /v1, Kind=ConfigMap): .bogus: field not declared in schema"
+    );
+    let (code, s) = call(
+        &c,
+        "PATCH",
+        &format!("{path}?fieldManager=t"),
+        apply,
+        Some(json!({"metadata": {"name": "u"}})),
+    )
+    .await;
+    assert_eq!(code, 400, "{s}");
+    assert_eq!(
+        s["message"],
+        "Incorrect version specified in apply patch. Specified patch version: , expected: v1"
+    );
+    let (_, after) = call(&c, "GET", path, JSON, None).await;
+    assert_eq!(after["data"], live["data"], "nothing applied");
+
+    // A merge patch with an unknown field under Warn drops it with a warning.
+    let req = http::Request::builder()
+        .method("PATCH")
+        .uri(format!("{path}?fieldValidation=Warn"))
+        .header("content-type", "application/merge-patch+json")
+        .body(kube::client::Body::from(br#"{"bogus":1}"#.to_vec()))
+        .expect("request");
+    let resp = c.send(req).await.expect("send");
+    assert_eq!(resp.status(), 200);
+    let warning = resp.headers().get("warning").and_then(|w| w.to_str().ok()).unwrap_or("");
+    assert_eq!(warning, r#"299 - "unknown field \"bogus\"""#);
+
     // A PUT may not move the object to another namespace either; nothing is written.
     let mut moved = live.clone();
     moved["metadata"]["namespace"] = json!("kube-system");

@@ -96,6 +96,17 @@ async fn kubectl_rollout_status_history_and_undo() {
         .await;
     let out = kubectl(&k, &["rollout", "status", "deployment/web", "--timeout=60s"]).await;
     assert!(out.contains("successfully rolled out"), "{out}");
+    // The controller stamps the revision through the status subresource, which leaves the
+    // generation alone (a change of the annotations through the main resource bumps it).
+    let path = r"jsonpath={.metadata.generation} {.status.observedGeneration} {.metadata.annotations.deployment\.kubernetes\.io/revision}";
+    let stamped = kubectl(&k, &["get", "deployment", "web", "-o", path]).await;
+    assert_eq!(stamped, "1 1 1");
+    // The in-process controllers write as kube-controller-manager.
+    let path = "jsonpath={.metadata.managedFields[*].manager}";
+    let managers = kubectl(&k, &["get", "deployment", "web", "-o", path]).await;
+    let mut managers: Vec<&str> = managers.split_whitespace().collect();
+    managers.sort();
+    assert_eq!(managers, ["kube-controller-manager", "kubectl-create"]);
 
     kubectl(&k, &["set", "image", "deployment/web", "busybox=skiff.local/busybox:2"]).await;
     let out = kubectl(&k, &["rollout", "status", "deployment/web", "--timeout=60s"]).await;

@@ -294,7 +294,8 @@ async fn list(
     let filter = Filter::from_query(rt, ns, query)?;
     let limit = query.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
     let exact = query.get("resourceVersionMatch") == Some("Exact");
-    let (list_rv, after) = match query.get("continue") {
+    // `pinned`: the list must be served at `list_rv` (a continued snapshot or Exact).
+    let (list_rv, after, pinned) = match query.get("continue") {
         Some(token) => {
             if query.get("resourceVersion").is_some_and(|rv| rv != "0") {
                 return Err(ApiError::bad_request(
@@ -307,8 +308,10 @@ async fn list(
                 return Err(ApiError::too_large_resource_version(rv, server.cache.revision()));
             }
             // -1: the rest of a list whose snapshot expired, at the latest revision.
-            let rv = if rv < 0 { server.cache.revision() } else { rv };
-            (rv, Some(key))
+            match rv {
+                ..0 => (server.cache.revision(), Some(key), false),
+                _ => (rv, Some(key), true),
+            }
         }
         None => {
             let rv = match query.get("resourceVersion") {
@@ -337,7 +340,7 @@ async fn list(
                     server.cache.revision()
                 }
             };
-            (rv, None)
+            (rv, None, exact)
         }
     };
     let prefix = filter.prefix(rt);
@@ -346,20 +349,20 @@ async fn list(
     // changes since from the watch cache's history window.
     let all = match cache.list_at(&prefix, after.as_deref(), list_rv) {
         Ok(all) => all,
-        Err(WatchStartError::TooOld { .. }) if after.is_some() => {
+        Err(WatchStartError::TooOld { .. }) if pinned && after.is_some() => {
             let after = after.as_deref().unwrap_or_default();
             let mut e = ApiError::gone(EXPIRED_CONTINUE);
             e.continue_token = Some(encode_continue(-1, after));
             return Err(e);
         }
-        Err(WatchStartError::TooOld { requested, oldest }) if exact => {
+        Err(WatchStartError::TooOld { requested, oldest }) if pinned => {
             return Err(ApiError::gone(format!(
                 "too old resource version: {requested} ({oldest})"
             )));
         }
-        // A first page whose revision the window has passed (just reloaded): the current
-        // objects, which are at least that new.
-        Err(WatchStartError::TooOld { .. }) => cache.list(&prefix, None),
+        // A list at the latest revision that the window has passed (just reloaded): the
+        // current objects, which are at least that new.
+        Err(WatchStartError::TooOld { .. }) => cache.list(&prefix, after.as_deref()),
     };
     let mut items: Vec<Arc<CachedObject>> = Vec::new();
     let mut next = None;
@@ -450,18 +453,103 @@ fn gvk(rt: &ResourceType) -> Gvk<'static> {
 }
 
 /// The field manager of a write: `fieldManager`, else the user agent's program name.
-fn manager(query: &Query, headers: &HeaderMap) -> ApiResult<String> {
+/// The field manager of a write: `fieldManager`, else the User-Agent up to its first `/`.
+/// A bad `fieldManager` is a 422 on the request's options kind (`CreateOptions`, ...).
+fn manager(query: &Query, headers: &HeaderMap, options: &str) -> ApiResult<String> {
     if let Some(m) = query.get("fieldManager") {
-        if m.len() > 128 {
-            return Err(ApiError::bad_request(
-                "fieldManager: Too long: may not be more than 128 bytes",
-            ));
+        let errs = field_manager_errors(m);
+        if !errs.is_empty() {
+            return Err(invalid_of(options, "meta.k8s.io", "", errs));
         }
         return Ok(m.to_string());
     }
     let ua =
         headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
     Ok(ua.split('/').next().unwrap_or("unknown").chars().take(128).collect())
+}
+
+/// What upstream's field manager requires of an apply configuration before it merges it,
+/// whatever the `fieldValidation`: the resource's apiVersion and a kind, and only fields
+/// its schema declares (the typed conversion of the patch object). Upstream answers the
+/// last two with a 500, being fixed upstream to the 400 used here.
+fn check_apply_config(rt: &ResourceType, applied: &Value) -> ApiResult<()> {
+    let expected = rt.desc.api_version();
+    let specified = applied.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    if specified != expected {
+        return Err(ApiError::bad_request(
+            apply::ApplyError::VersionMismatch { specified: specified.into(), expected }
+                .to_string(),
+        ));
+    }
+    let kind = applied.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let gvk = format!("{}/{}, Kind={kind}", rt.group(), rt.desc.version);
+    // Upstream names the configuration as sent (kubectl sets its namespace).
+    let object = format!(
+        "{}/{}; {gvk}",
+        meta_str(applied, "namespace").unwrap_or_default(),
+        meta_str(applied, "name").unwrap_or_default()
+    );
+    if kind.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "failed to create typed patch object ({object}): no corresponding type for {gvk}"
+        )));
+    }
+    let schemas = schema::Schemas::builtin();
+    let Some(root) = schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) else {
+        return Ok(());
+    };
+    let errors: Vec<String> = schemas
+        .unknown_fields(schemas.field(root), applied)
+        .iter()
+        .map(|path| format!("{path}: field not declared in schema"))
+        .collect();
+    let detail = match errors.as_slice() {
+        [] => return Ok(()),
+        [one] => one.clone(),
+        many => format!("errors:\n  {}", many.join("\n  ")),
+    };
+    Err(ApiError::bad_request(format!("failed to create typed patch object ({object}): {detail}")))
+}
+
+/// Upstream's `ValidateFieldManager`: at most 128 bytes, printable characters only.
+fn field_manager_errors(m: &str) -> Vec<admission::FieldError> {
+    let path = admission::Path::root("fieldManager");
+    let mut errs = Vec::new();
+    if m.len() > 128 {
+        errs.push(admission::FieldError::too_long(&path, 128));
+    }
+    for (i, c) in m.char_indices() {
+        if c.is_control() || (c.is_whitespace() && c != ' ') {
+            let detail = format!("invalid character U+{:04X} (at position {i})", c as u32);
+            errs.push(admission::FieldError::invalid(&path, m, detail));
+        }
+    }
+    errs
+}
+
+/// Upstream's `ValidatePatchOptions`: `force` only for an apply patch, which needs a
+/// `fieldManager`. A 422 on `PatchOptions.meta.k8s.io`.
+fn validate_patch_options(query: &Query, body_type: BodyType) -> ApiResult<()> {
+    let mut errs = Vec::new();
+    let apply = body_type == BodyType::ApplyPatch;
+    if !apply && query.has("force") {
+        errs.push(admission::FieldError::forbidden(
+            &admission::Path::root("force"),
+            "may not be specified for non-apply patch",
+        ));
+    }
+    match query.get("fieldManager") {
+        None if apply => errs.push(admission::FieldError::required(
+            &admission::Path::root("fieldManager"),
+            "is required for apply patch",
+        )),
+        None => {}
+        Some(m) => errs.extend(field_manager_errors(m)),
+    }
+    if errs.is_empty() {
+        return Ok(());
+    }
+    Err(invalid_of("PatchOptions", "meta.k8s.io", "", errs))
 }
 
 /// Decode a create/update body, check its type meta and apply field validation.
@@ -661,7 +749,7 @@ async fn create_rendered(
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
-    let manager = manager(query, headers)?;
+    let manager = manager(query, headers, "CreateOptions")?;
     let created = create_object(server, rt, ns, obj, &manager, query.dry_run()?, true).await?;
     Ok((created, StatusCode::CREATED, warnings))
 }
@@ -848,7 +936,7 @@ async fn update(
     let mut new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
     ensure_namespace(ns, &mut new)?;
     check_name(&new, name, ns)?;
-    let manager = manager(query, headers)?;
+    let manager = manager(query, headers, "UpdateOptions")?;
     let precondition = meta_str(&new, "resourceVersion").map(str::to_string);
     let obj = guaranteed_update(
         server,
@@ -1071,15 +1159,10 @@ fn prepare_update(
             Some(g) => meta.insert("generation".into(), g.clone()),
             None => meta.remove("generation"),
         };
-        if sub == Some("status") {
-            // A status write changes status only (and a few metadata fields upstream allows).
-            for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
-                match old_meta.get(field) {
-                    Some(v) => meta.insert(field.into(), v.clone()),
-                    None => meta.remove(field),
-                };
-            }
-        }
+        // A status write may change labels, annotations, finalizers and owners as well, as
+        // the status strategies of these kinds allow upstream (they do not reset the metadata
+        // with `ResetObjectMetaForStatus`); the kind's own restorations are in
+        // `prepare_for_update`. The Deployment controller stamps its revision this way.
     }
     let g = gvk(rt);
     // pods/binding is a system write of spec.nodeName and the PodScheduled condition: no
@@ -1216,21 +1299,18 @@ async fn patch(
         return Err(ApiError::too_large(negotiate::MAX_BODY));
     }
     let body_type = negotiate::body_type(headers)?;
+    validate_patch_options(query, body_type)?;
     let validation = query.field_validation()?;
     let dry_run = query.dry_run()?;
-    let mut warnings = Vec::new();
+    let warnings = Vec::new();
 
     if body_type == BodyType::ApplyPatch {
-        let manager = query.get("fieldManager").ok_or_else(|| {
-            ApiError::bad_request(
-                "PATCH, application/apply-patch+yaml requires fieldManager to be set",
-            )
-        })?;
+        let manager = query.get("fieldManager").unwrap_or_default();
         let force = query.flag("force");
         let mut applied = negotiate::decode_object(BodyType::ApplyPatch, body)?;
+        check_apply_config(rt, &applied)?;
         check_type_meta(rt, &mut applied)?;
         check_name(&applied, name, ns)?;
-        validate_fields(rt, &applied, validation, &mut warnings)?;
         if applied.at(&["metadata", "managedFields"]).is_some_and(|m| !m.is_null()) {
             return Err(ApiError::bad_request("metadata.managedFields must be nil"));
         }
@@ -1283,7 +1363,7 @@ async fn patch(
         }
         _ => return Err(ApiError::unsupported_media_type("not a patch content type")),
     };
-    let manager = manager(query, headers)?;
+    let manager = manager(query, headers, "PatchOptions")?;
     let precondition = match body_type {
         BodyType::JsonPatch => None,
         _ => patch_value
@@ -1291,6 +1371,8 @@ async fn patch(
             .and_then(Value::as_str)
             .map(str::to_string),
     };
+    // The unknown fields of the attempt that was written (a retry patches anew).
+    let unknown = std::sync::Mutex::new(Vec::new());
     let obj = guaranteed_update(
         server,
         rt,
@@ -1302,6 +1384,7 @@ async fn patch(
             let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
             let mut w = Vec::new();
             validate_fields(rt, &patched, validation, &mut w)?;
+            *unknown.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = w;
             let mut obj = normalize(rt, patched)?;
             check_type_meta(rt, &mut obj)?;
             check_name(&obj, name, ns)?;
@@ -1309,6 +1392,7 @@ async fn patch(
         },
     )
     .await?;
+    let warnings = unknown.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok((obj, StatusCode::OK, warnings))
 }
 
@@ -1671,7 +1755,13 @@ async fn scale(
     body: &[u8],
 ) -> ApiResult<Value> {
     let body_type = negotiate::body_type(headers)?;
-    let manager = manager(query, headers)?;
+    let manager = match verb {
+        Verb::Update => manager(query, headers, "UpdateOptions")?,
+        _ => {
+            validate_patch_options(query, body_type)?;
+            manager(query, headers, "PatchOptions")?
+        }
+    };
     let dry_run = query.dry_run()?;
     let (scale_body, precondition) = match verb {
         Verb::Update => {
@@ -1742,7 +1832,7 @@ async fn bind(
             }],
         ));
     }
-    let manager = manager(query, headers)?;
+    let manager = manager(query, headers, "CreateOptions")?;
     let dry_run = query.dry_run()?;
     plugins::admit_subresource_create(server, rt, ns, name, "binding", &binding, dry_run).await?;
     let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});

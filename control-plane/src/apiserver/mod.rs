@@ -224,9 +224,22 @@ impl ApiServer {
     /// Its requests carry the privileged `system:apiserver` identity (system:masters), which
     /// only in-process callers can hold.
     pub fn client(self: &Arc<Self>) -> kube::Client {
+        self.client_as("kube-apiserver")
+    }
+
+    /// [`ApiServer::client`] for one component: its name leads the User-Agent, which names
+    /// the field manager of its writes that give none (`kube-controller-manager`,
+    /// `kube-scheduler`, as upstream's components show in managedFields).
+    pub fn client_as(self: &Arc<Self>, component: &str) -> kube::Client {
+        let agent = http::HeaderValue::from_str(&format!(
+            "{component}/{} (linux/amd64) skiff",
+            GIT_VERSION
+        ))
+        .unwrap_or_else(|_| http::HeaderValue::from_static("skiff-server"));
         let service = tower::ServiceBuilder::new()
-            .map_request(|mut req: http::Request<kube::client::Body>| {
+            .map_request(move |mut req: http::Request<kube::client::Body>| {
                 req.extensions_mut().insert(authn::InProcess::apiserver());
+                req.headers_mut().entry(http::header::USER_AGENT).or_insert(agent.clone());
                 req
             })
             .service(self.router());

@@ -440,8 +440,10 @@ impl Reconcile {
             return Ok(());
         }
         let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        // Through the status subresource, as upstream: its strategy takes annotations but
+        // leaves the generation, which a change of the main resource's annotations bumps.
         let patch = json!({"metadata": {"annotations": {REVISION: revision.to_string()}}});
-        match api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(e) if pods::is_not_found(&e) => Ok(()),
             Err(source) => Err(Error::UpdateDeployment { deployment: self.name.clone(), source }),

@@ -226,7 +226,9 @@ pub fn prepare_for_update(
         _ => {}
     }
     let mut spec_changed = n.get("spec") != o.get("spec");
-    if gvk.group == "apps" && gvk.kind == "Deployment" {
+    // Annotations are copied from a Deployment to its ReplicaSets: a change through the main
+    // resource bumps the generation (upstream's deploymentStrategy), not through status.
+    if gvk.group == "apps" && gvk.kind == "Deployment" && subresource.is_none() {
         spec_changed |= n.get("metadata").and_then(|m| m.get("annotations"))
             != o.get("metadata").and_then(|m| m.get("annotations"));
     }
