@@ -695,6 +695,11 @@ async fn namespace_lifecycle_and_binding() {
         call(&c, "POST", "/api/v1/namespaces/gone/configmaps", JSON, Some(cm("a", json!({}))))
             .await;
     assert_eq!((code, s["reason"].as_str()), (403, Some("Forbidden")), "{s}");
+    assert_eq!(
+        s["message"],
+        "configmaps \"a\" is forbidden: unable to create new content in namespace gone because it is being terminated"
+    );
+    assert_eq!(s["details"], json!({"name": "a", "kind": "configmaps"}));
 
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
     let (_, created) = call(&c, "POST", "/api/v1/namespaces/default/pods", JSON, Some(pod)).await;

@@ -145,12 +145,6 @@ impl MutatingPlugin for NamespaceLifecycle {
             }
             None => None,
         };
-        let meta = |o: &Value, f: &str| {
-            o.pointer(&format!("/metadata/{f}"))
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-        };
         match obj {
             None => Err(ApiError::not_found("namespaces", ns).with_details("", "namespaces", ns)),
             Some(o) if terminating(&o) => {
@@ -159,10 +153,13 @@ impl MutatingPlugin for NamespaceLifecycle {
                 } else {
                     format!("{}.{}", req.resource, req.group)
                 };
+                // Upstream's NewForbidden names the object being created (empty under
+                // generateName: the name comes later).
+                let name = &req.name;
                 Err(ApiError::forbidden(format!(
-                    "{qualified} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                    meta(&o, "name").unwrap_or_else(|| ns.to_string())
-                )))
+                    "{qualified} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"
+                ))
+                .with_details(req.group, req.resource, name))
             }
             Some(_) => Ok(()),
         }
