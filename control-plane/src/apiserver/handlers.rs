@@ -1523,6 +1523,14 @@ async fn delete(
             vec![],
         ));
     }
+    if rt.kind() == "PriorityClass"
+        && admission::SYSTEM_PRIORITY_CLASSES.iter().any(|(system, _, _)| *system == name)
+    {
+        return Err(ApiError::forbidden(format!(
+            "priorityclasses.scheduling.k8s.io \"{name}\" is forbidden: this is a system priority class and cannot be deleted"
+        ))
+        .with_details(rt.group(), rt.plural(), name));
+    }
     let is_pod = rt.kind() == "Pod" && rt.group().is_empty();
     let is_namespace = rt.kind() == "Namespace" && rt.group().is_empty();
     let key = rt.key(ns, name);

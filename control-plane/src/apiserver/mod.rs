@@ -159,11 +159,19 @@ impl ApiServer {
         self.alloc.repair(services.iter());
     }
 
-    /// default, kube-system, kube-public, kube-node-lease and the `kubernetes` Service.
+    /// default, kube-system, kube-public, kube-node-lease, the `kubernetes` Service and the
+    /// system PriorityClasses.
     async fn bootstrap(&self) -> Result<(), Error> {
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            self.ensure("namespaces", None, ns, obj).await?;
+            self.ensure("", "namespaces", None, ns, obj).await?;
+        }
+        for (name, value, description) in crate::machinery::admission::SYSTEM_PRIORITY_CLASSES {
+            let obj = json!({
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value, "description": description,
+            });
+            self.ensure("scheduling.k8s.io", "priorityclasses", None, name, obj).await?;
         }
         let ip = self.alloc.kubernetes_ip().to_string();
         let svc = json!({
@@ -173,17 +181,18 @@ impl ApiServer {
             "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
                      "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
         });
-        self.ensure("services", Some("default"), "kubernetes", svc).await
+        self.ensure("", "services", Some("default"), "kubernetes", svc).await
     }
 
     async fn ensure(
         &self,
+        group: &str,
         plural: &str,
         ns: Option<&str>,
         name: &str,
         obj: Value,
     ) -> Result<(), Error> {
-        let rt = self.registry.find("", "v1", plural).expect("core resource");
+        let rt = self.registry.find(group, "v1", plural).expect("a served v1 resource");
         let exists = self
             .store
             .get(&rt.key(ns, name))

@@ -103,11 +103,8 @@ impl MutatingPlugin for Priority {
     }
 }
 
-/// Highest value a user-defined class may have (upstream `HighestUserDefinablePriority`).
-pub const HIGHEST_USER_DEFINABLE_PRIORITY: i64 = 1_000_000_000;
-
-/// PriorityClass writes: `system-` names are reserved, values are capped, and only one
-/// class may be the global default.
+/// PriorityClass writes: only one class may be the global default (the reserved `system-`
+/// names and the value cap are the kind's validation).
 #[async_trait]
 impl ValidatingPlugin for Priority {
     fn name(&self) -> &'static str {
@@ -122,18 +119,7 @@ impl ValidatingPlugin for Priority {
 
     async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
         let Some(class) = req.object.as_ref() else { return Ok(()) };
-        let (name, value, _) = class_parts(class);
-        if req.operation == Operation::Create
-            && name.starts_with("system-")
-            && system_class(&name).is_none()
-        {
-            return Err(req.forbidden("priority class names with 'system-' prefix are reserved"));
-        }
-        if system_class(&name).is_none() && value > HIGHEST_USER_DEFINABLE_PRIORITY {
-            return Err(req.forbidden(format!(
-                "maximum allowed value of a user defined priority is {HIGHEST_USER_DEFINABLE_PRIORITY}"
-            )));
-        }
+        let (name, _, _) = class_parts(class);
         if class.get("globalDefault").and_then(Value::as_bool) == Some(true)
             && let Some(other) = priority_classes(server, true).await?.iter().find(|c| {
                 c.get("globalDefault").and_then(Value::as_bool) == Some(true)

@@ -437,12 +437,54 @@ mod through_router {
         let class = |name: &str, value: i64, default: bool| json!({"metadata": {"name": name}, "value": value, "globalDefault": default});
         let url = "/apis/scheduling.k8s.io/v1/priorityclasses";
         let json_ct = "application/json";
-        let (s, _) =
+        // The reserved names and the value cap are validation (422), as upstream.
+        let (s, body) =
             call(&api, None, Method::POST, url, json_ct, class("system-mine", 1, false)).await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
-        let (s, _) =
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            body["message"],
+            "PriorityClass.scheduling.k8s.io \"system-mine\" is invalid: metadata.name: Forbidden: priority class names with 'system-' prefix are reserved for system use only. error: system-mine is not a known system priority class"
+        );
+        let (s, body) =
             call(&api, None, Method::POST, url, json_ct, class("huge", 2_000_000_000, false)).await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            body["message"],
+            "PriorityClass.scheduling.k8s.io \"huge\" is invalid: value: Forbidden: maximum allowed value of a user defined priority is 1000000000"
+        );
+        // The system classes exist from the start, and stay.
+        let (s, body) = call(&api, None, Method::GET, url, json_ct, serde_json::Value::Null).await;
+        assert_eq!(s, StatusCode::OK);
+        let names: Vec<&str> = body["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["high", "system-cluster-critical", "system-node-critical"]);
+        assert_eq!(body["items"][2]["value"], 2_000_001_000);
+        assert_eq!(body["items"][2]["preemptionPolicy"], "PreemptLowerPriority");
+        let system = format!("{url}/system-node-critical");
+        let (s, body) =
+            call(&api, None, Method::DELETE, &system, json_ct, serde_json::Value::Null).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(
+            body["message"],
+            "priorityclasses.scheduling.k8s.io \"system-node-critical\" is forbidden: this is a system priority class and cannot be deleted"
+        );
+        // value and preemptionPolicy are immutable.
+        let (s, mut high) =
+            call(&api, None, Method::GET, &format!("{url}/high"), json_ct, serde_json::Value::Null)
+                .await;
+        assert_eq!(s, StatusCode::OK);
+        high["value"] = json!(1001);
+        high["preemptionPolicy"] = json!("PreemptLowerPriority");
+        let (s, body) = call(&api, None, Method::PUT, &format!("{url}/high"), json_ct, high).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            body["message"],
+            "PriorityClass.scheduling.k8s.io \"high\" is invalid: [value: Forbidden: may not be changed in an update., preemptionPolicy: Invalid value: \"PreemptLowerPriority\": field is immutable]"
+        );
         let (s, _) =
             call(&api, None, Method::POST, url, json_ct, class("default-a", 5, true)).await;
         assert_eq!(s, StatusCode::CREATED);

@@ -44,6 +44,7 @@ pub use field::{FieldError, FieldErrorKind, Path, aggregate};
 use meta::NameRule;
 /// The one label-selector matcher, shared by the controllers and the scheduler.
 pub use meta::selector_matches;
+pub use other::SYSTEM_PRIORITY_CLASSES;
 
 /// The kind of the object handed to admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +143,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("batch", "Job") => batch::default_job(o),
         ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
         ("rbac.authorization.k8s.io", _) => other::default_rbac(gvk.kind, o),
+        ("scheduling.k8s.io", "PriorityClass") => other::default_priority_class(o),
         _ => {}
     }
     Ok(())

@@ -1,5 +1,6 @@
-//! discovery.k8s.io/v1 EndpointSlice, coordination.k8s.io/v1 Lease and the
-//! rbac.authorization.k8s.io/v1 kinds: defaults and validation as upstream.
+//! discovery.k8s.io/v1 EndpointSlice, coordination.k8s.io/v1 Lease, scheduling.k8s.io/v1
+//! PriorityClass and the rbac.authorization.k8s.io/v1 kinds: defaults and validation as
+//! upstream.
 
 use std::collections::HashSet;
 
@@ -8,10 +9,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use serde_json::Value;
 
 use super::core::non_special_ip;
-use super::field::{ErrorList, FieldError, Path, go_string_list, json_value};
+use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
 use super::meta::{self, FIELD_IMMUTABLE};
 use super::names;
 use super::pod::validate_protocol;
@@ -23,6 +25,88 @@ const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 // ---------------------------------------------------------------------------------------
 // Defaulting
 // ---------------------------------------------------------------------------------------
+
+/// `SetDefaults_PriorityClass`: preemptionPolicy PreemptLowerPriority.
+pub fn default_priority_class(o: &mut Obj) {
+    default_ptr(o, "preemptionPolicy", "PreemptLowerPriority");
+}
+
+/// The classes the apiserver creates at start, and the only ones a `system-` name may have
+/// (upstream `scheduling.SystemPriorityClasses`): name, value, description.
+pub const SYSTEM_PRIORITY_CLASSES: [(&str, i32, &str); 2] = [
+    (
+        "system-node-critical",
+        2_000_001_000,
+        "Used for system critical pods that must not be moved from their current node.",
+    ),
+    (
+        "system-cluster-critical",
+        2_000_000_000,
+        "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
+    ),
+];
+
+/// The highest value a user-defined PriorityClass may have.
+const HIGHEST_USER_DEFINABLE_PRIORITY: i32 = 1_000_000_000;
+
+/// `ValidatePriorityClass` and `ValidatePriorityClassUpdate`.
+fn validate_priority_class(gvk: Gvk, pc: &PriorityClass, old: Option<&PriorityClass>) -> ErrorList {
+    let mut errs = validate_meta(gvk, &pc.metadata, old.map(|o| &o.metadata));
+    let name = pc.metadata.name.as_deref().unwrap_or_default();
+    if name.starts_with("system-") {
+        let known = SYSTEM_PRIORITY_CLASSES.iter().find(|(n, _, _)| *n == name);
+        let why = match known {
+            None => Some(format!("{name} is not a known system priority class")),
+            Some((_, value, _)) if *value != pc.value => {
+                Some(format!("value of {name} PriorityClass must be {value}"))
+            }
+            Some(_) if pc.global_default == Some(true) => {
+                Some(format!("globalDefault of {name} PriorityClass must be false"))
+            }
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            errs.push(FieldError::forbidden(
+                &Path::root("metadata").child("name"),
+                format!(
+                    "priority class names with 'system-' prefix are reserved for system use only. error: {why}"
+                ),
+            ));
+        }
+    } else if pc.value > HIGHEST_USER_DEFINABLE_PRIORITY {
+        errs.push(FieldError::forbidden(
+            &Path::root("value"),
+            format!(
+                "maximum allowed value of a user defined priority is {HIGHEST_USER_DEFINABLE_PRIORITY}"
+            ),
+        ));
+    }
+    if let Some(pp) = pc.preemption_policy.as_deref()
+        && !matches!(pp, "PreemptLowerPriority" | "Never")
+    {
+        errs.push(FieldError::not_supported(
+            &Path::root("preemptionPolicy"),
+            pp,
+            &["Never", "PreemptLowerPriority"],
+        ));
+    }
+    if let Some(old) = old {
+        if pc.value != old.value {
+            errs.push(FieldError::forbidden(
+                &Path::root("value"),
+                "may not be changed in an update.",
+            ));
+        }
+        if pc.preemption_policy != old.preemption_policy {
+            let shown = pc
+                .preemption_policy
+                .as_deref()
+                .map_or(Raw("null".into()), |p| Raw(super::field::go_quote(p)));
+            errs.push(FieldError::invalid(&Path::root("preemptionPolicy"), shown, FIELD_IMMUTABLE));
+        }
+    }
+    errs
+}
 
 /// `SetDefaults_EndpointPort` (discovery): name "" and protocol TCP.
 pub fn default_endpoint_slice(o: &mut Obj) {
@@ -122,6 +206,8 @@ pub fn validate(gvk: Gvk, new: &Value, old: Option<&Value>) -> ErrorList {
                 errs
             })
         }
+        ("scheduling.k8s.io", "PriorityClass") => decode::<PriorityClass>(new, old)
+            .map(|(n, o)| validate_priority_class(gvk, &n, o.as_ref())),
         _ => Ok(ErrorList::new()),
     };
     r.unwrap_or_else(|e| e)
