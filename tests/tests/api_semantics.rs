@@ -484,15 +484,25 @@ async fn deletion_dry_run_and_bad_input() {
     )
     .await;
     assert_eq!((code, s["reason"].as_str()), (400, Some("BadRequest")));
-    let (code, s) = call_raw(
-        &c,
-        "POST",
-        "/api/v1/namespaces/default/configmaps",
-        "application/x-nope",
-        b"{}".to_vec(),
-    )
-    .await;
-    assert_eq!((code, s["reason"].as_str()), (415, Some("UnsupportedMediaType")));
+    for ct in ["application/x-nope", "text/plain", "application/merge-patch+json"] {
+        let body = br#"{"metadata":{"name":"typed"}}"#.to_vec();
+        let (code, s) =
+            call_raw(&c, "POST", "/api/v1/namespaces/default/configmaps", ct, body).await;
+        assert_eq!((code, s["reason"].as_str()), (415, Some("UnsupportedMediaType")), "{ct}");
+        assert_eq!(
+            s["message"],
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf"
+        );
+    }
+    // A PATCH names the patch types.
+    let (code, s) =
+        call_raw(&c, "PATCH", "/api/v1/namespaces/default/configmaps/u", JSON, b"{}".to_vec())
+            .await;
+    assert_eq!(code, 415, "{s}");
+    assert_eq!(
+        s["message"],
+        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml"
+    );
     let (code, s) = call_raw(
         &c,
         "POST",

@@ -1298,7 +1298,7 @@ async fn patch(
     if body.len() > negotiate::MAX_BODY {
         return Err(ApiError::too_large(negotiate::MAX_BODY));
     }
-    let body_type = negotiate::body_type(headers)?;
+    let body_type = negotiate::patch_type(headers)?;
     validate_patch_options(query, body_type)?;
     let validation = query.field_validation()?;
     let dry_run = query.dry_run()?;
@@ -1356,12 +1356,7 @@ async fn patch(
         BodyType::JsonPatch | BodyType::MergePatch | BodyType::StrategicMergePatch => {
             negotiate::decode_json(body)?
         }
-        BodyType::Json => {
-            return Err(ApiError::unsupported_media_type(
-                "application/json (a patch type is required)",
-            ));
-        }
-        _ => return Err(ApiError::unsupported_media_type("not a patch content type")),
+        _ => return Err(ApiError::unsupported_media_type(&negotiate::PATCH_MEDIA_TYPES)),
     };
     let manager = manager(query, headers, "PatchOptions")?;
     let precondition = match body_type {
@@ -1453,7 +1448,7 @@ fn apply_patch_body(
                     ApiError::invalid(message, vec![])
                 }
             }),
-        _ => Err(ApiError::unsupported_media_type("not a patch content type")),
+        _ => Err(ApiError::unsupported_media_type(&negotiate::PATCH_MEDIA_TYPES)),
     }
 }
 
@@ -1762,7 +1757,10 @@ async fn scale(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<Value> {
-    let body_type = negotiate::body_type(headers)?;
+    let body_type = match verb {
+        Verb::Update => negotiate::body_type(headers)?,
+        _ => negotiate::patch_type(headers)?,
+    };
     let manager = match verb {
         Verb::Update => manager(query, headers, "UpdateOptions")?,
         _ => {

@@ -61,6 +61,20 @@ pub enum BodyType {
     ApplyPatch,
 }
 
+/// The media types an object body (create, update) may have.
+pub const OBJECT_MEDIA_TYPES: [&str; 3] =
+    ["application/json", "application/yaml", "application/vnd.kubernetes.protobuf"];
+
+/// The media types a patch may have.
+pub const PATCH_MEDIA_TYPES: [&str; 4] = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+];
+
+/// The type of a request body from its Content-Type (JSON when there is none); any other
+/// type is a 415 naming the object types.
 pub fn body_type(headers: &HeaderMap) -> ApiResult<BodyType> {
     let ct = headers
         .get(http::header::CONTENT_TYPE)
@@ -68,15 +82,28 @@ pub fn body_type(headers: &HeaderMap) -> ApiResult<BodyType> {
         .unwrap_or("application/json");
     let base = ct.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     Ok(match base.as_str() {
-        "" | "application/json" | "*/*" | "text/plain" => BodyType::Json,
+        "" | "application/json" => BodyType::Json,
         "application/yaml" | "application/x-yaml" | "text/yaml" => BodyType::Yaml,
         "application/vnd.kubernetes.protobuf" => BodyType::Protobuf,
         "application/json-patch+json" => BodyType::JsonPatch,
         "application/merge-patch+json" => BodyType::MergePatch,
         "application/strategic-merge-patch+json" => BodyType::StrategicMergePatch,
         "application/apply-patch+yaml" | "application/apply-patch+json" => BodyType::ApplyPatch,
-        _ => return Err(ApiError::unsupported_media_type(ct)),
+        _ => return Err(ApiError::unsupported_media_type(&OBJECT_MEDIA_TYPES)),
     })
+}
+
+/// The type of a patch body: one of [`PATCH_MEDIA_TYPES`], else a 415 naming them.
+pub fn patch_type(headers: &HeaderMap) -> ApiResult<BodyType> {
+    match body_type(headers) {
+        Ok(
+            t @ (BodyType::JsonPatch
+            | BodyType::MergePatch
+            | BodyType::StrategicMergePatch
+            | BodyType::ApplyPatch),
+        ) => Ok(t),
+        _ => Err(ApiError::unsupported_media_type(&PATCH_MEDIA_TYPES)),
+    }
 }
 
 /// Decode an object body (create/update) into JSON.
@@ -89,11 +116,7 @@ pub fn decode_object(kind: BodyType, body: &[u8]) -> ApiResult<Value> {
         BodyType::Yaml | BodyType::ApplyPatch => decode_yaml(body)?,
         BodyType::Protobuf => protobuf::decode_request(body)
             .map_err(|e| ApiError::bad_request(format!("unable to decode protobuf body: {e}")))?,
-        _ => {
-            return Err(ApiError::unsupported_media_type(
-                "patch content type on a non-patch request",
-            ));
-        }
+        _ => return Err(ApiError::unsupported_media_type(&OBJECT_MEDIA_TYPES)),
     };
     if !value.is_object() {
         return Err(ApiError::bad_request("the body of the request must be a JSON object"));

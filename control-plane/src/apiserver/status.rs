@@ -130,12 +130,14 @@ impl ApiError {
         )
     }
 
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    /// Upstream's `NewUnsupportedMediaTypeError`: the body's type is none of `accepted`.
+    pub fn unsupported_media_type(accepted: &[&str]) -> Self {
         ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
             ),
         )
     }
