@@ -403,8 +403,12 @@ pub fn fits_spread(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reas
 }
 
 /// Upstream's FitError message: `0/3 nodes are available: 1 Insufficient cpu, 2 node(s)
-/// didn't match Pod's node affinity/selector.` (reasons sorted by text).
+/// didn't match Pod's node affinity/selector.` (reasons sorted by text); with no node at all,
+/// upstream's `ErrNoNodesAvailable`.
 pub fn fit_error_message(total_nodes: usize, reasons: &HashMap<Reason, usize>) -> String {
+    if total_nodes == 0 {
+        return "no nodes available to schedule pods".to_string();
+    }
     let mut parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
     parts.sort();
     if parts.is_empty() {
@@ -764,5 +768,6 @@ pub(crate) mod tests {
     fn fit_error_messages_match_upstream() {
         let reasons = HashMap::from([(Reason::InsufficientCpu, 3)]);
         assert_eq!(fit_error_message(3, &reasons), "0/3 nodes are available: 3 Insufficient cpu.");
+        assert_eq!(fit_error_message(0, &HashMap::new()), "no nodes available to schedule pods");
     }
 }
