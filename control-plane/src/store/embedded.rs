@@ -998,7 +998,7 @@ impl EmbeddedStore {
     /// (a stream still held and not read keeps the file open until it is dropped).
     pub async fn close(mut self) -> Result<()> {
         let writer = self.writer.take();
-        let shared = Arc::downgrade(&self.shared);
+        let shared = self.shared.clone();
         drop(self);
         if let Some(writer) = writer {
             tokio::task::spawn_blocking(move || writer.join())
@@ -1008,9 +1008,14 @@ impl EmbeddedStore {
         }
         // Watch tasks (and their history reads) let go of the store when they next run.
         let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
-        while shared.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+        while Arc::strong_count(&shared) > 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        // Dropped here when this is the last holder, so the file is closed when `close`
+        // returns: redb writes its allocator state as it closes, which takes a moment.
+        tokio::task::spawn_blocking(move || drop(shared))
+            .await
+            .map_err(|e| Error::backend("close the database", e))?;
         Ok(())
     }
 
