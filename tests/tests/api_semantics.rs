@@ -667,6 +667,17 @@ async fn deletion_dry_run_and_bad_input() {
     let warning = resp.headers().get("warning").and_then(|w| w.to_str().ok()).unwrap_or("");
     assert_eq!(warning, r#"299 - "unknown field \"bogus\"""#);
 
+    // Empty metadata maps and lists are not kept, as upstream's types do not serialize them.
+    let mut empty = cm("empties", json!({}));
+    empty["metadata"]["annotations"] = json!({});
+    empty["metadata"]["finalizers"] = json!([]);
+    let (code, o) =
+        call(&c, "POST", "/api/v1/namespaces/default/configmaps", JSON, Some(empty)).await;
+    assert_eq!(code, 201, "{o}");
+    for field in ["labels", "annotations", "finalizers"] {
+        assert!(o["metadata"].get(field).is_none(), "{field}: {o}");
+    }
+
     // A PUT may not move the object to another namespace either; nothing is written.
     let mut moved = live.clone();
     moved["metadata"]["namespace"] = json!("kube-system");

@@ -836,6 +836,7 @@ async fn create_object(
         }
         let name = meta_str(&candidate, "name").unwrap_or_default().to_string();
         admission::prepare_for_create(g, &mut candidate);
+        admission::drop_omitted_empties(g, &mut candidate);
         // Validation reads no managed fields: its typed view is built without them (their
         // fieldsV1 trees would be copied into it for nothing).
         let managed = meta_mut(&mut candidate).remove("managedFields");
@@ -1191,6 +1192,7 @@ fn prepare_update(
         }
         // Sets metadata.generation (old + 1 when the spec changed).
         admission::prepare_for_update(g, sub, &mut new, old);
+        admission::drop_omitted_empties(g, &mut new);
     }
     let reservation = if rt.kind() == "Service" && rt.group().is_empty() && sub.is_none() {
         Some(server.alloc.allocate_update(&mut new, old)?)

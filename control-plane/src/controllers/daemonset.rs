@@ -21,7 +21,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use serde_json::json;
 
 use super::Context;
 use super::deployment::scaled_value;
@@ -351,12 +350,13 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
 
     status.number_ready = ready;
-    status.number_available = Some(available);
-    status.number_unavailable = Some((status.desired_number_scheduled - available).max(0));
-    status.updated_number_scheduled = Some(updated);
+    status.number_available = super::omit_zero(available);
+    status.number_unavailable =
+        super::omit_zero((status.desired_number_scheduled - available).max(0));
+    status.updated_number_scheduled = super::omit_zero(updated);
     if ds.status.as_ref() != Some(&status) {
         let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = json!({"status": status});
+        let patch = super::status_patch(&status, "apps", "DaemonSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),
@@ -369,6 +369,8 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -> Node {

@@ -584,11 +584,11 @@ impl Reconcile {
         let old = d.status.clone().unwrap_or_default();
         let mut status = DeploymentStatus {
             observed_generation: d.metadata.generation,
-            replicas: Some(status_replicas),
-            updated_replicas: Some(updated),
-            ready_replicas: Some(ready),
-            available_replicas: Some(available),
-            unavailable_replicas: Some((replicas - available).max(0)),
+            replicas: super::omit_zero(status_replicas),
+            updated_replicas: super::omit_zero(updated),
+            ready_replicas: super::omit_zero(ready),
+            available_replicas: super::omit_zero(available),
+            unavailable_replicas: super::omit_zero((replicas - available).max(0)),
             collision_count: old.collision_count,
             conditions: old.conditions.clone(),
             terminating_replicas: None,
@@ -685,7 +685,7 @@ impl Reconcile {
         }
         if d.status.as_ref() != Some(&status) {
             let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-            let patch = json!({"status": status});
+            let patch = super::status_patch(&status, "apps", "Deployment");
             match api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await
             {
                 Ok(_) => {}

@@ -22,7 +22,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use serde_json::json;
 
 use super::Context;
 use super::events::EventType;
@@ -178,8 +177,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let failed_pods = count(&|p| pods::phase(p) == "Failed").max(old.failed.unwrap_or(0));
     let mut status = JobStatus {
         start_time: old.start_time.clone(),
-        succeeded: Some(succeeded),
-        failed: Some(failed_pods),
+        succeeded: super::omit_zero(succeeded),
+        failed: super::omit_zero(failed_pods),
         conditions: old.conditions.clone(),
         uncounted_terminated_pods: Some(UncountedTerminatedPods::default()),
         ..Default::default()
@@ -256,7 +255,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     // Pods not finished yet (active, or terminating) hold back the final condition.
     let running = owned.iter().any(|p| !matches!(pods::phase(p), "Succeeded" | "Failed"));
-    status.active = Some(if want_active.is_some() { target } else { 0 });
+    status.active = super::omit_zero(if want_active.is_some() { target } else { 0 });
     status.ready = Some(count(&|p| pods::is_active(p) && pods::is_ready(p)));
     status.terminating = Some(count(&|p| {
         pods::is_terminating(p) && !matches!(pods::phase(p), "Succeeded" | "Failed")
@@ -280,7 +279,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
     }
     if job.status.as_ref() != Some(&status) {
-        let patch = json!({"status": status});
+        let patch = super::status_patch(&status, "batch", "Job");
         match job_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

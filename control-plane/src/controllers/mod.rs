@@ -33,6 +33,24 @@ mod workload_tests;
 
 use crate::apiserver::alloc::Cidr;
 
+/// A count for a status field upstream's Go type leaves out when zero (`omitempty` on a
+/// plain integer): `None` for 0, so the status compares equal to what is stored.
+pub fn omit_zero(n: i32) -> Option<i32> {
+    (n != 0).then_some(n)
+}
+
+/// The merge patch that writes `status` of a `group`/`kind`: its counts left out for being
+/// zero ([`omit_zero`]) are sent as null, so a stored count is removed rather than kept.
+pub fn status_patch(status: &impl serde::Serialize, group: &str, kind: &str) -> serde_json::Value {
+    let mut status = serde_json::to_value(status).unwrap_or_default();
+    if let Some(s) = status.as_object_mut() {
+        for field in crate::machinery::admission::omitted_zero_status(group, kind) {
+            s.entry(*field).or_insert(serde_json::Value::Null);
+        }
+    }
+    serde_json::json!({ "status": status })
+}
+
 /// Controller settings; each default matches kube-controller-manager's.
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {

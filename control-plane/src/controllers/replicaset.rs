@@ -12,7 +12,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use serde_json::json;
 
 use super::Context;
 use super::events::EventType;
@@ -126,7 +125,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> 
     let status = calculate_status(&rs, &active, now);
     if rs.status.as_ref() != Some(&status) {
         let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = json!({"status": status});
+        let patch = super::status_patch(&status, "apps", "ReplicaSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),
@@ -157,11 +156,11 @@ fn calculate_status(
     };
     ReplicaSetStatus {
         replicas: count(&|_| true),
-        fully_labeled_replicas: Some(count(&|p| {
+        fully_labeled_replicas: super::omit_zero(count(&|p| {
             template_labels.iter().all(|(k, v)| p.labels().get(k) == Some(v))
         })),
-        ready_replicas: Some(count(&pods::is_ready)),
-        available_replicas: Some(count(&|p| pods::is_available(p, min_ready, now))),
+        ready_replicas: super::omit_zero(count(&pods::is_ready)),
+        available_replicas: super::omit_zero(count(&|p| pods::is_available(p, min_ready, now))),
         observed_generation: rs.metadata.generation,
         conditions: rs.status.as_ref().and_then(|s| s.conditions.clone()),
         terminating_replicas: None,

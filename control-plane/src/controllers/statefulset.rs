@@ -19,7 +19,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use serde_json::json;
 
 use super::Context;
 use super::events::EventType;
@@ -204,10 +203,10 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     let status = StatefulSetStatus {
         observed_generation: sts.metadata.generation,
         replicas: count(&|_| true),
-        ready_replicas: Some(count(&pods::is_ready)),
+        ready_replicas: super::omit_zero(count(&pods::is_ready)),
         available_replicas: Some(count(&|p| pods::is_available(p, min_ready, now))),
-        current_replicas: Some(count(&|p| revision(p) == current_revision)),
-        updated_replicas: Some(updated),
+        current_replicas: super::omit_zero(count(&|p| revision(p) == current_revision)),
+        updated_replicas: super::omit_zero(updated),
         current_revision: Some(current_revision),
         update_revision: Some(update_revision),
         collision_count: collision,
@@ -215,7 +214,7 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     };
     if sts.status.as_ref() != Some(&status) {
         let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = json!({"status": status});
+        let patch = super::status_patch(&status, "apps", "StatefulSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

@@ -208,9 +208,9 @@ fn deploy_done(d: &Deployment, replicas: i32) -> bool {
     let available =
         s.conditions.iter().flatten().any(|c| c.type_ == "Available" && c.status == "True");
     s.observed_generation == d.metadata.generation
-        && s.updated_replicas == Some(replicas)
-        && s.available_replicas == Some(replicas)
-        && s.replicas == Some(replicas)
+        && s.updated_replicas.unwrap_or(0) == replicas
+        && s.available_replicas.unwrap_or(0) == replicas
+        && s.replicas.unwrap_or(0) == replicas
         && progressing
         && available
 }
@@ -445,9 +445,9 @@ fn replicaset(name: &str, replicas: i32) -> ReplicaSet {
 fn rs_settled(rs: &ReplicaSet, replicas: i32) -> bool {
     rs.status.as_ref().is_some_and(|s| {
         s.replicas == replicas
-            && s.ready_replicas == Some(replicas)
-            && s.available_replicas == Some(replicas)
-            && s.fully_labeled_replicas == Some(replicas)
+            && s.ready_replicas.unwrap_or(0) == replicas
+            && s.available_replicas.unwrap_or(0) == replicas
+            && s.fully_labeled_replicas.unwrap_or(0) == replicas
             && s.observed_generation == rs.metadata.generation
     })
 }
@@ -548,8 +548,8 @@ fn ds_settled(ds: &DaemonSet, n: i32) -> bool {
         s.desired_number_scheduled == n
             && s.current_number_scheduled == n
             && s.number_ready == n
-            && s.number_available == Some(n)
-            && s.updated_number_scheduled == Some(n)
+            && s.number_available.unwrap_or(0) == n
+            && s.updated_number_scheduled.unwrap_or(0) == n
             && s.observed_generation == ds.metadata.generation
     })
 }
@@ -679,7 +679,7 @@ async fn job_completes_with_completions_and_parallelism() {
     .await;
     let j = api.get("ok").await.unwrap();
     let s = j.status.clone().unwrap();
-    assert_eq!((s.succeeded, s.failed, s.active), (Some(3), Some(0), Some(0)));
+    assert_eq!((s.succeeded, s.failed, s.active), (Some(3), None, None), "zeros are omitted");
     assert!(s.start_time.is_some() && s.completion_time.is_some());
     assert_eq!(job_condition(&j, "SuccessCriteriaMet").as_deref(), Some("CompletionsReached"));
     assert_eq!(job_condition(&j, "Complete").as_deref(), Some("CompletionsReached"));
@@ -778,8 +778,8 @@ fn watch_sts(client: Client, app: &str) -> (Arc<Mutex<StsLog>>, AbortOnDrop) {
 fn sts_settled(s: &StatefulSet, n: i32) -> bool {
     s.status.as_ref().is_some_and(|st| {
         st.replicas == n
-            && st.ready_replicas == Some(n)
-            && st.updated_replicas == Some(n)
+            && st.ready_replicas.unwrap_or(0) == n
+            && st.updated_replicas.unwrap_or(0) == n
             && st.current_revision == st.update_revision
             && st.observed_generation == s.metadata.generation
     })

@@ -246,6 +246,71 @@ pub fn prepare_for_update(
     Prepared { spec_changed }
 }
 
+/// The status fields of these kinds that upstream's Go types serialize with `omitempty`
+/// from a plain integer: a zero is never stored or served.
+pub const OMITTED_ZERO_STATUS: &[(&str, &str, &[&str])] = &[
+    (
+        "apps",
+        "Deployment",
+        &[
+            "observedGeneration",
+            "replicas",
+            "updatedReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "unavailableReplicas",
+        ],
+    ),
+    (
+        "apps",
+        "ReplicaSet",
+        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
+    ),
+    (
+        "apps",
+        "StatefulSet",
+        &["observedGeneration", "readyReplicas", "currentReplicas", "updatedReplicas"],
+    ),
+    (
+        "apps",
+        "DaemonSet",
+        &["observedGeneration", "updatedNumberScheduled", "numberAvailable", "numberUnavailable"],
+    ),
+    ("batch", "Job", &["active", "succeeded", "failed"]),
+];
+
+/// The status counts of `group`/`kind` in [`OMITTED_ZERO_STATUS`].
+pub fn omitted_zero_status(group: &str, kind: &str) -> &'static [&'static str] {
+    OMITTED_ZERO_STATUS
+        .iter()
+        .find(|(g, k, _)| *g == group && *k == kind)
+        .map_or(&[], |(_, _, fields)| fields)
+}
+
+/// Drop what upstream's types would not serialize: empty strings, maps and lists in
+/// `metadata` (every ObjectMeta field is `omitempty`; numbers there are pointers and stay),
+/// and the zero counts of [`OMITTED_ZERO_STATUS`]. A `labels: {}` or `readyReplicas: 0`
+/// written by a client or a controller reads back as upstream's would: absent.
+pub fn drop_omitted_empties(gvk: Gvk, obj: &mut Value) {
+    let Some(o) = obj.as_object_mut() else { return };
+    if let Some(Value::Object(meta)) = o.get_mut("metadata") {
+        meta.retain(|_, v| match v {
+            Value::String(s) => !s.is_empty(),
+            Value::Object(m) => !m.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        });
+    }
+    let fields = omitted_zero_status(gvk.group, gvk.kind);
+    if let Some(Value::Object(status)) = o.get_mut("status") {
+        for field in fields {
+            if status.get(*field).and_then(Value::as_i64) == Some(0) {
+                status.remove(*field);
+            }
+        }
+    }
+}
+
 fn restore_meta_field(n: &mut value::Obj, o: &value::Obj, key: &str) {
     let old = o.get("metadata").and_then(|m| m.get(key)).cloned();
     if let Some(m) = value::ensure(n, "metadata") {
