@@ -43,8 +43,9 @@ pub struct EtcdConfig {
     /// TCP connect timeout per member. Default 5 s (etcd's clientv3 DialTimeout in the
     /// Kubernetes apiserver is 20 s; on a LAN 5 s is plenty and fails over sooner).
     pub connect_timeout: Duration,
-    /// Deadline of one unary request. Default 10 s (above etcd's default election timeout of
-    /// 1 s times a few retries, so a leader change does not fail requests).
+    /// Deadline of one unary request, and how long a read (or a write that never left this
+    /// process) is retried while no member can serve it. Default 10 s (above etcd's default
+    /// election timeout of 1 s times a few retries, so a leader change does not fail reads).
     pub request_timeout: Duration,
     /// HTTP/2 keep-alive ping interval and timeout: detects a dead member under an idle watch.
     /// Default 10 s / 5 s (the apiserver's etcd keep-alive is 30 s / 10 s; shorter here so a
@@ -168,7 +169,7 @@ impl EtcdStore {
 
     async fn get_current(&self) -> Result<Revision> {
         let key = self.full("");
-        let response = with_retry(is_unavailable, || {
+        let response = with_retry(is_unavailable, self.config.request_timeout, || {
             let (mut kv, key) = (self.kv.clone(), key.clone());
             async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
         })
@@ -220,25 +221,32 @@ fn is_unsent(e: &etcd_client::Error) -> bool {
         if s.code() == tonic::Code::Unavailable && s.message().contains("tcp connect error"))
 }
 
-/// Attempts of a request routed to a dead member before giving up (the channel balances over
-/// all endpoints, dead ones included, until their connection is known to be down).
-const ATTEMPTS: u32 = 8;
+/// First pause before a retry; it doubles up to [`RETRY_BACKOFF_MAX`].
+const RETRY_BACKOFF: Duration = Duration::from_millis(25);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(500);
 
-/// Run `call` again while it fails with an error `retry` accepts, with a short backoff.
+/// Run `call` again while it fails with an error `retry` accepts, with a growing backoff, for
+/// at most `retry_for` (a request routed to a dead member fails until the channel knows that
+/// member is down; a member without a leader answers "no leader" until an election ends).
+/// Bounded by time rather than attempts, like clientv3's retry interceptor, so a leader
+/// election under load is waited out instead of failing the request.
 async fn with_retry<T, F, Fut>(
     retry: fn(&etcd_client::Error) -> bool,
+    retry_for: Duration,
     mut call: F,
 ) -> std::result::Result<T, etcd_client::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
 {
-    let mut attempt = 1;
+    let deadline = tokio::time::Instant::now() + retry_for;
+    let (mut attempt, mut backoff) = (1u32, RETRY_BACKOFF);
     loop {
         match call().await {
-            Err(e) if attempt < ATTEMPTS && retry(&e) => {
+            Err(e) if retry(&e) && tokio::time::Instant::now() + backoff < deadline => {
                 tracing::debug!(attempt, error = %e, "etcd request failed; retrying");
-                tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY_BACKOFF_MAX);
                 attempt += 1;
             }
             result => return result,
@@ -254,7 +262,7 @@ fn map_error(context: &str, e: etcd_client::Error) -> Error {
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let full = self.full(key);
-        let response = with_retry(is_unavailable, || {
+        let response = with_retry(is_unavailable, self.config.request_timeout, || {
             let (mut kv, key) = (self.kv.clone(), full.clone());
             async move { kv.get(key, None).await }
         })
@@ -275,7 +283,7 @@ impl Store for EtcdStore {
             if revision > 0 {
                 options = options.with_revision(revision);
             }
-            let response = with_retry(is_unavailable, || {
+            let response = with_retry(is_unavailable, self.config.request_timeout, || {
                 let (mut kv, key, options) = (self.kv.clone(), start.clone(), options.clone());
                 async move { kv.get(key, Some(options)).await }
             })
@@ -358,7 +366,7 @@ impl Store for EtcdStore {
         let txn = etcd_client::Txn::new().when(compares).and_then(then).or_else(otherwise);
         // Retried only if it certainly never reached a member: otherwise it may have been
         // applied, and the caller must decide (a retried create could report AlreadyExists).
-        let response = with_retry(is_unsent, || {
+        let response = with_retry(is_unsent, self.config.request_timeout, || {
             let (mut kv, txn) = (self.kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -495,7 +503,7 @@ impl EtcdStore {
     async fn read_at(&self, revision: Revision) -> std::result::Result<(), etcd_client::Error> {
         let key = self.full("");
         let options = GetOptions::new().with_count_only().with_revision(revision);
-        with_retry(is_unavailable, || {
+        with_retry(is_unavailable, self.config.request_timeout, || {
             let (mut kv, key, options) = (self.kv.clone(), key.clone(), options.clone());
             async move { kv.get(key, Some(options)).await }
         })
