@@ -209,12 +209,12 @@ impl Chain {
             mutating: vec![
                 Box::new(NamespaceLifecycle::default()),
                 Box::new(ServiceAccount),
-                Box::new(Priority),
+                Box::new(Priority::default()),
                 Box::new(MutatingWebhooks),
             ],
             validating: vec![
                 Box::new(NodeRestriction),
-                Box::new(Priority),
+                Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),
             ],
         }

@@ -2,15 +2,60 @@
 //! `priority` and `preemptionPolicy` from scheduling.k8s.io PriorityClass objects (upstream
 //! `plugin/pkg/admission/priority`). The two system classes resolve without objects.
 
+use std::sync::{Arc, RwLock};
+
 use async_trait::async_trait;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
 use crate::machinery::ValueAt;
+use crate::store::Revision;
 
-pub struct Priority;
+/// The plugin, with the PriorityClasses it last read: every pod create consults them, so
+/// they are parsed once per change of the kind rather than once per pod.
+#[derive(Default)]
+pub struct Priority {
+    index: RwLock<Option<Arc<Classes>>>,
+}
+
+/// What admission reads of a PriorityClass.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Class {
+    #[serde(default)]
+    metadata: ClassMeta,
+    #[serde(default)]
+    value: i64,
+    #[serde(default)]
+    global_default: bool,
+    preemption_policy: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ClassMeta {
+    #[serde(default)]
+    name: String,
+}
+
+/// The PriorityClasses of the watch cache as of its `fingerprint` (the kind's last change
+/// and object count).
+struct Classes {
+    fingerprint: (Revision, usize),
+    classes: Vec<Class>,
+}
+
+impl Classes {
+    fn named(&self, name: &str) -> Option<&Class> {
+        self.classes.iter().find(|c| c.metadata.name == name)
+    }
+
+    fn global_default(&self) -> Option<&Class> {
+        self.classes.iter().find(|c| c.global_default)
+    }
+}
 
 /// The built-in classes (upstream `scheduling.SystemPriorityClasses`).
 fn system_class(name: &str) -> Option<i64> {
@@ -34,40 +79,31 @@ impl MutatingPlugin for Priority {
     async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
         // Eventually consistent, as upstream's lister; a named class not seen yet is looked
         // up again once the cache holds every committed write.
-        let mut classes = priority_classes(server, false).await?;
+        let mut classes = self.classes(server, false).await?;
         let named = req
             .object
             .as_ref()
             .and_then(|p| p.at(&["spec", "priorityClassName"]))
             .and_then(Value::as_str)
-            .filter(|n| !n.is_empty() && system_class(n).is_none())
-            .map(str::to_string);
+            .filter(|n| !n.is_empty() && system_class(n).is_none());
         if let Some(n) = named
-            && !classes
-                .iter()
-                .any(|c| c.at(&["metadata", "name"]).and_then(Value::as_str) == Some(&n))
+            && classes.named(n).is_none()
         {
-            classes = priority_classes(server, true).await?;
+            classes = self.classes(server, true).await?;
         }
         let Some(spec) = req.object.as_ref().and_then(|p| p.get("spec")) else { return Ok(()) };
         let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
         let (name, value, policy) = if class_name.is_empty() {
-            match classes
-                .iter()
-                .find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true))
-            {
-                Some(c) => class_parts(c),
+            match classes.global_default() {
+                Some(c) => (c.metadata.name.clone(), c.value, c.preemption_policy.clone()),
                 // No default class: priority 0 (the pod strategy sets it).
                 None => return Ok(()),
             }
         } else if let Some(v) = system_class(class_name) {
             (class_name.to_string(), v, None)
         } else {
-            match classes
-                .iter()
-                .find(|c| c.at(&["metadata", "name"]).and_then(Value::as_str) == Some(class_name))
-            {
-                Some(c) => class_parts(c),
+            match classes.named(class_name) {
+                Some(c) => (c.metadata.name.clone(), c.value, c.preemption_policy.clone()),
                 None => {
                     return Err(
                         req.forbidden(format!("no PriorityClass with name {class_name} was found"))
@@ -119,38 +155,49 @@ impl ValidatingPlugin for Priority {
 
     async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
         let Some(class) = req.object.as_ref() else { return Ok(()) };
-        let (name, _, _) = class_parts(class);
+        let name = class.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
         if class.get("globalDefault").and_then(Value::as_bool) == Some(true)
-            && let Some(other) = priority_classes(server, true).await?.iter().find(|c| {
-                c.get("globalDefault").and_then(Value::as_bool) == Some(true)
-                    && c.at(&["metadata", "name"]).and_then(Value::as_str) != Some(name.as_str())
-            })
+            && let Some(other) = self
+                .classes(server, true)
+                .await?
+                .classes
+                .iter()
+                .find(|c| c.global_default && c.metadata.name != name)
         {
-            let other = other.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
             return Err(req.forbidden(format!(
-                "PriorityClass {other} is already marked as default. Only one default can exist"
+                "PriorityClass {} is already marked as default. Only one default can exist",
+                other.metadata.name
             )));
         }
         Ok(())
     }
 }
 
-fn class_parts(c: &Value) -> (String, i64, Option<String>) {
-    (
-        c.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default().to_string(),
-        c.get("value").and_then(Value::as_i64).unwrap_or(0),
-        c.get("preemptionPolicy").and_then(Value::as_str).map(str::to_string),
-    )
-}
-
-/// The PriorityClasses from the watch cache (`fresh`: once it holds every committed write).
-async fn priority_classes(server: &ApiServer, fresh: bool) -> ApiResult<Vec<Value>> {
-    let Some(rt) = server.registry.find("scheduling.k8s.io", "v1", "priorityclasses") else {
-        return Ok(Vec::new());
-    };
-    if fresh {
-        let current = server.store.current_revision().await?;
-        server.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
+impl Priority {
+    /// The PriorityClasses from the watch cache (`fresh`: once it holds every committed
+    /// write), parsed again only when the kind has changed since the last read.
+    async fn classes(&self, server: &ApiServer, fresh: bool) -> ApiResult<Arc<Classes>> {
+        let Some(rt) = server.registry.find("scheduling.k8s.io", "v1", "priorityclasses") else {
+            return Ok(Arc::new(Classes { fingerprint: (0, 0), classes: Vec::new() }));
+        };
+        if fresh {
+            let current = server.store.current_revision().await?;
+            server.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
+        }
+        let cache = server.cache.resource(rt);
+        let fingerprint = (cache.last_change(), cache.len());
+        if let Some(index) = self.index.read().unwrap_or_else(|e| e.into_inner()).as_ref()
+            && index.fingerprint == fingerprint
+        {
+            return Ok(index.clone());
+        }
+        let classes = cache
+            .list(&rt.prefix(), None)
+            .iter()
+            .filter_map(|o| serde_json::from_slice(&o.json).ok())
+            .collect();
+        let index = Arc::new(Classes { fingerprint, classes });
+        *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
+        Ok(index)
     }
-    Ok(server.cache.resource(rt).list(&rt.prefix(), None).iter().map(|o| o.value()).collect())
 }
