@@ -47,6 +47,13 @@ struct Classes {
     classes: Vec<Class>,
 }
 
+impl Class {
+    /// What a pod gets from this class: its name, priority and preemption policy.
+    fn resolved(&self) -> (String, i64, Option<String>) {
+        (self.metadata.name.clone(), self.value, self.preemption_policy.clone())
+    }
+}
+
 impl Classes {
     fn named(&self, name: &str) -> Option<&Class> {
         self.classes.iter().find(|c| c.metadata.name == name)
@@ -95,7 +102,7 @@ impl MutatingPlugin for Priority {
         let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
         let (name, value, policy) = if class_name.is_empty() {
             match classes.global_default() {
-                Some(c) => (c.metadata.name.clone(), c.value, c.preemption_policy.clone()),
+                Some(c) => c.resolved(),
                 // No default class: priority 0 (the pod strategy sets it).
                 None => return Ok(()),
             }
@@ -103,7 +110,7 @@ impl MutatingPlugin for Priority {
             (class_name.to_string(), v, None)
         } else {
             match classes.named(class_name) {
-                Some(c) => (c.metadata.name.clone(), c.value, c.preemption_policy.clone()),
+                Some(c) => c.resolved(),
                 None => {
                     return Err(
                         req.forbidden(format!("no PriorityClass with name {class_name} was found"))
