@@ -232,11 +232,20 @@ impl ResourceCache {
         self.len() == 0
     }
 
-    /// The revision of this resource's last change (changes whenever its objects do; what
-    /// derived indexes such as the RBAC authorizer's compare to know they are current).
-    pub fn last_change(&self) -> Revision {
+    /// The revision of this resource's last change and its object count, read together:
+    /// it changes whenever the objects do, which is what indexes derived from them (the
+    /// RBAC authorizer's, Priority admission's classes) compare to know they are current.
+    pub fn fingerprint(&self) -> (Revision, usize) {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-        state.history.back().map_or(state.history_floor, |e| e.rv)
+        (state.history.back().map_or(state.history_floor, |e| e.rv), state.objects.len())
+    }
+
+    /// The objects under `prefix` decoded as `T`; one that does not decode is left out.
+    pub fn decode_all<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
+        self.list(prefix, None)
+            .iter()
+            .filter_map(|o| serde_json::from_slice(&o.json).ok())
+            .collect()
     }
 
     /// Subscribe from `from` (events with rv > from), or with `None` get a snapshot of all

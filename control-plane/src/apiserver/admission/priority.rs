@@ -192,17 +192,13 @@ impl Priority {
             server.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
         }
         let cache = server.cache.resource(rt);
-        let fingerprint = (cache.last_change(), cache.len());
+        let fingerprint = cache.fingerprint();
         if let Some(index) = self.index.read().unwrap_or_else(|e| e.into_inner()).as_ref()
             && index.fingerprint == fingerprint
         {
             return Ok(index.clone());
         }
-        let classes = cache
-            .list(&rt.prefix(), None)
-            .iter()
-            .filter_map(|o| serde_json::from_slice(&o.json).ok())
-            .collect();
+        let classes = cache.decode_all(&rt.prefix());
         let index = Arc::new(Classes { fingerprint, classes });
         *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
         Ok(index)

@@ -53,8 +53,7 @@ fn fingerprint(server: &ApiServer) -> [(Revision, usize); 4] {
     let mut out = [(0, 0); 4];
     for (i, plural) in resource_names().iter().enumerate() {
         if let Some(rt) = server.registry.find(RBAC, "v1", plural) {
-            let c = server.cache.resource(rt);
-            out[i] = (c.last_change(), c.len());
+            out[i] = server.cache.resource(rt).fingerprint();
         }
     }
     out
@@ -62,13 +61,7 @@ fn fingerprint(server: &ApiServer) -> [(Revision, usize); 4] {
 
 fn objects<T: serde::de::DeserializeOwned>(server: &ApiServer, plural: &str) -> Vec<T> {
     let Some(rt) = server.registry.find(RBAC, "v1", plural) else { return Vec::new() };
-    server
-        .cache
-        .resource(rt)
-        .list(&rt.prefix(), None)
-        .iter()
-        .filter_map(|o| serde_json::from_slice(&o.json).ok())
-        .collect()
+    server.cache.resource(rt).decode_all(&rt.prefix())
 }
 
 fn subject_key(
