@@ -581,6 +581,9 @@ impl Reconcile {
         let updated = ni.map_or(0, |i| st(&rss[i]).replicas);
         let ready = sum(&|rs| st(rs).ready_replicas.unwrap_or(0));
         let available = sum(&|rs| st(rs).available_replicas.unwrap_or(0));
+        // Unavailable counts against what the ReplicaSets want (surge included), not against
+        // the Deployment's replicas: upstream's `calculateStatus`.
+        let wanted = sum(&replicas_of);
         let old = d.status.clone().unwrap_or_default();
         let mut status = DeploymentStatus {
             observed_generation: d.metadata.generation,
@@ -588,7 +591,7 @@ impl Reconcile {
             updated_replicas: super::omit_zero(updated),
             ready_replicas: super::omit_zero(ready),
             available_replicas: super::omit_zero(available),
-            unavailable_replicas: super::omit_zero((replicas - available).max(0)),
+            unavailable_replicas: super::omit_zero((wanted - available).max(0)),
             collision_count: old.collision_count,
             conditions: old.conditions.clone(),
             terminating_replicas: None,

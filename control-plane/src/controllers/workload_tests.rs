@@ -913,3 +913,34 @@ async fn history_limit_events_and_progress_deadline() {
     assert_eq!(available.map(|c| c.status).as_deref(), Some("True"));
     assert_eq!(d.status.as_ref().unwrap().unavailable_replicas, Some(1));
 }
+
+/// A rollout whose pods never become ready holds the old ReplicaSet (maxUnavailable 0) while
+/// the surge pod is created: `unavailableReplicas` counts every pod the ReplicaSets want
+/// (2 old + 1 surge), as upstream's `calculateStatus` does, not the Deployment's 2.
+#[tokio::test(start_paused = true)]
+async fn unavailable_replicas_count_the_surge() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("held", 2, "v:1");
+    let spec = d.spec.as_mut().unwrap();
+    spec.strategy = serde_json::from_value(
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+    )
+    .unwrap();
+    spec.template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    let api = h.api::<Deployment>();
+    api.create(&PostParams::default(), &d).await.unwrap();
+    set_image(&h, "held", "v:2").await;
+    wait_for("the surge ReplicaSet and the held old one", || async {
+        api.get("held").await.is_ok_and(|d| {
+            let s = d.status.unwrap_or_default();
+            s.observed_generation == d.metadata.generation
+                && s.updated_replicas == Some(1)
+                && s.replicas == Some(3)
+        })
+    })
+    .await;
+    let s = api.get("held").await.unwrap().status.unwrap();
+    assert_eq!(s.available_replicas, None);
+    assert_eq!(s.unavailable_replicas, Some(3));
+}
