@@ -343,11 +343,15 @@ impl Reconcile {
         };
         match self.rs_api.create(&PostParams::default(), &rs).await {
             Ok(created) => {
-                let msg = format!("Scaled up replica set {rs_name} from 0 to {initial}");
-                self.ctx
-                    .recorder
-                    .record(d.as_ref(), EventType::Normal, "ScalingReplicaSet", &msg)
-                    .await;
+                // A ReplicaSet created empty (the surge is used up) is not a scale-up: its
+                // event comes when it first grows.
+                if initial > 0 {
+                    let msg = format!("Scaled up replica set {rs_name} from 0 to {initial}");
+                    self.ctx
+                        .recorder
+                        .record(d.as_ref(), EventType::Normal, "ScalingReplicaSet", &msg)
+                        .await;
+                }
                 Ok(created)
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {

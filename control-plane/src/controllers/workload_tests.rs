@@ -944,3 +944,67 @@ async fn unavailable_replicas_count_the_surge() {
     assert_eq!(s.available_replicas, None);
     assert_eq!(s.unavailable_replicas, Some(3));
 }
+
+/// A ReplicaSet created while the surge is used up starts at 0 replicas. As upstream's
+/// `getNewReplicaSet`, that records no "Scaled up ... from 0 to 0" event; the first scale-up
+/// event comes when the ReplicaSet grows.
+#[tokio::test(start_paused = true)]
+async fn a_replicaset_created_empty_records_no_scale_up() {
+    let h = Harness::start(&["n1"]).await;
+    let mut d = deployment("held", 2, "v:1");
+    let spec = d.spec.as_mut().unwrap();
+    spec.strategy = serde_json::from_value(
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+    )
+    .unwrap();
+    spec.template.metadata.as_mut().unwrap().annotations =
+        Some([("test.skiff/kubelet".to_string(), "ignore".to_string())].into());
+    let api = h.api::<Deployment>();
+    api.create(&PostParams::default(), &d).await.unwrap();
+    let settled = |replicas: i32| {
+        let api = api.clone();
+        move || {
+            let api = api.clone();
+            async move {
+                api.get("held").await.is_ok_and(|d| {
+                    let s = d.status.unwrap_or_default();
+                    s.observed_generation == d.metadata.generation
+                        && s.updated_replicas == Some(1)
+                        && s.replicas == Some(replicas)
+                })
+            }
+        }
+    };
+    set_image(&h, "held", "v:2").await;
+    wait_for("v:1 held at 2 and the v:2 surge pod", settled(3)).await;
+    // Old 2 + surge 1 is the most allowed: the v:3 ReplicaSet is created with 0 replicas,
+    // the unready v:2 pod is scaled away, and then v:3 grows to 1.
+    set_image(&h, "held", "v:3").await;
+    wait_for("v:3 at 1 replica", settled(3)).await;
+    let v3 = h
+        .api::<ReplicaSet>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|rs| {
+            let template = rs.spec.as_ref().and_then(|s| s.template.as_ref());
+            let spec = template.and_then(|t| t.spec.as_ref());
+            spec.and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref()) == Some("v:3")
+        })
+        .expect("the v:3 ReplicaSet");
+    let v3 = v3.metadata.name.unwrap();
+    let events = h.api::<k8s_openapi::api::core::v1::Event>();
+    let messages = || async {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        list.into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ScalingReplicaSet"))
+            .filter_map(|e| e.message)
+            .collect::<Vec<_>>()
+    };
+    let grew = format!("Scaled up replica set {v3} from 0 to 1");
+    wait_for("the v:3 scale-up event", || async { messages().await.contains(&grew) }).await;
+    let messages = messages().await;
+    assert!(!messages.iter().any(|m| m.ends_with("from 0 to 0")), "{messages:?}");
+}
