@@ -243,6 +243,38 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Groups", "string", 1, "Groups in the binding."),
             col("ServiceAccounts", "string", 1, "ServiceAccounts in the binding."),
         ],
+        "PriorityClass" => vec![
+            NAME,
+            col(
+                "Value",
+                "integer",
+                0,
+                "value represents the integer value of this priority class. This is the actual priority that pods receive when they have the name of this class in their pod spec.",
+            ),
+            col(
+                "Global-Default",
+                "boolean",
+                0,
+                "globalDefault specifies whether this PriorityClass should be considered as the default priority for pods that do not have any priority class. Only one PriorityClass can be marked as `globalDefault`. However, if more than one PriorityClasses exists with their `globalDefault` field set to true, the smallest value of such global default PriorityClasses will be used as the default priority.",
+            ),
+            AGE,
+            col(
+                "PreemptionPolicy",
+                "string",
+                0,
+                "preemptionPolicy is the Policy for preempting pods with lower priority. One of Never, PreemptLowerPriority. Defaults to PreemptLowerPriority if unset.",
+            ),
+        ],
+        "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" => vec![
+            NAME,
+            col(
+                "Webhooks",
+                "integer",
+                0,
+                "Webhooks indicates the number of webhooks registered in this configuration",
+            ),
+            AGE,
+        ],
         _ => vec![NAME, AGE],
     }
 }
@@ -556,6 +588,16 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(of("ServiceAccount")),
             ]
         }
+        "PriorityClass" => vec![
+            json!(name),
+            json!(o["value"].as_i64().unwrap_or(0)),
+            json!(o["globalDefault"].as_bool().unwrap_or(false)),
+            json!(age),
+            json!(str_at(o, &["preemptionPolicy"])),
+        ],
+        "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" => {
+            vec![json!(name), json!(arr(o, &["webhooks"]).len()), json!(age)]
+        }
         _ => vec![json!(name), json!(age)],
     }
 }
@@ -801,6 +843,57 @@ mod tests {
             (400 * 86400, "400d"),
         ] {
             assert_eq!(human_duration(s), want);
+        }
+    }
+
+    fn header(kind: &str) -> Vec<(&'static str, &'static str)> {
+        columns(kind).iter().map(|c| (c.name, c.ty)).collect()
+    }
+
+    #[test]
+    fn priority_classes_show_value_default_and_policy() {
+        assert_eq!(
+            header("PriorityClass"),
+            [
+                ("Name", "string"),
+                ("Value", "integer"),
+                ("Global-Default", "boolean"),
+                ("Age", "string"),
+                ("PreemptionPolicy", "string"),
+            ]
+        );
+        let now = chrono::Utc::now();
+        let created = (now - chrono::Duration::seconds(90)).to_rfc3339();
+        let pc = json!({
+            "metadata": {"name": "high", "creationTimestamp": created},
+            "value": 1000000, "globalDefault": true, "preemptionPolicy": "Never",
+        });
+        assert_eq!(
+            cells("PriorityClass", &pc, now),
+            [json!("high"), json!(1000000), json!(true), json!("90s"), json!("Never")]
+        );
+        // Unset fields print as upstream's zero values.
+        let bare = json!({"metadata": {"name": "low", "creationTimestamp": created}});
+        assert_eq!(
+            cells("PriorityClass", &bare, now),
+            [json!("low"), json!(0), json!(false), json!("90s"), json!("")]
+        );
+    }
+
+    #[test]
+    fn webhook_configurations_count_their_webhooks() {
+        for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
+            assert_eq!(
+                header(kind),
+                [("Name", "string"), ("Webhooks", "integer"), ("Age", "string")]
+            );
+            let now = chrono::Utc::now();
+            let created = (now - chrono::Duration::seconds(5)).to_rfc3339();
+            let wc = json!({
+                "metadata": {"name": "hooks", "creationTimestamp": created},
+                "webhooks": [{"name": "a.example.com"}, {"name": "b.example.com"}],
+            });
+            assert_eq!(cells(kind, &wc, now), [json!("hooks"), json!(2), json!("5s")]);
         }
     }
 }
