@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_agent::simulate::{self, SimulateConfig, Simulation};
@@ -439,6 +439,17 @@ async fn lost_node_timings_follow_the_grace_period_and_tolerations() {
         .expect("Ready condition");
     assert_eq!(cond.reason.as_deref(), Some("NodeStatusUnknown"));
     assert_eq!(cond.message.as_deref(), Some("Kubelet stopped posting node status."));
+    // The kubelet's other health conditions go Unknown with it; NetworkUnavailable (the
+    // network's, not the kubelet's) keeps what the agent said.
+    let status_of = |type_: &str| {
+        let conditions = lost.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let c = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == type_)).expect(type_);
+        (c.status.clone(), c.reason.clone().unwrap_or_default())
+    };
+    for type_ in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(status_of(type_), ("Unknown".into(), "NodeStatusUnknown".into()), "{type_}");
+    }
+    assert_eq!(status_of("NetworkUnavailable"), ("False".into(), "RouteCreated".into()));
     let taints: Vec<(String, String)> = lost
         .spec
         .and_then(|s| s.taints)
@@ -478,4 +489,81 @@ async fn lost_node_timings_follow_the_grace_period_and_tolerations() {
     })
     .await;
     wait_for("web-0 gone", || async { pods.get_opt("web-0").await.expect("get").is_none() }).await;
+}
+
+fn taints_of(node: &Node) -> Vec<(String, String)> {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    taints.into_iter().map(|t| (t.key, t.effect)).collect()
+}
+
+/// A Node registered through the API that never posts a status waits out the 60 s startup
+/// grace period, then gets upstream's NodeStatusNeverUpdated conditions and the unreachable
+/// taints. A cordon is a `node.kubernetes.io/unschedulable` NoSchedule taint until undone.
+#[tokio::test(start_paused = true)]
+async fn silent_and_cordoned_nodes_get_upstreams_conditions_and_taints() {
+    let c = cluster(0).await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = serde_json::from_value(json!({"metadata": {"name": "quiet"}})).expect("node");
+    nodes.create(&PostParams::default(), &node).await.expect("create node");
+    let unschedulable = ("node.kubernetes.io/unschedulable".to_string(), "NoSchedule".to_string());
+    let cordon = |on: bool| {
+        let nodes = nodes.clone();
+        async move {
+            let patch = json!({"spec": {"unschedulable": on}});
+            nodes
+                .patch("quiet", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("cordon");
+        }
+    };
+    cordon(true).await;
+    wait_for("the unschedulable taint", || async {
+        taints_of(&nodes.get("quiet").await.expect("node")) == [unschedulable.clone()]
+    })
+    .await;
+
+    // Past the 40 s grace of a node that did post, within the startup grace.
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    let n = nodes.get("quiet").await.expect("node");
+    assert!(n.status.and_then(|s| s.conditions).unwrap_or_default().is_empty());
+
+    wait_for("NodeStatusNeverUpdated", || async {
+        ready_of(&nodes.get("quiet").await.expect("node")).as_deref() == Some("Unknown")
+    })
+    .await;
+    let n = nodes.get("quiet").await.expect("node");
+    let conditions = n.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let mut types: Vec<&str> = conditions.iter().map(|c| c.type_.as_str()).collect();
+    types.sort();
+    assert_eq!(types, ["DiskPressure", "MemoryPressure", "PIDPressure", "Ready"]);
+    for cond in &conditions {
+        assert_eq!(cond.status, "Unknown");
+        assert_eq!(cond.reason.as_deref(), Some("NodeStatusNeverUpdated"));
+        assert_eq!(cond.message.as_deref(), Some("Kubelet never posted node status."));
+    }
+    wait_for("the unreachable taints", || async {
+        let mut taints = taints_of(&nodes.get("quiet").await.expect("node"));
+        taints.sort();
+        let unreachable = "node.kubernetes.io/unreachable".to_string();
+        taints
+            == [
+                (unreachable.clone(), "NoExecute".into()),
+                (unreachable, "NoSchedule".into()),
+                unschedulable.clone(),
+            ]
+    })
+    .await;
+
+    cordon(false).await;
+    wait_for("the unschedulable taint removed", || async {
+        !taints_of(&nodes.get("quiet").await.expect("node")).contains(&unschedulable)
+    })
+    .await;
+    assert_eq!(taints_of(&nodes.get("quiet").await.expect("node")).len(), 2);
+    // A node that never was Ready records no NodeNotReady event.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    assert!(!events.items.iter().any(|e| e.reason.as_deref() == Some("NodeNotReady")));
 }

@@ -56,6 +56,9 @@ pub fn status_patch(status: &impl serde::Serialize, group: &str, kind: &str) -> 
 pub struct ControllerConfig {
     /// `--node-monitor-grace-period`: a node whose Lease is older is NotReady (upstream 40 s).
     pub node_monitor_grace_period: Duration,
+    /// `--node-startup-grace-period`: how long a node that never posted a status may stay
+    /// silent (upstream 1 min).
+    pub node_startup_grace_period: Duration,
     /// Toleration seconds given to pods for not-ready/unreachable taints (upstream 300 s,
     /// DefaultTolerationSeconds admission).
     pub default_toleration: Duration,
@@ -85,6 +88,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             node_monitor_grace_period: Duration::from_secs(40),
+            node_startup_grace_period: Duration::from_secs(60),
             default_toleration: Duration::from_secs(300),
             cluster_cidr: Cidr::parse("10.244.0.0/16"),
             node_cidr_mask: 24,

@@ -1,9 +1,14 @@
-//! The node lifecycle controller: watches node Leases (kube-node-lease) and Node status;
-//! a node not heard from for `node_monitor_grace_period` gets Ready=Unknown
-//! (NodeStatusUnknown), nodes not Ready get the `node.kubernetes.io/unreachable` /
-//! `not-ready` NoSchedule and NoExecute taints (removed when Ready again), their pods are
-//! marked Ready=False at once (so endpoints drop them) and evicted once their toleration of
-//! the NoExecute taint runs out (the taint-eviction controller's job upstream).
+//! The node lifecycle controller: watches node Leases (kube-node-lease) and Node status.
+//! - A node not heard from for `node_monitor_grace_period` (`node_startup_grace_period` if it
+//!   never posted a status) gets its Ready, MemoryPressure, DiskPressure and PIDPressure
+//!   conditions set to Unknown. NetworkUnavailable is left alone, as upstream.
+//! - Conditions become NoSchedule taints as upstream's `doNoScheduleTaintingPass`: Ready
+//!   False/Unknown (`not-ready` / `unreachable`), memory, disk and PID pressure, an
+//!   unavailable network, and a cordoned node (`unschedulable`). Ready False/Unknown also
+//!   become NoExecute taints. Each is removed when its condition clears.
+//! - Pods of a node not Ready are marked Ready=False at once (so endpoints drop them) and
+//!   evicted once their toleration of the NoExecute taint runs out (the taint-eviction
+//!   controller's job upstream).
 //!
 //! Staleness is measured on the controller's own monotonic clock (when it last saw the
 //! Lease change), as upstream's `nodeHealthData.probeTimestamp`, so skewed node clocks do
@@ -30,6 +35,22 @@ use super::informer::{Change, informer};
 
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+
+/// (condition type, status, NoSchedule taint key): upstream's
+/// `nodeConditionToTaintKeyStatusMap`.
+const CONDITION_TAINTS: [(&str, &str, &str); 6] = [
+    ("Ready", "False", TAINT_NOT_READY),
+    ("Ready", "Unknown", TAINT_UNREACHABLE),
+    ("MemoryPressure", "True", "node.kubernetes.io/memory-pressure"),
+    ("DiskPressure", "True", "node.kubernetes.io/disk-pressure"),
+    ("NetworkUnavailable", "True", "node.kubernetes.io/network-unavailable"),
+    ("PIDPressure", "True", "node.kubernetes.io/pid-pressure"),
+];
+
+/// The conditions a silent node's are set to Unknown (NetworkUnavailable is the control
+/// plane's, not the kubelet's).
+const HEALTH_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +93,7 @@ struct Health {
 struct Monitor {
     client: Client,
     grace: Duration,
+    startup_grace: Duration,
     default_toleration: Duration,
     nodes: Store<Node>,
     leases: Store<Lease>,
@@ -115,6 +137,7 @@ pub async fn run(ctx: Arc<Context>) {
         recorder: EventRecorder::new(client.clone(), "node-controller"),
         client,
         grace: ctx.config.node_monitor_grace_period,
+        startup_grace: ctx.config.node_startup_grace_period,
         default_toleration: ctx.config.default_toleration,
         nodes,
         leases,
@@ -136,17 +159,75 @@ pub async fn run(ctx: Arc<Context>) {
     }
 }
 
-fn ready_condition(node: &Node) -> Option<&NodeCondition> {
-    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
+fn conditions_of(node: &Node) -> &[NodeCondition] {
+    node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default()
 }
 
-/// The taints a node's Ready status calls for: (key, effect) pairs.
-pub fn desired_taints(ready: Option<&str>) -> Vec<(&'static str, &'static str)> {
-    match ready {
-        Some("True") => Vec::new(),
-        Some("False") => vec![(TAINT_NOT_READY, "NoSchedule"), (TAINT_NOT_READY, "NoExecute")],
-        _ => vec![(TAINT_UNREACHABLE, "NoSchedule"), (TAINT_UNREACHABLE, "NoExecute")],
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    conditions_of(node).iter().find(|c| c.type_ == "Ready")
+}
+
+/// The taints (key, effect) that `conditions` and a cordon call for.
+pub fn desired_taints(
+    conditions: &[NodeCondition],
+    unschedulable: bool,
+) -> Vec<(&'static str, &'static str)> {
+    let mut taints: Vec<(&str, &str)> = CONDITION_TAINTS
+        .iter()
+        .filter(|(type_, status, _)| {
+            conditions.iter().any(|c| c.type_ == *type_ && c.status == *status)
+        })
+        .map(|&(_, _, key)| (key, "NoSchedule"))
+        .collect();
+    if unschedulable {
+        taints.push((TAINT_UNSCHEDULABLE, "NoSchedule"));
     }
+    match conditions.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str()) {
+        Some("False") => taints.push((TAINT_NOT_READY, "NoExecute")),
+        Some("Unknown") => taints.push((TAINT_UNREACHABLE, "NoExecute")),
+        _ => {}
+    }
+    taints
+}
+
+/// Whether this controller owns `t`: the taints [`desired_taints`] can ask for.
+fn managed(t: &Taint) -> bool {
+    match t.effect.as_str() {
+        "NoSchedule" => {
+            t.key == TAINT_UNSCHEDULABLE || CONDITION_TAINTS.iter().any(|(_, _, k)| *k == t.key)
+        }
+        "NoExecute" => t.key == TAINT_UNREACHABLE || t.key == TAINT_NOT_READY,
+        _ => false,
+    }
+}
+
+/// Upstream's conditions for a node not heard from: each health condition not already
+/// Unknown becomes Unknown (NodeStatusUnknown); one never posted is added as
+/// NodeStatusNeverUpdated. `None` when nothing changes.
+fn unknown_conditions(node: &Node, now: &Time) -> Option<Vec<NodeCondition>> {
+    let mut conditions = conditions_of(node).to_vec();
+    let mut changed = false;
+    for type_ in HEALTH_CONDITIONS {
+        match conditions.iter_mut().find(|c| c.type_ == type_) {
+            None => conditions.push(NodeCondition {
+                type_: type_.into(),
+                status: "Unknown".into(),
+                reason: Some("NodeStatusNeverUpdated".into()),
+                message: Some("Kubelet never posted node status.".into()),
+                last_heartbeat_time: node.metadata.creation_timestamp.clone(),
+                last_transition_time: Some(now.clone()),
+            }),
+            Some(c) if c.status != "Unknown" => {
+                c.status = "Unknown".into();
+                c.reason = Some("NodeStatusUnknown".into());
+                c.message = Some("Kubelet stopped posting node status.".into());
+                c.last_transition_time = Some(now.clone());
+            }
+            Some(_) => continue,
+        }
+        changed = true;
+    }
+    changed.then_some(conditions)
 }
 
 fn tolerates(t: &Toleration, taint: &Taint) -> bool {
@@ -228,47 +309,38 @@ impl Monitor {
             h.heartbeat = heartbeat;
             h.probe = now;
         }
-        let stale = now.duration_since(h.probe) > self.grace;
-        let mut status = ready.map(|c| c.status.clone());
-        if stale && status.as_deref() != Some("Unknown") {
-            self.mark_unknown(node).await?;
-            self.recorder
-                .record(
-                    node,
-                    EventType::Normal,
-                    "NodeNotReady",
-                    &format!("Node {name} status is now: NodeNotReady"),
-                )
-                .await;
-            status = Some("Unknown".into());
+        // A node that never posted a status has the longer startup grace period.
+        let grace = if ready.is_some() { self.grace } else { self.startup_grace };
+        let was_ready = ready.is_some_and(|c| c.status == "True");
+        let mut conditions = conditions_of(node).to_vec();
+        if now.duration_since(h.probe) > grace
+            && let Some(unknown) =
+                unknown_conditions(node, &Time(k8s_openapi::jiff::Timestamp::now()))
+        {
+            self.mark_unknown(node, &unknown).await?;
+            conditions = unknown;
+            if was_ready {
+                self.recorder
+                    .record(
+                        node,
+                        EventType::Normal,
+                        "NodeNotReady",
+                        &format!("Node {name} status is now: NodeNotReady"),
+                    )
+                    .await;
+            }
         }
-        if status.is_none() {
-            // Not reported yet and not stale: nothing to judge.
-            return Ok(());
-        }
-        self.reconcile_taints(node, status.as_deref(), now).await?;
-        if status.as_deref() != Some("True") {
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+        self.reconcile_taints(node, &desired_taints(&conditions, unschedulable), now).await?;
+        // Not reported yet (and not stale) is not "not ready".
+        if conditions.iter().any(|c| c.type_ == "Ready" && c.status != "True") {
             self.mark_pods_not_ready(&name).await?;
         }
         self.evict(node, now).await
     }
 
-    async fn mark_unknown(&self, node: &Node) -> Result<()> {
+    async fn mark_unknown(&self, node: &Node, conditions: &[NodeCondition]) -> Result<()> {
         let name = node.name_any();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let mut conditions: Vec<NodeCondition> =
-            node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-        if !conditions.iter().any(|c| c.type_ == "Ready") {
-            conditions.push(NodeCondition { type_: "Ready".into(), ..Default::default() });
-        }
-        for c in &mut conditions {
-            if c.status != "Unknown" {
-                c.last_transition_time = Some(now.clone());
-            }
-            c.status = "Unknown".into();
-            c.reason = Some("NodeStatusUnknown".into());
-            c.message = Some("Kubelet stopped posting node status.".into());
-        }
         let patch = json!({"metadata": {"resourceVersion": node.resource_version()},
                            "status": {"conditions": conditions}});
         let api: Api<Node> = Api::all(self.client.clone());
@@ -282,20 +354,18 @@ impl Monitor {
     async fn reconcile_taints(
         &mut self,
         node: &Node,
-        ready: Option<&str>,
+        want: &[(&'static str, &'static str)],
         now: Instant,
     ) -> Result<()> {
         let name = node.name_any();
         let current: Vec<Taint> =
             node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        let want = desired_taints(ready);
-        let lifecycle = |t: &Taint| t.key == TAINT_UNREACHABLE || t.key == TAINT_NOT_READY;
         let mut next: Vec<Taint> = current
             .iter()
-            .filter(|t| !lifecycle(t) || want.contains(&(t.key.as_str(), t.effect.as_str())))
+            .filter(|t| !managed(t) || want.contains(&(t.key.as_str(), t.effect.as_str())))
             .cloned()
             .collect();
-        for (key, effect) in &want {
+        for (key, effect) in want {
             if !next.iter().any(|t| t.key == *key && t.effect == *effect) {
                 next.push(Taint {
                     key: key.to_string(),
