@@ -48,7 +48,7 @@ const CONDITION_TAINTS: [(&str, &str, &str); 6] = [
     ("PIDPressure", "True", "node.kubernetes.io/pid-pressure"),
 ];
 
-/// The conditions a silent node's are set to Unknown (NetworkUnavailable is the control
+/// The conditions set to Unknown on a silent node (NetworkUnavailable is the control
 /// plane's, not the kubelet's).
 const HEALTH_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 const LEASE_NAMESPACE: &str = "kube-node-lease";
