@@ -751,3 +751,117 @@ async fn namespace_lifecycle_and_binding() {
         call(&c, "GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1", JSON, None).await;
     assert_eq!(pods["items"].as_array().map(Vec::len), Some(1));
 }
+
+/// A protobuf message field (wire type 2) of `tag`.
+fn pb_bytes(tag: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag << 3 | 2];
+    let mut len = bytes.len();
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// A request body as client-go's protobuf serializer writes it: the magic, then a
+/// `runtime.Unknown` naming apiVersion and kind around the encoded object.
+fn pb_envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+    let type_meta = [pb_bytes(1, api_version.as_bytes()), pb_bytes(2, kind.as_bytes())].concat();
+    [b"k8s\x00".to_vec(), pb_bytes(1, &type_meta), pb_bytes(2, raw)].concat()
+}
+
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+/// pods/eviction (what `kubectl drain` posts): discovered as policy/v1 Eviction, checked
+/// against the URL, and a delete with the Eviction's options; DELETE takes protobuf
+/// DeleteOptions as client-go's typed clients send them.
+#[tokio::test]
+async fn evictions_and_protobuf_delete_options() {
+    let server = TestServer::start();
+    let c = client(&server).await;
+    let (_, core) = call(&c, "GET", "/api/v1", JSON, None).await;
+    let eviction = core["resources"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["name"] == "pods/eviction"))
+        .cloned();
+    assert_eq!(
+        eviction,
+        Some(json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+            "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}))
+    );
+    let pods = "/api/v1/namespaces/default/pods";
+    for name in ["bound", "unbound", "pb"] {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}});
+        let (code, _) = call(&c, "POST", pods, JSON, Some(pod)).await;
+        assert_eq!(code, 201);
+    }
+    for name in ["bound", "pb"] {
+        let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"kind": "Node", "name": "n1"}});
+        let (code, _) =
+            call(&c, "POST", &format!("{pods}/{name}/binding"), JSON, Some(binding)).await;
+        assert_eq!(code, 201);
+    }
+    let evict = |name: &str, options: Value| {
+        json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": "default"}, "deleteOptions": options})
+    };
+
+    let (code, s) =
+        call(&c, "POST", &format!("{pods}/bound/eviction"), JSON, Some(evict("other", json!({}))))
+            .await;
+    assert_eq!((code, s["reason"].as_str()), (400, Some("BadRequest")), "{s}");
+    assert_eq!(s["message"], "name in URL does not match name in Eviction object");
+    let (code, s) =
+        call(&c, "POST", &format!("{pods}/gone/eviction"), JSON, Some(evict("gone", json!({}))))
+            .await;
+    assert_eq!((code, s["reason"].as_str()), (404, Some("NotFound")), "{s}");
+    let (code, _) = call(
+        &c,
+        "POST",
+        &format!("{pods}/bound/eviction?dryRun=All"),
+        JSON,
+        Some(evict("bound", json!({}))),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (_, p) = call(&c, "GET", &format!("{pods}/bound"), JSON, None).await;
+    assert!(p["metadata"].get("deletionTimestamp").is_none(), "a dry run evicts nothing: {p}");
+
+    // A bound pod terminates with the Eviction's grace period; an unbound one goes at once.
+    let (code, s) = call(
+        &c,
+        "POST",
+        &format!("{pods}/bound/eviction"),
+        JSON,
+        Some(evict("bound", json!({"gracePeriodSeconds": 7}))),
+    )
+    .await;
+    assert_eq!(code, 201, "{s}");
+    assert_eq!(
+        s,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+    );
+    let (_, p) = call(&c, "GET", &format!("{pods}/bound"), JSON, None).await;
+    assert!(p["metadata"]["deletionTimestamp"].is_string(), "{p}");
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 7);
+    let meta = [pb_bytes(1, b"unbound"), pb_bytes(3, b"default")].concat();
+    let body = pb_envelope("policy/v1", "Eviction", &pb_bytes(1, &meta));
+    let (code, s) = call_raw(&c, "POST", &format!("{pods}/unbound/eviction"), PROTOBUF, body).await;
+    assert_eq!(code, 201, "{s}");
+    let (code, _) = call(&c, "GET", &format!("{pods}/unbound"), JSON, None).await;
+    assert_eq!(code, 404);
+
+    // DeleteOptions in protobuf: gracePeriodSeconds (tag 1) = 3, and a bad propagationPolicy
+    // (tag 4) is refused, so the options were read.
+    let bad = pb_envelope("v1", "DeleteOptions", &pb_bytes(4, b"Sideways"));
+    let (code, s) = call_raw(&c, "DELETE", &format!("{pods}/pb"), PROTOBUF, bad).await;
+    assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")), "{s}");
+    let grace = pb_envelope("v1", "DeleteOptions", &[1 << 3, 3]);
+    let (code, p) = call_raw(&c, "DELETE", &format!("{pods}/pb"), PROTOBUF, grace).await;
+    assert_eq!(code, 200, "{p}");
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 3, "{p}");
+}

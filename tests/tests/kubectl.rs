@@ -158,6 +158,20 @@ fn walkthrough(minor: u32) {
     let err = k.fails(&["create", "deployment", "web", "--image=x"]);
     assert!(err.contains("already exists"), "{err}");
 
+    // Drain: the node is cordoned and its pod evicted through pods/eviction.
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("{\"apiVersion\": \"v1\", \"kind\": \"Node\", \"metadata\": {\"name\": \"spare\"}}"),
+    );
+    let overrides = r#"--overrides={"spec": {"nodeName": "spare"}}"#;
+    k.ok(&["run", "lonely", "--image=skiff.local/busybox:1", overrides]);
+    let out = k.ok(&["drain", "spare", "--force", "--grace-period=0", "--timeout=30s"]);
+    assert!(out.contains("pod/lonely evicted") && out.contains("node/spare drained"), "{out}");
+    let err = k.fails(&["get", "pod", "lonely"]);
+    assert!(err.contains("pods \"lonely\" not found"), "{err}");
+    assert_eq!(json(&k, &["get", "node", "spare"])["spec"]["unschedulable"], true);
+    k.ok(&["delete", "node", "spare"]);
+
     // Delete.
     let out = k.ok(&["delete", "deployment", "web", "cd"]);
     assert!(out.contains("deployment.apps \"web\" deleted"), "{out}");

@@ -87,6 +87,10 @@ pub async fn resource(
             let obj = bind(server, rt, ns, name, &query, &headers, &body).await?;
             Ok(json_response(StatusCode::CREATED, &obj))
         }
+        (Verb::Create, Some(name), Some("eviction")) => {
+            let obj = evict(server, rt, ns, name, &query, &headers, &body).await?;
+            Ok(json_response(StatusCode::CREATED, &obj))
+        }
         (Verb::Update, Some(name), sub @ (None | Some("status") | Some("finalize"))) => {
             let (obj, code, warnings) =
                 update(server, rt, ns, name, sub, &query, &headers, &body).await?;
@@ -102,11 +106,12 @@ pub async fn resource(
             Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
         }
         (Verb::Delete, Some(name), None) => {
-            let (obj, code) = delete(server, rt, ns, name, &query, &body).await?;
+            let options = negotiate::decode_delete_options(&headers, &body)?;
+            let (obj, code) = delete(server, rt, ns, name, &query, &options).await?;
             Ok(json_response(code, &obj))
         }
         (Verb::DeleteCollection, None, None) => {
-            delete_collection(server, rt, ns, &query, &body).await
+            delete_collection(server, rt, ns, &query, &headers, &body).await
         }
         (verb, _, _) => Err(ApiError::method_not_allowed(verb.as_str())),
     }
@@ -1490,9 +1495,8 @@ async fn delete(
     ns: Option<&str>,
     name: &str,
     query: &Query,
-    body: &[u8],
+    options: &Value,
 ) -> ApiResult<(Value, StatusCode)> {
-    let options: Value = if body.is_empty() { json!({}) } else { negotiate::decode_json(body)? };
     let dry_run = query.dry_run()?
         || options
             .get("dryRun")
@@ -1678,8 +1682,10 @@ async fn delete_collection(
     rt: &ResourceType,
     ns: Option<&str>,
     query: &Query,
+    headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<Response> {
+    let options = negotiate::decode_delete_options(headers, body)?;
     let filter = Filter::from_query(rt, ns, query)?;
     let current = server.store.current_revision().await?;
     server.cache.wait_for(current, CACHE_WAIT).await;
@@ -1693,7 +1699,7 @@ async fn delete_collection(
     let mut deleted = Vec::new();
     for obj in &items {
         let obj_ns = (!obj.namespace.is_empty()).then_some(obj.namespace.as_str());
-        match delete(server, rt, obj_ns, &obj.name, query, body).await {
+        match delete(server, rt, obj_ns, &obj.name, query, &options).await {
             Ok((v, _)) => {
                 if v.get("kind").and_then(Value::as_str) == Some(rt.kind()) {
                     deleted.push(v);
@@ -1818,6 +1824,48 @@ async fn scale(
 }
 
 /// pods/binding: assign a pod to a node once.
+/// pods/eviction: delete the pod with the Eviction's `deleteOptions`. skiff serves no
+/// PodDisruptionBudgets, so no budget refuses an eviction and none is charged for it.
+async fn evict(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<Value> {
+    let eviction = negotiate::decode_object(negotiate::body_type(headers)?, body)?;
+    if let Some(kind) = eviction.get("kind").and_then(Value::as_str)
+        && kind != "Eviction"
+    {
+        return Err(ApiError::bad_request(format!("not a Eviction object: {kind}")));
+    }
+    if meta_str(&eviction, "name") != Some(name) {
+        return Err(ApiError::bad_request("name in URL does not match name in Eviction object"));
+    }
+    if let Some(body_ns) = meta_str(&eviction, "namespace").filter(|n| !n.is_empty())
+        && Some(body_ns) != ns
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let dry_run = query.dry_run()?;
+    plugins::admit_subresource_create(server, rt, ns, name, "eviction", &eviction, dry_run).await?;
+    let mut options = match eviction.get("deleteOptions") {
+        Some(Value::Object(o)) => Value::Object(o.clone()),
+        _ => json!({}),
+    };
+    if dry_run {
+        options["dryRun"] = json!(["All"]);
+    }
+    delete(server, rt, ns, name, query, &options).await?;
+    Ok(
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    )
+}
+
 async fn bind(
     server: &ApiServer,
     rt: &ResourceType,

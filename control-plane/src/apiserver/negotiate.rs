@@ -124,6 +124,22 @@ pub fn decode_object(kind: BodyType, body: &[u8]) -> ApiResult<Value> {
     Ok(value)
 }
 
+/// Decode a DELETE body: `DeleteOptions` in JSON, YAML or protobuf (client-go's typed
+/// clients send protobuf); no body is no options.
+pub fn decode_delete_options(headers: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
+    let none = || Value::Object(Default::default());
+    if body.is_empty() {
+        return Ok(none());
+    }
+    match body_type(headers)? {
+        BodyType::Protobuf => decode_object(BodyType::Protobuf, body),
+        // `null` decodes to no options, as it does into Go's struct.
+        BodyType::Json => decode_json(body).map(|v| if v.is_null() { none() } else { v }),
+        BodyType::Yaml => decode_yaml(body).map(|v| if v.is_null() { none() } else { v }),
+        _ => Err(ApiError::unsupported_media_type(&OBJECT_MEDIA_TYPES)),
+    }
+}
+
 pub fn decode_json(body: &[u8]) -> ApiResult<Value> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body as JSON: {e}")))

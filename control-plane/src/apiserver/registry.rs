@@ -197,6 +197,14 @@ const BINDING: SubresourceDesc = SubresourceDesc {
     verbs: &["create"],
 };
 
+const EVICTION: SubresourceDesc = SubresourceDesc {
+    name: "eviction",
+    kind: "Eviction",
+    group: "policy",
+    version: "v1",
+    verbs: &["create"],
+};
+
 #[allow(clippy::too_many_arguments)]
 const fn desc(
     group: &'static str,
@@ -255,7 +263,17 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: true,
         },
         ResourceType {
-            desc: desc("", "v1", "Pod", "pods", "pod", true, &["po"], all, &[STATUS, BINDING]),
+            desc: desc(
+                "",
+                "v1",
+                "Pod",
+                "pods",
+                "pod",
+                true,
+                &["po"],
+                all,
+                &[STATUS, BINDING, EVICTION],
+            ),
             normalize: normalize_in_one_pass::<core::v1::Pod>(),
             fields: &[
                 "spec.nodeName",

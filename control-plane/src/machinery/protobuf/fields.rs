@@ -250,6 +250,7 @@ pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
     ("io.k8s.api.discovery.v1.EndpointSliceList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.api.discovery.v1.ForNode", &[(1, "name")]),
     ("io.k8s.api.discovery.v1.ForZone", &[(1, "name")]),
+    ("io.k8s.api.policy.v1.Eviction", &[(1, "metadata"), (2, "deleteOptions")]),
     ("io.k8s.api.rbac.v1.AggregationRule", &[(1, "clusterRoleSelectors")]),
     ("io.k8s.api.rbac.v1.ClusterRole", &[(1, "metadata"), (2, "rules"), (3, "aggregationRule")]),
     ("io.k8s.api.rbac.v1.ClusterRoleBinding", &[(1, "metadata"), (2, "subjects"), (3, "roleRef")]),

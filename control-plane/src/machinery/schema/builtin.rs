@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::Resource;
 use k8s_openapi::api::{
-    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, rbac,
+    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, policy, rbac,
     scheduling,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
@@ -51,6 +51,7 @@ const SERVED_GROUP_VERSIONS: &[(&str, &str)] = &[
     ("rbac.authorization.k8s.io", "v1"),
     ("admissionregistration.k8s.io", "v1"),
     ("scheduling.k8s.io", "v1"),
+    ("policy", "v1"),
 ];
 
 pub(super) fn build() -> BTreeMap<String, Value> {
@@ -76,6 +77,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<apps::v1::DaemonSet>(g, true),
         kind::<apps::v1::StatefulSet>(g, true),
         kind::<autoscaling::v1::Scale>(g, false),
+        kind::<policy::v1::Eviction>(g, false),
         kind::<batch::v1::Job>(g, true),
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
