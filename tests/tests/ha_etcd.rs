@@ -214,3 +214,52 @@ async fn one_leader_and_failover_when_it_is_killed() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// GET `path` as text: (status, body).
+async fn get_text(client: &Client, path: &str) -> (u16, String) {
+    let req = http::Request::get(path).body(Vec::new()).expect("request");
+    let resp = client.send(req.map(kube::client::Body::from)).await.expect("send");
+    let status = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The health endpoints check the store: with etcd gone, /readyz and /livez fail (500,
+/// every check listed, the reason withheld) and /livez/etcd says why; excluding the
+/// etcd check passes again. With etcd up they pass, in upstream's verbose form on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_follow_the_store() {
+    let mut etcd = EtcdCluster::start(1).await.expect("an etcd member (Debian's etcd-server)");
+    let server = server_on(etcd.endpoints());
+    let c = client(&server).await;
+    assert_eq!(get_text(&c, "/readyz").await, (200, "ok".into()));
+    assert_eq!(
+        get_text(&c, "/livez?verbose").await,
+        (200, "[+]ping ok\n[+]log ok\n[+]etcd ok\nlivez check passed\n".into())
+    );
+    assert_eq!(get_text(&c, "/readyz/etcd").await, (200, "ok".into()));
+    assert_eq!(
+        get_text(&c, "/healthz?verbose&exclude=log&exclude=nope").await,
+        (
+            200,
+            "[+]ping ok\n[+]log excluded: ok\n[+]etcd ok\n\
+             warn: some health checks cannot be excluded: no matches for \"nope\"\n\
+             healthz check passed\n"
+                .into()
+        )
+    );
+    assert_eq!(get_text(&c, "/readyz/bogus").await.0, 404);
+
+    etcd.kill(0);
+    assert_eq!(
+        get_text(&c, "/readyz").await,
+        (
+            500,
+            "[+]ping ok\n[+]log ok\n[-]etcd failed: reason withheld\nreadyz check failed\n".into()
+        )
+    );
+    let (code, why) = get_text(&c, "/livez/etcd").await;
+    assert_eq!(code, 500);
+    assert!(why.starts_with("internal server error: "), "{why}");
+    assert_eq!(get_text(&c, "/livez?exclude=etcd").await, (200, "ok".into()));
+}

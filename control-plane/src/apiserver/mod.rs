@@ -9,6 +9,7 @@ pub mod authz;
 pub mod cache;
 mod discovery;
 mod handlers;
+mod health;
 mod json;
 pub mod negotiate;
 pub mod proxy;
@@ -311,8 +312,10 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
     let (parts, body) = req.into_parts();
     let query = Query::parse(parts.uri.query());
     let path = parts.uri.path();
+    if let Some(resp) = health::serve(server, path, parts.uri.query()).await {
+        return Ok(resp);
+    }
     match path {
-        "/healthz" | "/livez" | "/readyz" => return Ok(text(StatusCode::OK, "ok")),
         "/version" => return Ok(json_response(StatusCode::OK, &version())),
         "/metrics" => return Ok(server.metrics.render(server)),
         "/openapi/v3" | "/openapi/v3/" => {
@@ -427,13 +430,6 @@ fn version() -> Value {
         "emulationMajor": KUBE_VERSION.0,
         "emulationMinor": KUBE_VERSION.1,
     })
-}
-
-pub(crate) fn text(code: StatusCode, s: &'static str) -> Response {
-    let mut r = (code, s).into_response();
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    r
 }
 
 pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {

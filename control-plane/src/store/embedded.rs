@@ -1061,6 +1061,17 @@ impl Store for EmbeddedStore {
         Ok(self.shared.revision.load(Ordering::Acquire))
     }
 
+    /// Unhealthy once poisoned (writes fail until the store is reopened) or closed.
+    async fn check_health(&self) -> Result<()> {
+        if let Some(reason) = self.shared.poisoned() {
+            return Err(Error::backend("the embedded store is poisoned", reason));
+        }
+        if self.requests.is_closed() {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
     async fn watch(
         &self,
         prefix: &str,
@@ -2781,6 +2792,21 @@ mod tests {
         store.create("/s/live", Bytes::from_static(b"x")).await.unwrap();
         let live = stalled.next().await.unwrap().unwrap();
         assert_eq!((live.revision, live.kv.key.as_str()), (641, "/s/live"));
+    }
+
+    /// The health check (the apiserver's `etcd` check) passes on an open store and fails,
+    /// with the reason, once a failed write poisoned it; writes fail with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn health_fails_once_poisoned() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store.create("/h/a", Bytes::from_static(b"x")).await.unwrap();
+        store.check_health().await.unwrap();
+        store.shared.poison("write-ahead log append failed: EIO".into());
+        let err = store.check_health().await.unwrap_err();
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("write-ahead log append failed: EIO"), "{err}");
+        assert!(store.create("/h/b", Bytes::from_static(b"x")).await.is_err());
     }
 
     /// Watchers resume across a restart from any revision kept in history.

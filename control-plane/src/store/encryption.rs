@@ -323,6 +323,10 @@ impl Store for EncryptedStore {
         self.inner.current_revision().await
     }
 
+    async fn check_health(&self) -> Result<()> {
+        self.inner.check_health().await
+    }
+
     async fn watch(
         &self,
         prefix: &str,

@@ -182,6 +182,12 @@ pub trait Store: Send + Sync + 'static {
     /// The revision up to which history has been compacted (0 if never).
     async fn compacted_revision(&self) -> Result<Revision>;
 
+    /// Whether the store can serve requests (the apiserver's `etcd` health check), else
+    /// why not. Default: the current revision can be read.
+    async fn check_health(&self) -> Result<()> {
+        self.current_revision().await.map(|_| ())
+    }
+
     /// Whether a live watch event carries the very `Bytes` its write was given (no copy, no
     /// transformation), so a reader of the events can recognise a value it wrote by its
     /// allocation. Default false.

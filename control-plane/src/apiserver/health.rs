@@ -1,0 +1,129 @@
+//! `/healthz`, `/livez` and `/readyz` as upstream's `healthz` package serves them.
+//! - Named checks: `ping` and `log` (the server answers), `etcd` (the store can serve; for
+//!   the embedded store, that it is not poisoned by a failed write).
+//! - `?verbose` lists one line per check; `?exclude=NAME` (repeatable) skips one.
+//! - `/<endpoint>/<check>` runs one check alone: `ok`, or 500 with the reason.
+//! - A failing check makes the endpoint answer 500 with every check listed, reasons withheld
+//!   (the endpoints are public); the reason goes to the log.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+
+use super::ApiServer;
+use super::request::decode;
+use super::status::ApiError;
+
+const CHECKS: [&str; 3] = ["ping", "log", "etcd"];
+
+/// How long the store may take to answer the `etcd` check (upstream's default 2 s).
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The response for a health path, or `None` if `path` is not one.
+pub async fn serve(server: &ApiServer, path: &str, query: Option<&str>) -> Option<Response> {
+    let path = path.trim_start_matches('/');
+    let (endpoint, check) = match path.split_once('/') {
+        Some((endpoint, check)) => (endpoint, Some(check)),
+        None => (path, None),
+    };
+    if !matches!(endpoint, "healthz" | "livez" | "readyz") {
+        return None;
+    }
+    Some(match check {
+        None | Some("") => all(server, endpoint, query).await,
+        Some(name) if CHECKS.contains(&name) => match run(server, name).await {
+            Ok(()) => text(StatusCode::OK, "ok".into()),
+            Err(reason) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("internal server error: {reason}\n"),
+            ),
+        },
+        Some(_) => ApiError::path_not_found().into_response(),
+    })
+}
+
+async fn run(server: &ApiServer, name: &str) -> Result<(), String> {
+    if name != "etcd" {
+        return Ok(());
+    }
+    match tokio::time::timeout(STORE_TIMEOUT, server.store.check_health()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(error_chain(&e)),
+        Err(_) => Err(format!("the store did not answer within {STORE_TIMEOUT:?}")),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+async fn all(server: &ApiServer, endpoint: &str, query: Option<&str>) -> Response {
+    let (verbose, mut excluded) = options(query);
+    let mut lines = String::new();
+    let mut failed = Vec::new();
+    for name in CHECKS {
+        if excluded.remove(name) {
+            lines.push_str(&format!("[+]{name} excluded: ok\n"));
+            continue;
+        }
+        match run(server, name).await {
+            Ok(()) => lines.push_str(&format!("[+]{name} ok\n")),
+            Err(reason) => {
+                lines.push_str(&format!("[-]{name} failed: reason withheld\n"));
+                tracing::warn!(check = name, %reason, "{endpoint} check failed");
+                failed.push(name);
+            }
+        }
+    }
+    if !excluded.is_empty() {
+        let names: Vec<String> = excluded.iter().map(|n| format!("{n:?}")).collect();
+        lines.push_str(&format!(
+            "warn: some health checks cannot be excluded: no matches for {}\n",
+            names.join(",")
+        ));
+    }
+    if !failed.is_empty() {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{lines}{endpoint} check failed\n"),
+        );
+    }
+    if !verbose {
+        return text(StatusCode::OK, "ok".into());
+    }
+    text(StatusCode::OK, format!("{lines}{endpoint} check passed\n"))
+}
+
+/// `verbose` (present with any value) and the `exclude` names (every occurrence).
+fn options(query: Option<&str>) -> (bool, BTreeSet<String>) {
+    let mut verbose = false;
+    let mut excluded = BTreeSet::new();
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match decode(key).as_str() {
+            "verbose" => verbose = true,
+            "exclude" => {
+                excluded.insert(decode(value));
+            }
+            _ => {}
+        }
+    }
+    (verbose, excluded)
+}
+
+fn text(code: StatusCode, body: String) -> Response {
+    let mut r = (code, body).into_response();
+    let headers = r.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    r
+}
