@@ -3,6 +3,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use skiff_control_plane::controllers::ControllerConfig;
+use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 
 const APP: &str = r#"
@@ -37,6 +39,22 @@ spec:
   selector: {app: web}
   ports:
   - {name: http, port: 80, targetPort: 8080}
+"#;
+
+const DAEMONSET: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: agent
+spec:
+  selector:
+    matchLabels: {app: agent}
+  template:
+    metadata:
+      labels: {app: agent}
+    spec:
+      containers:
+      - {name: agent, image: "skiff.local/busybox:1"}
 "#;
 
 fn json(k: &Kubectl, args: &[&str]) -> serde_json::Value {
@@ -205,4 +223,51 @@ fn namespaces_and_validation() {
     k.ok(&["create", "configmap", "x", "-n", "shop", "--from-literal=a=b"]);
     let cms = k.ok(&["get", "cm", "-n", "shop"]);
     assert!(cms.contains('x'), "{cms}");
+}
+
+/// DaemonSet history through the controllers: each template is a ControllerRevision that
+/// `rollout history` lists and `rollout undo` restores.
+fn daemonset_history(minor: u32) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        controllers: Some(ControllerConfig::default()),
+        ..Default::default()
+    };
+    let server = TestServer::start_with(dir, config);
+    let k = server.kubectl(minor);
+    k.ok_stdin(&["apply", "-f", "-"], Some(DAEMONSET));
+    // Revisions listed by rollout history, once there are `n`.
+    let history = |n: usize| {
+        for _ in 0..100 {
+            let out = k.ok(&["rollout", "history", "daemonset/agent"]);
+            if out.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).count() == n {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("rollout history never listed {n} revisions of the DaemonSet");
+    };
+    history(1);
+    k.ok(&["set", "image", "daemonset/agent", "agent=skiff.local/busybox:2"]);
+    let out = history(2);
+    assert!(out.contains("REVISION") && out.contains("CHANGE-CAUSE"), "{out}");
+    let out = k.ok(&["rollout", "history", "daemonset/agent", "--revision=2"]);
+    assert!(out.contains("skiff.local/busybox:2"), "{out}");
+    let out = k.ok(&["rollout", "undo", "daemonset/agent"]);
+    assert!(out.contains("rolled back"), "{out}");
+    let ds = json(&k, &["get", "daemonset", "agent"]);
+    assert_eq!(ds["spec"]["template"]["spec"]["containers"][0]["image"], "skiff.local/busybox:1");
+    k.ok(&["delete", "daemonset", "agent"]);
+}
+
+#[test]
+fn daemonset_history_kubectl_1_27() {
+    daemonset_history(27);
+}
+
+#[test]
+fn daemonset_history_kubectl_1_33() {
+    daemonset_history(33);
 }

@@ -421,6 +421,23 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: true,
         },
         ResourceType {
+            desc: desc(
+                "apps",
+                "v1",
+                "ControllerRevision",
+                "controllerrevisions",
+                "controllerrevision",
+                true,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<apps::v1::ControllerRevision>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
             desc: desc("batch", "v1", "Job", "jobs", "job", true, &[], all, &[STATUS]),
             normalize: normalize::<batch::v1::Job>(),
             fields: &["status.successful"],

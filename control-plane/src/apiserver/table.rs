@@ -232,6 +232,17 @@ fn columns(kind: &str) -> Vec<Col> {
             AGE,
         ],
         "Lease" => vec![NAME, col("Holder", "string", 0, "The holder of the lease."), AGE],
+        "ControllerRevision" => vec![
+            NAME,
+            col("Controller", "string", 0, "Controller of the object"),
+            col(
+                "Revision",
+                "string",
+                0,
+                "Revision indicates the revision of the state represented by Data.",
+            ),
+            AGE,
+        ],
         "Role" | "ClusterRole" => {
             vec![NAME, col("Created At", "date", 0, "Time at which this role was created.")]
         }
@@ -557,6 +568,30 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
             ]
         }
         "Lease" => vec![json!(name), json!(str_at(o, &["spec", "holderIdentity"])), json!(age)],
+        "ControllerRevision" => {
+            // `<kind>.<group>/<name>` of the controller, as `formatResourceName` prints it.
+            let controller = arr(o, &["metadata", "ownerReferences"])
+                .iter()
+                .find(|r| r["controller"] == true)
+                .map_or_else(
+                    || "<none>".to_string(),
+                    |r| {
+                        let kind = r["kind"].as_str().unwrap_or_default().to_lowercase();
+                        let api_version = r["apiVersion"].as_str().unwrap_or_default();
+                        let name = r["name"].as_str().unwrap_or_default();
+                        match api_version.rsplit_once('/') {
+                            Some((group, _)) => format!("{kind}.{group}/{name}"),
+                            None => format!("{kind}/{name}"),
+                        }
+                    },
+                );
+            vec![
+                json!(name),
+                json!(controller),
+                json!(o["revision"].as_i64().unwrap_or(0)),
+                json!(age),
+            ]
+        }
         "Role" | "ClusterRole" => {
             vec![json!(name), json!(str_at(o, &["metadata", "creationTimestamp"]))]
         }

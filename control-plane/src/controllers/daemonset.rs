@@ -5,8 +5,9 @@
 //! Pods are created as upstream does since 1.12: unbound, with a required node affinity
 //! `matchFields metadata.name In [<node>]` replacing the template's required terms, so the
 //! scheduler binds them (and accounts their resources). The pods' `controller-revision-hash`
-//! label is computed from the template (`hash::compute_hash`); ControllerRevisions are not
-//! written. maxSurge is not implemented (maxUnavailable only).
+//! label is the template's hash (`hash::compute_hash`), and each template is recorded as
+//! the ControllerRevision `<ds>-<hash>` ([`history`]). maxSurge is not implemented
+//! (maxUnavailable only).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use super::Context;
 use super::deployment::scaled_value;
 use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
+use super::history;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
@@ -42,6 +44,12 @@ pub enum Error {
         ds: String,
         #[source]
         source: pods::Error,
+    },
+    #[error("recording the revisions of daemonset {ds}")]
+    History {
+        ds: String,
+        #[source]
+        source: history::Error,
     },
     #[error("updating the status of daemonset {ds}")]
     Status {
@@ -232,6 +240,12 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         pods::claim(&pod_api, ds.as_ref(), Some(&spec.selector), all).await.map_err(perr)?;
     let collision = ds.status.as_ref().and_then(|s| s.collision_count);
     let hash = hash::compute_hash(&spec.template, collision);
+    let herr = |source| Error::History { ds: name.clone(), source };
+    let revisions = if ds.metadata.deletion_timestamp.is_none() {
+        history::record(&ctx.client, ds.as_ref(), &spec.template, &hash).await.map_err(herr)?
+    } else {
+        Vec::new()
+    };
     let min_ready = spec.min_ready_seconds.unwrap_or(0);
     let now = pods::now();
 
@@ -348,6 +362,17 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             }
         }
     }
+
+    // Revisions in use: the current one and those of pods still running.
+    let keep: std::collections::HashSet<String> = owned
+        .iter()
+        .filter(|p| !pods::is_terminating(p))
+        .filter_map(|p| p.labels().get(CONTROLLER_REVISION_HASH))
+        .chain([&hash])
+        .map(|h| format!("{name}-{h}"))
+        .collect();
+    let limit = spec.revision_history_limit.unwrap_or(history::DEFAULT_LIMIT);
+    history::truncate(&ctx.client, &ns, &revisions, &keep, limit).await.map_err(herr)?;
 
     status.number_ready = ready;
     status.number_available = super::omit_zero(available);

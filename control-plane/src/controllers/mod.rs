@@ -16,6 +16,7 @@ pub mod event_ttl;
 pub mod events;
 pub mod garbage_collector;
 pub mod hash;
+pub mod history;
 pub mod informer;
 pub mod job;
 pub mod namespace;

@@ -4,11 +4,13 @@
 //! time) or Parallel management, RollingUpdate in reverse ordinal order down to `partition`
 //! (or OnDelete), and status.
 //!
-//! Simplified against upstream: ControllerRevisions are not served, so the
-//! `controller-revision-hash` label is `<sts>-<hash of the template>` and is computed, not
-//! stored; pods (re)created below the partition therefore get the current template, not the
-//! older revision's. `volumeClaimTemplates` are ignored (no PersistentVolumeClaims are
-//! created), as are `ordinals.start`, `maxUnavailable` and the PVC retention policy.
+//! Each template is recorded as a ControllerRevision `<sts>-<hash>` ([`history`]), which
+//! is the pods' `controller-revision-hash` and `status.currentRevision`/`updateRevision`;
+//! pods (re)created below the partition get the current revision's template.
+//!
+//! Simplified against upstream: `volumeClaimTemplates` are ignored (no
+//! PersistentVolumeClaims are created), as are `ordinals.start`, `maxUnavailable` and the
+//! PVC retention policy.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use kube::runtime::watcher;
 use super::Context;
 use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
+use super::history;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
 
@@ -37,6 +40,12 @@ pub enum Error {
         sts: String,
         #[source]
         source: pods::Error,
+    },
+    #[error("recording the revisions of statefulset {sts}")]
+    History {
+        sts: String,
+        #[source]
+        source: history::Error,
     },
     #[error("updating the status of statefulset {sts}")]
     Status {
@@ -83,7 +92,15 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     let replicas = spec.replicas.unwrap_or(1).max(0);
     let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
     let collision = sts.status.as_ref().and_then(|s| s.collision_count);
-    let update_revision = format!("{name}-{}", hash::compute_hash(&spec.template, collision));
+    let hash = hash::compute_hash(&spec.template, collision);
+    let update_revision = format!("{name}-{hash}");
+    let revisions = if sts.metadata.deletion_timestamp.is_none() {
+        history::record(&ctx.client, sts.as_ref(), &spec.template, &hash)
+            .await
+            .map_err(|source| Error::History { sts: name.clone(), source })?
+    } else {
+        Vec::new()
+    };
     let mut by_ordinal: BTreeMap<i32, &Pod> = BTreeMap::new();
     for p in &owned {
         if let Some(o) = ordinal(&name, &p.name_any()) {
@@ -92,6 +109,20 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     }
     let revision = |p: &Pod| p.labels().get(CONTROLLER_REVISION_HASH).cloned().unwrap_or_default();
 
+    let strategy = spec.update_strategy.as_ref();
+    let rolling =
+        strategy.and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate") == "RollingUpdate";
+    let partition =
+        strategy.and_then(|s| s.rolling_update.as_ref()).and_then(|r| r.partition).unwrap_or(0);
+    // Below the partition pods keep the current revision (upstream's
+    // `newVersionedStatefulSetPod`), when it is recorded.
+    let current = sts
+        .status
+        .as_ref()
+        .and_then(|s| s.current_revision.as_deref())
+        .filter(|c| *c != update_revision)
+        .and_then(|c| revisions.iter().find(|r| r.metadata.name.as_deref() == Some(c)))
+        .and_then(|r| Some((r.name_any(), history::template_of(r)?)));
     let mut steps: Vec<Step<'_>> = Vec::new();
     'plan: {
         if sts.metadata.deletion_timestamp.is_some() {
@@ -134,12 +165,9 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
             }
         }
         // Rolling update: highest ordinal first, one pod at a time, down to the partition.
-        let strategy = spec.update_strategy.as_ref();
-        if strategy.and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate") != "RollingUpdate" {
+        if !rolling {
             break 'plan;
         }
-        let partition =
-            strategy.and_then(|s| s.rolling_update.as_ref()).and_then(|r| r.partition).unwrap_or(0);
         for o in (partition.max(0)..replicas).rev() {
             let Some(p) = by_ordinal.get(&o) else { break 'plan };
             if revision(p) != update_revision && !pods::is_terminating(p) {
@@ -157,14 +185,18 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
             Step::Create(o) => {
                 let pod_name = format!("{name}-{o}");
                 let index = o.to_string();
+                let (revision, template) = match &current {
+                    Some((revision, template)) if rolling && o < partition => (revision, template),
+                    _ => (&update_revision, &spec.template),
+                };
                 let labels = [
-                    (CONTROLLER_REVISION_HASH, update_revision.as_str()),
+                    (CONTROLLER_REVISION_HASH, revision.as_str()),
                     (POD_NAME_LABEL, pod_name.as_str()),
                     (POD_INDEX_LABEL, index.as_str()),
                 ];
                 let mut pod = pods::pod_from_template(
                     sts.as_ref(),
-                    &spec.template,
+                    template,
                     PodName::Fixed(&pod_name),
                     &labels,
                 );
@@ -200,6 +232,12 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
         Some(c) if updated < replicas || count(&|_| true) != replicas => c,
         _ => update_revision.clone(),
     };
+    let mut keep: std::collections::HashSet<String> = live.iter().map(|p| revision(p)).collect();
+    keep.extend([current_revision.clone(), update_revision.clone()]);
+    let limit = spec.revision_history_limit.unwrap_or(history::DEFAULT_LIMIT);
+    history::truncate(&ctx.client, &ns, &revisions, &keep, limit)
+        .await
+        .map_err(|source| Error::History { sts: name.clone(), source })?;
     let status = StatefulSetStatus {
         observed_generation: sts.metadata.generation,
         replicas: count(&|_| true),

@@ -1008,3 +1008,164 @@ async fn a_replicaset_created_empty_records_no_scale_up() {
     let messages = messages().await;
     assert!(!messages.iter().any(|m| m.ends_with("from 0 to 0")), "{messages:?}");
 }
+
+/// The owner's ControllerRevisions as (revision, image of the template it restores),
+/// oldest first.
+async fn revisions_of(h: &Harness, owner: &str) -> Vec<(i64, String)> {
+    use k8s_openapi::api::apps::v1::ControllerRevision;
+    let mut revisions: Vec<(i64, String)> = h
+        .api::<ControllerRevision>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| pods::controller_ref(&r.metadata).is_some_and(|o| o.name == owner))
+        .map(|r| {
+            let template = super::history::template_of(&r).expect("data restores a template");
+            let image = template.spec.and_then(|s| s.containers.first()?.image.clone());
+            (r.revision, image.unwrap_or_default())
+        })
+        .collect();
+    revisions.sort();
+    revisions
+}
+
+/// A DaemonSet records each template as a ControllerRevision (what `kubectl rollout
+/// history` lists and `rollout undo` applies): a new template is the next revision, going
+/// back renumbers the old one as the newest, and revisionHistoryLimit drops unused ones.
+#[tokio::test(start_paused = true)]
+async fn daemonset_templates_are_controller_revisions() {
+    use k8s_openapi::api::apps::v1::ControllerRevision;
+    let h = Harness::start(&["n1"]).await;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "default",
+                     "annotations": {"kubernetes.io/change-cause": "first"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<DaemonSet>();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("daemonset on 1 node", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 1))
+    })
+    .await;
+    let set_image = |image: &str| {
+        let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}});
+        let api = api.clone();
+        async move {
+            api.patch("agent", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap()
+        }
+    };
+    let rolled = |image: &'static str| {
+        let api = api.clone();
+        let h = &h;
+        move || {
+            let api = api.clone();
+            async move {
+                api.get("agent").await.is_ok_and(|d| ds_settled(&d, 1))
+                    && h.pods()
+                        .await
+                        .iter()
+                        .filter(|p| pods::is_active(p))
+                        .all(|p| image_of(p) == image)
+            }
+        }
+    };
+    set_image("agent:2").await;
+    wait_for("rolled to agent:2", rolled("agent:2")).await;
+    assert_eq!(revisions_of(&h, "agent").await, [(1, "agent:1".into()), (2, "agent:2".into())]);
+    // The revision is named after the hash its pods carry and labelled for the selector.
+    let pod = h.pods().await.into_iter().find(pods::is_active).unwrap();
+    let hash = pod.labels()["controller-revision-hash"].clone();
+    let current = h.api::<ControllerRevision>().get(&format!("agent-{hash}")).await.unwrap();
+    assert_eq!(current.revision, 2);
+    assert_eq!(current.labels().get("app").map(String::as_str), Some("agent"));
+    assert_eq!(current.labels().get("controller-revision-hash"), Some(&hash));
+    assert_eq!(
+        current.annotations().get("kubernetes.io/change-cause").map(String::as_str),
+        Some("first")
+    );
+
+    // Back to agent:1 (what `rollout undo` does): its revision becomes 3, nothing new.
+    set_image("agent:1").await;
+    wait_for("rolled back to agent:1", rolled("agent:1")).await;
+    assert_eq!(revisions_of(&h, "agent").await, [(2, "agent:2".into()), (3, "agent:1".into())]);
+
+    // A limit of 0 keeps only what pods use.
+    let patch = json!({"spec": {"revisionHistoryLimit": 0}});
+    api.patch("agent", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for("unused revisions dropped", || async {
+        revisions_of(&h, "agent").await == [(3, "agent:1".to_string())]
+    })
+    .await;
+}
+
+/// Pods of a StatefulSet below the partition are recreated from the current revision's
+/// template, not the update's (upstream's `newVersionedStatefulSetPod`).
+#[tokio::test(start_paused = true)]
+async fn statefulset_pods_below_the_partition_keep_the_current_revision() {
+    let h = Harness::start(&["n1"]).await;
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {"containers": [{"name": "c", "image": "db:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.unwrap();
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "db:2"}]}}}});
+    api.patch("db", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    let pods_api = h.api::<Pod>();
+    let image = |name: &'static str| {
+        let pods_api = pods_api.clone();
+        async move {
+            pods_api
+                .get(name)
+                .await
+                .ok()
+                .filter(|p| pods::is_active(p) && pods::is_ready(p))
+                .map(|p| image_of(&p))
+        }
+    };
+    wait_for("db-1 updated", || async { image("db-1").await.as_deref() == Some("db:2") }).await;
+    assert_eq!(image("db-0").await.as_deref(), Some("db:1"), "below the partition");
+    let status = api.get("db").await.unwrap().status.unwrap();
+    assert_ne!(status.current_revision, status.update_revision);
+    assert_eq!(revisions_of(&h, "db").await, [(1, "db:1".into()), (2, "db:2".into())]);
+
+    // db-0 lost: it comes back on the current revision.
+    let old_uid = pods_api.get("db-0").await.unwrap().metadata.uid;
+    pods_api.delete("db-0", &DeleteParams::default()).await.unwrap();
+    wait_for("db-0 recreated", || async {
+        pods_api
+            .get("db-0")
+            .await
+            .is_ok_and(|p| p.metadata.uid != old_uid && pods::is_active(&p) && pods::is_ready(&p))
+    })
+    .await;
+    let db0 = pods_api.get("db-0").await.unwrap();
+    assert_eq!(image_of(&db0), "db:1");
+    assert_eq!(
+        db0.labels().get("controller-revision-hash"),
+        status.current_revision.as_ref(),
+        "labelled with the current revision"
+    );
+}

@@ -3,7 +3,8 @@
 //! preparation and `pkg/apis/apps/validation`.
 
 use k8s_openapi::api::apps::v1::{
-    DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, ReplicaSet, StatefulSet,
+    ControllerRevision, DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy,
+    ReplicaSet, StatefulSet,
 };
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
@@ -293,6 +294,21 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
                         "updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden",
                     ));
                 }
+            }
+            errs
+        }),
+        // `ValidateControllerRevisionCreate` / `...Update`.
+        "ControllerRevision" => run::<ControllerRevision>(new, old, |n, o| {
+            let mut errs = validate_meta(gvk(kind), &n.metadata, o.map(|o| &o.metadata));
+            if n.data.is_none() {
+                errs.push(FieldError::required(&Path::root("data"), "data is mandatory"));
+            }
+            nonnegative(&mut errs, Some(n.revision), &Path::root("revision"));
+            if let Some(o) = o
+                && n.data != o.data
+            {
+                let data = n.data.as_ref().map(|d| d.0.clone()).unwrap_or_default();
+                errs.push(FieldError::invalid(&Path::root("data"), &data, FIELD_IMMUTABLE));
             }
             errs
         }),

@@ -113,6 +113,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet") => {
             k(true, Subdomain, true, true)
         }
+        ("apps", "ControllerRevision") => k(true, Subdomain, false, false),
         ("autoscaling", "Scale") => k(true, Subdomain, false, false),
         ("batch", "Job") => k(true, Subdomain, true, true),
         ("discovery.k8s.io", "EndpointSlice") => k(true, Subdomain, false, false),
@@ -139,6 +140,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("", "Secret") => core::default_secret(o),
         ("", "Node") => core::default_node(o),
         ("", "Endpoints") => core::default_endpoints(o),
+        ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::default_workload(gvk.kind, o),
         ("batch", "Job") => batch::default_job(o),
         ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
@@ -168,6 +170,7 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
             o.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
             service::normalize_cluster_ips_create(o);
         }
+        ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
         _ => {}

@@ -14,6 +14,8 @@ pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
     ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration", &[(1, "metadata"), (2, "webhooks")]),
     ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfigurationList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.api.admissionregistration.v1.WebhookClientConfig", &[(3, "url"), (1, "service"), (2, "caBundle")]),
+    ("io.k8s.api.apps.v1.ControllerRevision", &[(1, "metadata"), (2, "data"), (3, "revision")]),
+    ("io.k8s.api.apps.v1.ControllerRevisionList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.api.apps.v1.DaemonSet", &[(1, "metadata"), (2, "spec"), (3, "status")]),
     ("io.k8s.api.apps.v1.DaemonSetCondition", &[(1, "type"), (2, "status"), (3, "lastTransitionTime"), (4, "reason"), (5, "message")]),
     ("io.k8s.api.apps.v1.DaemonSetList", &[(1, "metadata"), (2, "items")]),

@@ -76,6 +76,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<apps::v1::ReplicaSet>(g, true),
         kind::<apps::v1::DaemonSet>(g, true),
         kind::<apps::v1::StatefulSet>(g, true),
+        kind::<apps::v1::ControllerRevision>(g, true),
         kind::<autoscaling::v1::Scale>(g, false),
         kind::<policy::v1::Eviction>(g, false),
         kind::<batch::v1::Job>(g, true),
