@@ -176,6 +176,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);
+    api.spawn_bootstrap_repair(config.api.bootstrap_repair_interval);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen { addr: config.listen, source })?;

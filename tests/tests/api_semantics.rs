@@ -865,3 +865,53 @@ async fn evictions_and_protobuf_delete_options() {
     assert_eq!(code, 200, "{p}");
     assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 3, "{p}");
 }
+
+/// default, kube-system and kube-public may not be deleted (upstream's NamespaceLifecycle);
+/// a deleted `kubernetes` Service or kube-node-lease comes back (upstream's
+/// kubernetes-service and system-namespaces controllers).
+#[tokio::test]
+async fn system_namespaces_and_the_kubernetes_service_stay() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = skiff_control_plane::server::ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        // The namespace controller finishes kube-node-lease's deletion.
+        controllers: Some(Default::default()),
+        ..Default::default()
+    };
+    config.api.bootstrap_repair_interval = Duration::from_millis(200);
+    let server = TestServer::start_with(dir, config);
+    let c = client(&server).await;
+    for ns in ["default", "kube-system", "kube-public"] {
+        for query in ["", "?dryRun=All"] {
+            let path = format!("/api/v1/namespaces/{ns}{query}");
+            let (code, s) = call(&c, "DELETE", &path, JSON, None).await;
+            assert_eq!((code, s["reason"].as_str()), (403, Some("Forbidden")), "{s}");
+            assert_eq!(
+                s["message"],
+                format!("namespaces \"{ns}\" is forbidden: this namespace may not be deleted")
+            );
+        }
+    }
+    let (_, before) =
+        call(&c, "GET", "/api/v1/namespaces/default/services/kubernetes", JSON, None).await;
+    let (code, _) =
+        call(&c, "DELETE", "/api/v1/namespaces/default/services/kubernetes", JSON, None).await;
+    assert_eq!(code, 200);
+    let (code, _) = call(&c, "DELETE", "/api/v1/namespaces/kube-node-lease", JSON, None).await;
+    assert_eq!(code, 200);
+    let mut back = Value::Null;
+    for _ in 0..100 {
+        let (svc, s) =
+            call(&c, "GET", "/api/v1/namespaces/default/services/kubernetes", JSON, None).await;
+        let (ns, n) = call(&c, "GET", "/api/v1/namespaces/kube-node-lease", JSON, None).await;
+        if svc == 200 && ns == 200 && n["status"]["phase"] == "Active" {
+            back = s;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(back["metadata"]["uid"], before["metadata"]["uid"], "re-created: {back}");
+    assert_eq!(back["spec"]["clusterIP"], before["spec"]["clusterIP"]);
+    assert_eq!(back["spec"]["ports"], before["spec"]["ports"]);
+}

@@ -1489,6 +1489,9 @@ fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
     }
 }
 
+/// Namespaces that may not be deleted (upstream's NamespaceLifecycle admission).
+const IMMORTAL_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
+
 async fn delete(
     server: &ApiServer,
     rt: &ResourceType,
@@ -1523,6 +1526,12 @@ async fn delete(
             ),
             vec![],
         ));
+    }
+    if rt.kind() == "Namespace" && rt.group().is_empty() && IMMORTAL_NAMESPACES.contains(&name) {
+        return Err(ApiError::forbidden(format!(
+            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+        ))
+        .with_details(rt.group(), rt.plural(), name));
     }
     if rt.kind() == "PriorityClass"
         && admission::SYSTEM_PRIORITY_CLASSES.iter().any(|(system, _, _)| *system == name)

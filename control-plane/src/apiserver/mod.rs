@@ -63,6 +63,9 @@ pub struct ApiConfig {
     /// How often store history is compacted to the revision seen one period earlier
     /// (upstream's --etcd-compaction-interval, 5 minutes).
     pub compaction_interval: Duration,
+    /// How often the system namespaces and the `kubernetes` Service are re-created if
+    /// deleted (upstream's kubernetes-service controller, 10 s).
+    pub bootstrap_repair_interval: Duration,
     /// How pods/log and pods/exec reach the agents (the apiserver's client certificate);
     /// without it those subresources answer 503.
     pub kubelet_client: Option<proxy::KubeletClient>,
@@ -81,6 +84,7 @@ impl Default for ApiConfig {
             default_watch_timeout: Duration::from_secs(1800),
             watch_history: 10_000,
             compaction_interval: Duration::from_secs(300),
+            bootstrap_repair_interval: Duration::from_secs(10),
             kubelet_client: None,
             audit: audit::AuditConfig::default(),
             auth: authn::AuthConfig::default(),
@@ -254,6 +258,22 @@ impl ApiServer {
             })
             .service(self.router());
         kube::Client::new(service, "default")
+    }
+
+    /// Re-create what [`ApiServer::bootstrap`] creates when it goes missing (someone ran
+    /// `kubectl delete all --all`, or deleted kube-node-lease), every `every`: upstream's
+    /// kubernetes-service and system-namespaces controllers.
+    pub fn spawn_bootstrap_repair(self: &Arc<Self>, every: Duration) {
+        let server = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(server) = server.upgrade() else { return };
+                if let Err(e) = server.bootstrap().await {
+                    tracing::warn!(error = %e, "re-creating the system namespaces and the kubernetes Service");
+                }
+            }
+        });
     }
 
     /// Periodic compaction of store history (upstream: every 5 minutes).
