@@ -169,6 +169,12 @@ fn walkthrough(minor: u32) {
     );
     assert!(text.contains("0/5"), "watch shows the new replica count:\n{text}");
     assert_eq!(json(&k, &["get", "deployment", "web"])["spec"]["replicas"], 5);
+    // get --subresource=scale prints the Scale's Table.
+    let scale = k.ok(&["get", "deployment", "web", "--subresource=scale"]);
+    let header: Vec<&str> = scale.lines().next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(header, ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{scale}");
+    let row: Vec<&str> = scale.lines().nth(1).unwrap_or("").split_whitespace().collect();
+    assert_eq!(row[..3], ["web", "5", "0"], "{scale}");
 
     // Errors are Status objects kubectl prints.
     let err = k.fails(&["get", "deployment", "nope"]);

@@ -67,7 +67,7 @@ pub async fn resource(
         }
         (Verb::Get, Some(name), Some("scale")) => {
             let (obj, _) = get_object(server, rt, ns, name).await?;
-            Ok(json_response(StatusCode::OK, &to_scale(&obj)))
+            Ok(render_scale(to_scale(&obj), output))
         }
         (Verb::List, None, None) => list(server, rt, ns, &query, output).await,
         (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
@@ -98,7 +98,7 @@ pub async fn resource(
         }
         (Verb::Update | Verb::Patch, Some(name), Some("scale")) => {
             let obj = scale(server, rt, ns, name, info.verb, &query, &headers, &body).await?;
-            Ok(json_response(StatusCode::OK, &obj))
+            Ok(render_scale(obj, output))
         }
         (Verb::Patch, Some(name), sub @ (None | Some("status"))) => {
             let (obj, code, warnings) =
@@ -138,6 +138,20 @@ fn render_object(rt: &ResourceType, obj: Value, output: Output) -> Response {
             json_response(StatusCode::OK, &partial_metadata(&obj, version))
         }
         Output::Json => json_response(StatusCode::OK, &obj),
+    }
+}
+
+/// A Scale subresource body, as a Table when asked for one.
+fn render_scale(scale: Value, output: Output) -> Response {
+    match output {
+        Output::Table(version) => json_response(
+            StatusCode::OK,
+            &table::table_of("Scale", std::slice::from_ref(&scale), version, None, true),
+        ),
+        Output::Metadata(version) => {
+            json_response(StatusCode::OK, &partial_metadata(&scale, version))
+        }
+        Output::Json => json_response(StatusCode::OK, &scale),
     }
 }
 

@@ -232,6 +232,23 @@ fn columns(kind: &str) -> Vec<Col> {
             AGE,
         ],
         "Lease" => vec![NAME, col("Holder", "string", 0, "The holder of the lease."), AGE],
+        // Upstream's Scale Name column has no "name" format.
+        "Scale" => vec![
+            Col { format: "", ..NAME },
+            col(
+                "Desired",
+                "integer",
+                0,
+                "replicas is the desired number of instances for the scaled object.",
+            ),
+            col(
+                "Available",
+                "integer",
+                0,
+                "replicas is the actual number of observed instances of the scaled object.",
+            ),
+            AGE,
+        ],
         "ControllerRevision" => vec![
             NAME,
             col("Controller", "string", 0, "Controller of the object"),
@@ -298,7 +315,18 @@ pub fn table(
     rv: Option<&str>,
     include_columns: bool,
 ) -> Value {
-    let cols = columns(rt.kind());
+    table_of(rt.kind(), objects, version, rv, include_columns)
+}
+
+/// [`table`] of objects of `kind` (a subresource's, such as `Scale`).
+pub fn table_of(
+    kind: &str,
+    objects: &[Value],
+    version: &str,
+    rv: Option<&str>,
+    include_columns: bool,
+) -> Value {
+    let cols = columns(kind);
     let defs: Vec<Value> = if include_columns {
         cols.iter()
             .map(|c| {
@@ -311,7 +339,7 @@ pub fn table(
     let now = chrono::Utc::now();
     let rows: Vec<Value> = objects
         .iter()
-        .map(|o| json!({"cells": cells(rt.kind(), o, now), "object": partial_metadata(o, version)}))
+        .map(|o| json!({"cells": cells(kind, o, now), "object": partial_metadata(o, version)}))
         .collect();
     let mut t = json!({
         "kind": "Table",
@@ -568,6 +596,12 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
             ]
         }
         "Lease" => vec![json!(name), json!(str_at(o, &["spec", "holderIdentity"])), json!(age)],
+        "Scale" => vec![
+            json!(name),
+            json!(o.at(&["spec", "replicas"]).and_then(Value::as_i64).unwrap_or(0)),
+            json!(o.at(&["status", "replicas"]).and_then(Value::as_i64).unwrap_or(0)),
+            json!(age),
+        ],
         "ControllerRevision" => {
             // `<kind>.<group>/<name>` of the controller, as `formatResourceName` prints it.
             let controller = arr(o, &["metadata", "ownerReferences"])
@@ -913,6 +947,25 @@ mod tests {
             cells("PriorityClass", &bare, now),
             [json!("low"), json!(0), json!(false), json!("90s"), json!("")]
         );
+    }
+
+    #[test]
+    fn scales_show_desired_and_available() {
+        assert_eq!(
+            header("Scale"),
+            [
+                ("Name", "string"),
+                ("Desired", "integer"),
+                ("Available", "integer"),
+                ("Age", "string")
+            ]
+        );
+        assert_eq!(columns("Scale")[0].format, "", "upstream's Scale Name has no format");
+        let now = chrono::Utc::now();
+        let created = (now - chrono::Duration::seconds(3)).to_rfc3339();
+        let scale = json!({"metadata": {"name": "web", "creationTimestamp": created},
+            "spec": {"replicas": 5}, "status": {"replicas": 2, "selector": "app=web"}});
+        assert_eq!(cells("Scale", &scale, now), [json!("web"), json!(5), json!(2), json!("3s")]);
     }
 
     #[test]
