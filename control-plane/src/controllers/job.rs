@@ -1,5 +1,6 @@
-//! The Job controller (NonIndexed completion mode): runs up to `parallelism` pods until
-//! `completions` succeeded, fails the Job when failures exceed `backoffLimit` or it ran past
+//! The Job controller: runs up to `parallelism` pods until `completions` succeeded (in
+//! Indexed mode: until each index 0..completions has a succeeded pod, see [`indexed`]),
+//! fails the Job when failures exceed `backoffLimit` or it ran past
 //! `activeDeadlineSeconds`, and deletes finished Jobs after `ttlSecondsAfterFinished` (the
 //! TTL-after-finished controller's job, done here). Conditions follow 1.33: first
 //! `SuccessCriteriaMet`/`FailureTarget`, then — once no pod is left running — `Complete`
@@ -8,9 +9,10 @@
 //! Simplified against upstream: no `batch.kubernetes.io/job-tracking` pod finalizers and no
 //! `uncountedTerminatedPods` bookkeeping: the counters are the finished pods present, kept
 //! monotonic by taking the maximum with the previous status (the controller itself deletes
-//! no finished pod). No exponential delay before recreating failed pods, no Indexed mode,
+//! no finished pod). No exponential delay before recreating failed pods, no
 //! podFailurePolicy, successPolicy or backoffLimitPerIndex; `suspend` deletes active pods.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +51,94 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+}
+
+/// Indexed completion mode, as upstream's `indexed_job_utils`.
+pub mod indexed {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::core::v1::{
+        EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodTemplateSpec,
+    };
+
+    /// The annotation and label that carry a pod's completion index.
+    pub const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+    /// The environment variable every container gets the index in.
+    pub const INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+
+    /// A pod's completion index, from its annotation.
+    pub fn index_of(pod: &Pod) -> Option<i32> {
+        pod.metadata.annotations.as_ref()?.get(INDEX_KEY)?.parse().ok().filter(|i: &i32| *i >= 0)
+    }
+
+    /// The template for index `i` of job `job`: the index annotation and label, hostname
+    /// `<job>-<i>`, and `JOB_COMPLETION_INDEX` (from the annotation, through the downward
+    /// API) in every container that does not define it.
+    pub fn template_for(template: &PodTemplateSpec, job: &str, i: i32) -> PodTemplateSpec {
+        let mut t = template.clone();
+        let meta = t.metadata.get_or_insert_with(Default::default);
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert(INDEX_KEY.into(), i.to_string());
+        meta.labels.get_or_insert_with(Default::default).insert(INDEX_KEY.into(), i.to_string());
+        let spec = t.spec.get_or_insert_with(Default::default);
+        spec.hostname = Some(format!("{job}-{i}"));
+        let env = EnvVar {
+            name: INDEX_ENV.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: Some("v1".into()),
+                    field_path: format!("metadata.annotations['{INDEX_KEY}']"),
+                }),
+                ..Default::default()
+            }),
+        };
+        let init = spec.init_containers.iter_mut().flatten();
+        for c in spec.containers.iter_mut().chain(init) {
+            let vars = c.env.get_or_insert_with(Vec::new);
+            if !vars.iter().any(|v| v.name == INDEX_ENV) {
+                vars.push(env.clone());
+            }
+        }
+        t
+    }
+
+    /// Parse `status.completedIndexes` ("1,3-5,7").
+    pub fn parse(s: &str) -> BTreeSet<i32> {
+        let mut out = BTreeSet::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
+                        out.extend(a..=b);
+                    }
+                }
+                None => out.extend(part.parse::<i32>().ok()),
+            }
+        }
+        out
+    }
+
+    /// Format completed indexes as upstream: runs of three or more as `a-b`, two as `a,b`.
+    pub fn format(indexes: &BTreeSet<i32>) -> String {
+        let mut runs: Vec<(i32, i32)> = Vec::new();
+        for &i in indexes {
+            match runs.last_mut() {
+                Some((_, last)) if *last + 1 == i => *last = i,
+                _ => runs.push((i, i)),
+            }
+        }
+        let parts: Vec<String> = runs
+            .into_iter()
+            .map(|(a, b)| match b - a {
+                0 => a.to_string(),
+                1 => format!("{a},{b}"),
+                _ => format!("{a}-{b}"),
+            })
+            .collect();
+        parts.join(",")
+    }
 }
 
 /// Run the Job controller until the future is dropped.
@@ -157,7 +247,35 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let all = pods::list_pods(&pod_api, &ns).await.map_err(perr)?;
     let owned =
         pods::claim(&pod_api, job.as_ref(), spec.selector.as_ref(), all).await.map_err(perr)?;
-    let active: Vec<&Pod> = owned.iter().filter(|p| pods::is_active(p)).collect();
+    let is_indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    let completions = spec.completions.unwrap_or(0);
+    // Indexed: the completed indexes (the previous status's too: their pods may be gone).
+    let mut completed: BTreeSet<i32> = BTreeSet::new();
+    if is_indexed {
+        completed.extend(indexed::parse(old.completed_indexes.as_deref().unwrap_or_default()));
+        completed.extend(
+            owned
+                .iter()
+                .filter(|p| pods::phase(p) == "Succeeded")
+                .filter_map(indexed::index_of)
+                .filter(|i| *i < completions),
+        );
+    }
+    let mut active: Vec<&Pod> = owned.iter().filter(|p| pods::is_active(p)).collect();
+    // Indexed: an active pod without a pending index of its own (none, out of range,
+    // completed, or a second pod for it) is deleted.
+    let mut surplus: Vec<&Pod> = Vec::new();
+    if is_indexed {
+        let mut seen = BTreeSet::new();
+        active.retain(|p| {
+            let keep = indexed::index_of(p)
+                .is_some_and(|i| i < completions && !completed.contains(&i) && seen.insert(i));
+            if !keep {
+                surplus.push(p);
+            }
+            keep
+        });
+    }
     let count = |f: &dyn Fn(&Pod) -> bool| {
         i32::try_from(owned.iter().filter(|p| f(p)).count()).unwrap_or(i32::MAX)
     };
@@ -173,7 +291,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     } else {
         0
     };
-    let succeeded = count(&|p| pods::phase(p) == "Succeeded").max(old.succeeded.unwrap_or(0));
+    let succeeded = if is_indexed {
+        i32::try_from(completed.len()).unwrap_or(i32::MAX)
+    } else {
+        count(&|p| pods::phase(p) == "Succeeded").max(old.succeeded.unwrap_or(0))
+    };
     let failed_pods = count(&|p| pods::phase(p) == "Failed").max(old.failed.unwrap_or(0));
     let mut status = JobStatus {
         start_time: old.start_time.clone(),
@@ -181,6 +303,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         failed: super::omit_zero(failed_pods),
         conditions: old.conditions.clone(),
         uncounted_terminated_pods: Some(UncountedTerminatedPods::default()),
+        completed_indexes: (is_indexed && !completed.is_empty())
+            .then(|| indexed::format(&completed)),
         ..Default::default()
     };
     let suspended = spec.suspend == Some(true);
@@ -229,6 +353,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let target = want_active.unwrap_or(0);
     let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
+    for pod in &surplus {
+        pods::delete_pod(&pod_api, pod).await.map_err(perr)?;
+        let msg = format!("Deleted pod: {}", pod.name_any());
+        ctx.recorder.record(job.as_ref(), EventType::Normal, "SuccessfulDelete", &msg).await;
+    }
     if active_n > target {
         let mut victims = active.clone();
         victims.sort_by(|a, b| pods::deletion_order(a, b));
@@ -238,14 +367,36 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             ctx.recorder.record(job.as_ref(), EventType::Normal, "SuccessfulDelete", &msg).await;
         }
     } else if active_n < target {
-        let pod = pods::pod_from_template(
-            job.as_ref(),
-            &spec.template,
-            PodName::Generate(&format!("{name}-")),
-            &[],
-        );
-        for _ in 0..(target - active_n) {
-            if let Some(p) = pods::create_pod(&pod_api, &name, &pod).await.map_err(perr)? {
+        let missing = usize::try_from(target - active_n).unwrap_or(0);
+        let new_pods: Vec<Pod> = if is_indexed {
+            // The lowest pending indexes.
+            let running: BTreeSet<i32> =
+                active.iter().filter_map(|p| indexed::index_of(p)).collect();
+            (0..completions)
+                .filter(|i| !completed.contains(i) && !running.contains(i))
+                .take(missing)
+                .map(|i| {
+                    let template = indexed::template_for(&spec.template, &name, i);
+                    let prefix = format!("{name}-{i}-");
+                    pods::pod_from_template(
+                        job.as_ref(),
+                        &template,
+                        PodName::Generate(&prefix),
+                        &[],
+                    )
+                })
+                .collect()
+        } else {
+            let pod = pods::pod_from_template(
+                job.as_ref(),
+                &spec.template,
+                PodName::Generate(&format!("{name}-")),
+                &[],
+            );
+            vec![pod; missing]
+        };
+        for pod in &new_pods {
+            if let Some(p) = pods::create_pod(&pod_api, &name, pod).await.map_err(perr)? {
                 let msg = format!("Created pod: {}", p.name_any());
                 ctx.recorder
                     .record(job.as_ref(), EventType::Normal, "SuccessfulCreate", &msg)
@@ -299,6 +450,44 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn completed_indexes_read_and_print_as_upstream() {
+        let set = |v: &[i32]| v.iter().copied().collect::<BTreeSet<i32>>();
+        assert_eq!(indexed::format(&set(&[])), "");
+        assert_eq!(indexed::format(&set(&[1])), "1");
+        assert_eq!(indexed::format(&set(&[1, 2])), "1,2");
+        assert_eq!(indexed::format(&set(&[0, 1, 2, 4, 6, 7, 8, 9])), "0-2,4,6-9");
+        assert_eq!(indexed::parse("0-2,4,6-9"), set(&[0, 1, 2, 4, 6, 7, 8, 9]));
+        assert_eq!(indexed::parse("1,2"), set(&[1, 2]));
+        assert_eq!(indexed::parse(""), set(&[]));
+    }
+
+    #[test]
+    fn indexed_pods_carry_their_index() {
+        let template: k8s_openapi::api::core::v1::PodTemplateSpec = serde_json::from_value(
+            serde_json::json!({"spec": {
+                "initContainers": [{"name": "i", "env": [{"name": "JOB_COMPLETION_INDEX", "value": "mine"}]}],
+                "containers": [{"name": "c"}],
+            }}),
+        )
+        .unwrap();
+        let t = indexed::template_for(&template, "train", 4);
+        let meta = t.metadata.unwrap();
+        assert_eq!(meta.annotations.unwrap()[indexed::INDEX_KEY], "4");
+        assert_eq!(meta.labels.unwrap()[indexed::INDEX_KEY], "4");
+        let spec = t.spec.unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some("train-4"));
+        let env = &spec.containers[0].env.as_ref().unwrap()[0];
+        assert_eq!(env.name, "JOB_COMPLETION_INDEX");
+        assert_eq!(
+            env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path,
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        );
+        let init_env = spec.init_containers.unwrap()[0].env.clone().unwrap();
+        assert_eq!(init_env.len(), 1, "a container's own JOB_COMPLETION_INDEX is kept");
+        assert_eq!(init_env[0].value.as_deref(), Some("mine"));
+    }
 
     #[test]
     fn decisions() {

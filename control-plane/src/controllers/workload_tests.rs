@@ -1169,3 +1169,40 @@ async fn statefulset_pods_below_the_partition_keep_the_current_revision() {
         "labelled with the current revision"
     );
 }
+
+/// An Indexed Job runs one pod per index (at most `parallelism` at once), each carrying its
+/// index (annotation, label, hostname, JOB_COMPLETION_INDEX), and completes when every index
+/// has succeeded, listing them in `completedIndexes`.
+#[tokio::test(start_paused = true)]
+async fn indexed_job_runs_each_index_once() {
+    let h = Harness::start(&["n1"]).await;
+    let mut j = job("ix", 4, 2, 0, "succeed");
+    j.spec.as_mut().unwrap().completion_mode = Some("Indexed".into());
+    let (max_active, _w) = watch_max_active(h.client.clone(), "ix");
+    let api = h.api::<Job>();
+    api.create(&PostParams::default(), &j).await.unwrap();
+    wait_for("Complete", || async {
+        api.get("ix").await.is_ok_and(|j| job_condition(&j, "Complete").is_some())
+    })
+    .await;
+    let status = api.get("ix").await.unwrap().status.unwrap();
+    assert_eq!(status.succeeded, Some(4));
+    assert_eq!(status.completed_indexes.as_deref(), Some("0-3"));
+    assert!(*max_active.lock().unwrap() <= 2, "parallelism 2");
+    let mut indexes: Vec<i32> = Vec::new();
+    for p in h.pods().await {
+        let i = super::job::indexed::index_of(&p).expect("an index annotation");
+        assert!(p.name_any().starts_with(&format!("ix-{i}-")), "{}", p.name_any());
+        assert_eq!(
+            p.labels().get("batch.kubernetes.io/job-completion-index"),
+            Some(&i.to_string())
+        );
+        let spec = p.spec.unwrap();
+        assert_eq!(spec.hostname, Some(format!("ix-{i}")));
+        let env = spec.containers[0].env.clone().unwrap_or_default();
+        assert!(env.iter().any(|e| e.name == "JOB_COMPLETION_INDEX"), "{env:?}");
+        indexes.push(i);
+    }
+    indexes.sort();
+    assert_eq!(indexes, [0, 1, 2, 3], "each index ran once");
+}
