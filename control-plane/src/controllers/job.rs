@@ -9,8 +9,9 @@
 //! Simplified against upstream: no `batch.kubernetes.io/job-tracking` pod finalizers and no
 //! `uncountedTerminatedPods` bookkeeping: the counters are the finished pods present, kept
 //! monotonic by taking the maximum with the previous status (the controller itself deletes
-//! no finished pod). No exponential delay before recreating failed pods, no
-//! podFailurePolicy, successPolicy or backoffLimitPerIndex; `suspend` deletes active pods.
+//! no finished pod). Failed pods are replaced after upstream's exponential backoff
+//! ([`backoff_remaining`]). No podFailurePolicy, successPolicy or backoffLimitPerIndex;
+//! `suspend` deletes active pods.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -139,6 +140,53 @@ pub mod indexed {
             .collect();
         parts.join(",")
     }
+}
+
+/// Upstream's pod failure backoff: 10 s after the first failure since the last success,
+/// doubling with each further one, at most 10 minutes.
+const BACKOFF_BASE: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// When a finished pod finished (upstream's `getFinishedTime`): its Ready=False transition,
+/// else its last container's finish, else its deletion, else its creation.
+fn finish_time(pod: &Pod) -> Option<Timestamp> {
+    let status = pod.status.as_ref();
+    let not_ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "False"))
+        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0));
+    let containers = || {
+        status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref().map(|t| t.0)
+            })
+            .max()
+    };
+    not_ready
+        .or_else(containers)
+        .or_else(|| pod.metadata.deletion_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// How long to wait before creating pods to replace failed ones (upstream's
+/// `backoffRecord.getRemainingTime`): zero when no pod failed since the last success.
+pub fn backoff_remaining(pods: &[Pod], now: Timestamp) -> Duration {
+    fn finished<'a>(all: &'a [Pod], phase: &'static str) -> impl Iterator<Item = Timestamp> + 'a {
+        all.iter().filter(move |p| pods::phase(p) == phase).filter_map(finish_time)
+    }
+    let last_success = finished(pods, "Succeeded").max();
+    let failures: Vec<Timestamp> =
+        finished(pods, "Failed").filter(|t| last_success.is_none_or(|s| *t > s)).collect();
+    let Some(last) = failures.iter().max() else {
+        return Duration::ZERO;
+    };
+    let doublings = u32::try_from(failures.len() - 1).unwrap_or(u32::MAX).min(16);
+    let backoff = BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_MAX);
+    let elapsed = Duration::try_from(last.duration_until(now)).unwrap_or(Duration::ZERO);
+    backoff.saturating_sub(elapsed)
 }
 
 /// Run the Job controller until the future is dropped.
@@ -353,6 +401,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let target = want_active.unwrap_or(0);
     let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
+    // Replacements for failed pods wait out the backoff.
+    let backoff = if active_n < target { backoff_remaining(&owned, now) } else { Duration::ZERO };
     for pod in &surplus {
         pods::delete_pod(&pod_api, pod).await.map_err(perr)?;
         let msg = format!("Deleted pod: {}", pod.name_any());
@@ -366,7 +416,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             let msg = format!("Deleted pod: {}", pod.name_any());
             ctx.recorder.record(job.as_ref(), EventType::Normal, "SuccessfulDelete", &msg).await;
         }
-    } else if active_n < target {
+    } else if active_n < target && backoff.is_zero() {
         let missing = usize::try_from(target - active_n).unwrap_or(0);
         let new_pods: Vec<Pod> = if is_indexed {
             // The lowest pending indexes.
@@ -437,13 +487,18 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             Err(source) => return Err(Error::Status { job: name, source }),
         }
     }
-    // Wake up for the deadline.
-    match deadline_at {
+    // Wake up for the deadline, or when the backoff is over.
+    let deadline = match deadline_at {
         Some(d) if d > now && !target_reached => {
             let wait = u64::try_from(now.duration_until(d).as_secs()).unwrap_or(0) + 1;
-            Ok(Action::requeue(Duration::from_secs(wait)))
+            Some(Duration::from_secs(wait))
         }
-        _ => Ok(Action::await_change()),
+        _ => None,
+    };
+    let backoff = (!backoff.is_zero()).then_some(backoff);
+    match deadline.into_iter().chain(backoff).min() {
+        Some(wait) => Ok(Action::requeue(wait)),
+        None => Ok(Action::await_change()),
     }
 }
 
@@ -487,6 +542,46 @@ mod tests {
         let init_env = spec.init_containers.unwrap()[0].env.clone().unwrap();
         assert_eq!(init_env.len(), 1, "a container's own JOB_COMPLETION_INDEX is kept");
         assert_eq!(init_env[0].value.as_deref(), Some("mine"));
+    }
+
+    #[test]
+    fn failed_pods_are_replaced_after_an_exponential_backoff() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |s: i64| t0 + SignedDuration::from_secs(s);
+        let pod = |phase: &str, finished: i64| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "creationTimestamp": t0.to_string()},
+                "status": {"phase": phase, "conditions": [
+                    {"type": "Ready", "status": "False", "lastTransitionTime": at(finished).to_string()}]},
+            }))
+            .unwrap()
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(backoff_remaining(&[], at(0)), Duration::ZERO);
+        // One failure: 10 s from when it finished.
+        let one = [pod("Failed", 100)];
+        assert_eq!(backoff_remaining(&one, at(104)), secs(6));
+        assert_eq!(backoff_remaining(&one, at(110)), Duration::ZERO);
+        // Three: 40 s after the last.
+        let three = [pod("Failed", 100), pod("Failed", 120), pod("Failed", 150)];
+        assert_eq!(backoff_remaining(&three, at(150)), secs(40));
+        // A success resets the count: only failures after it count.
+        let reset = [pod("Failed", 100), pod("Succeeded", 130), pod("Failed", 150)];
+        assert_eq!(backoff_remaining(&reset, at(150)), secs(10));
+        // At most 10 minutes.
+        let many: Vec<Pod> = (0..12).map(|i| pod("Failed", i)).collect();
+        assert_eq!(backoff_remaining(&many, at(11)), secs(600));
+        // Without a Ready=False transition, the container's finish time counts.
+        let mut p = pod("Failed", 0);
+        p.status.as_mut().unwrap().conditions = None;
+        p.status.as_mut().unwrap().container_statuses = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "name": "c", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"terminated": {"exitCode": 1, "finishedAt": at(50).to_string()}},
+            }))
+            .unwrap(),
+        ]);
+        assert_eq!(backoff_remaining(&[p], at(55)), secs(5));
     }
 
     #[test]

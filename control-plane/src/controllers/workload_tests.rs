@@ -24,7 +24,8 @@ use super::{Context, ControllerConfig, pods};
 use crate::apiserver::ApiServer;
 use crate::store::memory::MemoryStore;
 
-const TIMEOUT: Duration = Duration::from_secs(30);
+/// Of paused time: long enough for the Job backoff (10 s, 20 s, ...).
+const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Aborts its task when dropped.
 struct AbortOnDrop(JoinHandle<()>);
@@ -162,8 +163,11 @@ async fn kubelet_stand_in(client: Client) {
                     .await;
             } else if pods::phase(&pod) == "Pending" {
                 let status = match pod.labels().get("test.skiff/outcome").map(String::as_str) {
-                    Some("succeed") => json!({"phase": "Succeeded"}),
-                    Some("fail") => json!({"phase": "Failed"}),
+                    // Ready=False when the pod finished, as the kubelet reports it.
+                    Some(outcome @ ("succeed" | "fail")) => json!({
+                        "phase": if outcome == "succeed" { "Succeeded" } else { "Failed" },
+                        "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": pods::now()}],
+                    }),
                     _ => json!({
                         "phase": "Running",
                         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": pods::now()}],
@@ -693,11 +697,32 @@ async fn job_completes_with_completions_and_parallelism() {
 async fn job_fails_after_backoff_limit_and_deadline() {
     let h = Harness::start(&["n1"]).await;
     let api = h.api::<Job>();
+    // When each pod of the job first shows up (tokio's paused clock).
+    let seen: Arc<Mutex<Vec<(String, tokio::time::Instant)>>> = Arc::default();
+    let record = seen.clone();
+    let pods_api = h.api::<Pod>();
+    let _w = AbortOnDrop(tokio::spawn(async move {
+        let cfg = watcher::Config::default().labels("batch.kubernetes.io/job-name=bad");
+        let mut stream = std::pin::pin!(watcher(pods_api, cfg).applied_objects());
+        while let Ok(Some(p)) = stream.try_next().await {
+            let mut g = record.lock().unwrap();
+            if !g.iter().any(|(n, _)| *n == p.name_any()) {
+                g.push((p.name_any(), tokio::time::Instant::now()));
+            }
+        }
+    }));
     api.create(&PostParams::default(), &job("bad", 1, 1, 2, "fail")).await.unwrap();
     wait_for("job failed", || async {
         api.get("bad").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
     })
     .await;
+    // Replacements wait out the backoff: 10 s after the first failure, 20 s after the second
+    // (less up to a second: finish times are whole seconds).
+    let times: Vec<tokio::time::Instant> = seen.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    assert_eq!(times.len(), 3);
+    let gaps = [times[1] - times[0], times[2] - times[1]];
+    assert!(gaps[0] >= Duration::from_secs(9) && gaps[0] < Duration::from_secs(12), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_secs(19) && gaps[1] < Duration::from_secs(22), "{gaps:?}");
     let j = api.get("bad").await.unwrap();
     assert_eq!(job_condition(&j, "FailureTarget").as_deref(), Some("BackoffLimitExceeded"));
     assert_eq!(job_condition(&j, "Failed").as_deref(), Some("BackoffLimitExceeded"));
