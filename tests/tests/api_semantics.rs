@@ -911,6 +911,7 @@ async fn system_namespaces_and_the_kubernetes_service_stay() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(back.is_object(), "the kubernetes Service and kube-node-lease never came back");
     assert_ne!(back["metadata"]["uid"], before["metadata"]["uid"], "re-created: {back}");
     assert_eq!(back["spec"]["clusterIP"], before["spec"]["clusterIP"]);
     assert_eq!(back["spec"]["ports"], before["spec"]["ports"]);

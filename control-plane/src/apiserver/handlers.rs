@@ -107,7 +107,7 @@ pub async fn resource(
         }
         (Verb::Delete, Some(name), None) => {
             let options = negotiate::decode_delete_options(&headers, &body)?;
-            let (obj, code) = delete(server, rt, ns, name, &query, &options).await?;
+            let (obj, code) = delete(server, rt, ns, name, &query, &options, true).await?;
             Ok(json_response(code, &obj))
         }
         (Verb::DeleteCollection, None, None) => {
@@ -1506,6 +1506,8 @@ fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
 /// Namespaces that may not be deleted (upstream's NamespaceLifecycle admission).
 const IMMORTAL_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
 
+/// Delete one object with `options` (DeleteOptions). `admit`: run the DELETE admission
+/// (false for an eviction, admitted as a `pods/eviction` create instead).
 async fn delete(
     server: &ApiServer,
     rt: &ResourceType,
@@ -1513,6 +1515,7 @@ async fn delete(
     name: &str,
     query: &Query,
     options: &Value,
+    admit: bool,
 ) -> ApiResult<(Value, StatusCode)> {
     let dry_run = query.dry_run()?
         || options
@@ -1558,7 +1561,7 @@ async fn delete(
     let is_pod = rt.kind() == "Pod" && rt.group().is_empty();
     let is_namespace = rt.kind() == "Namespace" && rt.group().is_empty();
     let key = rt.key(ns, name);
-    let mut admitted = false;
+    let mut admitted = !admit;
     for _ in 0..MAX_RETRIES {
         let (current, rev) = get_object(server, rt, ns, name).await?;
         if !admitted {
@@ -1722,7 +1725,7 @@ async fn delete_collection(
     let mut deleted = Vec::new();
     for obj in &items {
         let obj_ns = (!obj.namespace.is_empty()).then_some(obj.namespace.as_str());
-        match delete(server, rt, obj_ns, &obj.name, query, &options).await {
+        match delete(server, rt, obj_ns, &obj.name, query, &options, true).await {
             Ok((v, _)) => {
                 if v.get("kind").and_then(Value::as_str) == Some(rt.kind()) {
                     deleted.push(v);
@@ -1846,7 +1849,6 @@ async fn scale(
     Ok(to_scale(&obj))
 }
 
-/// pods/binding: assign a pod to a node once.
 /// pods/eviction: delete the pod with the Eviction's `deleteOptions`. skiff serves no
 /// PodDisruptionBudgets, so no budget refuses an eviction and none is charged for it.
 async fn evict(
@@ -1883,12 +1885,14 @@ async fn evict(
     if dry_run {
         options["dryRun"] = json!(["All"]);
     }
-    delete(server, rt, ns, name, query, &options).await?;
+    // As upstream's EvictionREST, the pod's delete is not admitted again.
+    delete(server, rt, ns, name, query, &options, false).await?;
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )
 }
 
+/// pods/binding: assign a pod to a node once.
 async fn bind(
     server: &ApiServer,
     rt: &ResourceType,

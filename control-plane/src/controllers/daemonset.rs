@@ -242,7 +242,9 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let hash = hash::compute_hash(&spec.template, collision);
     let herr = |source| Error::History { ds: name.clone(), source };
     let revisions = if ds.metadata.deletion_timestamp.is_none() {
-        history::record(&ctx.client, ds.as_ref(), &spec.template, &hash).await.map_err(herr)?
+        history::record(&ctx.client, ds.as_ref(), &spec.selector, &spec.template, &hash)
+            .await
+            .map_err(herr)?
     } else {
         Vec::new()
     };

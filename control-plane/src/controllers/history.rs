@@ -10,21 +10,23 @@
 //! - Past `revisionHistoryLimit` the oldest revisions that no pod uses are deleted.
 //!
 //! Revisions belong to their owner through a controller ownerReference, so the garbage
-//! collector deletes them with it. Unlike upstream, a hash collision (another template under
+//! collector deletes them with it. Orphaned revisions the owner's selector matches are
+//! adopted (after `kubectl delete --cascade=orphan` and a re-create), as upstream's
+//! `ClaimControllerRevisions`. Unlike upstream, a hash collision (another template under
 //! the same name) is an error rather than a bump of `collisionCount`.
 
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::hash::CONTROLLER_REVISION_HASH;
-use super::pods::{controller_ref, is_not_found, owner_ref};
+use super::pods::{controller_ref, is_not_found, owner_ref, selector_matches};
 
 /// Upstream's default `revisionHistoryLimit` for DaemonSets and StatefulSets.
 pub const DEFAULT_LIMIT: i32 = 10;
@@ -63,21 +65,56 @@ pub fn template_of(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
     serde_json::from_value(template).ok()
 }
 
-/// The owner's revisions, oldest first.
-async fn owned<K: Resource>(
+/// Make an orphaned revision the owner's (a controller ownerReference added, on the
+/// revision's resourceVersion).
+async fn adopt<K: Resource<DynamicType = ()>>(
     api: &Api<ControllerRevision>,
     owner: &K,
+    revision: &ControllerRevision,
+) -> Result<ControllerRevision, Error> {
+    let mut refs = revision.metadata.owner_references.clone().unwrap_or_default();
+    refs.push(owner_ref(owner));
+    let patch = json!({"metadata": {
+        "resourceVersion": revision.resource_version(),
+        "ownerReferences": refs,
+    }});
+    let name = revision.name_any();
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Write { name, source })
+}
+
+/// The owner's revisions, orphans its selector matches adopted, oldest first.
+async fn owned<K: Resource<DynamicType = ()>>(
+    api: &Api<ControllerRevision>,
+    owner: &K,
+    selector: &LabelSelector,
 ) -> Result<Vec<ControllerRevision>, Error> {
     let uid = owner.meta().uid.clone().unwrap_or_default();
+    // The selector's matchLabels narrow the list on the server; matchExpressions are
+    // checked here.
+    let labels: Vec<String> =
+        selector.match_labels.iter().flatten().map(|(k, v)| format!("{k}={v}")).collect();
     let list = api
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels(&labels.join(",")))
         .await
         .map_err(|source| Error::List { owner: owner.name_any(), source })?;
-    let mut revisions: Vec<ControllerRevision> = list
-        .items
-        .into_iter()
-        .filter(|r| controller_ref(&r.metadata).is_some_and(|o| o.uid == uid))
-        .collect();
+    let mut revisions = Vec::new();
+    for r in list.items {
+        match controller_ref(&r.metadata) {
+            Some(o) if o.uid == uid => revisions.push(r),
+            Some(_) => {}
+            None if r.metadata.deletion_timestamp.is_none()
+                && selector_matches(
+                    Some(selector),
+                    r.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+                ) =>
+            {
+                revisions.push(adopt(api, owner, &r).await?);
+            }
+            None => {}
+        }
+    }
     revisions.sort_by_key(|r| (r.revision, r.name_any()));
     Ok(revisions)
 }
@@ -87,12 +124,13 @@ async fn owned<K: Resource>(
 pub async fn record<K: Resource<DynamicType = ()>>(
     client: &Client,
     owner: &K,
+    selector: &LabelSelector,
     template: &PodTemplateSpec,
     hash: &str,
 ) -> Result<Vec<ControllerRevision>, Error> {
     let ns = owner.namespace().unwrap_or_default();
     let api: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
-    let mut revisions = owned(&api, owner).await?;
+    let mut revisions = owned(&api, owner, selector).await?;
     let name = format!("{}-{hash}", owner.name_any());
     let data = patch_data(template);
     let newest = revisions.last().map_or(0, |r| r.revision);

@@ -105,17 +105,14 @@ pub mod indexed {
         t
     }
 
-    /// Parse `status.completedIndexes` ("1,3-5,7").
-    pub fn parse(s: &str) -> BTreeSet<i32> {
+    /// Parse `status.completedIndexes` ("1,3-5,7"), keeping the indexes below
+    /// `completions` (which an elastic Job may have lowered).
+    pub fn parse(s: &str, completions: i32) -> BTreeSet<i32> {
         let mut out = BTreeSet::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            match part.split_once('-') {
-                Some((a, b)) => {
-                    if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
-                        out.extend(a..=b);
-                    }
-                }
-                None => out.extend(part.parse::<i32>().ok()),
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
+                out.extend(a.max(0)..=b.min(completions - 1));
             }
         }
         out
@@ -300,7 +297,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // Indexed: the completed indexes (the previous status's too: their pods may be gone).
     let mut completed: BTreeSet<i32> = BTreeSet::new();
     if is_indexed {
-        completed.extend(indexed::parse(old.completed_indexes.as_deref().unwrap_or_default()));
+        let before = old.completed_indexes.as_deref().unwrap_or_default();
+        completed.extend(indexed::parse(before, completions));
         completed.extend(
             owned
                 .iter()
@@ -456,7 +454,9 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     // Pods not finished yet (active, or terminating) hold back the final condition.
     let running = owned.iter().any(|p| !matches!(pods::phase(p), "Succeeded" | "Failed"));
-    status.active = super::omit_zero(if want_active.is_some() { target } else { 0 });
+    // Pods running now: the target once created or deleted, fewer while in backoff.
+    let running_now = if active_n > target || backoff.is_zero() { target } else { active_n };
+    status.active = super::omit_zero(if want_active.is_some() { running_now } else { 0 });
     status.ready = Some(count(&|p| pods::is_active(p) && pods::is_ready(p)));
     status.terminating = Some(count(&|p| {
         pods::is_terminating(p) && !matches!(pods::phase(p), "Succeeded" | "Failed")
@@ -513,9 +513,12 @@ mod tests {
         assert_eq!(indexed::format(&set(&[1])), "1");
         assert_eq!(indexed::format(&set(&[1, 2])), "1,2");
         assert_eq!(indexed::format(&set(&[0, 1, 2, 4, 6, 7, 8, 9])), "0-2,4,6-9");
-        assert_eq!(indexed::parse("0-2,4,6-9"), set(&[0, 1, 2, 4, 6, 7, 8, 9]));
-        assert_eq!(indexed::parse("1,2"), set(&[1, 2]));
-        assert_eq!(indexed::parse(""), set(&[]));
+        assert_eq!(indexed::parse("0-2,4,6-9", 10), set(&[0, 1, 2, 4, 6, 7, 8, 9]));
+        assert_eq!(indexed::parse("1,2", 10), set(&[1, 2]));
+        assert_eq!(indexed::parse("", 10), set(&[]));
+        // Only indexes below completions, however wide the range.
+        assert_eq!(indexed::parse("0-2147483646,7", 3), set(&[0, 1, 2]));
+        assert_eq!(indexed::parse("x,-1,2-1", 3), set(&[]));
     }
 
     #[test]

@@ -313,11 +313,12 @@ impl Monitor {
         let grace = if ready.is_some() { self.grace } else { self.startup_grace };
         let was_ready = ready.is_some_and(|c| c.status == "True");
         let mut conditions = conditions_of(node).to_vec();
+        let mut patched = None;
         if now.duration_since(h.probe) > grace
             && let Some(unknown) =
                 unknown_conditions(node, &Time(k8s_openapi::jiff::Timestamp::now()))
         {
-            self.mark_unknown(node, &unknown).await?;
+            patched = self.mark_unknown(node, &unknown).await?;
             conditions = unknown;
             if was_ready {
                 self.recorder
@@ -330,6 +331,8 @@ impl Monitor {
                     .await;
             }
         }
+        // The taints go on the node as just written (its new resourceVersion).
+        let node = patched.as_ref().unwrap_or(node);
         let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
         self.reconcile_taints(node, &desired_taints(&conditions, unschedulable), now).await?;
         // Not reported yet (and not stale) is not "not ready".
@@ -339,14 +342,19 @@ impl Monitor {
         self.evict(node, now).await
     }
 
-    async fn mark_unknown(&self, node: &Node, conditions: &[NodeCondition]) -> Result<()> {
+    /// Write `conditions`; the node as written, `None` if it changed or went meanwhile.
+    async fn mark_unknown(
+        &self,
+        node: &Node,
+        conditions: &[NodeCondition],
+    ) -> Result<Option<Node>> {
         let name = node.name_any();
         let patch = json!({"metadata": {"resourceVersion": node.resource_version()},
                            "status": {"conditions": conditions}});
         let api: Api<Node> = Api::all(self.client.clone());
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Ok(written) => Ok(Some(written)),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(None),
             Err(source) => Err(Error::NodeStatus { node: name, source }),
         }
     }

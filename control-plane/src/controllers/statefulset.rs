@@ -95,7 +95,7 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     let hash = hash::compute_hash(&spec.template, collision);
     let update_revision = format!("{name}-{hash}");
     let revisions = if sts.metadata.deletion_timestamp.is_none() {
-        history::record(&ctx.client, sts.as_ref(), &spec.template, &hash)
+        history::record(&ctx.client, sts.as_ref(), &spec.selector, &spec.template, &hash)
             .await
             .map_err(|source| Error::History { sts: name.clone(), source })?
     } else {

@@ -1231,3 +1231,47 @@ async fn indexed_job_runs_each_index_once() {
     indexes.sort();
     assert_eq!(indexes, [0, 1, 2, 3], "each index ran once");
 }
+
+/// A DaemonSet re-created after an orphaning delete adopts the orphaned revision of its
+/// template (upstream's `ClaimControllerRevisions`) instead of failing on its name.
+#[tokio::test(start_paused = true)]
+async fn a_recreated_daemonset_adopts_its_orphaned_revision() {
+    use k8s_openapi::api::apps::v1::ControllerRevision;
+    let h = Harness::start(&["n1"]).await;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api = h.api::<DaemonSet>();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("daemonset on 1 node", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 1))
+    })
+    .await;
+    let revisions = h.api::<ControllerRevision>();
+    let name = revisions.list(&ListParams::default()).await.unwrap().items[0].name_any();
+    // What `delete --cascade=orphan` leaves: the revision without its owner.
+    api.delete("agent", &DeleteParams::default()).await.unwrap();
+    let orphan = json!({"metadata": {"ownerReferences": null}});
+    revisions.patch(&name, &PatchParams::default(), &Patch::Merge(&orphan)).await.unwrap();
+
+    let created = api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("the revision adopted", || async {
+        revisions.get(&name).await.is_ok_and(|r| {
+            pods::controller_ref(&r.metadata).map(|o| o.uid.clone()) == created.metadata.uid
+        })
+    })
+    .await;
+    wait_for("the new daemonset settled", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 1))
+    })
+    .await;
+    assert_eq!(revisions_of(&h, "agent").await, [(1, "agent:1".to_string())]);
+}
