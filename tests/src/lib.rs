@@ -29,6 +29,18 @@ impl TestServer {
         Self::start_with(dir, config)
     }
 
+    /// [`TestServer::start`] with the controllers running in process.
+    pub fn start_with_controllers() -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            controllers: Some(Default::default()),
+            ..Default::default()
+        };
+        Self::start_with(dir, config)
+    }
+
     pub fn start_with(dir: tempfile::TempDir, config: ServerConfig) -> TestServer {
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -3,8 +3,6 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use skiff_control_plane::controllers::ControllerConfig;
-use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 
 const APP: &str = r#"
@@ -234,14 +232,7 @@ fn namespaces_and_validation() {
 /// DaemonSet history through the controllers: each template is a ControllerRevision that
 /// `rollout history` lists and `rollout undo` restores.
 fn daemonset_history(minor: u32) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = ServerConfig {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        controllers: Some(ControllerConfig::default()),
-        ..Default::default()
-    };
-    let server = TestServer::start_with(dir, config);
+    let server = TestServer::start_with_controllers();
     let k = server.kubectl(minor);
     k.ok_stdin(&["apply", "-f", "-"], Some(DAEMONSET));
     // Revisions listed by rollout history, once there are `n`.

@@ -13,8 +13,6 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, ResourceExt};
 use serde_json::json;
-use skiff_control_plane::controllers::ControllerConfig;
-use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 
 async fn client(server: &TestServer) -> Client {
@@ -78,14 +76,7 @@ async fn kubectl(k: &Kubectl, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_rollout_status_history_and_undo() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = ServerConfig {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        controllers: Some(ControllerConfig::default()),
-        ..Default::default()
-    };
-    let server = TestServer::start_with(dir, config);
+    let server = TestServer::start_with_controllers();
     let client = client(&server).await;
     let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
     Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.expect("node");

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
 use super::ApiServer;
+use super::admission::webhook::chain;
 use super::request::decode;
 use super::status::ApiError;
 
@@ -50,20 +51,9 @@ async fn run(server: &ApiServer, name: &str) -> Result<(), String> {
     }
     match tokio::time::timeout(STORE_TIMEOUT, server.store.check_health()).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(error_chain(&e)),
+        Ok(Err(e)) => Err(chain(&e)),
         Err(_) => Err(format!("the store did not answer within {STORE_TIMEOUT:?}")),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 async fn all(server: &ApiServer, endpoint: &str, query: Option<&str>) -> Response {

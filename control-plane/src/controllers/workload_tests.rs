@@ -558,10 +558,9 @@ fn ds_settled(ds: &DaemonSet, n: i32) -> bool {
     })
 }
 
-#[tokio::test(start_paused = true)]
-async fn daemonset_covers_new_nodes_and_rolls() {
-    let h = Harness::start(&["n1", "n2"]).await;
-    let ds: DaemonSet = serde_json::from_value(json!({
+/// The DaemonSet "agent": app=agent pods running image agent:1.
+fn agent_daemonset() -> DaemonSet {
+    serde_json::from_value(json!({
         "metadata": {"name": "agent", "namespace": "default"},
         "spec": {
             "selector": {"matchLabels": {"app": "agent"}},
@@ -571,7 +570,13 @@ async fn daemonset_covers_new_nodes_and_rolls() {
             },
         },
     }))
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn daemonset_covers_new_nodes_and_rolls() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let ds = agent_daemonset();
     let api = h.api::<DaemonSet>();
     api.create(&PostParams::default(), &ds).await.unwrap();
     wait_for("daemonset on 2 nodes", || async {
@@ -1063,18 +1068,8 @@ async fn revisions_of(h: &Harness, owner: &str) -> Vec<(i64, String)> {
 async fn daemonset_templates_are_controller_revisions() {
     use k8s_openapi::api::apps::v1::ControllerRevision;
     let h = Harness::start(&["n1"]).await;
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "agent", "namespace": "default",
-                     "annotations": {"kubernetes.io/change-cause": "first"}},
-        "spec": {
-            "selector": {"matchLabels": {"app": "agent"}},
-            "template": {
-                "metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
-            },
-        },
-    }))
-    .unwrap();
+    let mut ds = agent_daemonset();
+    ds.metadata.annotations = Some([("kubernetes.io/change-cause".into(), "first".into())].into());
     let api = h.api::<DaemonSet>();
     api.create(&PostParams::default(), &ds).await.unwrap();
     wait_for("daemonset on 1 node", || async {
@@ -1238,17 +1233,7 @@ async fn indexed_job_runs_each_index_once() {
 async fn a_recreated_daemonset_adopts_its_orphaned_revision() {
     use k8s_openapi::api::apps::v1::ControllerRevision;
     let h = Harness::start(&["n1"]).await;
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "agent", "namespace": "default"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "agent"}},
-            "template": {
-                "metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "c", "image": "agent:1"}]},
-            },
-        },
-    }))
-    .unwrap();
+    let ds = agent_daemonset();
     let api = h.api::<DaemonSet>();
     api.create(&PostParams::default(), &ds).await.unwrap();
     wait_for("daemonset on 1 node", || async {

@@ -244,7 +244,7 @@ fn handle_failure(hook: &Hook, e: CallError) -> ApiResult<()> {
 }
 
 /// An error with its causes, "a: b: c".
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
