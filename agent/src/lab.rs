@@ -62,6 +62,10 @@ pub enum Error {
     BinaryMissing { binary: String, beside: PathBuf },
     #[error("the lab subnet {0} is too small for the host and {1} nodes")]
     SubnetTooSmall(Ipv4Network, usize),
+    #[error(
+        "the lab subnet {subnet} is already on link {link} (a lab left behind? `ip link del {link}`)"
+    )]
+    SubnetInUse { subnet: Ipv4Network, link: String },
     #[error("DNS upstream {0} is outside the lab subnet {1}: lab traffic stays on the machine")]
     UpstreamOutsideLab(Ipv4Addr, Ipv4Network),
     #[error("skiff-server did not write {path} within {timeout:?}; its log:\n{log}")]
@@ -381,6 +385,9 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
     if let Some(ns) = config.dns_upstreams.iter().find(|ns| !config.subnet.contains(**ns)) {
         return Err(Error::UpstreamOutsideLab(*ns, config.subnet));
     }
+    if let Some(link) = link_in(config.subnet)? {
+        return Err(Error::SubnetInUse { subnet: config.subnet, link });
+    }
     std::fs::create_dir_all(&config.dir)
         .map_err(|source| Error::Write { path: config.dir.clone(), source })?;
     let host_ip = config.subnet.nth(1).unwrap_or(config.subnet.ip());
@@ -600,6 +607,37 @@ pub async fn wait_ready(state: &LabState, timeout: Duration) -> Result<()> {
     }
 }
 
+/// The host link that already has an address in `subnet`, if one does: a second lab on
+/// the same subnet would route the host's half of both to one of them.
+fn link_in(subnet: Ipv4Network) -> Result<Option<String>> {
+    let out = run(Command::new("ip").args(["-o", "-4", "addr", "show"]))?;
+    Ok(links_in(&out, subnet))
+}
+
+/// Parses `ip -o -4 addr show` ("47: name    inet 10.0.0.1/24 brd ... scope global name").
+fn links_in(ip_output: &str, subnet: Ipv4Network) -> Option<String> {
+    ip_output.lines().find_map(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        let link = fields.next()?.split('@').next()?;
+        let addr: Ipv4Network = fields.nth(1)?.parse().ok()?;
+        subnet.overlaps(addr).then(|| link.to_string())
+    })
+}
+
+/// Takes down each lab among `dirs` whose processes are not all alive: what a killed run
+/// (a test runner stopped half-way) left behind. Returns the directories it cleaned.
+pub async fn down_stale(dirs: impl IntoIterator<Item = PathBuf>) -> Result<Vec<PathBuf>> {
+    let mut cleaned = Vec::new();
+    for dir in dirs {
+        if LabState::load(&dir)?.is_some_and(|s| !s.running()) {
+            tracing::warn!(dir = %dir.display(), "taking down a lab left behind");
+            down(&dir).await?;
+            cleaned.push(dir);
+        }
+    }
+    Ok(cleaned)
+}
+
 /// An API client from a kubeconfig file.
 pub async fn client(kubeconfig: &Path) -> Result<kube::Client, kube::Error> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)
@@ -753,10 +791,23 @@ fn unmount_under(dir: &Path) {
 
 /// The last `lines` lines of a process's log, in order and without the ANSI colour
 /// sequences (`ESC [ ... m`) its logger writes; the read error in their place if unreadable.
+/// How many lines of a panic's message [`log_tail`] keeps when the tail starts after it.
+const PANIC_MESSAGE_LINES: usize = 4;
+
+/// The last `lines` lines of `log`, colours stripped; a panic's message is kept too.
 pub fn log_tail(log: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("({}: {e})", log.display()));
     let all: Vec<&str> = text.lines().collect();
-    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    let start = all.len().saturating_sub(lines);
+    // A panic's message comes before its backtrace, which alone can fill the tail.
+    let panic = all[..start].iter().rposition(|l| l.contains("panicked at"));
+    let tail = match panic {
+        Some(at) => {
+            let message = &all[at..(at + PANIC_MESSAGE_LINES).min(start)];
+            format!("{}\n...\n{}", message.join("\n"), all[start..].join("\n"))
+        }
+        None => all[start..].join("\n"),
+    };
     let mut out = String::with_capacity(tail.len());
     let mut chars = tail.chars();
     while let Some(c) = chars.next() {
@@ -1011,5 +1062,27 @@ mod tests {
         assert_eq!(log_tail(&log, 2), "two x\n INFO three");
         assert_eq!(log_tail(&log, 10), "one\ntwo x\n INFO three");
         assert!(log_tail(&dir.path().join("missing.log"), 5).contains("missing.log"));
+
+        let backtrace: String = (0..30).map(|i| format!("  {i}: frame\n")).collect();
+        std::fs::write(
+            &log,
+            format!("start\nthread 'main' panicked at a.rs:1:1:\nboom\n{backtrace}"),
+        )
+        .expect("write log");
+        let tail = log_tail(&log, 3);
+        assert!(tail.starts_with("thread 'main' panicked at a.rs:1:1:\nboom\n"), "{tail}");
+        assert!(tail.ends_with("  27: frame\n  28: frame\n  29: frame"), "{tail}");
+        assert!(!tail.contains("start"), "{tail}");
+    }
+
+    #[test]
+    fn links_in_finds_the_link_holding_an_address_of_the_subnet() {
+        let out = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n\
+                   2: eth0    inet 192.168.5.2/24 brd 192.168.5.255 scope global eth0\n\
+                   47: e28743-h    inet 10.253.0.1/24 brd 10.253.0.255 scope global e28743-h\n";
+        let subnet = |s: &str| s.parse::<Ipv4Network>().expect("subnet");
+        assert_eq!(links_in(out, subnet("10.253.0.0/24")).as_deref(), Some("e28743-h"));
+        assert_eq!(links_in(out, subnet("10.253.0.128/25")).as_deref(), Some("e28743-h"));
+        assert_eq!(links_in(out, subnet("10.250.0.0/24")), None);
     }
 }

@@ -132,6 +132,21 @@ impl Cluster {
             log_filter: "info".into(),
             ..Default::default()
         };
+        // A run killed half-way cannot take its lab down, and its host link would hold
+        // LAB_SUBNET: reclaim such labs first.
+        let stale = std::fs::read_dir("/run")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("skiff-e"))
+            .map(|e| e.path());
+        match rt.block_on(lab::down_stale(stale)) {
+            Ok(cleaned) if !cleaned.is_empty() => {
+                eprintln!("e2e: took down stale labs {cleaned:?}")
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("e2e: taking down stale labs: {e}"),
+        }
         let state = match rt.block_on(lab::up(&config)) {
             Ok(s) => s,
             Err(e) => {
