@@ -268,3 +268,74 @@ fn daemonset_history_kubectl_1_27() {
 fn daemonset_history_kubectl_1_33() {
     daemonset_history(33);
 }
+
+/// PodDisruptionBudgets through the controllers: `create pdb`, its Table, and a drain the
+/// budget holds up (429s kubectl retries) until the budget is relaxed.
+fn disruption_budget(minor: u32) {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(minor);
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("{\"apiVersion\": \"v1\", \"kind\": \"Node\", \"metadata\": {\"name\": \"spare\"}}"),
+    );
+    let overrides = r#"--overrides={"spec": {"nodeName": "spare"}}"#;
+    k.ok(&["run", "guarded", "--image=skiff.local/busybox:1", "--labels=app=guarded", overrides]);
+    // What the node's agent would report: the pod runs and is ready.
+    let ready =
+        r#"{"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}"#;
+    k.ok(&["patch", "pod", "guarded", "--subresource=status", "--type=merge", "-p", ready]);
+    let out = k.ok(&["create", "pdb", "guarded", "--selector=app=guarded", "--min-available=1"]);
+    assert!(out.contains("poddisruptionbudget.policy/guarded created"), "{out}");
+    let counted = |allowed: i64| {
+        for _ in 0..100 {
+            let pdb = json(&k, &["get", "pdb", "guarded"]);
+            let s = &pdb["status"];
+            if s["observedGeneration"] == pdb["metadata"]["generation"]
+                && s["currentHealthy"] == 1
+                && s["disruptionsAllowed"] == allowed
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the budget never allowed {allowed} disruptions");
+    };
+    counted(0);
+    let table = k.ok(&["get", "pdb"]);
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows[0],
+        ["NAME", "MIN", "AVAILABLE", "MAX", "UNAVAILABLE", "ALLOWED", "DISRUPTIONS", "AGE"],
+        "{table}"
+    );
+    assert_eq!(rows[1][..4], ["guarded", "1", "N/A", "0"], "{table}");
+    let describe = k.ok(&["describe", "pdb", "guarded"]);
+    assert!(
+        describe.contains("Min available:  1")
+            && describe.contains("Allowed disruptions:  0")
+            && describe.contains("Current:              1"),
+        "{describe}"
+    );
+
+    let err = k.fails(&["drain", "spare", "--force", "--grace-period=0", "--timeout=3s"]);
+    assert!(
+        err.contains("Cannot evict pod as it would violate the pod's disruption budget."),
+        "{err}"
+    );
+    assert_eq!(json(&k, &["get", "pod", "guarded"])["status"]["phase"], "Running");
+
+    k.ok(&["patch", "pdb", "guarded", "--type=merge", "-p", r#"{"spec": {"minAvailable": 0}}"#]);
+    counted(1);
+    let out = k.ok(&["drain", "spare", "--force", "--grace-period=0", "--timeout=30s"]);
+    assert!(out.contains("pod/guarded evicted") && out.contains("node/spare drained"), "{out}");
+}
+
+#[test]
+fn disruption_budget_kubectl_1_27() {
+    disruption_budget(27);
+}
+
+#[test]
+fn disruption_budget_kubectl_1_33() {
+    disruption_budget(33);
+}

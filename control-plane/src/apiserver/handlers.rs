@@ -29,6 +29,8 @@ use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
 
+mod eviction;
+
 /// How long a consistent list waits for the watch cache to catch up with the store.
 const CACHE_WAIT: Duration = Duration::from_secs(3);
 /// How many times a write retries after losing a compare-and-swap race.
@@ -88,7 +90,7 @@ pub async fn resource(
             Ok(json_response(StatusCode::CREATED, &obj))
         }
         (Verb::Create, Some(name), Some("eviction")) => {
-            let obj = evict(server, rt, ns, name, &query, &headers, &body).await?;
+            let obj = eviction::evict(server, rt, ns, name, &query, &headers, &body).await?;
             Ok(json_response(StatusCode::CREATED, &obj))
         }
         (Verb::Update, Some(name), sub @ (None | Some("status") | Some("finalize"))) => {
@@ -923,12 +925,14 @@ async fn create_object(
 }
 
 /// Who writes and how: the field manager, the subresource, whether managed fields are
-/// tracked here (an apply computed its own), and dry run.
+/// tracked here (an apply computed its own), whether admission runs (not for the server's
+/// own writes: a binding, an eviction's) and dry run.
 #[derive(Clone, Copy)]
 struct Writer<'a> {
     manager: &'a str,
     sub: Option<&'a str>,
     track: bool,
+    admit: bool,
     dry_run: bool,
 }
 
@@ -963,7 +967,7 @@ async fn update(
         rt,
         ns,
         name,
-        Writer { manager: &manager, sub, track: true, dry_run: query.dry_run()? },
+        Writer { manager: &manager, sub, track: true, admit: true, dry_run: query.dry_run()? },
         precondition,
         |_| Ok(new.clone()),
     )
@@ -1000,8 +1004,7 @@ async fn guaranteed_update(
     let key = rt.key(ns, name);
     // A dry run reads the store, as upstream's dry-run storage does.
     let mut guess = if dry_run { None } else { cached_current(server, rt, &key) };
-    // pods/binding was admitted as a subresource create of its Binding body.
-    let admitted = w.sub != Some("binding");
+    let admitted = w.admit;
     let mut attempt = 0;
     while attempt < MAX_RETRIES {
         let (current, rev, fresh) = match guess.take() {
@@ -1365,7 +1368,7 @@ async fn patch(
             rt,
             ns,
             name,
-            Writer { manager, sub, track: false, dry_run },
+            Writer { manager, sub, track: false, admit: true, dry_run },
             precondition,
             |live| apply_to(Some(live)),
         )
@@ -1394,7 +1397,7 @@ async fn patch(
         rt,
         ns,
         name,
-        Writer { manager: &manager, sub, track: true, dry_run },
+        Writer { manager: &manager, sub, track: true, admit: true, dry_run },
         precondition,
         |current| {
             let patched = apply_patch_body(rt, body_type, &patch_value, current)?;
@@ -1816,7 +1819,7 @@ async fn scale(
         Verb::Patch => Some(negotiate::decode_json(body)?),
         _ => None,
     };
-    let obj = guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: None, track: true, dry_run }, precondition.filter(|s| !s.is_empty()), |current| {
+    let obj = guaranteed_update(server, rt, ns, name, Writer { manager: &manager, sub: None, track: true, admit: true, dry_run }, precondition.filter(|s| !s.is_empty()), |current| {
         let current_scale = to_scale(current);
         let new_scale = match (&scale_body, &patch_value) {
             (Some(b), _) => b.clone(),
@@ -1847,49 +1850,6 @@ async fn scale(
     })
     .await?;
     Ok(to_scale(&obj))
-}
-
-/// pods/eviction: delete the pod with the Eviction's `deleteOptions`. skiff serves no
-/// PodDisruptionBudgets, so no budget refuses an eviction and none is charged for it.
-async fn evict(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    name: &str,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> ApiResult<Value> {
-    let eviction = negotiate::decode_object(negotiate::body_type(headers)?, body)?;
-    if let Some(kind) = eviction.get("kind").and_then(Value::as_str)
-        && kind != "Eviction"
-    {
-        return Err(ApiError::bad_request(format!("not a Eviction object: {kind}")));
-    }
-    if meta_str(&eviction, "name") != Some(name) {
-        return Err(ApiError::bad_request("name in URL does not match name in Eviction object"));
-    }
-    if let Some(body_ns) = meta_str(&eviction, "namespace").filter(|n| !n.is_empty())
-        && Some(body_ns) != ns
-    {
-        return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
-    let dry_run = query.dry_run()?;
-    plugins::admit_subresource_create(server, rt, ns, name, "eviction", &eviction, dry_run).await?;
-    let mut options = match eviction.get("deleteOptions") {
-        Some(Value::Object(o)) => Value::Object(o.clone()),
-        _ => json!({}),
-    };
-    if dry_run {
-        options["dryRun"] = json!(["All"]);
-    }
-    // As upstream's EvictionREST, the pod's delete is not admitted again.
-    delete(server, rt, ns, name, query, &options, false).await?;
-    Ok(
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-    )
 }
 
 /// pods/binding: assign a pod to a node once.
@@ -1936,7 +1896,8 @@ async fn bind(
     }
     // Upstream assigns the pod straight in storage (`assignPod`), past the field manager: a
     // binding leaves managedFields as they were (no scheduler entry), and skips their diff.
-    let w = Writer { manager: &manager, sub: Some("binding"), track: false, dry_run };
+    // Admitted above as a subresource create of its Binding body.
+    let w = Writer { manager: &manager, sub: Some("binding"), track: false, admit: false, dry_run };
     guaranteed_update(server, rt, ns, name, w, None, move |current| {
         if meta_str(current, "deletionTimestamp").is_some() {
             return Err(ApiError::conflict(

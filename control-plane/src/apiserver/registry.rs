@@ -2,7 +2,7 @@
 //! round-trip that prunes unknown fields, and its selectable fields.
 
 use k8s_openapi::api::{
-    admissionregistration, apps, batch, coordination, core, discovery, rbac, scheduling,
+    admissionregistration, apps, batch, coordination, core, discovery, policy, rbac, scheduling,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -441,6 +441,23 @@ pub fn builtin() -> Vec<ResourceType> {
             desc: desc("batch", "v1", "Job", "jobs", "job", true, &[], all, &[STATUS]),
             normalize: normalize::<batch::v1::Job>(),
             fields: &["status.successful"],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "policy",
+                "v1",
+                "PodDisruptionBudget",
+                "poddisruptionbudgets",
+                "poddisruptionbudget",
+                true,
+                &["pdb"],
+                &[],
+                &[STATUS],
+            ),
+            normalize: normalize::<policy::v1::PodDisruptionBudget>(),
+            fields: &[],
             tracks_generation: true,
             has_status: true,
         },

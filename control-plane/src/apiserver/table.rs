@@ -232,6 +232,23 @@ fn columns(kind: &str) -> Vec<Col> {
             AGE,
         ],
         "Lease" => vec![NAME, col("Holder", "string", 0, "The holder of the lease."), AGE],
+        "PodDisruptionBudget" => vec![
+            NAME,
+            col("Min Available", "string", 0, "The minimum number of pods that must be available."),
+            col(
+                "Max Unavailable",
+                "string",
+                0,
+                "The maximum number of pods that may be unavailable.",
+            ),
+            col(
+                "Allowed Disruptions",
+                "integer",
+                0,
+                "Calculated number of pods that may be disrupted at this time.",
+            ),
+            AGE,
+        ],
         // Upstream's Scale Name column has no "name" format.
         "Scale" => vec![
             Col { format: "", ..NAME },
@@ -596,6 +613,21 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
             ]
         }
         "Lease" => vec![json!(name), json!(str_at(o, &["spec", "holderIdentity"])), json!(age)],
+        "PodDisruptionBudget" => {
+            // An int-or-string as `IntOrString.String()` prints it; unset: "N/A".
+            let bound = |field: &str| match o.at(&["spec", field]) {
+                Some(Value::Number(n)) => n.to_string(),
+                Some(Value::String(s)) => s.clone(),
+                _ => "N/A".to_string(),
+            };
+            vec![
+                json!(name),
+                json!(bound("minAvailable")),
+                json!(bound("maxUnavailable")),
+                json!(int(o, &["status", "disruptionsAllowed"])),
+                json!(age),
+            ]
+        }
         "Scale" => vec![
             json!(name),
             json!(o.at(&["spec", "replicas"]).and_then(Value::as_i64).unwrap_or(0)),

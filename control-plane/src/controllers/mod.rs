@@ -10,6 +10,7 @@ use kube::Client;
 
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod event_ttl;
@@ -121,6 +122,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(serviceaccount::run(ctx.clone()));
     tasks.spawn(event_ttl::run(ctx.clone()));
     tasks.spawn(podgc::run(ctx.clone()));
+    tasks.spawn(disruption::run(ctx.clone()));
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {

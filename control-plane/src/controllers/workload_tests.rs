@@ -13,8 +13,9 @@ use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -1259,4 +1260,126 @@ async fn a_recreated_daemonset_adopts_its_orphaned_revision() {
     })
     .await;
     assert_eq!(revisions_of(&h, "agent").await, [(1, "agent:1".to_string())]);
+}
+
+fn pdb_status(pdb: &PodDisruptionBudget) -> (i32, i32, i32, i32, Option<String>) {
+    let s = pdb.status.clone().unwrap_or_default();
+    let cond = s.conditions.iter().flatten().find(|c| c.type_ == "DisruptionAllowed");
+    (
+        s.expected_pods,
+        s.current_healthy,
+        s.desired_healthy,
+        s.disruptions_allowed,
+        cond.map(|c| format!("{}/{}", c.status, c.reason)),
+    )
+}
+
+async fn wait_pdb(h: &Harness, name: &str, want: (i32, i32, i32, i32, &str)) {
+    let api = h.api::<PodDisruptionBudget>();
+    let want = (want.0, want.1, want.2, want.3, Some(want.4.to_string()));
+    wait_for(&format!("poddisruptionbudget {name} at {want:?}"), || async {
+        api.get(name).await.is_ok_and(|p| {
+            p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
+                && pdb_status(&p) == want
+        })
+    })
+    .await;
+}
+
+async fn ready_pods_of(h: &Harness, app: &str) -> Vec<String> {
+    let mut names: Vec<String> = h
+        .pods()
+        .await
+        .into_iter()
+        .filter(|p| p.labels().get("app").map(String::as_str) == Some(app))
+        .filter(|p| !pods::is_terminating(p) && pods::is_ready(p))
+        .map(|p| p.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(start_paused = true)]
+async fn disruption_budgets_count_healthy_pods_and_evictions_charge_them() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _disruption = AbortOnDrop(tokio::spawn(super::disruption::run(ctx)));
+    h.api::<Deployment>()
+        .create(&PostParams::default(), &deployment("web", 3, "web:1"))
+        .await
+        .expect("create deployment");
+    wait_deploy_done(&h, "web", 3).await;
+    let pdbs = h.api::<PodDisruptionBudget>();
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+    }))
+    .expect("pdb json");
+    pdbs.create(&PostParams::default(), &pdb).await.expect("create pdb");
+    wait_pdb(&h, "web", (3, 3, 2, 1, "True/SufficientPods")).await;
+
+    // One eviction is allowed; it charges the budget before the pod goes, so a second one
+    // at once is refused with a 429 naming the budget.
+    let pods_api = h.api::<Pod>();
+    let ready = ready_pods_of(&h, "web").await;
+    let dry = EvictParams {
+        post_options: PostParams { dry_run: true, ..Default::default() },
+        ..Default::default()
+    };
+    pods_api.evict(&ready[0], &dry).await.expect("dry-run eviction");
+    let after_dry = pdbs.get("web").await.expect("pdb");
+    assert_eq!(pdb_status(&after_dry).3, 1, "a dry run charges nothing");
+    assert!(pods_api.get(&ready[0]).await.is_ok(), "a dry run deletes nothing");
+
+    pods_api.evict(&ready[0], &EvictParams::default()).await.expect("first eviction");
+    let refused = pods_api.evict(&ready[1], &EvictParams::default()).await;
+    match refused {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (429, "TooManyRequests"), "{s:?}");
+            assert_eq!(
+                s.message,
+                "Cannot evict pod as it would violate the pod's disruption budget."
+            );
+        }
+        other => panic!("second eviction: {other:?}"),
+    }
+    assert!(pods_api.get(&ready[1]).await.is_ok(), "the refused pod stays");
+
+    // The ReplicaSet replaces the evicted pod; once it is ready the budget allows one again.
+    wait_pdb(&h, "web", (3, 3, 2, 1, "True/SufficientPods")).await;
+    let charged = pdbs.get("web").await.expect("pdb");
+    assert!(
+        charged.status.and_then(|s| s.disrupted_pods).is_none(),
+        "the evicted pod is gone, so is its entry"
+    );
+    pods_api.evict(&ready[1], &EvictParams::default()).await.expect("eviction after recovery");
+
+    // A percentage counts the Deployment's scale: 50% of 3 unavailable rounds up to 2.
+    let patch = json!({"spec": {"minAvailable": null, "maxUnavailable": "50%"}});
+    pdbs.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch pdb");
+    wait_pdb(&h, "web", (3, 3, 1, 2, "True/SufficientPods")).await;
+
+    // Pods of a controller without a scale (a DaemonSet) cannot be counted: no disruption.
+    h.api::<DaemonSet>()
+        .create(&PostParams::default(), &agent_daemonset())
+        .await
+        .expect("create daemonset");
+    let agent: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "agent"}}},
+    }))
+    .expect("pdb json");
+    pdbs.create(&PostParams::default(), &agent).await.expect("create pdb");
+    wait_for("agent budget fails safe", || async {
+        pdbs.get("agent").await.is_ok_and(|p| {
+            let s = p.status.unwrap_or_default();
+            let cond =
+                s.conditions.iter().flatten().find(|c| c.type_ == "DisruptionAllowed").cloned();
+            s.disruptions_allowed == 0
+                && cond.is_some_and(|c| {
+                    c.reason == "SyncFailed" && c.message.contains("found no controllers")
+                })
+        })
+    })
+    .await;
 }

@@ -427,7 +427,12 @@ fn render_int_or_string(v: &IntOrString) -> String {
 }
 
 /// `ValidatePositiveIntOrPercent` and `IsNotMoreThan100Percent`.
-fn positive_int_or_percent(v: &IntOrString, path: &Path, at_most_100: bool, errs: &mut ErrorList) {
+pub(super) fn positive_int_or_percent(
+    v: &IntOrString,
+    path: &Path,
+    at_most_100: bool,
+    errs: &mut ErrorList,
+) {
     let shown = super::field::Raw(render_int_or_string(v));
     match v {
         IntOrString::String(s) => {

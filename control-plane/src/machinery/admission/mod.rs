@@ -32,6 +32,7 @@ mod meta;
 mod names;
 mod other;
 mod pod;
+mod policy;
 mod quantity;
 mod scheduling;
 mod service;
@@ -116,6 +117,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("apps", "ControllerRevision") => k(true, Subdomain, false, false),
         ("autoscaling", "Scale") => k(true, Subdomain, false, false),
         ("batch", "Job") => k(true, Subdomain, true, true),
+        ("policy", "PodDisruptionBudget") => k(true, Subdomain, true, true),
         ("discovery.k8s.io", "EndpointSlice") => k(true, Subdomain, false, false),
         ("coordination.k8s.io", "Lease") => k(true, Subdomain, false, false),
         ("rbac.authorization.k8s.io", "Role" | "RoleBinding") => k(true, PathSegment, false, false),
@@ -173,6 +175,15 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
+        // Upstream's PDB strategy starts from an empty status (its counts are not omitempty).
+        ("policy", "PodDisruptionBudget") => {
+            o.insert(
+                "status".into(),
+                serde_json::json!({
+                    "disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0
+                }),
+            );
+        }
         _ => {}
     }
 }
@@ -280,6 +291,7 @@ pub const OMITTED_ZERO_STATUS: &[(&str, &str, &[&str])] = &[
         &["observedGeneration", "updatedNumberScheduled", "numberAvailable", "numberUnavailable"],
     ),
     ("batch", "Job", &["active", "succeeded", "failed"]),
+    ("policy", "PodDisruptionBudget", &["observedGeneration"]),
 ];
 
 /// The status counts of `group`/`kind` in [`OMITTED_ZERO_STATUS`].
@@ -347,6 +359,7 @@ pub fn validate(
         ("", _, _) => core::validate(gvk.kind, new, old),
         ("apps", _, _) => apps::validate(gvk.kind, subresource, new, old),
         ("batch", "Job", _) => batch::validate_job(subresource, new, old),
+        ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         _ => other::validate(gvk, new, old),
     }
 }

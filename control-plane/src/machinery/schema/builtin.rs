@@ -79,6 +79,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<apps::v1::ControllerRevision>(g, true),
         kind::<autoscaling::v1::Scale>(g, false),
         kind::<policy::v1::Eviction>(g, false),
+        kind::<policy::v1::PodDisruptionBudget>(g, true),
         kind::<batch::v1::Job>(g, true),
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
