@@ -339,3 +339,75 @@ fn disruption_budget_kubectl_1_27() {
 fn disruption_budget_kubectl_1_33() {
     disruption_budget(33);
 }
+
+/// CronJobs: create, the Table, a Job from one (`create job --from`), and a schedule
+/// upstream would refuse.
+fn cronjobs(minor: u32) {
+    let server = TestServer::start();
+    let k = server.kubectl(minor);
+    let out = k.ok(&[
+        "create",
+        "cronjob",
+        "tick",
+        "--image=skiff.local/busybox:1",
+        "--schedule=*/5 * * * *",
+        "--",
+        "true",
+    ]);
+    assert!(out.contains("cronjob.batch/tick created"), "{out}");
+    let table = k.ok(&["get", "cronjobs"]);
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows[0],
+        ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"],
+        "{table}"
+    );
+    assert_eq!(
+        rows[1][..9],
+        ["tick", "*/5", "*", "*", "*", "*", "<none>", "False", "0"],
+        "{table}"
+    );
+    let cj = json(&k, &["get", "cj", "tick"]);
+    assert_eq!(cj["spec"]["concurrencyPolicy"], "Allow", "defaulted");
+    assert_eq!(cj["spec"]["successfulJobsHistoryLimit"], 3, "defaulted");
+
+    let out = k.ok(&["create", "job", "by-hand", "--from=cronjob/tick"]);
+    assert!(out.contains("job.batch/by-hand created"), "{out}");
+    let job = json(&k, &["get", "job", "by-hand"]);
+    assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "CronJob");
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["command"][0], "true");
+
+    let err = k.fails(&[
+        "create",
+        "cronjob",
+        "bad",
+        "--image=skiff.local/busybox:1",
+        "--schedule=61 * * * *",
+    ]);
+    assert!(
+        err.contains(
+            "spec.schedule: Invalid value: \"61 * * * *\": end of range (61) above maximum (59): 61"
+        ),
+        "{err}"
+    );
+    let err = k.fails(&[
+        "create",
+        "cronjob",
+        "zoned",
+        "--image=skiff.local/busybox:1",
+        "--schedule=CRON_TZ=UTC 0 * * * *",
+    ]);
+    assert!(err.contains("cannot use TZ or CRON_TZ in schedule"), "{err}");
+    let explain = k.ok(&["explain", "cronjob.spec.schedule"]);
+    assert!(explain.contains("schedule"), "{explain}");
+}
+
+#[test]
+fn cronjobs_kubectl_1_27() {
+    cronjobs(27);
+}
+
+#[test]
+fn cronjobs_kubectl_1_33() {
+    cronjobs(33);
+}

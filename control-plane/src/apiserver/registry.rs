@@ -446,6 +446,23 @@ pub fn builtin() -> Vec<ResourceType> {
         },
         ResourceType {
             desc: desc(
+                "batch",
+                "v1",
+                "CronJob",
+                "cronjobs",
+                "cronjob",
+                true,
+                &["cj"],
+                all,
+                &[STATUS],
+            ),
+            normalize: normalize::<batch::v1::CronJob>(),
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
                 "policy",
                 "v1",
                 "PodDisruptionBudget",

@@ -224,6 +224,43 @@ fn columns(kind: &str) -> Vec<Col> {
                 "A label query over pods that should match the pod count.",
             ),
         ],
+        "CronJob" => vec![
+            NAME,
+            col(
+                "Schedule",
+                "string",
+                0,
+                "The schedule in Cron format, see https://en.wikipedia.org/wiki/Cron.",
+            ),
+            col(
+                "Timezone",
+                "string",
+                0,
+                "The time zone name for the given schedule, see https://en.wikipedia.org/wiki/List_of_tz_database_time_zones. If not specified, this will default to the time zone of the kube-controller-manager process. The set of valid time zone names and the time zone offset is loaded from the system-wide time zone database by the API server during CronJob validation and the controller manager during execution. If no system-wide time zone database can be found a bundled version of the database is used instead. If the time zone name becomes invalid during the lifetime of a CronJob or due to a change in host configuration, the controller will stop creating new new Jobs and will create a system event with the reason UnknownTimeZone. More information can be found in https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/#time-zones",
+            ),
+            col(
+                "Suspend",
+                "boolean",
+                0,
+                "This flag tells the controller to suspend subsequent executions, it does not apply to already started executions.  Defaults to false.",
+            ),
+            col("Active", "integer", 0, "A list of pointers to currently running jobs."),
+            col(
+                "Last Schedule",
+                "string",
+                0,
+                "Information when was the last time the job was successfully scheduled.",
+            ),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col(
+                "Selector",
+                "string",
+                1,
+                "A label query over pods that should match the pod count. Normally, the system sets this field for you. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors",
+            ),
+        ],
         "EndpointSlice" => vec![
             NAME,
             col("AddressType", "string", 0, "The IP protocol for this slice."),
@@ -588,6 +625,31 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
             ]
         }
         "Job" => job_cells(o, name, age, now),
+        "CronJob" => {
+            let template = o.at(&["spec", "jobTemplate"]).cloned().unwrap_or_default();
+            let (c, i) = containers_images(&template);
+            let last = match str_at(o, &["status", "lastScheduleTime"]) {
+                t if t.is_empty() => "<none>".to_string(),
+                t => since(&t, now),
+            };
+            vec![
+                json!(name),
+                json!(str_at(o, &["spec", "schedule"])),
+                json!(or_none(str_at(o, &["spec", "timeZone"]))),
+                // `printBoolPtr`: a string cell.
+                json!(match o.at(&["spec", "suspend"]).and_then(Value::as_bool) {
+                    Some(true) => "True",
+                    Some(false) => "False",
+                    None => "<unset>",
+                }),
+                json!(arr(o, &["status", "active"]).len()),
+                json!(last),
+                json!(age),
+                json!(c),
+                json!(i),
+                json!(selector_string(template.at(&["spec", "selector"]))),
+            ]
+        }
         "EndpointSlice" => {
             let ports: Vec<String> =
                 arr(o, &["ports"]).iter().map(|p| p["port"].to_string()).collect();

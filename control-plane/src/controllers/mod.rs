@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kube::Client;
 
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
@@ -139,14 +140,15 @@ pub async fn run(client: Client, config: ControllerConfig) {
     futures::future::pending::<()>().await;
 }
 
-/// The workload controllers (ReplicaSet, Deployment, DaemonSet, Job, StatefulSet), until
-/// the future is dropped.
+/// The workload controllers (ReplicaSet, Deployment, DaemonSet, Job, CronJob,
+/// StatefulSet), until the future is dropped.
 pub async fn run_workloads(ctx: Arc<Context>) {
     tokio::join!(
         replicaset::run(ctx.clone()),
         deployment::run(ctx.clone()),
         daemonset::run(ctx.clone()),
         job::run(ctx.clone()),
+        cronjob::run(ctx.clone()),
         statefulset::run(ctx.clone()),
     );
 }

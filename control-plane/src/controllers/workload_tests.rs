@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -1380,6 +1380,117 @@ async fn disruption_budgets_count_healthy_pods_and_evictions_charge_them() {
                     c.reason == "SyncFailed" && c.message.contains("found no controllers")
                 })
         })
+    })
+    .await;
+}
+
+fn cronjob(name: &str, policy: &str, outcome: Option<&str>) -> CronJob {
+    let labels = outcome.map(|o| json!({"test.skiff/outcome": o}));
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "schedule": "* * * * *",
+            "concurrencyPolicy": policy,
+            "successfulJobsHistoryLimit": 1,
+            "jobTemplate": {
+                "metadata": {"labels": {"cron": name}},
+                "spec": {"template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+                }},
+            },
+        },
+    }))
+    .expect("cronjob json")
+}
+
+async fn jobs_of(h: &Harness, cronjob: &str) -> Vec<Job> {
+    let lp = ListParams::default().labels(&format!("cron={cronjob}"));
+    let mut jobs = h.api::<Job>().list(&lp).await.expect("list jobs").items;
+    jobs.retain(|j| j.metadata.deletion_timestamp.is_none());
+    jobs.sort_by_key(|j| j.name_any());
+    jobs
+}
+
+/// Sleeps `minutes` of (paused) time in small steps, so the controllers keep up.
+async fn pass_minutes(minutes: u64) {
+    for _ in 0..minutes * 12 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cronjobs_start_jobs_on_schedule_and_keep_history() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<CronJob>();
+    api.create(&PostParams::default(), &cronjob("tick", "Allow", Some("succeed")))
+        .await
+        .expect("create cronjob");
+    wait_for("a first run of tick", || async { !jobs_of(&h, "tick").await.is_empty() }).await;
+    let first = jobs_of(&h, "tick").await[0].name_any();
+    wait_for("a later completed run of tick replacing the first", || async {
+        let jobs = jobs_of(&h, "tick").await;
+        let done = api.get("tick").await.is_ok_and(|c| {
+            c.status.is_some_and(|s| s.last_successful_time.is_some() && s.active.is_none())
+        });
+        done && jobs.len() == 1 && jobs[0].name_any() != first
+    })
+    .await;
+    // One minute apart, named after the minute, owned by the CronJob; the older finished
+    // run was deleted (successfulJobsHistoryLimit 1).
+    let tick = api.get("tick").await.expect("cronjob");
+    let jobs = jobs_of(&h, "tick").await;
+    assert_eq!(
+        jobs.len(),
+        1,
+        "history limit: {:?}",
+        jobs.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+    );
+    let last = tick.status.and_then(|s| s.last_schedule_time).expect("lastScheduleTime").0;
+    assert_eq!(last.as_second() % 60, 0, "scheduled on the minute");
+    assert_eq!(jobs[0].name_any(), format!("tick-{}", last.as_second() / 60));
+    let annotations = jobs[0].annotations();
+    assert_eq!(
+        annotations.get("batch.kubernetes.io/cronjob-scheduled-timestamp").map(String::as_str),
+        Some(last.strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())
+    );
+    assert_eq!(pods::controller_ref(&jobs[0].metadata).map(|r| r.kind.as_str()), Some("CronJob"));
+    let events = h.api::<k8s_openapi::api::core::v1::Event>();
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("tick"))
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.contains(&"SuccessfulCreate".to_string()), "{reasons:?}");
+    assert!(reasons.contains(&"SawCompletedJob".to_string()), "{reasons:?}");
+    assert!(!reasons.contains(&"UnexpectedJob".to_string()), "its own jobs: {reasons:?}");
+
+    // Suspended: no new run.
+    let suspend = json!({"spec": {"suspend": true}});
+    api.patch("tick", &PatchParams::default(), &Patch::Merge(&suspend)).await.expect("suspend");
+    pass_minutes(3).await;
+    let after = api.get("tick").await.expect("cronjob");
+    assert_eq!(after.status.and_then(|s| s.last_schedule_time).map(|t| t.0), Some(last));
+
+    // Forbid: a run that never ends holds back the next ones.
+    api.create(&PostParams::default(), &cronjob("slow", "Forbid", None)).await.expect("create");
+    wait_for("a run of slow", || async { jobs_of(&h, "slow").await.len() == 1 }).await;
+    pass_minutes(3).await;
+    let slow = jobs_of(&h, "slow").await;
+    assert_eq!(slow.len(), 1, "Forbid started another run");
+    let active = api.get("slow").await.expect("slow").status.and_then(|s| s.active);
+    assert_eq!(active.map(|a| a.len()), Some(1));
+
+    // Replace: the next run replaces it.
+    let replace = json!({"spec": {"concurrencyPolicy": "Replace"}});
+    api.patch("slow", &PatchParams::default(), &Patch::Merge(&replace)).await.expect("replace");
+    wait_for("slow's run replaced", || async {
+        let jobs = jobs_of(&h, "slow").await;
+        jobs.len() == 1 && jobs[0].name_any() != slow[0].name_any()
     })
     .await;
 }

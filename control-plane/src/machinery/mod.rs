@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod apply;
+pub mod cron;
 pub mod openapi;
 pub mod protobuf;
 pub mod schema;

@@ -1,7 +1,7 @@
 //! batch/v1 Job: `SetDefaults_Job`, the job strategy's generated selector and labels, and
 //! `ValidateJob`/`ValidateJobUpdate`.
 
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, go_string_map, json_value};
@@ -130,6 +130,60 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
         });
         validate_generated_selector(&job, require_prefixed, &mut errs);
     }
+    validate_job_spec(&spec, &sp, true, &mut errs);
+    let mode = spec.completion_mode.as_deref();
+    let tp = sp.child("template");
+    if mode == Some("Indexed")
+        && let Some(c) = spec.completions.filter(|c| *c > 0)
+    {
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let host = format!("{name}-{}", c - 1);
+        if !names::is_dns1123_label(&host).is_empty() {
+            errs.push(FieldError::invalid(
+                &Path::root("metadata").child("name"),
+                name,
+                format!("will not able to create pod with invalid DNS label: {host}"),
+            ));
+        }
+    }
+    if let Some(old_spec) = old_job.as_ref().and_then(|j| j.spec.as_ref()) {
+        if spec.selector != old_spec.selector {
+            errs.push(FieldError::invalid(
+                &sp.child("selector"),
+                json_value(&spec.selector),
+                FIELD_IMMUTABLE,
+            ));
+        }
+        if spec.template != old_spec.template {
+            errs.push(FieldError::invalid(&tp, json_value(&spec.template), FIELD_IMMUTABLE));
+        }
+        if spec.completions != old_spec.completions {
+            errs.push(FieldError::invalid(
+                &sp.child("completions"),
+                json_value(&spec.completions),
+                FIELD_IMMUTABLE,
+            ));
+        }
+        for (n, o, name) in [(&spec.completion_mode, &old_spec.completion_mode, "completionMode")] {
+            if n != o {
+                errs.push(FieldError::invalid(&sp.child(name), json_value(n), FIELD_IMMUTABLE));
+            }
+        }
+        if spec.pod_failure_policy != old_spec.pod_failure_policy {
+            errs.push(FieldError::invalid(
+                &sp.child("podFailurePolicy"),
+                json_value(&spec.pod_failure_policy),
+                FIELD_IMMUTABLE,
+            ));
+        }
+    }
+    errs
+}
+
+/// Upstream's `validateJobSpec` (counts, completion mode, replacement policy, the template
+/// and its restartPolicy), with `ValidateJobSpec`'s selector checks when `with_selector` (a
+/// CronJob's job template has none: it is generated).
+fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut ErrorList) {
     for (v, name) in [
         (spec.parallelism, "parallelism"),
         (spec.completions, "completions"),
@@ -138,9 +192,9 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
         (spec.backoff_limit_per_index, "backoffLimitPerIndex"),
         (spec.max_failed_indexes, "maxFailedIndexes"),
     ] {
-        nonnegative(&mut errs, v.map(i64::from), &sp.child(name));
+        nonnegative(errs, v.map(i64::from), &sp.child(name));
     }
-    nonnegative(&mut errs, spec.active_deadline_seconds, &sp.child("activeDeadlineSeconds"));
+    nonnegative(errs, spec.active_deadline_seconds, &sp.child("activeDeadlineSeconds"));
     let mode = spec.completion_mode.as_deref();
     if let Some(m) = mode {
         if !matches!(m, "NonIndexed" | "Indexed") {
@@ -196,6 +250,7 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
     }
     let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
     match &spec.selector {
+        _ if !with_selector => {}
         None => errs.push(FieldError::required(&sp.child("selector"), "")),
         Some(sel) => {
             errs.extend(meta::validate_label_selector(sel, &sp.child("selector")));
@@ -232,51 +287,6 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
             "only \"Never\" is supported when podFailurePolicy is specified",
         ));
     }
-    if mode == Some("Indexed")
-        && let Some(c) = spec.completions.filter(|c| *c > 0)
-    {
-        let name = job.metadata.name.as_deref().unwrap_or_default();
-        let host = format!("{name}-{}", c - 1);
-        if !names::is_dns1123_label(&host).is_empty() {
-            errs.push(FieldError::invalid(
-                &Path::root("metadata").child("name"),
-                name,
-                format!("will not able to create pod with invalid DNS label: {host}"),
-            ));
-        }
-    }
-    if let Some(old_spec) = old_job.as_ref().and_then(|j| j.spec.as_ref()) {
-        if spec.selector != old_spec.selector {
-            errs.push(FieldError::invalid(
-                &sp.child("selector"),
-                json_value(&spec.selector),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        if spec.template != old_spec.template {
-            errs.push(FieldError::invalid(&tp, json_value(&spec.template), FIELD_IMMUTABLE));
-        }
-        if spec.completions != old_spec.completions {
-            errs.push(FieldError::invalid(
-                &sp.child("completions"),
-                json_value(&spec.completions),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        for (n, o, name) in [(&spec.completion_mode, &old_spec.completion_mode, "completionMode")] {
-            if n != o {
-                errs.push(FieldError::invalid(&sp.child(name), json_value(n), FIELD_IMMUTABLE));
-            }
-        }
-        if spec.pod_failure_policy != old_spec.pod_failure_policy {
-            errs.push(FieldError::invalid(
-                &sp.child("podFailurePolicy"),
-                json_value(&spec.pod_failure_policy),
-                FIELD_IMMUTABLE,
-            ));
-        }
-    }
-    errs
 }
 
 /// Upstream `validateGeneratedSelector`: the generated labels are on the template with the
@@ -316,4 +326,139 @@ fn validate_generated_selector(job: &Job, require_prefixed: bool, errs: &mut Err
             "`selector` not auto-generated",
         ));
     }
+}
+
+const CRON_JOB: Gvk<'static> = Gvk::new("batch", "v1", "CronJob");
+
+/// `SetDefaults_CronJob`, and the pod defaults of its job template.
+pub fn default_cronjob(o: &mut Obj) {
+    let Some(spec) = ensure(o, "spec") else {
+        return;
+    };
+    let empty = spec.get("concurrencyPolicy").and_then(Value::as_str).is_none_or(str::is_empty);
+    if empty {
+        spec.insert("concurrencyPolicy".into(), json!("Allow"));
+    }
+    default_ptr(spec, "suspend", false);
+    default_ptr(spec, "successfulJobsHistoryLimit", 3);
+    default_ptr(spec, "failedJobsHistoryLimit", 1);
+    if let Some(ps) = value::child(spec, "jobTemplate")
+        .and_then(|jt| value::child(jt, "spec"))
+        .and_then(|js| value::child(js, "template"))
+        .and_then(|t| ensure(t, "spec"))
+    {
+        pod::default_pod_spec(ps, false);
+    }
+}
+
+/// `ValidateCronJobCreate`/`...Update` (and non-negative counts through `/status`).
+pub fn validate_cronjob(sub: Option<&str>, new: &Value, old: Option<&Value>) -> ErrorList {
+    let cj: CronJob = match typed(new) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let old_cj: Option<CronJob> = match old.map(typed).transpose() {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let mut errs = validate_meta(CRON_JOB, &cj.metadata, old_cj.as_ref().map(|c| &c.metadata));
+    if sub == Some("status") {
+        return errs;
+    }
+    let name = cj.metadata.name.as_deref().unwrap_or_default();
+    // The controller appends `-<minutes since the epoch>` (11 characters) for its jobs.
+    if old_cj.is_none() && name.len() > 52 {
+        errs.push(FieldError::invalid(
+            &Path::root("metadata").child("name"),
+            name,
+            "must be no more than 52 characters",
+        ));
+    }
+    let spec = cj.spec.unwrap_or_default();
+    let old_spec = old_cj.and_then(|c| c.spec);
+    let sp = Path::root("spec");
+    if spec.schedule.is_empty() {
+        errs.push(FieldError::required(&sp.child("schedule"), ""));
+    } else {
+        if let Err(e) = crate::machinery::cron::Schedule::parse(&spec.schedule) {
+            errs.push(FieldError::invalid(&sp.child("schedule"), spec.schedule.as_str(), e));
+        }
+        // Schedules stored with TZ before the timeZone field keep it.
+        let allow_tz = old_spec.as_ref().is_some_and(|o| o.schedule.contains("TZ"));
+        if allow_tz && spec.schedule.contains("TZ") && spec.time_zone.is_some() {
+            errs.push(FieldError::invalid(
+                &sp.child("schedule"),
+                spec.schedule.as_str(),
+                "cannot use both timeZone field and TZ or CRON_TZ in schedule",
+            ));
+        } else if !allow_tz && spec.schedule.contains("TZ") {
+            errs.push(FieldError::invalid(
+                &sp.child("schedule"),
+                spec.schedule.as_str(),
+                "cannot use TZ or CRON_TZ in schedule, use timeZone field instead",
+            ));
+        }
+    }
+    nonnegative(&mut errs, spec.starting_deadline_seconds, &sp.child("startingDeadlineSeconds"));
+    if old_spec.as_ref().is_none_or(|o| o.time_zone != spec.time_zone)
+        && let Some(tz) = &spec.time_zone
+        && let Some(why) = invalid_time_zone(tz)
+    {
+        errs.push(FieldError::invalid(&sp.child("timeZone"), tz.as_str(), why));
+    }
+    let policy = spec.concurrency_policy.as_deref().unwrap_or_default();
+    match policy {
+        "Allow" | "Forbid" | "Replace" => {}
+        "" => errs.push(FieldError::required(&sp.child("concurrencyPolicy"), "")),
+        p => errs.push(FieldError::not_supported(
+            &sp.child("concurrencyPolicy"),
+            p,
+            &["Allow", "Forbid", "Replace"],
+        )),
+    }
+    let jp = sp.child("jobTemplate").child("spec");
+    let job_spec = spec.job_template.spec.unwrap_or_default();
+    validate_job_spec(&job_spec, &jp, false, &mut errs);
+    if let Some(sel) = &job_spec.selector {
+        errs.push(FieldError::invalid(
+            &jp.child("selector"),
+            json_value(sel),
+            "`selector` will be auto-generated",
+        ));
+    }
+    if job_spec.manual_selector == Some(true) {
+        errs.push(FieldError::not_supported(&jp.child("manualSelector"), true, &["nil", "false"]));
+    }
+    for (v, field) in [
+        (spec.successful_jobs_history_limit, "successfulJobsHistoryLimit"),
+        (spec.failed_jobs_history_limit, "failedJobsHistoryLimit"),
+    ] {
+        nonnegative(&mut errs, v.map(i64::from), &sp.child(field));
+    }
+    errs
+}
+
+/// Upstream's `validateTimeZone`: an IANA name the tz database knows.
+fn invalid_time_zone(tz: &str) -> Option<String> {
+    if tz.is_empty() {
+        return Some("timeZone must be nil or non-empty string".into());
+    }
+    let part_ok = |p: &str| {
+        p != "."
+            && p != ".."
+            && !p.starts_with('-')
+            && !p.is_empty()
+            && p.len() <= 14
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'))
+    };
+    if !tz.split('/').all(part_ok) {
+        return Some(format!("unknown time zone {tz}"));
+    }
+    if tz.eq_ignore_ascii_case("Local") {
+        return Some(
+            "timeZone must be an explicit time zone as defined in https://www.iana.org/time-zones"
+                .into(),
+        );
+    }
+    jiff::tz::TimeZone::get(tz).err().map(|_| format!("unknown time zone {tz}"))
 }

@@ -117,6 +117,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("apps", "ControllerRevision") => k(true, Subdomain, false, false),
         ("autoscaling", "Scale") => k(true, Subdomain, false, false),
         ("batch", "Job") => k(true, Subdomain, true, true),
+        ("batch", "CronJob") => k(true, Subdomain, true, true),
         ("policy", "PodDisruptionBudget") => k(true, Subdomain, true, true),
         ("discovery.k8s.io", "EndpointSlice") => k(true, Subdomain, false, false),
         ("coordination.k8s.io", "Lease") => k(true, Subdomain, false, false),
@@ -145,6 +146,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::default_workload(gvk.kind, o),
         ("batch", "Job") => batch::default_job(o),
+        ("batch", "CronJob") => batch::default_cronjob(o),
         ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
         ("rbac.authorization.k8s.io", _) => other::default_rbac(gvk.kind, o),
         ("scheduling.k8s.io", "PriorityClass") => other::default_priority_class(o),
@@ -175,6 +177,9 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
+        ("batch", "CronJob") => {
+            o.insert("status".into(), serde_json::json!({}));
+        }
         // Upstream's PDB strategy starts from an empty status (its counts are not omitempty).
         ("policy", "PodDisruptionBudget") => {
             o.insert(
@@ -359,6 +364,7 @@ pub fn validate(
         ("", _, _) => core::validate(gvk.kind, new, old),
         ("apps", _, _) => apps::validate(gvk.kind, subresource, new, old),
         ("batch", "Job", _) => batch::validate_job(subresource, new, old),
+        ("batch", "CronJob", _) => batch::validate_cronjob(subresource, new, old),
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         _ => other::validate(gvk, new, old),
     }

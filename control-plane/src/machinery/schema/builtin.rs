@@ -81,6 +81,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<policy::v1::Eviction>(g, false),
         kind::<policy::v1::PodDisruptionBudget>(g, true),
         kind::<batch::v1::Job>(g, true),
+        kind::<batch::v1::CronJob>(g, true),
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
         kind::<rbac::v1::Role>(g, true),
