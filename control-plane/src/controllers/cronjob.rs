@@ -55,8 +55,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("job {job} already exists and is not controlled by cronjob {cronjob}")]
-    NotOurs { job: String, cronjob: String },
     #[error("deleting job {job}")]
     DeleteJob {
         job: String,
@@ -111,9 +109,10 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     sync_active(&ctx, &cj, &jobs, &mut status).await;
 
     let now = pods::now();
+    let mut started = Ok(());
     let next = match schedule_and_zone(&ctx, &cj).await {
         Some((schedule, tz)) if !suspended(&cj) && cj.metadata.deletion_timestamp.is_none() => {
-            start_due_job(&ctx, &cj, &jobs_api, &schedule, &tz, now, &mut status).await?;
+            started = start_due_job(&ctx, &cj, &jobs_api, &schedule, &tz, now, &mut status).await;
             next_run(&cj, &status, &schedule, &tz, now)
         }
         _ => None,
@@ -131,6 +130,8 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             Err(source) => return Err(Error::Status { cronjob: name, source }),
         }
     }
+    // What the active list learned is written even when starting a Job failed.
+    started?;
     clean_up_finished(&ctx, &cj, &jobs_api, &jobs).await?;
     Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
@@ -256,17 +257,22 @@ fn most_recent(
         missed += 1;
         t = next;
         if missed > MANY_MISSED {
-            // Jump to the last run before now without walking the rest one by one.
-            let step = schedule.next_after(next, tz).map(|n| n.duration_since(next));
-            if let Some(step) = step.filter(|s| s.as_secs() > 0) {
-                let skip = now.duration_since(next).as_secs() / step.as_secs();
-                let jumped =
-                    next.checked_add(jiff::SignedDuration::from_secs(skip * step.as_secs()));
-                t = jumped.unwrap_or(next).checked_sub(step).unwrap_or(next);
-                latest = None;
-                while let Some(n) = schedule.next_after(t, tz).filter(|n| *n <= now) {
-                    latest = Some(n);
-                    t = n;
+            // Too many to walk one by one: the last one is in the latest window back from
+            // `now` that has any (an hour, a day, a month, a year, the five years robfig
+            // looks ahead).
+            for hours in [1, 24, 24 * 32, 24 * 366, 24 * 366 * 5] {
+                let Ok(from) = now.checked_sub(jiff::SignedDuration::from_hours(hours)) else {
+                    break;
+                };
+                let mut u = from.max(next);
+                let mut found = None;
+                while let Some(n) = schedule.next_after(u, tz).filter(|n| *n <= now) {
+                    found = Some(n);
+                    u = n;
+                }
+                if found.is_some() {
+                    latest = found;
+                    break;
                 }
             }
             break;
@@ -355,7 +361,11 @@ async fn start_due_job(
                 .map_err(|source| Error::CreateJob { job: job_name.clone(), source })?;
             let uid = cj.uid().unwrap_or_default();
             if pods::controller_ref(&existing.metadata).is_none_or(|r| r.uid != uid) {
-                return Err(Error::NotOurs { job: job_name, cronjob: cj.name_any() });
+                // Upstream logs this and waits for a change rather than retrying.
+                let msg =
+                    format!("Job {job_name} already exists and is not controlled by this CronJob");
+                ctx.recorder.record(cj, EventType::Warning, "FailedCreate", &msg).await;
+                return Ok(());
             }
             existing
         }
@@ -426,7 +436,10 @@ fn next_run(
     now: Timestamp,
 ) -> Option<Duration> {
     let (earliest, latest, _) = most_recent(cj, status, schedule, tz, now, false);
-    let next = schedule.next_after(latest.unwrap_or(earliest), tz)?;
+    let next = schedule
+        .next_after(latest.unwrap_or(earliest), tz)
+        .filter(|n| *n > now)
+        .or_else(|| schedule.next_after(now, tz))?;
     let wait = Duration::try_from(next.duration_since(now)).unwrap_or_default();
     Some(wait + NEXT_SCHEDULE_DELTA)
 }
@@ -451,7 +464,11 @@ async fn clean_up_finished(
         if done.len() <= keep {
             continue;
         }
-        done.sort_by_key(|j| j.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0));
+        // Upstream's `byJobStartTime`: unstarted Jobs last, ties by name.
+        done.sort_by_key(|j| {
+            let start = j.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0);
+            (start.is_none(), start, j.name_any())
+        });
         for job in &done[..done.len() - keep] {
             let name = job.name_any();
             let params = DeleteParams {

@@ -262,8 +262,12 @@ async fn controller_scale(
                     .await
                     .map_err(err("deployment", &dep_ref.name))?
                     .filter(|d| d.uid().as_deref() == Some(dep_ref.uid.as_str()));
-                return Ok(dep
-                    .map(|d| (dep_ref.uid.clone(), d.spec.and_then(|s| s.replicas).unwrap_or(1))));
+                // Without its Deployment the ReplicaSet's own scale counts (upstream's
+                // fallback to the scale subresource).
+                if let Some(d) = dep {
+                    let replicas = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    return Ok(Some((dep_ref.uid.clone(), replicas)));
+                }
             }
             Ok(Some((owner.uid.clone(), rs.spec.and_then(|s| s.replicas).unwrap_or(1))))
         }
@@ -352,11 +356,11 @@ fn computed_status(
 }
 
 /// Upstream's `failSafe`: no disruption allowed, the condition says why (`SyncFailed`);
-/// the counts stay as they were.
+/// the counts and observedGeneration stay as they were.
 fn fail_safe(pdb: &PodDisruptionBudget, why: &str, now: Timestamp) -> PodDisruptionBudgetStatus {
+    // observedGeneration stays: evictions keep answering "still being processed".
     let mut status = pdb.status.clone().unwrap_or_default();
     status.disruptions_allowed = 0;
-    status.observed_generation = pdb.metadata.generation;
     set_condition(&mut status, "False", "SyncFailed", why, now);
     status
 }

@@ -1326,10 +1326,33 @@ async fn disruption_budgets_count_healthy_pods_and_evictions_charge_them() {
         post_options: PostParams { dry_run: true, ..Default::default() },
         ..Default::default()
     };
-    pods_api.evict(&ready[0], &dry).await.expect("dry-run eviction");
-    let after_dry = pdbs.get("web").await.expect("pdb");
-    assert_eq!(pdb_status(&after_dry).3, 1, "a dry run charges nothing");
-    assert!(pods_api.get(&ready[0]).await.is_ok(), "a dry run deletes nothing");
+    // A dry run in the query or only in the Eviction's deleteOptions (kubectl drain
+    // --dry-run=server) charges and deletes nothing.
+    // (kube-rs names the body's field `delete_options`: the body is written here.)
+    let body = json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": ready[0]}, "deleteOptions": {"dryRun": ["All"]},
+    });
+    for in_body in [false, true] {
+        if in_body {
+            let req = http::Request::post(format!(
+                "/api/v1/namespaces/default/pods/{}/eviction",
+                ready[0]
+            ))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).expect("body"))
+            .expect("request");
+            let _: serde_json::Value = h.client.request(req).await.expect("dry-run eviction");
+        } else {
+            pods_api.evict(&ready[0], &dry).await.expect("dry-run eviction");
+        }
+        let after_dry = pdbs.get("web").await.expect("pdb");
+        assert_eq!(pdb_status(&after_dry).3, 1, "a dry run charges nothing");
+        assert!(after_dry.status.and_then(|s| s.disrupted_pods).is_none());
+        let pod = pods_api.get(&ready[0]).await.expect("a dry run deletes nothing");
+        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(!conditions.iter().any(|c| c.type_ == "DisruptionTarget"), "nor marks the pod");
+    }
 
     pods_api.evict(&ready[0], &EvictParams::default()).await.expect("first eviction");
     let refused = pods_api.evict(&ready[1], &EvictParams::default()).await;

@@ -58,7 +58,24 @@ pub(super) async fn evict(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
     }
-    let dry_run = query.dry_run()?;
+    // Upstream's `propagateDryRun`: the query's dryRun, or the deleteOptions', not both
+    // differing.
+    let body_dry_run = eviction.at(&["deleteOptions", "dryRun"]).and_then(Value::as_array);
+    let dry_run = match (query.dry_run()?, body_dry_run.filter(|d| !d.is_empty())) {
+        (query_dry, None) => query_dry,
+        (false, Some(d)) if query.get("dryRun").is_none() => d.iter().any(|v| v == "All"),
+        (query_dry, Some(d)) => {
+            let body_dry = d.iter().any(|v| v == "All");
+            if body_dry != query_dry {
+                return Err(ApiError::bad_request(format!(
+                    "Inconsistent dryRun. Query: {:?}, Eviction: {}",
+                    query.get("dryRun").unwrap_or_default(),
+                    Value::Array(d.clone())
+                )));
+            }
+            query_dry
+        }
+    };
     crate::apiserver::admission::admit_subresource_create(
         server, rt, ns, name, "eviction", &eviction, dry_run,
     )
@@ -119,8 +136,16 @@ pub(super) async fn evict(
         if always || (healthy >= desired && desired > 0) {
             let mut opts = options;
             set_precondition_rv(&mut opts, pod_rev);
-            mark_and_delete(server, rt, ns, name, query, opts, dry_run).await?;
-            return Ok(success());
+            return match mark_and_delete(server, rt, ns, name, query, opts, dry_run).await {
+                // The pod changed (it may have become ready): the client tries again.
+                Err(e) if e.code == StatusCode::CONFLICT && !user_rv => Err(too_many_requests(
+                    10,
+                    format!(
+                        "The disruption budget {pdb_name} is still being processed by the server."
+                    ),
+                )),
+                done => done.map(|()| success()),
+            };
         }
     }
 

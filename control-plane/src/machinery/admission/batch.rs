@@ -460,5 +460,9 @@ fn invalid_time_zone(tz: &str) -> Option<String> {
                 .into(),
         );
     }
-    jiff::tz::TimeZone::get(tz).err().map(|_| format!("unknown time zone {tz}"))
+    // jiff finds names whatever their case; Go's LoadLocation opens the file by its name.
+    match jiff::tz::TimeZone::get(tz) {
+        Ok(zone) if zone.iana_name() == Some(tz) => None,
+        _ => Some(format!("unknown time zone {tz}")),
+    }
 }
