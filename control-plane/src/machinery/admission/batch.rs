@@ -9,7 +9,7 @@ use super::meta::{self, FIELD_IMMUTABLE, nonnegative};
 use super::names;
 use super::pod;
 use super::value::{self, Obj, default_ptr, ensure};
-use super::{Gvk, typed, validate_meta};
+use super::{Gvk, typed_pair, validate_meta};
 
 const JOB: Gvk<'static> = Gvk::new("batch", "v1", "Job");
 pub const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
@@ -94,12 +94,8 @@ pub fn prepare_job_create(o: &mut Obj) {
 }
 
 pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> ErrorList {
-    let job: Job = match typed(new) {
-        Ok(j) => j,
-        Err(e) => return e,
-    };
-    let old_job: Option<Job> = match old.map(typed).transpose() {
-        Ok(j) => j,
+    let (job, old_job) = match typed_pair::<Job>(new, old) {
+        Ok(pair) => pair,
         Err(e) => return e,
     };
     let mut errs = validate_meta(JOB, &job.metadata, old_job.as_ref().map(|j| &j.metadata));
@@ -353,12 +349,8 @@ pub fn default_cronjob(o: &mut Obj) {
 
 /// `ValidateCronJobCreate`/`...Update` (and non-negative counts through `/status`).
 pub fn validate_cronjob(sub: Option<&str>, new: &Value, old: Option<&Value>) -> ErrorList {
-    let cj: CronJob = match typed(new) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let old_cj: Option<CronJob> = match old.map(typed).transpose() {
-        Ok(c) => c,
+    let (cj, old_cj) = match typed_pair::<CronJob>(new, old) {
+        Ok(pair) => pair,
         Err(e) => return e,
     };
     let mut errs = validate_meta(CRON_JOB, &cj.metadata, old_cj.as_ref().map(|c| &c.metadata));

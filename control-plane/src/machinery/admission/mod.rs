@@ -423,6 +423,14 @@ pub fn invalid_status(kind: &str, group: &str, name: &str, errs: &[FieldError]) 
 
 /// Deserializes a typed view of `v` without copying it; a shape error becomes one field
 /// error (the apiserver's decoding normally rejects such bodies first).
+/// The new object and the old one (an update's), typed.
+pub(crate) fn typed_pair<T: DeserializeOwned>(
+    new: &Value,
+    old: Option<&Value>,
+) -> Result<(T, Option<T>), Vec<FieldError>> {
+    Ok((typed(new)?, old.map(typed).transpose()?))
+}
+
 pub(crate) fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, Vec<FieldError>> {
     T::deserialize(v).map_err(|e| {
         vec![FieldError {

@@ -18,7 +18,7 @@ use super::meta::{self, FIELD_IMMUTABLE};
 use super::names;
 use super::pod::validate_protocol;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
-use super::{Gvk, typed, validate_meta};
+use super::{Gvk, typed_pair, validate_meta};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
@@ -143,28 +143,19 @@ pub fn default_rbac(kind: &str, o: &mut Obj) {
 // Validation
 // ---------------------------------------------------------------------------------------
 
-fn decode<T: serde::de::DeserializeOwned>(
-    new: &Value,
-    old: Option<&Value>,
-) -> Result<(T, Option<T>), ErrorList> {
-    let n = typed(new)?;
-    let o = old.map(typed).transpose()?;
-    Ok((n, o))
-}
-
 pub fn validate(gvk: Gvk, new: &Value, old: Option<&Value>) -> ErrorList {
     let r = match (gvk.group, gvk.kind) {
-        ("discovery.k8s.io", "EndpointSlice") => decode::<EndpointSlice>(new, old)
+        ("discovery.k8s.io", "EndpointSlice") => typed_pair::<EndpointSlice>(new, old)
             .map(|(n, o)| validate_endpoint_slice(gvk, &n, o.as_ref())),
         ("coordination.k8s.io", "Lease") => {
-            decode::<Lease>(new, old).map(|(n, o)| validate_lease(gvk, &n, o.as_ref()))
+            typed_pair::<Lease>(new, old).map(|(n, o)| validate_lease(gvk, &n, o.as_ref()))
         }
-        (RBAC_GROUP, "Role") => decode::<Role>(new, old).map(|(n, o)| {
+        (RBAC_GROUP, "Role") => typed_pair::<Role>(new, old).map(|(n, o)| {
             let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
             validate_rules(n.rules.as_deref().unwrap_or_default(), true, &mut errs);
             errs
         }),
-        (RBAC_GROUP, "ClusterRole") => decode::<ClusterRole>(new, old).map(|(n, o)| {
+        (RBAC_GROUP, "ClusterRole") => typed_pair::<ClusterRole>(new, old).map(|(n, o)| {
             let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
             validate_rules(n.rules.as_deref().unwrap_or_default(), false, &mut errs);
             if let Some(agg) = &n.aggregation_rule {
@@ -182,7 +173,7 @@ pub fn validate(gvk: Gvk, new: &Value, old: Option<&Value>) -> ErrorList {
             }
             errs
         }),
-        (RBAC_GROUP, "RoleBinding") => decode::<RoleBinding>(new, old).map(|(n, o)| {
+        (RBAC_GROUP, "RoleBinding") => typed_pair::<RoleBinding>(new, old).map(|(n, o)| {
             let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
             validate_binding(
                 &n.role_ref,
@@ -194,7 +185,7 @@ pub fn validate(gvk: Gvk, new: &Value, old: Option<&Value>) -> ErrorList {
             errs
         }),
         (RBAC_GROUP, "ClusterRoleBinding") => {
-            decode::<ClusterRoleBinding>(new, old).map(|(n, o)| {
+            typed_pair::<ClusterRoleBinding>(new, old).map(|(n, o)| {
                 let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
                 validate_binding(
                     &n.role_ref,
@@ -206,7 +197,7 @@ pub fn validate(gvk: Gvk, new: &Value, old: Option<&Value>) -> ErrorList {
                 errs
             })
         }
-        ("scheduling.k8s.io", "PriorityClass") => decode::<PriorityClass>(new, old)
+        ("scheduling.k8s.io", "PriorityClass") => typed_pair::<PriorityClass>(new, old)
             .map(|(n, o)| validate_priority_class(gvk, &n, o.as_ref())),
         _ => Ok(ErrorList::new()),
     };

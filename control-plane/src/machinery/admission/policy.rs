@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::apps::positive_int_or_percent;
 use super::field::{ErrorList, FieldError, Path, json_value};
 use super::meta::{self, nonnegative};
-use super::{Gvk, typed, validate_meta};
+use super::{Gvk, typed_pair, validate_meta};
 
 /// `unhealthyPodEvictionPolicy` values.
 const UNHEALTHY_POD_EVICTION_POLICIES: &[&str] = &["AlwaysAllow", "IfHealthyBudget"];
@@ -15,12 +15,8 @@ const UNHEALTHY_POD_EVICTION_POLICIES: &[&str] = &["AlwaysAllow", "IfHealthyBudg
 /// `ValidatePodDisruptionBudgetStatusUpdate` (non-negative counts).
 pub fn validate_pdb(sub: Option<&str>, new: &Value, old: Option<&Value>) -> ErrorList {
     let gvk = Gvk::new("policy", "v1", "PodDisruptionBudget");
-    let n: PodDisruptionBudget = match typed(new) {
-        Ok(n) => n,
-        Err(e) => return e,
-    };
-    let o: Option<PodDisruptionBudget> = match old.map(typed).transpose() {
-        Ok(o) => o,
+    let (n, o) = match typed_pair::<PodDisruptionBudget>(new, old) {
+        Ok(pair) => pair,
         Err(e) => return e,
     };
     let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
