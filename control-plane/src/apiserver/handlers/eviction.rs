@@ -108,7 +108,11 @@ pub(super) async fn evict(
         }
     };
 
-    let mut budgets = budgets_of(server, ns, &pod).await?;
+    let pdb_rt = server
+        .registry
+        .find("policy", "v1", "poddisruptionbudgets")
+        .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
+    let mut budgets = budgets_of(server, pdb_rt, ns, &pod).await?;
     if budgets.len() > 1 {
         return Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -120,10 +124,6 @@ pub(super) async fn evict(
         mark_and_delete(server, rt, ns, name, query, options, dry_run).await?;
         return Ok(success());
     };
-    let pdb_rt = server
-        .registry
-        .find("policy", "v1", "poddisruptionbudgets")
-        .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
     let pdb_name = meta_str(&budget, "name").unwrap_or_default().to_string();
 
     // A pod that is not ready does not count as healthy: evicting it costs the budget
@@ -220,10 +220,12 @@ fn set_precondition_rv(options: &mut Value, rev: Revision) {
 /// The budgets in the pod's namespace whose selector matches it (a missing selector
 /// matches nothing, an empty one every pod: policy/v1), read as a consistent list: from
 /// the watch cache once it has caught up with the store.
-async fn budgets_of(server: &ApiServer, ns: Option<&str>, pod: &Value) -> ApiResult<Vec<Value>> {
-    let Some(pdb_rt) = server.registry.find("policy", "v1", "poddisruptionbudgets") else {
-        return Ok(Vec::new());
-    };
+async fn budgets_of(
+    server: &ApiServer,
+    pdb_rt: &ResourceType,
+    ns: Option<&str>,
+    pod: &Value,
+) -> ApiResult<Vec<Value>> {
     let current = server.store.current_revision().await?;
     server.cache.wait_for(current, CACHE_WAIT).await;
     let labels: std::collections::BTreeMap<String, String> = pod
@@ -286,7 +288,7 @@ fn charge(budget: &Value, pod: &str, now: &str) -> ApiResult<Value> {
     let status = &mut next["status"];
     status["disruptionsAllowed"] = json!(allowed - 1);
     if allowed == 1 {
-        set_disruption_allowed(status, false, generation, now);
+        disallow_disruptions(status, generation, now);
     }
     if !status.get("disruptedPods").is_some_and(Value::is_object) {
         status["disruptedPods"] = json!({});
@@ -298,17 +300,15 @@ fn charge(budget: &Value, pod: &str, now: &str) -> ApiResult<Value> {
 /// Upstream's `UpdateDisruptionAllowedCondition` for a budget charged to zero: the
 /// `DisruptionAllowed` condition False (`InsufficientPods`), its transition time moved
 /// only when its status changes.
-fn set_disruption_allowed(status: &mut Value, allowed: bool, generation: i64, now: &str) {
-    let (value, reason) =
-        if allowed { ("True", "SufficientPods") } else { ("False", "InsufficientPods") };
+fn disallow_disruptions(status: &mut Value, generation: i64, now: &str) {
     if !status.get("conditions").is_some_and(Value::is_array) {
         status["conditions"] = json!([]);
     }
     let conditions = status["conditions"].as_array_mut().expect("conditions was just made a list");
     let fresh = json!({
         "type": "DisruptionAllowed",
-        "status": value,
-        "reason": reason,
+        "status": "False",
+        "reason": "InsufficientPods",
         "message": "",
         "observedGeneration": generation,
         "lastTransitionTime": now,
@@ -316,7 +316,7 @@ fn set_disruption_allowed(status: &mut Value, allowed: bool, generation: i64, no
     match conditions.iter_mut().find(|c| c["type"] == "DisruptionAllowed") {
         Some(c) => {
             let since =
-                if c["status"] == value { c["lastTransitionTime"].clone() } else { json!(now) };
+                if c["status"] == "False" { c["lastTransitionTime"].clone() } else { json!(now) };
             *c = fresh;
             c["lastTransitionTime"] = since;
         }
