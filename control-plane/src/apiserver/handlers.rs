@@ -1754,8 +1754,13 @@ async fn delete_collection(
 
 /// autoscaling/v1 Scale of a workload.
 fn to_scale(obj: &Value) -> Value {
-    let selector = obj
-        .at(&["spec", "selector", "matchLabels"])
+    // A ReplicationController's selector is a plain label map; the apps kinds' a
+    // LabelSelector (matchLabels).
+    let labels = match obj.get("kind").and_then(Value::as_str) {
+        Some("ReplicationController") => obj.at(&["spec", "selector"]),
+        _ => obj.at(&["spec", "selector", "matchLabels"]),
+    };
+    let selector = labels
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()

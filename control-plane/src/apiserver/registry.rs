@@ -2,7 +2,8 @@
 //! round-trip that prunes unknown fields, and its selectable fields.
 
 use k8s_openapi::api::{
-    admissionregistration, apps, batch, coordination, core, discovery, policy, rbac, scheduling,
+    admissionregistration, apps, batch, coordination, core, discovery, networking, policy, rbac,
+    scheduling, storage,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -354,6 +355,57 @@ pub fn builtin() -> Vec<ResourceType> {
         },
         ResourceType {
             desc: desc(
+                "",
+                "v1",
+                "PersistentVolume",
+                "persistentvolumes",
+                "persistentvolume",
+                false,
+                &["pv"],
+                &[],
+                &[STATUS],
+            ),
+            normalize: normalize::<core::v1::PersistentVolume>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "",
+                "v1",
+                "PersistentVolumeClaim",
+                "persistentvolumeclaims",
+                "persistentvolumeclaim",
+                true,
+                &["pvc"],
+                &[],
+                &[STATUS],
+            ),
+            normalize: normalize::<core::v1::PersistentVolumeClaim>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "",
+                "v1",
+                "ReplicationController",
+                "replicationcontrollers",
+                "replicationcontroller",
+                true,
+                &["rc"],
+                all,
+                &[STATUS, SCALE],
+            ),
+            normalize: normalize::<core::v1::ReplicationController>(),
+            fields: &["status.replicas"],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
                 "apps",
                 "v1",
                 "Deployment",
@@ -477,6 +529,57 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "networking.k8s.io",
+                "v1",
+                "Ingress",
+                "ingresses",
+                "ingress",
+                true,
+                &["ing"],
+                &[],
+                &[STATUS],
+            ),
+            normalize: normalize::<networking::v1::Ingress>(),
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+        },
+        ResourceType {
+            desc: desc(
+                "networking.k8s.io",
+                "v1",
+                "IngressClass",
+                "ingressclasses",
+                "ingressclass",
+                false,
+                &[],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<networking::v1::IngressClass>(),
+            fields: &[],
+            tracks_generation: true,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "storage.k8s.io",
+                "v1",
+                "StorageClass",
+                "storageclasses",
+                "storageclass",
+                false,
+                &["sc"],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<storage::v1::StorageClass>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
         },
         ResourceType {
             desc: desc(

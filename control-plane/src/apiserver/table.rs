@@ -347,6 +347,177 @@ fn columns(kind: &str) -> Vec<Col> {
                 "preemptionPolicy is the Policy for preempting pods with lower priority. One of Never, PreemptLowerPriority. Defaults to PreemptLowerPriority if unset.",
             ),
         ],
+        "PersistentVolume" => vec![
+            NAME,
+            col(
+                "Capacity",
+                "string",
+                0,
+                "capacity is the description of the persistent volume's resources and capacity. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#capacity",
+            ),
+            col(
+                "Access Modes",
+                "string",
+                0,
+                "accessModes contains all ways the volume can be mounted. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#access-modes",
+            ),
+            col(
+                "Reclaim Policy",
+                "string",
+                0,
+                "persistentVolumeReclaimPolicy defines what happens to a persistent volume when released from its claim. Valid options are Retain (default for manually created PersistentVolumes), Delete (default for dynamically provisioned PersistentVolumes), and Recycle (deprecated). Recycle must be supported by the volume plugin underlying this PersistentVolume. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#reclaiming",
+            ),
+            col(
+                "Status",
+                "string",
+                0,
+                "phase indicates if a volume is available, bound to a claim, or released by a claim. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#phase",
+            ),
+            col(
+                "Claim",
+                "string",
+                0,
+                "claimRef is part of a bi-directional binding between PersistentVolume and PersistentVolumeClaim. Expected to be non-nil when bound. claim.VolumeName is the authoritative bind between PV and PVC. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#binding",
+            ),
+            col("StorageClass", "string", 0, "StorageClass of the pv"),
+            col("VolumeAttributesClass", "string", 0, "VolumeAttributesClass of the pv"),
+            col(
+                "Reason",
+                "string",
+                0,
+                "reason is a brief CamelCase string that describes any failure and is meant for machine parsing and tidy display in the CLI.",
+            ),
+            AGE,
+            col(
+                "VolumeMode",
+                "string",
+                1,
+                "volumeMode defines if a volume is intended to be used with a formatted filesystem or to remain in raw block state. Value of Filesystem is implied when not included in spec.",
+            ),
+        ],
+        "PersistentVolumeClaim" => vec![
+            NAME,
+            col(
+                "Status",
+                "string",
+                0,
+                "phase represents the current phase of PersistentVolumeClaim.",
+            ),
+            col(
+                "Volume",
+                "string",
+                0,
+                "volumeName is the binding reference to the PersistentVolume backing this claim.",
+            ),
+            col(
+                "Capacity",
+                "string",
+                0,
+                "capacity represents the actual resources of the underlying volume.",
+            ),
+            col(
+                "Access Modes",
+                "string",
+                0,
+                "accessModes contains the actual access modes the volume backing the PVC has. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#access-modes-1",
+            ),
+            col("StorageClass", "string", 0, "StorageClass of the pvc"),
+            col("VolumeAttributesClass", "string", 0, "VolumeAttributesClass of the pvc"),
+            AGE,
+            col(
+                "VolumeMode",
+                "string",
+                1,
+                "volumeMode defines what type of volume is required by the claim. Value of Filesystem is implied when not included in claim spec.",
+            ),
+        ],
+        "ReplicationController" => vec![
+            NAME,
+            col(
+                "Desired",
+                "integer",
+                0,
+                "Replicas is the number of desired replicas. This is a pointer to distinguish between explicit zero and unspecified. Defaults to 1. More info: https://kubernetes.io/docs/concepts/workloads/controllers/replicationcontroller#what-is-a-replicationcontroller",
+            ),
+            col(
+                "Current",
+                "integer",
+                0,
+                "Replicas is the most recently observed number of replicas. More info: https://kubernetes.io/docs/concepts/workloads/controllers/replicationcontroller#what-is-a-replicationcontroller",
+            ),
+            col(
+                "Ready",
+                "integer",
+                0,
+                "The number of ready replicas for this replication controller.",
+            ),
+            AGE,
+            col("Containers", "string", 1, "Names of each container in the template."),
+            col("Images", "string", 1, "Images referenced by each container in the template."),
+            col(
+                "Selector",
+                "string",
+                1,
+                "Selector is a label query over pods that should match the Replicas count. If Selector is empty, it is defaulted to the labels present on the Pod template. Label keys and values that must match in order to be controlled by this replication controller, if empty defaulted to labels on Pod template. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors",
+            ),
+        ],
+        "Ingress" => vec![
+            NAME,
+            col(
+                "Class",
+                "string",
+                0,
+                "The name of the IngressClass resource that should be used for additional configuration",
+            ),
+            col(
+                "Hosts",
+                "string",
+                0,
+                "Hosts that incoming requests are matched against before the ingress rule",
+            ),
+            col(
+                "Address",
+                "string",
+                0,
+                "Address is a list containing ingress points for the load-balancer",
+            ),
+            col("Ports", "string", 0, "Ports of TLS configurations that open"),
+            AGE,
+        ],
+        "IngressClass" => vec![
+            NAME,
+            col(
+                "Controller",
+                "string",
+                0,
+                "Controller that is responsible for handling this class",
+            ),
+            col("Parameters", "string", 0, "A reference to a resource with additional parameters"),
+            AGE,
+        ],
+        "StorageClass" => vec![
+            NAME,
+            col("Provisioner", "string", 0, "provisioner indicates the type of the provisioner."),
+            col(
+                "ReclaimPolicy",
+                "string",
+                0,
+                "reclaimPolicy controls the reclaimPolicy for dynamically provisioned PersistentVolumes of this storage class. Defaults to Delete.",
+            ),
+            col(
+                "VolumeBindingMode",
+                "string",
+                0,
+                "volumeBindingMode indicates how PersistentVolumeClaims should be provisioned and bound.  When unset, VolumeBindingImmediate is used. This field is only honored by servers that enable the VolumeScheduling feature.",
+            ),
+            col(
+                "AllowVolumeExpansion",
+                "string",
+                0,
+                "allowVolumeExpansion shows whether the storage class allow volume expand.",
+            ),
+            AGE,
+        ],
         "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" => vec![
             NAME,
             col(
@@ -510,6 +681,89 @@ fn map_string(m: Option<&Value>) -> String {
     )
 }
 
+fn or_unset(s: String) -> String {
+    if s.is_empty() { "<unset>".into() } else { s }
+}
+
+/// A quantity as upstream's `Quantity.String()` prints it (canonical form; "0" unset).
+fn quantity_cell(q: Option<&Value>) -> String {
+    let q = q.and_then(Value::as_str).unwrap_or("0");
+    crate::machinery::admission::canonical_quantity(q).unwrap_or_else(|| q.to_string())
+}
+
+/// `GetAccessModesAsString`: the short names in a fixed order, each once.
+fn access_modes(modes: &[Value]) -> String {
+    let has = |m: &str| modes.iter().any(|v| v == m);
+    [
+        ("ReadWriteOnce", "RWO"),
+        ("ReadOnlyMany", "ROX"),
+        ("ReadWriteMany", "RWX"),
+        ("ReadWriteOncePod", "RWOP"),
+    ]
+    .iter()
+    .filter(|(long, _)| has(long))
+    .map(|(_, short)| *short)
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
+/// A volume's or claim's phase; "Terminating" once deleted.
+fn storage_phase(o: &Value) -> String {
+    if o.at(&["metadata", "deletionTimestamp"]).is_some() {
+        "Terminating".into()
+    } else {
+        str_at(o, &["status", "phase"])
+    }
+}
+
+/// `GetPersistentVolume(Claim)Class`: the beta annotation, else `spec.storageClassName`.
+fn storage_class(o: &Value) -> String {
+    o.at(&["metadata", "annotations", "volume.beta.kubernetes.io/storage-class"])
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| str_at(o, &["spec", "storageClassName"]))
+}
+
+/// upstream's printIngress: class, the first three hosts ("*" for none), the load
+/// balancer's addresses (clipped to 16 characters), "80" or "80, 443" with TLS.
+fn ingress_cells(o: &Value, name: String, age: String) -> Vec<Value> {
+    const MAX_HOSTS: usize = 3;
+    const LOAD_BALANCER_WIDTH: usize = 16;
+    let class = o.at(&["spec", "ingressClassName"]).and_then(Value::as_str).unwrap_or("<none>");
+    let rules = arr(o, &["spec", "rules"]);
+    let (mut hosts, mut more) = (Vec::new(), false);
+    for rule in rules {
+        if hosts.len() == MAX_HOSTS {
+            more = true;
+            break;
+        }
+        if let Some(h) = rule["host"].as_str().filter(|h| !h.is_empty()) {
+            hosts.push(h);
+        }
+    }
+    let mut hosts_cell = if hosts.is_empty() { "*".to_string() } else { hosts.join(",") };
+    if more {
+        hosts_cell = format!("{hosts_cell} + {} more...", rules.len() - MAX_HOSTS);
+    }
+    let mut addresses: Vec<&str> = arr(o, &["status", "loadBalancer", "ingress"])
+        .iter()
+        .filter_map(|i| {
+            i["ip"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .or_else(|| i["hostname"].as_str().filter(|s| !s.is_empty()))
+        })
+        .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    let mut address = addresses.join(",");
+    if address.len() > LOAD_BALANCER_WIDTH {
+        address = format!("{}...", &address[..LOAD_BALANCER_WIDTH - 3]);
+    }
+    let ports = if arr(o, &["spec", "tls"]).is_empty() { "80" } else { "80, 443" };
+    vec![json!(name), json!(class), json!(hosts_cell), json!(address), json!(ports), json!(age)]
+}
+
 fn containers_images(o: &Value) -> (String, String) {
     let cs = arr(o, &["spec", "template", "spec", "containers"]);
     let names: Vec<&str> = cs.iter().filter_map(|c| c["name"].as_str()).collect();
@@ -532,6 +786,101 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
         }
         "Node" => node_cells(o, name, age),
         "Service" => service_cells(o, name, age),
+        "PersistentVolume" => {
+            let claim = match o.at(&["spec", "claimRef"]) {
+                Some(r) => format!(
+                    "{}/{}",
+                    r["namespace"].as_str().unwrap_or_default(),
+                    r["name"].as_str().unwrap_or_default()
+                ),
+                None => String::new(),
+            };
+            vec![
+                json!(name),
+                json!(quantity_cell(o.at(&["spec", "capacity", "storage"]))),
+                json!(access_modes(arr(o, &["spec", "accessModes"]))),
+                json!(str_at(o, &["spec", "persistentVolumeReclaimPolicy"])),
+                json!(storage_phase(o)),
+                json!(claim),
+                json!(storage_class(o)),
+                json!(or_unset(str_at(o, &["spec", "volumeAttributesClassName"]))),
+                json!(str_at(o, &["status", "reason"])),
+                json!(age),
+                json!(or_unset(str_at(o, &["spec", "volumeMode"]))),
+            ]
+        }
+        "PersistentVolumeClaim" => {
+            // Capacity and modes are the bound volume's; an unbound claim shows neither.
+            let volume = str_at(o, &["spec", "volumeName"]);
+            let (capacity, modes) = if volume.is_empty() {
+                (String::new(), String::new())
+            } else {
+                (
+                    quantity_cell(o.at(&["status", "capacity", "storage"])),
+                    access_modes(arr(o, &["status", "accessModes"])),
+                )
+            };
+            vec![
+                json!(name),
+                json!(storage_phase(o)),
+                json!(volume),
+                json!(capacity),
+                json!(modes),
+                json!(storage_class(o)),
+                json!(or_unset(str_at(o, &["spec", "volumeAttributesClassName"]))),
+                json!(age),
+                json!(or_unset(str_at(o, &["spec", "volumeMode"]))),
+            ]
+        }
+        "ReplicationController" => {
+            let (c, i) = containers_images(o);
+            vec![
+                json!(name),
+                json!(int(o, &["spec", "replicas"])),
+                json!(int(o, &["status", "replicas"])),
+                json!(int(o, &["status", "readyReplicas"])),
+                json!(age),
+                json!(c),
+                json!(i),
+                json!(map_string(o.at(&["spec", "selector"]))),
+            ]
+        }
+        "Ingress" => ingress_cells(o, name, age),
+        "IngressClass" => {
+            let parameters = match o.at(&["spec", "parameters"]) {
+                Some(p) => {
+                    let mut s = p["kind"].as_str().unwrap_or_default().to_string();
+                    if let Some(g) = p["apiGroup"].as_str() {
+                        s = format!("{s}.{g}");
+                    }
+                    format!("{s}/{}", p["name"].as_str().unwrap_or_default())
+                }
+                None => "<none>".into(),
+            };
+            vec![
+                json!(name),
+                json!(str_at(o, &["spec", "controller"])),
+                json!(parameters),
+                json!(age),
+            ]
+        }
+        "StorageClass" => {
+            let default = o.at(&["metadata", "annotations"]).is_some_and(|a| {
+                a["storageclass.kubernetes.io/is-default-class"] == "true"
+                    || a["storageclass.beta.kubernetes.io/is-default-class"] == "true"
+            });
+            let or = |field: &str, dflt: &str| {
+                o.get(field).and_then(Value::as_str).unwrap_or(dflt).to_string()
+            };
+            vec![
+                json!(if default { format!("{name} (default)") } else { name }),
+                json!(str_at(o, &["provisioner"])),
+                json!(or("reclaimPolicy", "Delete")),
+                json!(or("volumeBindingMode", "Immediate")),
+                json!(o.get("allowVolumeExpansion").and_then(Value::as_bool).unwrap_or(false)),
+                json!(age),
+            ]
+        }
         "Endpoints" => {
             let mut eps = Vec::new();
             for subset in arr(o, &["subsets"]) {

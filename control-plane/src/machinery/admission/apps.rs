@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::{
     ReplicaSet, StatefulSet,
 };
 use k8s_openapi::api::autoscaling::v1::Scale;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{PodTemplateSpec, ReplicationController};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
@@ -97,6 +97,77 @@ pub fn default_workload(kind: &str, o: &mut Obj) {
     {
         pod::default_pod_spec(ps, false);
     }
+}
+
+/// `SetDefaults_ReplicationController`: the selector and the labels default to the
+/// template's labels, replicas to 1; the template gets the pod defaults.
+pub fn default_replication_controller(o: &mut Obj) {
+    let template_labels = o
+        .get("spec")
+        .and_then(|s| s.get("template"))
+        .and_then(|t| t.get("metadata"))
+        .and_then(|m| m.get("labels"))
+        .filter(|l| l.as_object().is_some_and(|l| !l.is_empty()))
+        .cloned();
+    let Some(spec) = ensure(o, "spec") else { return };
+    if let Some(labels) = &template_labels
+        && spec.get("selector").and_then(Value::as_object).is_none_or(|s| s.is_empty())
+    {
+        spec.insert("selector".into(), labels.clone());
+    }
+    default_ptr(spec, "replicas", 1);
+    if let Some(t) = value::child(spec, "template")
+        && let Some(ps) = ensure(t, "spec")
+    {
+        pod::default_pod_spec(ps, false);
+    }
+    if let Some(labels) = template_labels
+        && let Some(m) = ensure(o, "metadata")
+        && m.get("labels").and_then(Value::as_object).is_none_or(|l| l.is_empty())
+    {
+        m.insert("labels".into(), labels);
+    }
+}
+
+/// `ValidateReplicationController` (and its update and status variants): a non-empty
+/// selector (mutable, unlike a ReplicaSet's) that matches the template's labels, a
+/// template whose pods restart always, non-negative counts.
+pub fn validate_replication_controller(
+    sub: Option<&str>,
+    new: &Value,
+    old: Option<&Value>,
+) -> ErrorList {
+    run::<ReplicationController>(new, old, |n, o| {
+        let gvk = Gvk::new("", "v1", "ReplicationController");
+        let mut errs = validate_meta(gvk, &n.metadata, o.map(|o| &o.metadata));
+        if sub == Some("status") {
+            errs.extend(status_nonnegative(new));
+            return errs;
+        }
+        let spec = n.spec.clone().unwrap_or_default();
+        let sp = Path::root("spec");
+        nonnegative(&mut errs, spec.replicas.map(i64::from), &sp.child("replicas"));
+        nonnegative(&mut errs, spec.min_ready_seconds.map(i64::from), &sp.child("minReadySeconds"));
+        let selector = spec.selector.clone().unwrap_or_default();
+        if selector.is_empty() {
+            errs.push(FieldError::required(&sp.child("selector"), ""));
+        } else {
+            errs.extend(meta::validate_labels(&selector, &sp.child("selector")));
+        }
+        match &spec.template {
+            None => errs.push(FieldError::required(&sp.child("template"), "")),
+            Some(t) => {
+                let sel = LabelSelector { match_labels: Some(selector), match_expressions: None };
+                errs.extend(template_for_replica_set(
+                    t,
+                    Some(&sel),
+                    &sp.child("template"),
+                    "ReplicationController",
+                ));
+            }
+        }
+        errs
+    })
 }
 
 /// The DaemonSet's template generation, kept in the annotation upstream's v1 conversion

@@ -30,12 +30,14 @@ mod core;
 mod field;
 mod meta;
 mod names;
+mod networking;
 mod other;
 mod pod;
 mod policy;
 mod quantity;
 mod scheduling;
 mod service;
+mod storage;
 mod value;
 
 use serde::de::DeserializeOwned;
@@ -46,6 +48,7 @@ use meta::NameRule;
 /// The one label-selector matcher, shared by the controllers and the scheduler.
 pub use meta::selector_matches;
 pub use other::SYSTEM_PRIORITY_CLASSES;
+pub use quantity::canonical as canonical_quantity;
 
 /// The kind of the object handed to admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +114,12 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("", "ServiceAccount") => k(true, Subdomain, false, false),
         ("", "Event") => k(true, PathSegment, false, false),
         ("", "Binding") => k(true, Subdomain, false, false),
+        ("", "PersistentVolume") => k(false, Subdomain, true, false),
+        ("", "PersistentVolumeClaim") => k(true, Subdomain, true, false),
+        ("", "ReplicationController") => k(true, Subdomain, true, true),
+        ("networking.k8s.io", "Ingress") => k(true, Subdomain, true, true),
+        ("networking.k8s.io", "IngressClass") => k(false, Subdomain, false, true),
+        ("storage.k8s.io", "StorageClass") => k(false, Subdomain, false, false),
         ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet") => {
             k(true, Subdomain, true, true)
         }
@@ -143,6 +152,10 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("", "Secret") => core::default_secret(o),
         ("", "Node") => core::default_node(o),
         ("", "Endpoints") => core::default_endpoints(o),
+        ("", "PersistentVolume") => storage::default_pv(o),
+        ("", "PersistentVolumeClaim") => storage::default_pvc(o),
+        ("", "ReplicationController") => apps::default_replication_controller(o),
+        ("storage.k8s.io", "StorageClass") => storage::default_storage_class(o),
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::default_workload(gvk.kind, o),
         ("batch", "Job") => batch::default_job(o),
@@ -170,6 +183,14 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
     match (gvk.group, gvk.kind) {
         ("", "Pod") => pod::prepare_pod_create(o),
         ("", "Namespace") => core::prepare_namespace_create(o),
+        ("", "PersistentVolume" | "PersistentVolumeClaim") => storage::prepare_create(o),
+        // ReplicationControllerStatus.replicas is not omitempty.
+        ("", "ReplicationController") => {
+            o.insert("status".into(), serde_json::json!({"replicas": 0}));
+        }
+        ("networking.k8s.io", "Ingress") => {
+            o.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
+        }
         ("", "Service") => {
             o.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
             service::normalize_cluster_ips_create(o);
@@ -297,6 +318,11 @@ pub const OMITTED_ZERO_STATUS: &[(&str, &str, &[&str])] = &[
     ),
     ("batch", "Job", &["active", "succeeded", "failed"]),
     ("policy", "PodDisruptionBudget", &["observedGeneration"]),
+    (
+        "",
+        "ReplicationController",
+        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
+    ),
 ];
 
 /// The status counts of `group`/`kind` in [`OMITTED_ZERO_STATUS`].
@@ -361,11 +387,19 @@ pub fn validate(
         ("", "Pod", Some("status")) => pod::validate_pod_status(new, old),
         ("", "Pod", _) => pod::validate_pod(new, old),
         ("", "Service", _) => service::validate_service(new, old),
+        ("", "PersistentVolume", _) => storage::validate_pv(subresource, new, old),
+        ("", "PersistentVolumeClaim", _) => storage::validate_pvc(subresource, new, old),
+        ("", "ReplicationController", _) => {
+            apps::validate_replication_controller(subresource, new, old)
+        }
         ("", _, _) => core::validate(gvk.kind, new, old),
         ("apps", _, _) => apps::validate(gvk.kind, subresource, new, old),
         ("batch", "Job", _) => batch::validate_job(subresource, new, old),
         ("batch", "CronJob", _) => batch::validate_cronjob(subresource, new, old),
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
+        ("networking.k8s.io", "Ingress", _) => networking::validate_ingress(subresource, new, old),
+        ("networking.k8s.io", "IngressClass", _) => networking::validate_ingress_class(new, old),
+        ("storage.k8s.io", "StorageClass", _) => storage::validate_storage_class(new, old),
         _ => other::validate(gvk, new, old),
     }
 }

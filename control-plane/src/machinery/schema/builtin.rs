@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::Resource;
 use k8s_openapi::api::{
-    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, policy, rbac,
-    scheduling,
+    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, networking,
+    policy, rbac, scheduling, storage,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
@@ -52,6 +52,8 @@ const SERVED_GROUP_VERSIONS: &[(&str, &str)] = &[
     ("admissionregistration.k8s.io", "v1"),
     ("scheduling.k8s.io", "v1"),
     ("policy", "v1"),
+    ("networking.k8s.io", "v1"),
+    ("storage.k8s.io", "v1"),
 ];
 
 pub(super) fn build() -> BTreeMap<String, Value> {
@@ -72,6 +74,9 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<core::v1::ServiceAccount>(g, true),
         kind::<core::v1::Event>(g, true),
         kind::<core::v1::Binding>(g, false),
+        kind::<core::v1::PersistentVolume>(g, true),
+        kind::<core::v1::PersistentVolumeClaim>(g, true),
+        kind::<core::v1::ReplicationController>(g, true),
         kind::<apps::v1::Deployment>(g, true),
         kind::<apps::v1::ReplicaSet>(g, true),
         kind::<apps::v1::DaemonSet>(g, true),
@@ -82,6 +87,9 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<policy::v1::PodDisruptionBudget>(g, true),
         kind::<batch::v1::Job>(g, true),
         kind::<batch::v1::CronJob>(g, true),
+        kind::<networking::v1::Ingress>(g, true),
+        kind::<networking::v1::IngressClass>(g, true),
+        kind::<storage::v1::StorageClass>(g, true),
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
         kind::<rbac::v1::Role>(g, true),

@@ -185,6 +185,21 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
     map_list(c!("core.v1", "ServiceStatus"), "conditions", &["type"], "type", "merge"),
     map_list(c!("core.v1", "ServiceAccount"), "secrets", &["name"], "name", "merge"),
     map_list(c!("core.v1", "NamespaceStatus"), "conditions", &["type"], "type", "merge"),
+    // PersistentVolumeClaim, ReplicationController
+    map_list(
+        c!("core.v1", "PersistentVolumeClaimStatus"),
+        "conditions",
+        &["type"],
+        "type",
+        "merge",
+    ),
+    map_list(
+        c!("core.v1", "ReplicationControllerStatus"),
+        "conditions",
+        &["type"],
+        "type",
+        "merge",
+    ),
     // apps/v1
     map_list(c!("apps.v1", "DeploymentStatus"), "conditions", &["type"], "type", "merge"),
     strategy(c!("apps.v1", "DeploymentSpec"), "strategy", "retainKeys"),
