@@ -135,6 +135,44 @@ impl<'a> EnvSources<'a> {
         Ok(self.config_maps.get(name).and_then(|c| c.as_ref()))
     }
 
+    /// The host path behind the PersistentVolumeClaim `claim`: the hostPath or local path of
+    /// the volume it is bound to (the volume kinds a node serves from its own disk). An
+    /// unbound claim is an error the pod's sync retries, as the kubelet waits for one.
+    pub async fn claimed_volume(&self, claim: &str) -> Result<PathBuf, ConfigError> {
+        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let pvc = claims
+            .get_opt(claim)
+            .await
+            .map_err(|e| ConfigError(format!("getting persistentvolumeclaim {claim}: {e}")))?
+            .ok_or_else(|| ConfigError(format!("persistentvolumeclaim \"{claim}\" not found")))?;
+        let volume =
+            pvc.spec.and_then(|s| s.volume_name).filter(|v| !v.is_empty()).ok_or_else(|| {
+                ConfigError(format!("persistentvolumeclaim \"{claim}\" is not bound"))
+            })?;
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv = volumes
+            .get(&volume)
+            .await
+            .map_err(|e| ConfigError(format!("getting persistentvolume {volume}: {e}")))?;
+        let spec = pv.spec.unwrap_or_default();
+        if let Some(h) = spec.host_path {
+            let path = PathBuf::from(&h.path);
+            if h.type_.as_deref() == Some("DirectoryOrCreate") {
+                std::fs::create_dir_all(&path)
+                    .map_err(|e| ConfigError(format!("creating {}: {e}", path.display())))?;
+            }
+            return Ok(path);
+        }
+        if let Some(l) = spec.local {
+            return Ok(PathBuf::from(l.path));
+        }
+        Err(ConfigError(format!(
+            "persistentvolume \"{volume}\" is neither a hostPath nor a local volume"
+        )))
+    }
+
     /// A ServiceAccount token bound to `pod`, minted through TokenRequest (the projected
     /// `serviceAccountToken` volume source).
     pub async fn service_account_token(

@@ -1,6 +1,7 @@
 //! Pod volumes materialised on the node, under `<root>/pods/<uid>/volumes/<plugin>/<name>`
 //! (the kubelet's layout): emptyDir, configMap, secret, downwardAPI, projected (of those),
-//! and hostPath (used in place).
+//! and hostPath (used in place), and PersistentVolumeClaims bound to hostPath or local
+//! volumes (their path used in place).
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
@@ -190,6 +191,9 @@ async fn materialize_one(
             _ => {}
         }
         return Ok(path);
+    }
+    if let Some(c) = &v.persistent_volume_claim {
+        return sources.claimed_volume(&c.claim_name).await;
     }
     if let Some(cm) = &v.config_map {
         let dir = volume_dir(config, uid, "kubernetes.io~configmap", &v.name);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -279,6 +279,15 @@ async fn controller_scale(
                 .map_err(err("statefulset", &owner.name))?
                 .filter(|s| s.uid().as_deref() == Some(owner.uid.as_str()));
             Ok(sts.map(|s| (owner.uid.clone(), s.spec.and_then(|s| s.replicas).unwrap_or(1))))
+        }
+        ("", "ReplicationController") => {
+            let api: Api<ReplicationController> = Api::namespaced(client.clone(), ns);
+            let rc = api
+                .get_opt(&owner.name)
+                .await
+                .map_err(err("replicationcontroller", &owner.name))?
+                .filter(|r| r.uid().as_deref() == Some(owner.uid.as_str()));
+            Ok(rc.map(|r| (owner.uid.clone(), r.spec.and_then(|s| s.replicas).unwrap_or(1))))
         }
         _ => Ok(None),
     }

@@ -31,6 +31,7 @@ pub mod serviceaccount;
 pub mod statefulset;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod volume;
 #[cfg(test)]
 mod workload_tests;
 
@@ -124,6 +125,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(event_ttl::run(ctx.clone()));
     tasks.spawn(podgc::run(ctx.clone()));
     tasks.spawn(disruption::run(ctx.clone()));
+    tasks.spawn(volume::run(ctx.clone()));
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {
@@ -140,11 +142,12 @@ pub async fn run(client: Client, config: ControllerConfig) {
     futures::future::pending::<()>().await;
 }
 
-/// The workload controllers (ReplicaSet, Deployment, DaemonSet, Job, CronJob,
-/// StatefulSet), until the future is dropped.
+/// The workload controllers (ReplicaSet, ReplicationController, Deployment, DaemonSet,
+/// Job, CronJob, StatefulSet), until the future is dropped.
 pub async fn run_workloads(ctx: Arc<Context>) {
     tokio::join!(
         replicaset::run(ctx.clone()),
+        replicaset::run_replication_controllers(ctx.clone()),
         deployment::run(ctx.clone()),
         daemonset::run(ctx.clone()),
         job::run(ctx.clone()),

@@ -1517,3 +1517,180 @@ async fn cronjobs_start_jobs_on_schedule_and_keep_history() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn replication_controllers_keep_their_replicas() {
+    use k8s_openapi::api::core::v1::ReplicationController;
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<ReplicationController>();
+    let rc: ReplicationController = serde_json::from_value(json!({
+        "metadata": {"name": "legacy"},
+        "spec": {"replicas": 3, "template": {
+            "metadata": {"labels": {"app": "legacy"}},
+            "spec": {"containers": [{"name": "c", "image": "legacy:1"}]}}}
+    }))
+    .expect("rc");
+    api.create(&PostParams::default(), &rc).await.expect("create rc");
+    let ready = |n: i32| {
+        let api = api.clone();
+        async move {
+            api.get("legacy").await.is_ok_and(|rc| {
+                rc.status.is_some_and(|s| {
+                    s.replicas == n
+                        && s.ready_replicas == Some(n)
+                        && s.observed_generation == Some(1)
+                })
+            })
+        }
+    };
+    wait_for("3 ready replicas", || ready(3)).await;
+    let owned: Vec<Pod> = h
+        .pods()
+        .await
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            pods::controller_ref(&p.metadata).is_some_and(|r| r.kind == "ReplicationController")
+        })
+        .collect();
+    assert_eq!(owned.len(), 3);
+    assert!(owned.iter().all(|p| p.name_any().starts_with("legacy-")));
+    // The selector defaulted to the template's labels; a deleted pod is replaced.
+    h.api::<Pod>()
+        .delete(&owned[0].name_any(), &DeleteParams::default())
+        .await
+        .expect("delete a pod");
+    wait_for("a replacement pod", || async {
+        let live = h.pods().await.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none());
+        live.filter(|p| p.labels().get("app").map(String::as_str) == Some("legacy")).count() == 3
+            && !h.pods().await.iter().any(|p| p.name_any() == owned[0].name_any())
+    })
+    .await;
+    // Scaled down through the scale subresource: the status follows.
+    let scale = json!({"spec": {"replicas": 1}});
+    api.patch_scale("legacy", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale");
+    wait_for("1 ready replica", || async {
+        api.get("legacy").await.is_ok_and(|rc| {
+            rc.status.is_some_and(|s| s.replicas == 1 && s.ready_replicas == Some(1))
+        })
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_bind_to_fitting_volumes_and_release_them() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let h = Harness::start(&[]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx)));
+    let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
+    for (name, size, policy) in [("big", "10Gi", "Retain"), ("small", "2Gi", "Delete")] {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                     "hostPath": {"path": format!("/srv/{name}")},
+                     "persistentVolumeReclaimPolicy": policy}
+        }))
+        .expect("pv");
+        volumes.create(&PostParams::default(), &pv).await.expect("create pv");
+    }
+    let phase_of = |name: &'static str| {
+        let volumes = volumes.clone();
+        async move {
+            volumes
+                .get(name)
+                .await
+                .ok()
+                .and_then(|v| v.status)
+                .and_then(|s| s.phase)
+                .unwrap_or_default()
+        }
+    };
+    wait_for("both volumes Available", || async {
+        phase_of("big").await == "Available" && phase_of("small").await == "Available"
+    })
+    .await;
+    let claims = h.api::<PersistentVolumeClaim>();
+    let claim = |name: &str, size: &str| -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "resources": {"requests": {"storage": size}}}
+        }))
+        .expect("pvc")
+    };
+    claims.create(&PostParams::default(), &claim("data", "1Gi")).await.expect("create pvc");
+    wait_for("data bound", || async {
+        claims
+            .get("data")
+            .await
+            .is_ok_and(|c| c.status.and_then(|s| s.phase).as_deref() == Some("Bound"))
+    })
+    .await;
+    // The smallest volume that fits; both halves of the binding recorded.
+    let data = claims.get("data").await.expect("pvc");
+    assert_eq!(data.spec.as_ref().and_then(|s| s.volume_name.as_deref()), Some("small"));
+    let status = data.status.expect("status");
+    assert_eq!(
+        status.capacity.and_then(|c| c.get("storage").cloned()).map(|q| q.0).as_deref(),
+        Some("2Gi")
+    );
+    assert_eq!(
+        data.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("pv.kubernetes.io/bind-completed")
+            .map(String::as_str),
+        Some("yes")
+    );
+    wait_for("small Bound", || async { phase_of("small").await == "Bound" }).await;
+    let small = volumes.get("small").await.expect("pv");
+    let r = small.spec.and_then(|s| s.claim_ref).expect("claimRef");
+    assert_eq!((r.namespace.as_deref(), r.name.as_deref()), (Some("default"), Some("data")));
+    assert_eq!(r.uid, data.metadata.uid);
+
+    // Nothing left that fits: the claim waits, with upstream's event.
+    claims.create(&PostParams::default(), &claim("huge", "20Gi")).await.expect("create pvc");
+    wait_for("a FailedBinding event", || async {
+        h.api::<k8s_openapi::api::core::v1::Event>().list(&ListParams::default()).await.is_ok_and(
+            |l| {
+                l.items.iter().any(|e| {
+                    e.involved_object.name.as_deref() == Some("huge")
+                        && e.reason.as_deref() == Some("FailedBinding")
+                })
+            },
+        )
+    })
+    .await;
+    assert_eq!(
+        claims.get("huge").await.expect("pvc").status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+
+    // A claim without a class gets the default StorageClass.
+    let classes: Api<StorageClass> = Api::all(h.client.clone());
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "standard",
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "example.com/none"
+    }))
+    .expect("sc");
+    classes.create(&PostParams::default(), &sc).await.expect("create sc");
+    let mut classless = claim("classless", "1Gi");
+    classless.spec.as_mut().expect("spec").storage_class_name = None;
+    claims.create(&PostParams::default(), &classless).await.expect("create pvc");
+    wait_for("the default class assigned", || async {
+        claims
+            .get("classless")
+            .await
+            .is_ok_and(|c| c.spec.and_then(|s| s.storage_class_name).as_deref() == Some("standard"))
+    })
+    .await;
+
+    // The claim goes: a Delete volume fails (no plugin here can delete its storage).
+    claims.delete("data", &DeleteParams::default()).await.expect("delete pvc");
+    wait_for("small Failed", || async { phase_of("small").await == "Failed" }).await;
+    let msg = volumes.get("small").await.expect("pv").status.and_then(|s| s.message);
+    assert!(msg.is_some_and(|m| m.contains("no deletable volume plugin matched")));
+}

@@ -269,6 +269,7 @@ pub fn objects() -> Vec<Value> {
                 rule(&[""], &["pods/status"], &["patch", "update"]),
                 rule(&[""], &["services", "endpoints"], READ),
                 rule(&[""], &["secrets", "configmaps", "persistentvolumeclaims"], &["get"]),
+                rule(&[""], &["persistentvolumes"], &["get"]),
                 rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
                 rule(
                     &["coordination.k8s.io"],

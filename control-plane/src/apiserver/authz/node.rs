@@ -1,8 +1,8 @@
 //! The Node authorizer (upstream's, chained before RBAC): a node's identity
 //! (`system:node:<name>` in `system:nodes`) may read pods (as upstream's NodeRules) and only
-//! the secrets, configmaps, PVCs and service accounts its own pods reference, read
-//! services, endpoints, endpointslices and nodes, and write only its own Node, its own
-//! Lease, its pods' status (and delete its pods) and events.
+//! the secrets, configmaps, PVCs (and the volumes bound to them) and service accounts its
+//! own pods reference, read services, endpoints, endpointslices and nodes, and write only
+//! its own Node, its own Lease, its pods' status (and delete its pods) and events.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -101,6 +101,24 @@ fn referenced(server: &ApiServer, node: &str, ns: &str, kind: &str, name: &str) 
     pods_on(server, node, Some(ns)).iter().any(|p| references(&p.value(), kind).contains(name))
 }
 
+/// Whether a pod on `node` uses a claim bound to the PersistentVolume `name` (upstream's
+/// graph edge pod → PVC → PV).
+fn volume_referenced(server: &ApiServer, node: &str, name: &str) -> bool {
+    let Some(rt) = server.registry.find("", "v1", "persistentvolumeclaims") else {
+        return false;
+    };
+    let claims = server.cache.resource(rt);
+    pods_on(server, node, None).iter().any(|p| {
+        let pod = p.value();
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        references(&pod, "persistentvolumeclaims").iter().any(|claim| {
+            claims
+                .get(&rt.key(Some(ns), claim))
+                .is_some_and(|c| c.value()["spec"]["volumeName"] == name)
+        })
+    })
+}
+
 pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
     let Some(node) = a.user.node_name() else { return Decision::NoOpinion(String::new()) };
     if !a.resource_request {
@@ -156,6 +174,13 @@ pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
                 return no_relationship(node);
             };
             if !name.is_empty() && referenced(server, node, &a.namespace, kind, &name) {
+                Decision::Allow
+            } else {
+                no_relationship(node)
+            }
+        }
+        ("", "persistentvolumes", "") if a.verb == "get" => {
+            if volume_referenced(server, node, &a.name) {
                 Decision::Allow
             } else {
                 no_relationship(node)
