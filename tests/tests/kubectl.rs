@@ -411,3 +411,140 @@ fn cronjobs_kubectl_1_27() {
 fn cronjobs_kubectl_1_33() {
     cronjobs(33);
 }
+
+const PRUNED_SET: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, labels: {set: demo}}
+data: {mode: one}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: disk, labels: {set: demo}}
+spec:
+  capacity: {storage: 2Gi}
+  accessModes: [ReadWriteOnce]
+  hostPath: {path: /srv/skiff-test-disk}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, labels: {set: demo}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: ReplicationController
+metadata: {name: legacy, labels: {set: demo}}
+spec:
+  replicas: 2
+  template:
+    metadata: {labels: {app: legacy}}
+    spec:
+      containers: [{name: c, image: "skiff.local/busybox:1"}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web, labels: {set: demo}}
+spec:
+  ingressClassName: nginx
+  tls: [{hosts: [shop.example.com], secretName: tls}]
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+"#;
+
+/// `kubectl apply --prune -l` with kubectl's default allowlist (it maps PVCs, PVs,
+/// ReplicationControllers and Ingresses, so every one must be served), the Tables of those
+/// kinds, a claim bound by the PersistentVolume binder, and an object left out of the set
+/// pruned.
+fn apply_prune(minor: u32) {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(minor);
+    let out = k.ok_stdin(&["apply", "--prune", "-l", "set=demo", "-f", "-"], Some(PRUNED_SET));
+    for created in [
+        "configmap/settings created",
+        "persistentvolume/disk created",
+        "persistentvolumeclaim/data created",
+        "replicationcontroller/legacy created",
+        "ingress.networking.k8s.io/web created",
+    ] {
+        assert!(out.contains(created), "{out}");
+    }
+    let bound = || {
+        let pvc = json(&k, &["get", "pvc", "data"]);
+        pvc["status"]["phase"] == "Bound" && pvc["spec"]["volumeName"] == "disk"
+    };
+    for _ in 0..100 {
+        if bound() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(bound(), "the claim was never bound: {}", json(&k, &["get", "pvc", "data"]));
+    let rows = |args: &[&str]| -> Vec<Vec<String>> {
+        k.ok(args).lines().map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
+    };
+    let pvc = rows(&["get", "pvc"]);
+    assert_eq!(
+        pvc[0],
+        [
+            "NAME",
+            "STATUS",
+            "VOLUME",
+            "CAPACITY",
+            "ACCESS",
+            "MODES",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "AGE"
+        ],
+        "{pvc:?}"
+    );
+    assert_eq!(pvc[1][..6], ["data", "Bound", "disk", "2Gi", "RWO", "<unset>"], "{pvc:?}");
+    let pv = rows(&["get", "pv"]);
+    assert_eq!(pv[1][..6], ["disk", "2Gi", "RWO", "Retain", "Bound", "default/data"], "{pv:?}");
+    let rc = rows(&["get", "rc", "-o", "wide"]);
+    assert_eq!(
+        rc[0],
+        ["NAME", "DESIRED", "CURRENT", "READY", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"],
+        "{rc:?}"
+    );
+    assert_eq!(rc[1][..3], ["legacy", "2", "2"], "{rc:?}");
+    assert_eq!(rc[1][5..], ["c", "skiff.local/busybox:1", "app=legacy"], "{rc:?}");
+    let ing = k.ok(&["get", "ingress", "web"]);
+    let ing: Vec<&str> = ing.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(ing[..5], ["web", "nginx", "shop.example.com", "80,", "443"], "{ing:?}");
+
+    // The set without the ConfigMap and the RC: both pruned, the rest unchanged.
+    let smaller: Vec<&str> = PRUNED_SET
+        .split("---")
+        .filter(|doc| {
+            !doc.contains("kind: ConfigMap") && !doc.contains("kind: ReplicationController")
+        })
+        .collect();
+    let out =
+        k.ok_stdin(&["apply", "--prune", "-l", "set=demo", "-f", "-"], Some(&smaller.join("---")));
+    assert!(out.contains("configmap/settings pruned"), "{out}");
+    assert!(out.contains("replicationcontroller/legacy pruned"), "{out}");
+    assert!(out.contains("persistentvolumeclaim/data unchanged"), "{out}");
+    let err = k.fails(&["get", "rc", "legacy"]);
+    assert!(err.contains("NotFound") || err.contains("not found"), "{err}");
+    // A claim's spec is fixed once bound (upstream's message).
+    let err =
+        k.fails(&["patch", "pvc", "data", "-p", r#"{"spec": {"accessModes": ["ReadWriteMany"]}}"#]);
+    assert!(err.contains("spec is immutable after creation"), "{err}");
+}
+
+#[test]
+fn apply_prune_kubectl_1_27() {
+    apply_prune(27);
+}
+
+#[test]
+fn apply_prune_kubectl_1_33() {
+    apply_prune(33);
+}
