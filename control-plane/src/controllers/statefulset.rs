@@ -8,17 +8,23 @@
 //! is the pods' `controller-revision-hash` and `status.currentRevision`/`updateRevision`;
 //! pods (re)created below the partition get the current revision's template.
 //!
-//! Simplified against upstream: `volumeClaimTemplates` are ignored (no
-//! PersistentVolumeClaims are created), as are `ordinals.start`, `maxUnavailable` and the
-//! PVC retention policy.
+//! Each of `volumeClaimTemplates` becomes a PersistentVolumeClaim `<template>-<sts>-<n>`
+//! per pod, created before the pod and mounted in it as the volume named after the
+//! template; claims outlive their pods (and, unless `persistentVolumeClaimRetentionPolicy`
+//! `whenDeleted` is Delete, the StatefulSet).
+//!
+//! Simplified against upstream: `ordinals.start`, `maxUnavailable` and the retention
+//! policy's `whenScaled` are ignored.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, Volume,
+};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
@@ -46,6 +52,13 @@ pub enum Error {
         sts: String,
         #[source]
         source: history::Error,
+    },
+    #[error("creating claim {claim} of statefulset {sts}")]
+    Claim {
+        sts: String,
+        claim: String,
+        #[source]
+        source: kube::Error,
     },
     #[error("updating the status of statefulset {sts}")]
     Status {
@@ -204,6 +217,8 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
                     ps.hostname = Some(pod_name.clone());
                     ps.subdomain = spec.service_name.clone().filter(|s| !s.is_empty());
                 }
+                create_claims(&sts, o, &pod_name, &ctx).await?;
+                mount_claims(&sts, o, &mut pod);
                 if pods::create_pod(&pod_api, &name, &pod).await.map_err(perr)?.is_some() {
                     let msg = format!("create Pod {pod_name} in StatefulSet {name} successful");
                     ctx.recorder
@@ -261,6 +276,111 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     }
     let next = live.iter().filter_map(|p| pods::until_available(p, min_ready, now)).min();
     Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// Upstream's `getPersistentVolumeClaimName`: `<template>-<sts>-<ordinal>`.
+fn claim_name(template: &str, sts: &str, ordinal: i32) -> String {
+    format!("{template}-{sts}-{ordinal}")
+}
+
+/// Upstream's `getPersistentVolumeClaims`: each template's claim for pod `ordinal`, with the
+/// StatefulSet's selector labels on top of the template's, owned by the StatefulSet when
+/// its retention policy deletes claims with it.
+fn claims_for(sts: &StatefulSet, ordinal: i32) -> Vec<PersistentVolumeClaim> {
+    let spec = sts.spec.clone().unwrap_or_default();
+    let delete_with_set = spec
+        .persistent_volume_claim_retention_policy
+        .as_ref()
+        .and_then(|p| p.when_deleted.as_deref())
+        == Some("Delete");
+    spec.volume_claim_templates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|mut claim| {
+            let template = claim.name_any();
+            let meta = &mut claim.metadata;
+            meta.name = Some(claim_name(&template, &sts.name_any(), ordinal));
+            meta.namespace = sts.namespace();
+            meta.generate_name = None;
+            meta.resource_version = None;
+            meta.uid = None;
+            let labels = meta.labels.get_or_insert_with(Default::default);
+            for (k, v) in spec.selector.match_labels.iter().flatten() {
+                labels.insert(k.clone(), v.clone());
+            }
+            if delete_with_set {
+                let mut owner = pods::owner_ref(sts);
+                owner.controller = None;
+                meta.owner_references = Some(vec![owner]);
+            }
+            claim.status = None;
+            claim
+        })
+        .collect()
+}
+
+/// Creates the claims pod `ordinal` mounts that do not exist yet.
+async fn create_claims(
+    sts: &StatefulSet,
+    ordinal: i32,
+    pod_name: &str,
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let ns = sts.namespace().unwrap_or_default();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    for claim in claims_for(sts, ordinal) {
+        let name = claim.name_any();
+        let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
+        if api.get_opt(&name).await.map_err(err)?.is_some() {
+            continue;
+        }
+        match api.create(&PostParams::default(), &claim).await {
+            Ok(_) => {
+                let msg = format!(
+                    "create Claim {name} Pod {pod_name} in StatefulSet {} success",
+                    sts.name_any()
+                );
+                ctx.recorder.record(sts, EventType::Normal, "SuccessfulCreate", &msg).await;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(source) => {
+                let msg = format!(
+                    "create Claim {name} for Pod {pod_name} in StatefulSet {} failed error: {source}",
+                    sts.name_any()
+                );
+                ctx.recorder.record(sts, EventType::Warning, "FailedCreate", &msg).await;
+                return Err(Error::Claim { sts: sts.name_any(), claim: name, source });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Upstream's `updateStorage`: a volume per claim template, named after it and backed by
+/// the pod's claim, in place of any template volume of that name.
+fn mount_claims(sts: &StatefulSet, ordinal: i32, pod: &mut Pod) {
+    let templates = sts.spec.as_ref().and_then(|s| s.volume_claim_templates.as_deref());
+    let templates: Vec<String> =
+        templates.unwrap_or_default().iter().map(|t| t.name_any()).collect();
+    if templates.is_empty() {
+        return;
+    }
+    let Some(ps) = pod.spec.as_mut() else { return };
+    let mut volumes: Vec<Volume> = templates
+        .iter()
+        .map(|t| Volume {
+            name: t.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim_name(t, &sts.name_any(), ordinal),
+                read_only: None,
+            }),
+            ..Default::default()
+        })
+        .collect();
+    volumes.extend(
+        ps.volumes.take().unwrap_or_default().into_iter().filter(|v| !templates.contains(&v.name)),
+    );
+    ps.volumes = Some(volumes);
 }
 
 #[cfg(test)]

@@ -1694,3 +1694,75 @@ async fn claims_bind_to_fitting_volumes_and_release_them() {
     let msg = volumes.get("small").await.expect("pv").status.and_then(|s| s.message);
     assert!(msg.is_some_and(|m| m.contains("no deletable volume plugin matched")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn statefulset_pods_get_their_own_claims() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let h = Harness::start(&["n1"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx)));
+    let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
+    for i in 0..2 {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": format!("disk-{i}")},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "storageClassName": "manual", "hostPath": {"path": format!("/srv/disk-{i}")}}
+        }))
+        .expect("pv");
+        volumes.create(&PostParams::default(), &pv).await.expect("create pv");
+    }
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {"containers": [{"name": "c", "image": "db:1",
+                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/db"}]}]},
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data", "labels": {"tier": "storage"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            }],
+        },
+    }))
+    .expect("sts");
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.expect("create sts");
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    let claims = h.api::<PersistentVolumeClaim>();
+    for i in 0..2 {
+        let name = format!("data-db-{i}");
+        let pod = h.api::<Pod>().get(&format!("db-{i}")).await.expect("pod");
+        let volume = pod
+            .spec
+            .and_then(|s| s.volumes)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|v| v.name == "data")
+            .expect("the claim template's volume");
+        assert_eq!(volume.persistent_volume_claim.map(|c| c.claim_name), Some(name.clone()));
+        let claim = claims.get(&name).await.expect("claim");
+        let labels = claim.labels();
+        assert_eq!(labels.get("app").map(String::as_str), Some("db"), "{labels:?}");
+        assert_eq!(labels.get("tier").map(String::as_str), Some("storage"), "{labels:?}");
+        wait_for("the claim bound", || async {
+            claims
+                .get(&name)
+                .await
+                .is_ok_and(|c| c.status.and_then(|s| s.phase).as_deref() == Some("Bound"))
+        })
+        .await;
+    }
+    // Claims outlive their pods and, by default (Retain), the StatefulSet.
+    api.delete("db", &DeleteParams::default()).await.expect("delete sts");
+    wait_for("the StatefulSet gone", || async {
+        api.get_opt("db").await.is_ok_and(|s| s.is_none())
+    })
+    .await;
+    assert!(claims.get_opt("data-db-0").await.expect("get").is_some());
+}
