@@ -458,3 +458,79 @@ async fn preemption_evicts_the_lower_priority_pod() {
     unschedulable(&rig.client, "peer").await;
     assert!(get(&rig.client, "high").await.metadata.deletion_timestamp.is_none());
 }
+
+/// Upstream's VolumeBinding for bound claims: a missing or unbound claim keeps the pod
+/// pending with upstream's message; once the claim is bound to a local volume, the pod goes
+/// to the one node the volume's affinity names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_must_be_bound_and_local_volumes_pick_the_node() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let r = rig().await;
+    for n in ["n1", "n2", "n3"] {
+        node(&r.client, n, "4", json!({})).await;
+    }
+    let with_claim = json!({"spec": {"volumes": [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    pod(&r.client, "db", "100m", with_claim).await;
+    unschedulable_as(
+        &r.client,
+        "db",
+        Some("0/3 nodes are available: persistentvolumeclaim \"data\" not found. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(r.client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+    unschedulable_as(
+        &r.client,
+        "db",
+        Some("0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."),
+    )
+    .await;
+    // What the binder does: a local volume on n2, bound to the claim.
+    let volumes: Api<PersistentVolume> = Api::all(r.client.clone());
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "disk-n2"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "local", "local": {"path": "/mnt/disk"},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]}}}
+    }))
+    .expect("pv");
+    volumes.create(&PostParams::default(), &pv).await.expect("create pv");
+    let bind = json!({"spec": {"volumeName": "disk-n2"}});
+    claims
+        .patch("data", &Default::default(), &kube::api::Patch::Merge(&bind))
+        .await
+        .expect("bind the claim");
+    assert_eq!(bound(&r.client, "db").await, "n2");
+
+    // A volume on a node that is not there: no node satisfies it.
+    let mut gone = pv.clone();
+    gone.metadata.name = Some("disk-n9".into());
+    let terms = &mut gone.spec.as_mut().expect("spec").node_affinity.as_mut().expect("affinity");
+    terms.required.as_mut().expect("required").node_selector_terms[0]
+        .match_expressions
+        .as_mut()
+        .expect("expressions")[0]
+        .values = Some(vec!["n9".into()]);
+    volumes.create(&PostParams::default(), &gone).await.expect("create pv");
+    let mut other = claim.clone();
+    other.metadata.name = Some("logs".into());
+    other.spec.as_mut().expect("spec").volume_name = Some("disk-n9".into());
+    claims.create(&PostParams::default(), &other).await.expect("create pvc");
+    let with_logs = json!({"spec": {"volumes": [
+        {"name": "logs", "persistentVolumeClaim": {"claimName": "logs"}}]}});
+    pod(&r.client, "shipper", "100m", with_logs).await;
+    unschedulable_as(
+        &r.client,
+        "shipper",
+        Some("0/3 nodes are available: 3 node(s) had volume node affinity conflict."),
+    )
+    .await;
+}

@@ -3,9 +3,9 @@
 //! it (class, volume mode, access modes, size, selector), or to the volume it names; a
 //! volume reports `Available`, `Bound`, `Released` once its claim is gone, and `Failed`
 //! when its reclaim policy asks for a deletion no volume plugin here can do. A claim without
-//! a class gets the default StorageClass (retroactive default class assignment). No
-//! volumes are provisioned: a claim for a class waits, as upstream waits for an external
-//! provisioner.
+//! a class gets the default StorageClass (retroactive default class assignment); a claim
+//! of a WaitForFirstConsumer class is bound once a pod uses it. No volumes are provisioned:
+//! a claim no volume satisfies waits, as upstream waits for an external provisioner.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,17 +258,25 @@ async fn bind_pending(
             }
         }
     }
-    let all = volumes
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err("listing", "persistentvolumes"))?;
-    if let Some(pv) = find_volume(&all.items, pvc) {
-        let pv = claim_volume(volumes, pv, pvc, true).await?;
-        finish_claim(claims, pvc, &pv, true).await?;
-        return Ok(Action::await_change());
-    }
     let class = class.unwrap_or_default();
     let sc = class_list.items.iter().find(|c| c.name_any() == class);
+    // WaitForFirstConsumer: bound once a pod uses the claim (upstream binds in the
+    // scheduler, choosing among the volumes reachable from the pod's node; here the
+    // scheduler then follows the volume's node affinity).
+    let delayed =
+        sc.is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+    let wait = delayed && !has_consumer(pvc, ctx).await?;
+    if !wait {
+        let all = volumes
+            .list(&ListParams::default())
+            .await
+            .map_err(api_err("listing", "persistentvolumes"))?;
+        if let Some(pv) = find_volume(&all.items, pvc) {
+            let pv = claim_volume(volumes, pv, pvc, true).await?;
+            finish_claim(claims, pvc, &pv, true).await?;
+            return Ok(Action::await_change());
+        }
+    }
     let (kind, reason, msg) = match sc {
         _ if class.is_empty() => (
             EventType::Normal,
@@ -281,7 +289,7 @@ async fn bind_pending(
             "ProvisioningFailed",
             format!("storageclass.storage.k8s.io \"{class}\" not found"),
         ),
-        Some(sc) if sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer") => (
+        Some(_) if wait => (
             EventType::Normal,
             "WaitForFirstConsumer",
             "waiting for first consumer to be created before binding".to_string(),
@@ -297,6 +305,20 @@ async fn bind_pending(
     };
     ctx.recorder.record(pvc, kind, reason, &msg).await;
     Ok(Action::requeue(PENDING_RESYNC))
+}
+
+/// Whether a pod that is not finished uses the claim.
+async fn has_consumer(pvc: &PersistentVolumeClaim, ctx: &Ctx) -> Result<bool, Error> {
+    let ns = pvc.namespace().unwrap_or_default();
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let list = api.list(&ListParams::default()).await.map_err(api_err("listing pods in", &ns))?;
+    let name = pvc.name_any();
+    Ok(list.items.iter().filter(|p| !matches!(pods::phase(p), "Succeeded" | "Failed")).any(|p| {
+        p.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == name))
+    }))
 }
 
 fn default_class(classes: &[StorageClass]) -> Option<String> {

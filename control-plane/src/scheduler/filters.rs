@@ -1,8 +1,9 @@
 //! Filters: whether a pod fits a node. [`PodState`] is computed once per pod per cycle
 //! (upstream's PreFilter: affinity terms resolved to topology domains, spread counts), then
 //! [`filter`] checks one node in O(1) amortised: node name, Ready, unschedulable,
-//! nodeSelector and required node affinity, taints, resources, host ports, inter-pod
-//! affinity and anti-affinity (both directions) and hard topology spread constraints.
+//! nodeSelector and required node affinity, taints, the node affinity of the pod's bound
+//! volumes, resources, host ports, inter-pod affinity and anti-affinity (both directions)
+//! and hard topology spread constraints.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -33,6 +34,7 @@ pub enum Reason {
     ExistingAntiAffinity,
     TopologySpread,
     TopologySpreadMissingLabel,
+    VolumeNodeAffinity,
 }
 
 impl Reason {
@@ -81,6 +83,7 @@ impl fmt::Display for Reason {
             Reason::TopologySpreadMissingLabel => f.write_str(
                 "node(s) didn't match pod topology spread constraints (missing required label)",
             ),
+            Reason::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
         }
     }
 }
@@ -119,6 +122,9 @@ pub struct PodState<'a> {
     pub spread: Vec<Spread>,
     /// Resources of higher-or-equal priority pods nominated to each node (kept free).
     pub nominated: HashMap<String, Resources>,
+    /// The required node affinity of each volume the pod's claims are bound to
+    /// ([`super::volumes::VolumeCache::prefilter`]).
+    pub volume_affinity: Vec<Vec<NodeSelectorTerm>>,
 }
 
 fn term_namespaces<'t>(term: &'t PodAffinityTerm, own: &'t str) -> Option<Vec<&'t str>> {
@@ -217,6 +223,7 @@ impl<'a> PodState<'a> {
             existing_anti,
             spread: Vec::new(),
             nominated,
+            volume_affinity: Vec::new(),
         };
         state.spread = state.spread_counts(cache);
         state
@@ -329,6 +336,11 @@ pub fn filter(state: &PodState<'_>, node: &NodeInfo) -> Result<(), Vec<Reason>> 
     if let Some(taint) = state.untolerated_taint(node) {
         let t = format!("{}: {}", taint.key, taint.value.as_deref().unwrap_or_default());
         return Err(vec![Reason::Taint(t)]);
+    }
+    if let Some(n) = node.node.as_deref()
+        && !state.volume_affinity.iter().all(|terms| terms_match(terms, n))
+    {
+        return Err(vec![Reason::VolumeNodeAffinity]);
     }
     fits_resources(state, node)?;
     fits_ports(state.pod, node)?;

@@ -14,6 +14,7 @@ pub mod preemption;
 pub mod queue;
 pub mod resources;
 pub mod scores;
+pub mod volumes;
 mod watched;
 
 use std::collections::{HashMap, HashSet};
@@ -22,7 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -36,6 +39,7 @@ use cache::{Cache, PodInfo, PodKey};
 use filters::{PodState, Reason, filter, fit_error_message};
 use queue::SchedulingQueue;
 use resources::Resources;
+use volumes::VolumeCache;
 use watched::WatchedPod;
 
 /// Scheduler settings; defaults match kube-scheduler's.
@@ -106,6 +110,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 struct State {
     cache: Cache,
+    volumes: VolumeCache,
     queue: SchedulingQueue,
     /// Preemptors and the node freed for them: (node, requests, priority).
     nominations: HashMap<PodKey, (String, Resources, i32)>,
@@ -170,6 +175,7 @@ pub async fn run(client: Client, config: SchedulerConfig) {
         binds: Arc::new(Semaphore::new(config.parallel_binds.max(1))),
         state: Mutex::new(State {
             cache: Cache::default(),
+            volumes: VolumeCache::default(),
             queue: SchedulingQueue::new(config.initial_backoff, config.max_backoff),
             nominations: HashMap::new(),
             reported: HashMap::new(),
@@ -185,6 +191,8 @@ pub async fn run(client: Client, config: SchedulerConfig) {
     let _watches = AbortOnDrop(vec![
         tokio::spawn(watch_nodes(shared.clone())),
         tokio::spawn(watch_pods(shared.clone())),
+        tokio::spawn(watch_volume_objects::<PersistentVolumeClaim>(shared.clone())),
+        tokio::spawn(watch_volume_objects::<PersistentVolume>(shared.clone())),
     ]);
     schedule_loop(shared).await;
 }
@@ -221,6 +229,95 @@ async fn watch_nodes(shared: Arc<Shared>) {
             }
             Err(e) => {
                 warn!(error = %e, "scheduler node watch");
+                false
+            }
+        };
+        if moved {
+            state.queue.move_all_unschedulable();
+            drop(state);
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// A claim or a volume, as the [`VolumeCache`] keeps it.
+trait VolumeObject:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    fn upsert(&self, cache: &mut VolumeCache);
+    fn remove(&self, cache: &mut VolumeCache);
+    fn retain(cache: &mut VolumeCache, listed: &HashSet<String>);
+    fn key(&self) -> String;
+}
+
+impl VolumeObject for PersistentVolumeClaim {
+    fn upsert(&self, cache: &mut VolumeCache) {
+        cache.upsert_claim(self);
+    }
+    fn remove(&self, cache: &mut VolumeCache) {
+        cache.remove_claim(self);
+    }
+    fn retain(cache: &mut VolumeCache, listed: &HashSet<String>) {
+        cache.retain_claims(|k| listed.contains(k));
+    }
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace().unwrap_or_default(), self.name_any())
+    }
+}
+
+impl VolumeObject for PersistentVolume {
+    fn upsert(&self, cache: &mut VolumeCache) {
+        cache.upsert_volume(self);
+    }
+    fn remove(&self, cache: &mut VolumeCache) {
+        cache.remove_volume(self);
+    }
+    fn retain(cache: &mut VolumeCache, listed: &HashSet<String>) {
+        cache.retain_volumes(|k| listed.contains(k));
+    }
+    fn key(&self) -> String {
+        self.name_any()
+    }
+}
+
+/// Claims or volumes into the [`VolumeCache`]; any change may make a waiting pod
+/// schedulable (upstream's PVC/PV cluster events), so unschedulable pods move.
+async fn watch_volume_objects<K: VolumeObject>(shared: Arc<Shared>) {
+    let api: Api<K> = Api::all(shared.client.clone());
+    let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut listed = HashSet::new();
+    while let Some(event) = stream.next().await {
+        let mut state = shared.lock();
+        let moved = match event {
+            Ok(watcher::Event::Apply(o)) => {
+                o.upsert(&mut state.volumes);
+                true
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                listed.insert(o.key());
+                o.upsert(&mut state.volumes);
+                false
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                o.remove(&mut state.volumes);
+                true
+            }
+            Ok(watcher::Event::Init) => {
+                listed.clear();
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                K::retain(&mut state.volumes, &listed);
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, kind = %K::kind(&()), "scheduler watch");
                 false
             }
         };
@@ -370,7 +467,15 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
         m
     };
     let cache = &state.cache;
-    let pstate = PodState::new(cache, pod, nominated);
+    let volume_affinity = match state.volumes.prefilter(pod) {
+        Ok(terms) => terms,
+        Err(why) => {
+            let message = volumes::prefilter_message(cache.node_count(), &why);
+            return Decision::Unschedulable { message, preempt: None };
+        }
+    };
+    let mut pstate = PodState::new(cache, pod, nominated);
+    pstate.volume_affinity = volume_affinity;
     let nodes = cache.nodes();
     let total = nodes.len();
     let to_find =

@@ -1,24 +1,27 @@
 //! Pods as the scheduler watches them: decoded without `metadata.managedFields`, which the
 //! scheduler never reads and which made up most of a watched pod's decode (a FieldsV1 tree
-//! of JSON values per manager, built and dropped for every event), and without
-//! `spec.volumes`, which no filter reads either (the service-account token volume that
-//! admission adds to every pod was about half of what remained).
+//! of JSON values per manager, built and dropped for every event), and with only the
+//! PersistentVolumeClaim members of `spec.volumes`, the one volume source a filter reads
+//! (the service-account token volume that admission adds to every pod was about half of
+//! what remained).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus, Volume,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDeserializer};
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::machinery::MemberName;
 
-/// A [`Pod`] whose managed fields and volumes were skipped while decoding (the rest is as
-/// sent).
+/// A [`Pod`] whose managed fields and volumes other than claims were skipped while
+/// decoding (the rest is as sent).
 #[derive(Clone, Debug)]
 pub struct WatchedPod(pub Pod);
 
@@ -74,8 +77,17 @@ struct Slim {
     status: Option<PodStatus>,
 }
 
-/// A [`PodSpec`] decoded with its `volumes` member skipped (checked as JSON, not built).
+/// A [`PodSpec`] decoded with only the claim volumes of its `volumes` member built (the
+/// others checked as JSON).
 struct SpecWithoutVolumes(PodSpec);
+
+/// A volume as far as the scheduler reads it: its name and claim (other sources skipped).
+#[derive(Deserialize)]
+struct ClaimVolume {
+    name: String,
+    #[serde(rename = "persistentVolumeClaim")]
+    claim: Option<PersistentVolumeClaimVolumeSource>,
+}
 
 impl<'de> Deserialize<'de> for SpecWithoutVolumes {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -88,18 +100,26 @@ impl<'de> Deserialize<'de> for SpecWithoutVolumes {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<SpecWithoutVolumes, A::Error> {
-                PodSpec::deserialize(MapAccessDeserializer::new(SkipVolumes(map)))
-                    .map(SpecWithoutVolumes)
+                let mut claims = Vec::new();
+                let mut spec = PodSpec::deserialize(MapAccessDeserializer::new(SkipVolumes {
+                    map,
+                    claims: &mut claims,
+                }))?;
+                spec.volumes = (!claims.is_empty()).then_some(claims);
+                Ok(SpecWithoutVolumes(spec))
             }
         }
         deserializer.deserialize_map(SpecVisitor)
     }
 }
 
-/// The members of a map less `volumes`.
-struct SkipVolumes<A>(A);
+/// The members of a map less `volumes`, whose claim volumes go to `claims`.
+struct SkipVolumes<'c, A> {
+    map: A,
+    claims: &'c mut Vec<Volume>,
+}
 
-impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<'_, A> {
     type Error = A::Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(
@@ -107,10 +127,17 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
         seed: K,
     ) -> Result<Option<K::Value>, A::Error> {
         loop {
-            match self.0.next_key::<MemberName<'de>>()? {
+            match self.map.next_key::<MemberName<'de>>()? {
                 None => return Ok(None),
                 Some(name) if name.as_str() == "volumes" => {
-                    self.0.next_value::<IgnoredAny>()?;
+                    let volumes = self.map.next_value::<Option<Vec<ClaimVolume>>>()?;
+                    self.claims.extend(volumes.into_iter().flatten().filter_map(|v| {
+                        v.claim.map(|c| Volume {
+                            name: v.name,
+                            persistent_volume_claim: Some(c),
+                            ..Default::default()
+                        })
+                    }));
                 }
                 Some(MemberName::Borrowed(k)) => {
                     return seed.deserialize(BorrowedStrDeserializer::new(k)).map(Some);
@@ -123,7 +150,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipVolumes<A> {
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
-        self.0.next_value_seed(seed)
+        self.map.next_value_seed(seed)
     }
 }
 
@@ -157,7 +184,7 @@ mod tests {
 
     use super::*;
 
-    /// Everything but the managed fields and volumes decodes as the typed Pod does.
+    /// Everything but the managed fields and non-claim volumes decodes as the typed Pod does.
     #[test]
     fn decodes_as_pod_without_managed_fields() {
         let raw = json!({
@@ -175,7 +202,8 @@ mod tests {
             },
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}],
                 "volumes": [{"name": "v", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}],
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-0"}}],
                 "priority": 7},
             "status": {"phase": "Pending"}
         });
@@ -183,8 +211,11 @@ mod tests {
         let watched: WatchedPod = serde_json::from_slice(raw.to_string().as_bytes()).unwrap();
         let mut typed: Pod = serde_json::from_value(raw.clone()).unwrap();
         assert!(typed.metadata.managed_fields.take().is_some_and(|m| m.len() == 1));
+        // Of the volumes only the claim is kept.
         let spec = typed.spec.as_mut().unwrap();
-        assert!(spec.volumes.take().is_some_and(|v| v.len() == 1));
+        let volumes = spec.volumes.as_mut().unwrap();
+        assert_eq!(volumes.len(), 2);
+        volumes.remove(0);
         assert_eq!(watched.0, typed);
         // From a Value (owned member names), and a malformed spec is still an error.
         let watched: WatchedPod = serde_json::from_value(raw).unwrap();
