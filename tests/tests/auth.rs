@@ -227,6 +227,7 @@ fn scenario(minor: u32) {
     n1.ok(&["get", "pod", "p2", "-n", "team"]);
     n1.ok(&["get", "pods", "-A", "--field-selector", "spec.nodeName=n1"]);
     n1.ok(&["get", "secret", "s1", "-n", "team"]);
+    node_reads_only_its_bound_volumes(&admin, &n1);
     n1.ok(&["label", "node", "n1", "ready=yes"]);
     assert_forbidden(
         &n1,
@@ -350,6 +351,73 @@ fn scenario(minor: u32) {
     );
     let err = wrong_ca.fails(&["get", "pods"]);
     assert!(err.contains("x509") || err.contains("certificate"), "{err}");
+}
+
+/// A node may read the PersistentVolume bound to a claim its pod uses, where both halves
+/// of the binding agree (the volume's claimRef names the claim's uid), and not a volume a
+/// claim merely names in `volumeName` (which any claim's author may set).
+fn node_reads_only_its_bound_volumes(admin: &Kubectl, n1: &Kubectl) {
+    let claims = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: mine, namespace: team}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: vol-mine
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: greedy, namespace: team}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: vol-other
+  resources: {requests: {storage: 1Gi}}
+"#;
+    admin.ok_stdin(&["apply", "-f", "-"], Some(claims));
+    let uid = admin.ok(&["get", "pvc", "mine", "-n", "team", "-o", "jsonpath={.metadata.uid}"]);
+    let volumes = format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: vol-mine}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  hostPath: {{path: /srv/mine}}
+  claimRef: {{namespace: team, name: mine, uid: "{uid}"}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: vol-other}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  hostPath: {{path: /srv/other-tenant}}
+  claimRef: {{namespace: elsewhere, name: data, uid: "0000"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: p3, namespace: team}}
+spec:
+  nodeName: n1
+  containers: [{{name: c, image: busybox}}]
+  volumes:
+  - {{name: a, persistentVolumeClaim: {{claimName: mine}}}}
+  - {{name: b, persistentVolumeClaim: {{claimName: greedy}}}}
+"#
+    );
+    admin.ok_stdin(&["apply", "-f", "-"], Some(&volumes));
+    n1.ok(&["get", "pv", "vol-mine"]);
+    assert_forbidden(n1, &["get", "pv", "vol-other"], "no relationship found");
+    // Another node's pods do not use the claim.
+    assert_forbidden(
+        admin,
+        &["get", "pv", "vol-mine", "--as", "system:node:n2", "--as-group", "system:nodes"],
+        "no relationship found",
+    );
 }
 
 fn anonymous_requests(kubeconfig: &Path) {

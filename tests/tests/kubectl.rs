@@ -507,6 +507,12 @@ fn apply_prune(minor: u32) {
     assert_eq!(pvc[1][..6], ["data", "Bound", "disk", "2Gi", "RWO", "<unset>"], "{pvc:?}");
     let pv = rows(&["get", "pv"]);
     assert_eq!(pv[1][..6], ["disk", "2Gi", "RWO", "Retain", "Bound", "default/data"], "{pv:?}");
+    for _ in 0..100 {
+        if json(&k, &["get", "rc", "legacy"])["status"]["replicas"] == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let rc = rows(&["get", "rc", "-o", "wide"]);
     assert_eq!(
         rc[0],

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
@@ -135,11 +137,10 @@ impl<'a> EnvSources<'a> {
         Ok(self.config_maps.get(name).and_then(|c| c.as_ref()))
     }
 
-    /// The host path behind the PersistentVolumeClaim `claim`: the hostPath or local path of
-    /// the volume it is bound to (the volume kinds a node serves from its own disk). An
-    /// unbound claim is an error the pod's sync retries, as the kubelet waits for one.
-    pub async fn claimed_volume(&self, claim: &str) -> Result<PathBuf, ConfigError> {
-        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    /// The PersistentVolume the claim `claim` is bound to, checked as the kubelet checks it
+    /// (`getPVCExtractPV`): the claim is Bound and not being deleted, and the volume's
+    /// claimRef names the claim's uid. Anything else is an error the pod's sync retries.
+    pub async fn claimed_volume(&self, claim: &str) -> Result<PersistentVolume, ConfigError> {
         let claims: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &self.namespace);
         let pvc = claims
@@ -147,30 +148,35 @@ impl<'a> EnvSources<'a> {
             .await
             .map_err(|e| ConfigError(format!("getting persistentvolumeclaim {claim}: {e}")))?
             .ok_or_else(|| ConfigError(format!("persistentvolumeclaim \"{claim}\" not found")))?;
-        let volume =
-            pvc.spec.and_then(|s| s.volume_name).filter(|v| !v.is_empty()).ok_or_else(|| {
-                ConfigError(format!("persistentvolumeclaim \"{claim}\" is not bound"))
-            })?;
+        let ns = &self.namespace;
+        if pvc.metadata.deletion_timestamp.is_some() {
+            return Err(ConfigError(format!(
+                "can't start pod because PVC {ns}/{claim} is being deleted"
+            )));
+        }
+        let phase = pvc.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let volume = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        if phase != "Bound" || volume.is_empty() {
+            return Err(ConfigError(format!(
+                "PVC {ns}/{claim} has non-bound phase (\"{phase}\") or empty pvc.Spec.VolumeName (\"{volume}\")"
+            )));
+        }
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
         let pv = volumes
             .get(&volume)
             .await
             .map_err(|e| ConfigError(format!("getting persistentvolume {volume}: {e}")))?;
-        let spec = pv.spec.unwrap_or_default();
-        if let Some(h) = spec.host_path {
-            let path = PathBuf::from(&h.path);
-            if h.type_.as_deref() == Some("DirectoryOrCreate") {
-                std::fs::create_dir_all(&path)
-                    .map_err(|e| ConfigError(format!("creating {}: {e}", path.display())))?;
-            }
-            return Ok(path);
+        let ref_uid =
+            pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.clone());
+        let uid = pvc.metadata.uid.clone();
+        if ref_uid.is_none() || ref_uid != uid {
+            return Err(ConfigError(format!(
+                "entry in PV {volume} ClaimRef UID {} does not match PVC {ns}/{claim} UID {}",
+                ref_uid.unwrap_or_default(),
+                uid.unwrap_or_default()
+            )));
         }
-        if let Some(l) = spec.local {
-            return Ok(PathBuf::from(l.path));
-        }
-        Err(ConfigError(format!(
-            "persistentvolume \"{volume}\" is neither a hostPath nor a local volume"
-        )))
+        Ok(pv)
     }
 
     /// A ServiceAccount token bound to `pod`, minted through TokenRequest (the projected

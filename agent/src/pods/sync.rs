@@ -260,7 +260,12 @@ impl<R: Runtime> Pass<'_, R> {
             let env =
                 resolve_env(&mut sources, self.pod, c, &self.pod_ip, &self.ctx.host_ip).await?;
             let paths = self.volumes(&mut sources).await?;
-            let m = mounts(c, &paths)?;
+            let mut m = mounts(c, &paths)?;
+            // A claim mounted readOnly in the pod's volume is read-only in every container.
+            let read_only = super::volumes::read_only_volumes(self.pod);
+            for (mount, vm) in m.iter_mut().zip(c.volume_mounts.iter().flatten()) {
+                mount.readonly |= read_only.contains(&vm.name);
+            }
             Ok::<_, ConfigError>((env, m))
         }
         .await;

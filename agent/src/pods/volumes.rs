@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Pod, Volume,
+};
 use kube::ResourceExt;
 
 use super::containers::{ConfigError, EnvSources, field_value};
@@ -160,6 +162,35 @@ pub async fn materialize(
     Ok(paths)
 }
 
+/// A hostPath, used in place: created for DirectoryOrCreate, checked for Directory and File.
+fn host_path(h: &HostPathVolumeSource) -> Result<PathBuf, ConfigError> {
+    let path = PathBuf::from(&h.path);
+    match h.type_.as_deref() {
+        Some("DirectoryOrCreate") => {
+            std::fs::create_dir_all(&path).map_err(|e| io_err("creating", &path, e))?
+        }
+        Some("Directory") if !path.is_dir() => {
+            return Err(ConfigError(format!("hostPath {} is not a directory", h.path)));
+        }
+        Some("File") if !path.is_file() => {
+            return Err(ConfigError(format!("hostPath {} is not a file", h.path)));
+        }
+        _ => {}
+    }
+    Ok(path)
+}
+
+/// The claim volumes of `pod` with `readOnly: true`: every mount of them is read-only (the
+/// kubelet's volume-spec `readOnly`).
+pub fn read_only_volumes(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.read_only == Some(true)))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
 async fn materialize_one(
     sources: &mut EnvSources<'_>,
     config: &AgentConfig,
@@ -177,23 +208,21 @@ async fn materialize_one(
         return Ok(dir);
     }
     if let Some(h) = &v.host_path {
-        let path = PathBuf::from(&h.path);
-        match h.type_.as_deref() {
-            Some("DirectoryOrCreate") => {
-                std::fs::create_dir_all(&path).map_err(|e| io_err("creating", &path, e))?
-            }
-            Some("Directory") if !path.is_dir() => {
-                return Err(ConfigError(format!("hostPath {} is not a directory", h.path)));
-            }
-            Some("File") if !path.is_file() => {
-                return Err(ConfigError(format!("hostPath {} is not a file", h.path)));
-            }
-            _ => {}
-        }
-        return Ok(path);
+        return host_path(h);
     }
     if let Some(c) = &v.persistent_volume_claim {
-        return sources.claimed_volume(&c.claim_name).await;
+        let pv = sources.claimed_volume(&c.claim_name).await?;
+        let spec = pv.spec.unwrap_or_default();
+        if let Some(h) = &spec.host_path {
+            return host_path(h);
+        }
+        if let Some(l) = &spec.local {
+            return Ok(PathBuf::from(&l.path));
+        }
+        return Err(ConfigError(format!(
+            "persistentvolume \"{}\" is neither a hostPath nor a local volume",
+            pv.metadata.name.unwrap_or_default()
+        )));
     }
     if let Some(cm) = &v.config_map {
         let dir = volume_dir(config, uid, "kubernetes.io~configmap", &v.name);

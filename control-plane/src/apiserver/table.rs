@@ -725,10 +725,9 @@ fn storage_class(o: &Value) -> String {
 }
 
 /// upstream's printIngress: class, the first three hosts ("*" for none), the load
-/// balancer's addresses (clipped to 16 characters), "80" or "80, 443" with TLS.
+/// balancer's addresses, "80" or "80, 443" with TLS.
 fn ingress_cells(o: &Value, name: String, age: String) -> Vec<Value> {
     const MAX_HOSTS: usize = 3;
-    const LOAD_BALANCER_WIDTH: usize = 16;
     let class = o.at(&["spec", "ingressClassName"]).and_then(Value::as_str).unwrap_or("<none>");
     let rules = arr(o, &["spec", "rules"]);
     let (mut hosts, mut more) = (Vec::new(), false);
@@ -756,10 +755,8 @@ fn ingress_cells(o: &Value, name: String, age: String) -> Vec<Value> {
         .collect();
     addresses.sort_unstable();
     addresses.dedup();
-    let mut address = addresses.join(",");
-    if address.len() > LOAD_BALANCER_WIDTH {
-        address = format!("{}...", &address[..LOAD_BALANCER_WIDTH - 3]);
-    }
+    // Server-side Tables are generated wide: the addresses are never clipped.
+    let address = addresses.join(",");
     let ports = if arr(o, &["spec", "tls"]).is_empty() { "80" } else { "80, 443" };
     vec![json!(name), json!(class), json!(hosts_cell), json!(address), json!(ports), json!(age)]
 }

@@ -60,6 +60,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("pvc {claim} of statefulset {sts} is being deleted")]
+    ClaimDeleting { sts: String, claim: String },
     #[error("updating the status of statefulset {sts}")]
     Status {
         sts: String,
@@ -331,7 +333,11 @@ async fn create_claims(
     for claim in claims_for(sts, ordinal) {
         let name = claim.name_any();
         let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
-        if api.get_opt(&name).await.map_err(err)?.is_some() {
+        if let Some(existing) = api.get_opt(&name).await.map_err(err)? {
+            // Upstream does not start a pod on a claim on its way out.
+            if existing.metadata.deletion_timestamp.is_some() {
+                return Err(Error::ClaimDeleting { sts: sts.name_any(), claim: name });
+            }
             continue;
         }
         match api.create(&PostParams::default(), &claim).await {

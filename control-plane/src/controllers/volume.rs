@@ -32,6 +32,7 @@ const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -156,7 +157,8 @@ fn satisfies(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
     let (Some(vs), Some(cs)) = (pv.spec.as_ref(), pvc.spec.as_ref()) else { return false };
     let mode = |m: Option<&str>| m.unwrap_or("Filesystem").to_string();
     let modes = vs.access_modes.as_deref().unwrap_or_default();
-    let selector: Option<&LabelSelector> = cs.selector.as_ref();
+    // A volume pre-bound to the claim is not held to the claim's selector (upstream).
+    let selector: Option<&LabelSelector> = cs.selector.as_ref().filter(|_| !names_claim(pv, pvc));
     volume_class(pv) == claim_class(pvc).unwrap_or_default()
         && mode(vs.volume_mode.as_deref()) == mode(cs.volume_mode.as_deref())
         && cs.access_modes.iter().flatten().all(|m| modes.contains(m))
@@ -321,12 +323,19 @@ async fn has_consumer(pvc: &PersistentVolumeClaim, ctx: &Ctx) -> Result<bool, Er
     }))
 }
 
+/// The default StorageClass: marked by the annotation (or its beta form); of several, the
+/// newest, and of those created together the first by name (upstream's choice).
 fn default_class(classes: &[StorageClass]) -> Option<String> {
-    // Upstream picks the newest default when several are marked.
     classes
         .iter()
-        .filter(|c| c.annotations().get(DEFAULT_CLASS).is_some_and(|v| v == "true"))
-        .max_by_key(|c| (c.metadata.creation_timestamp.clone().map(|t| t.0), c.name_any()))
+        .filter(|c| {
+            [DEFAULT_CLASS, BETA_DEFAULT_CLASS]
+                .iter()
+                .any(|a| c.annotations().get(*a).is_some_and(|v| v == "true"))
+        })
+        .min_by_key(|c| {
+            (std::cmp::Reverse(c.metadata.creation_timestamp.clone().map(|t| t.0)), c.name_any())
+        })
         .map(|c| c.name_any())
 }
 
@@ -429,7 +438,7 @@ async fn reconcile_volume(pv: Arc<PersistentVolume>, ctx: Arc<Ctx>) -> Result<Ac
     let name = pv.name_any();
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let current = pv.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
-    let (phase, message) = match claim_ref(&pv) {
+    let (phase, failure) = match claim_ref(&pv) {
         None => ("Available", None),
         Some(r) => {
             let ns = r.namespace.as_deref().unwrap_or_default();
@@ -440,30 +449,33 @@ async fn reconcile_volume(pv: Arc<PersistentVolume>, ctx: Arc<Ctx>) -> Result<Ac
             match pvc {
                 // Pre-bound by its author and not yet claimed: the claim loop binds it.
                 _ if uid.is_empty() => ("Available", None),
-                Some(c) if c.uid().as_deref() == Some(uid) => {
-                    if volume_name(&c) == name {
-                        ("Bound", None)
-                    } else {
-                        (current, None)
-                    }
-                }
+                Some(c) if c.uid().as_deref() == Some(uid) => match volume_name(&c) {
+                    v if v == name => ("Bound", None),
+                    // Binding in progress: the claim's half follows.
+                    "" => (current, None),
+                    // The claim ended up bound to another volume (upstream's unbindVolume).
+                    _ => return unbind(&volumes, &pv).await,
+                },
                 // The claim is gone: the volume is released, then reclaimed per its policy.
                 _ => released(&pv),
             }
         }
     };
     if phase != current && !phase.is_empty() {
-        if phase == "Released" {
-            let msg = format!("Volume {name} released: its claim was deleted");
-            ctx.recorder.record(pv.as_ref(), EventType::Normal, "VolumeReleased", &msg).await;
+        if let Some((reason, m)) = &failure {
+            ctx.recorder.record(pv.as_ref(), EventType::Warning, reason, m).await;
         }
-        if let Some(m) = &message {
-            ctx.recorder.record(pv.as_ref(), EventType::Warning, "VolumeFailedDelete", m).await;
-        }
-        let status = json!({"status": {"phase": phase, "message": message}});
+        let message = failure.map(|(_, m)| m);
+        // Guarded by the resourceVersion read: a stale view must not overwrite a phase the
+        // claim loop has written since (it retries from the newer object).
+        let status = json!({"metadata": {"resourceVersion": pv.resource_version()},
+                            "status": {"phase": phase, "message": message}});
         match volumes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
             Err(source) => {
                 return Err(Error::Api { action: "updating the status of", what: name, source });
             }
@@ -472,10 +484,32 @@ async fn reconcile_volume(pv: Arc<PersistentVolume>, ctx: Arc<Ctx>) -> Result<Ac
     Ok(Action::await_change())
 }
 
-/// A volume whose claim is gone: `Released` when kept (Retain); `Failed` for Delete and
-/// Recycle, which need a volume plugin that can delete or scrub the storage, and skiff has
-/// none (upstream says the same of a manually created hostPath volume).
-fn released(pv: &PersistentVolume) -> (&'static str, Option<String>) {
+/// A volume bound to a claim that is bound elsewhere: released from the claim; a volume
+/// its author pre-bound keeps naming the claim, without its uid.
+async fn unbind(volumes: &Api<PersistentVolume>, pv: &PersistentVolume) -> Result<Action, Error> {
+    let name = pv.name_any();
+    let by_controller = pv.annotations().get(BOUND_BY_CONTROLLER).is_some_and(|v| v == "yes");
+    let patch = if by_controller {
+        json!({"metadata": {"resourceVersion": pv.resource_version(),
+                            "annotations": {BOUND_BY_CONTROLLER: null}},
+               "spec": {"claimRef": null}})
+    } else {
+        json!({"metadata": {"resourceVersion": pv.resource_version()},
+               "spec": {"claimRef": {"uid": null, "resourceVersion": null}}})
+    };
+    match volumes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Action::await_change()),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Err(source) => Err(Error::Api { action: "unbinding", what: name, source }),
+    }
+}
+
+/// A volume whose claim is gone: `Released` when kept (Retain); `Failed`, with the event
+/// reason and message upstream gives a volume no plugin can reclaim, for Delete and
+/// Recycle (skiff has no plugin that deletes or scrubs storage).
+fn released(pv: &PersistentVolume) -> (&'static str, Option<(&'static str, String)>) {
     let policy = pv
         .spec
         .as_ref()
@@ -483,14 +517,18 @@ fn released(pv: &PersistentVolume) -> (&'static str, Option<String>) {
         .unwrap_or("Retain");
     match policy {
         "Retain" => ("Released", None),
-        "Recycle" => {
-            ("Failed", Some(format!("No recycler plugin found for the volume {}", pv.name_any())))
-        }
+        "Recycle" => (
+            "Failed",
+            Some(("VolumeFailedRecycle", "No recycler plugin found for the volume!".to_string())),
+        ),
         _ => (
             "Failed",
-            Some(format!(
-                "error getting deleter volume plugin for volume \"{}\": no deletable volume plugin matched",
-                pv.name_any()
+            Some((
+                "VolumeFailedDelete",
+                format!(
+                    "error getting deleter volume plugin for volume \"{}\": no deletable volume plugin matched",
+                    pv.name_any()
+                ),
             )),
         ),
     }
@@ -583,6 +621,8 @@ mod tests {
         v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
         let (phase, msg) = released(&v);
         assert_eq!(phase, "Failed");
-        assert!(msg.unwrap().contains("no deletable volume plugin matched"));
+        let (reason, msg) = msg.unwrap();
+        assert_eq!(reason, "VolumeFailedDelete");
+        assert!(msg.contains("no deletable volume plugin matched"), "{msg}");
     }
 }

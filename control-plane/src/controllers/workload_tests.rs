@@ -1555,15 +1555,28 @@ async fn replication_controllers_keep_their_replicas() {
         .collect();
     assert_eq!(owned.len(), 3);
     assert!(owned.iter().all(|p| p.name_any().starts_with("legacy-")));
-    // The selector defaulted to the template's labels; a deleted pod is replaced.
+    // The selector and the labels defaulted to the template's labels.
+    let stored = api.get("legacy").await.expect("rc");
+    let selector = stored.spec.and_then(|s| s.selector).unwrap_or_default();
+    assert_eq!(selector.get("app").map(String::as_str), Some("legacy"));
+    let labels = stored.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("app").map(String::as_str), Some("legacy"));
+    // A deleted pod is replaced by one the RC owns.
     h.api::<Pod>()
         .delete(&owned[0].name_any(), &DeleteParams::default())
         .await
         .expect("delete a pod");
-    wait_for("a replacement pod", || async {
-        let live = h.pods().await.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none());
-        live.filter(|p| p.labels().get("app").map(String::as_str) == Some("legacy")).count() == 3
-            && !h.pods().await.iter().any(|p| p.name_any() == owned[0].name_any())
+    wait_for("a replacement pod owned by the RC", || async {
+        let pods = h.pods().await;
+        let owned_now = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                pods::controller_ref(&p.metadata)
+                    .is_some_and(|r| r.kind == "ReplicationController" && r.name == "legacy")
+            })
+            .count();
+        owned_now == 3 && !pods.iter().any(|p| p.name_any() == owned[0].name_any())
     })
     .await;
     // Scaled down through the scale subresource: the status follows.
@@ -1758,11 +1771,20 @@ async fn statefulset_pods_get_their_own_claims() {
         })
         .await;
     }
-    // Claims outlive their pods and, by default (Retain), the StatefulSet.
+    // Claims outlive their pods and, by default (Retain), the StatefulSet: the garbage
+    // collector removes the set's pods and leaves the claims.
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _gc = AbortOnDrop(tokio::spawn(async move {
+        let _ = super::garbage_collector::run(ctx).await;
+    }));
     api.delete("db", &DeleteParams::default()).await.expect("delete sts");
-    wait_for("the StatefulSet gone", || async {
+    wait_for("the StatefulSet and its pods gone", || async {
         api.get_opt("db").await.is_ok_and(|s| s.is_none())
+            && h.pods().await.iter().all(|p| !p.name_any().starts_with("db-"))
     })
     .await;
-    assert!(claims.get_opt("data-db-0").await.expect("get").is_some());
+    for i in 0..2 {
+        let claim = claims.get_opt(&format!("data-db-{i}")).await.expect("get claim");
+        assert!(claim.is_some_and(|c| c.metadata.deletion_timestamp.is_none()));
+    }
 }

@@ -101,22 +101,27 @@ fn referenced(server: &ApiServer, node: &str, ns: &str, kind: &str, name: &str) 
     pods_on(server, node, Some(ns)).iter().any(|p| references(&p.value(), kind).contains(name))
 }
 
-/// Whether a pod on `node` uses a claim bound to the PersistentVolume `name` (upstream's
-/// graph edge pod → PVC → PV).
+/// Whether a pod on `node` uses the claim the PersistentVolume `name` is bound to (upstream's
+/// graph edge pod → PVC → PV). The volume's `claimRef` decides, not the claim's
+/// `volumeName`, which a claim's author may set to any volume; both halves must agree.
 fn volume_referenced(server: &ApiServer, node: &str, name: &str) -> bool {
-    let Some(rt) = server.registry.find("", "v1", "persistentvolumeclaims") else {
+    let (Some(pvs), Some(pvcs)) = (
+        server.registry.find("", "v1", "persistentvolumes"),
+        server.registry.find("", "v1", "persistentvolumeclaims"),
+    ) else {
         return false;
     };
-    let claims = server.cache.resource(rt);
-    pods_on(server, node, None).iter().any(|p| {
-        let pod = p.value();
-        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
-        references(&pod, "persistentvolumeclaims").iter().any(|claim| {
-            claims
-                .get(&rt.key(Some(ns), claim))
-                .is_some_and(|c| c.value()["spec"]["volumeName"] == name)
-        })
-    })
+    let Some(pv) = server.cache.resource(pvs).get(&pvs.key(None, name)) else { return false };
+    let claim_ref = &pv.value()["spec"]["claimRef"];
+    let (Some(ns), Some(claim)) = (claim_ref["namespace"].as_str(), claim_ref["name"].as_str())
+    else {
+        return false;
+    };
+    let bound_back = server.cache.resource(pvcs).get(&pvcs.key(Some(ns), claim)).is_some_and(|c| {
+        let c = c.value();
+        c["spec"]["volumeName"] == name && c["metadata"]["uid"] == claim_ref["uid"]
+    });
+    bound_back && referenced(server, node, ns, "persistentvolumeclaims", claim)
 }
 
 pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {

@@ -156,6 +156,16 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("", "PersistentVolumeClaim") => storage::default_pvc(o),
         ("", "ReplicationController") => apps::default_replication_controller(o),
         ("storage.k8s.io", "StorageClass") => storage::default_storage_class(o),
+        // SetDefaults_IngressClass: parameters are cluster-scoped unless said otherwise.
+        ("networking.k8s.io", "IngressClass") => {
+            if let Some(p) = o
+                .get_mut("spec")
+                .and_then(|s| s.get_mut("parameters"))
+                .and_then(Value::as_object_mut)
+            {
+                value::default_ptr(p, "scope", "Cluster");
+            }
+        }
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::default_workload(gvk.kind, o),
         ("batch", "Job") => batch::default_job(o),

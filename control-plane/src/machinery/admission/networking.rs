@@ -67,10 +67,17 @@ fn validate_ingress_spec(spec: &IngressSpec, sp: &Path, errs: &mut ErrorList) {
             validate_http_path(path, &pp.index(j), errs);
         }
     }
+    // TLS hosts may be IP addresses (only rule hosts may not); upstream reports them all
+    // at `tls[i].hosts`.
     for (i, tls) in spec.tls.iter().flatten().enumerate() {
-        let hp = sp.child("tls").index(i).child("hosts");
-        for (j, host) in tls.hosts.iter().flatten().enumerate() {
-            validate_host(host, &hp.index(j), errs);
+        let tp = sp.child("tls").index(i);
+        for host in tls.hosts.iter().flatten() {
+            validate_dns_host(host, &tp.child("hosts"), errs);
+        }
+        if let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) {
+            for m in names::is_dns1123_subdomain(secret) {
+                errs.push(FieldError::invalid(&tp.child("secretName"), secret, m));
+            }
         }
     }
     if let Some(class) = spec.ingress_class_name.as_deref() {
@@ -80,15 +87,28 @@ fn validate_ingress_spec(spec: &IngressSpec, sp: &Path, errs: &mut ErrorList) {
     }
 }
 
-/// A rule's or TLS entry's host: a DNS subdomain, optionally with a leading `*.` wildcard,
-/// never an IP address.
+const WILDCARD_ERROR: &str = "a wildcard DNS-1123 subdomain must start with '*.', followed by a valid DNS subdomain, which must consist of lower case alphanumeric characters, '-' or '.' and end with an alphanumeric character (e.g. '*.example.com', regex used for validation is '\\*\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// A rule's host: never an IP address, else as [`validate_dns_host`].
 fn validate_host(host: &str, path: &Path, errs: &mut ErrorList) {
     if names::parse_ip(host).is_some() {
         errs.push(FieldError::invalid(path, host, "must be a DNS name, not an IP address"));
+    }
+    validate_dns_host(host, path, errs);
+}
+
+/// A DNS subdomain, or with a `*` a wildcard one (`*.` and a subdomain).
+fn validate_dns_host(host: &str, path: &Path, errs: &mut ErrorList) {
+    if host.contains('*') {
+        let valid = host
+            .strip_prefix("*.")
+            .is_some_and(|rest| names::is_dns1123_subdomain(rest).is_empty());
+        if !valid {
+            errs.push(FieldError::invalid(path, host, WILDCARD_ERROR));
+        }
         return;
     }
-    let checked = host.strip_prefix("*.").unwrap_or(host);
-    for m in names::is_dns1123_subdomain(checked) {
+    for m in names::is_dns1123_subdomain(host) {
         errs.push(FieldError::invalid(path, host, m));
     }
 }
@@ -133,10 +153,16 @@ fn validate_backend(b: &IngressBackend, path: &Path, errs: &mut ErrorList) {
         }
         (None, Some(r)) => {
             if r.kind.is_empty() {
-                errs.push(FieldError::required(&path.child("resource").child("kind"), ""));
+                errs.push(FieldError::required(
+                    &path.child("resource").child("kind"),
+                    "kind is required",
+                ));
             }
             if r.name.is_empty() {
-                errs.push(FieldError::required(&path.child("resource").child("name"), ""));
+                errs.push(FieldError::required(
+                    &path.child("resource").child("name"),
+                    "name is required",
+                ));
             }
         }
         (Some(s), None) => {
@@ -171,10 +197,9 @@ fn validate_backend(b: &IngressBackend, path: &Path, errs: &mut ErrorList) {
                         ));
                     }
                 }
-                (true, true) => errs.push(FieldError::required(
-                    &sp.child("port"),
-                    "port name or number is required",
-                )),
+                (true, true) => {
+                    errs.push(FieldError::required(path, "port name or number is required"));
+                }
             }
         }
         (None, None) => {
@@ -207,7 +232,11 @@ pub fn validate_ingress_class(new: &Value, old: Option<&Value>) -> ErrorList {
                     errs.push(FieldError::invalid(&cp, controller, m));
                 }
             }
-            _ => errs.push(FieldError::invalid(&cp, controller, "must be a domain-prefixed path")),
+            _ => errs.push(FieldError::invalid(
+                &cp,
+                controller,
+                "must be a domain-prefixed path (such as \"acme.io/foo\")",
+            )),
         }
     }
     if let Some(p) = &spec.parameters {
@@ -280,7 +309,7 @@ mod tests {
                 "spec.rules[0].http.paths[1].path: Invalid value: \"b\": must be an absolute path",
                 "spec.rules[0].http.paths[1].backend: Invalid value: \"\": cannot set both port name & port number",
                 "spec.rules[0].http.paths[2].pathType: Unsupported value: \"Fuzzy\": supported values: \"Exact\", \"ImplementationSpecific\", \"Prefix\"",
-                "spec.rules[0].http.paths[2].backend.service.port: Required value: port name or number is required",
+                "spec.rules[0].http.paths[2].backend: Required value: port name or number is required",
                 "spec.rules[1].http.paths[0].path: Invalid value: \"/x/../y\": must not contain '/../'",
             ]
         );
@@ -292,7 +321,9 @@ mod tests {
         assert!(validate_ingress_class(&class("k8s.io/ingress-nginx"), None).is_empty());
         assert_eq!(
             messages(&validate_ingress_class(&class("nginx"), None)),
-            ["spec.controller: Invalid value: \"nginx\": must be a domain-prefixed path"]
+            [
+                "spec.controller: Invalid value: \"nginx\": must be a domain-prefixed path (such as \"acme.io/foo\")"
+            ]
         );
         assert_eq!(
             messages(&validate_ingress_class(

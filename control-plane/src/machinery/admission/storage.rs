@@ -66,6 +66,10 @@ pub fn default_pv(o: &mut Obj) {
         default(spec, "persistentVolumeReclaimPolicy", "Retain");
         default(spec, "volumeMode", "Filesystem");
         quantity::canonicalize_list(spec.get_mut("capacity"));
+        // SetDefaults_HostPathVolumeSource: the type is "" (no checks) when unset.
+        if let Some(h) = spec.get_mut("hostPath").and_then(Value::as_object_mut) {
+            h.entry("type").or_insert_with(|| "".into());
+        }
     }
 }
 
@@ -105,7 +109,9 @@ fn access_modes(modes: &[String], path: &Path, errs: &mut ErrorList, required: &
             errs.push(FieldError::not_supported(path, m.as_str(), ACCESS_MODES));
         }
     }
-    if modes.len() > 1 && modes.iter().any(|m| m == "ReadWriteOncePod") {
+    if modes.iter().any(|m| m == "ReadWriteOncePod")
+        && modes.iter().any(|m| m != "ReadWriteOncePod" && ACCESS_MODES.contains(&m.as_str()))
+    {
         errs.push(FieldError::forbidden(
             path,
             "may not use ReadWriteOncePod with other access modes",
@@ -236,7 +242,7 @@ pub fn validate_pv(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Error
         if spec.node_affinity.is_none() {
             errs.push(FieldError::required(
                 &sp.child("nodeAffinity"),
-                "Local volumes require node affinity",
+                "Local volume requires node affinity",
             ));
         }
     }
@@ -270,11 +276,13 @@ pub fn validate_pv(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Error
     }
     if let Some(o) = &o {
         let old_spec = o.spec.clone().unwrap_or_default();
+        // Compared as Go's Semantic.DeepEqual compares the structs: a member at its zero
+        // value (false, "", 0, empty) equals an absent one.
         let source = |s: Option<&Value>| -> Vec<(&str, Value)> {
             let s = s.and_then(Value::as_object);
             PV_SOURCES
                 .iter()
-                .filter_map(|k| s.and_then(|s| s.get(*k)).map(|v| (*k, v.clone())))
+                .filter_map(|k| s.and_then(|s| s.get(*k)).map(|v| (*k, without_zeros(v))))
                 .collect()
         };
         if source(new.get("spec")) != source(old.and_then(|o| o.get("spec"))) {
@@ -283,9 +291,10 @@ pub fn validate_pv(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Error
                 "spec.persistentvolumesource is immutable after creation",
             ));
         }
+        // Upstream reports this one at the top-level path `volumeMode`.
         if spec.volume_mode != old_spec.volume_mode {
             errs.push(FieldError::invalid(
-                &sp.child("volumeMode"),
+                &Path::root("volumeMode"),
                 spec.volume_mode.as_deref().unwrap_or_default(),
                 FIELD_IMMUTABLE,
             ));
@@ -299,6 +308,31 @@ pub fn validate_pv(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Error
         }
     }
     errs
+}
+
+/// `v` without the members Go would leave at their zero value.
+fn without_zeros(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), without_zeros(v)))
+                .filter(|(_, v)| !is_zero(v))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_zeros).collect()),
+        other => other.clone(),
+    }
+}
+
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+    }
 }
 
 /// `ValidatePersistentVolumeClaim` and, with `old`, `ValidatePersistentVolumeClaimUpdate`:
@@ -497,6 +531,10 @@ mod tests {
                 "volumeMode": "Filesystem"}})
         };
         assert!(validate_pv(None, &pv("/a"), Some(&pv("/a"))).is_empty());
+        // Zero values equal absent ones.
+        let mut same = pv("/a");
+        same["spec"]["hostPath"]["type"] = json!("");
+        assert!(validate_pv(None, &same, Some(&pv("/a"))).is_empty());
         let m = messages(&validate_pv(None, &pv("/b"), Some(&pv("/a"))));
         assert_eq!(
             m,

@@ -200,6 +200,7 @@ pub(crate) const FIELD_META: &[FieldMeta] = &[
         "type",
         "merge",
     ),
+    atomic_map(c!("core.v1", "ReplicationControllerSpec"), "selector"),
     // apps/v1
     map_list(c!("apps.v1", "DeploymentStatus"), "conditions", &["type"], "type", "merge"),
     strategy(c!("apps.v1", "DeploymentSpec"), "strategy", "retainKeys"),
