@@ -17,6 +17,7 @@ use super::meta::{self, NEGATIVE, nonnegative};
 use super::names;
 use super::quantity::{self, QUANTITY_FORMAT_ERROR, Quantity};
 use super::scheduling;
+use super::storage::HOST_PATH_TYPES;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
 use super::{Gvk, typed, validate_meta};
 
@@ -633,18 +634,12 @@ fn validate_volumes<'a>(vols: &'a [Volume], path: &Path, errs: &mut ErrorList) -
                 el.push(FieldError::required(&p.child("hostPath").child("path"), ""));
             }
             let t = h.type_.as_deref().unwrap_or_default();
-            const TYPES: [&str; 8] = [
-                "",
-                "BlockDevice",
-                "CharDevice",
-                "Directory",
-                "DirectoryOrCreate",
-                "File",
-                "FileOrCreate",
-                "Socket",
-            ];
-            if !TYPES.contains(&t) && t != "Socket" {
-                el.push(FieldError::not_supported(&p.child("hostPath").child("type"), t, &TYPES));
+            if !HOST_PATH_TYPES.contains(&t) {
+                el.push(FieldError::not_supported(
+                    &p.child("hostPath").child("type"),
+                    t,
+                    HOST_PATH_TYPES,
+                ));
             }
         }
         if let Some(c) = &v.persistent_volume_claim

@@ -19,7 +19,8 @@ const VOLUME_MODES: &[&str] = &["Block", "Filesystem"];
 const PV_RECLAIM_POLICIES: &[&str] = &["Delete", "Recycle", "Retain"];
 const SC_RECLAIM_POLICIES: &[&str] = &["Delete", "Retain"];
 const BINDING_MODES: &[&str] = &["Immediate", "WaitForFirstConsumer"];
-const HOST_PATH_TYPES: &[&str] = &[
+/// `HostPathType` values ("" checks nothing).
+pub(super) const HOST_PATH_TYPES: &[&str] = &[
     "",
     "BlockDevice",
     "CharDevice",
