@@ -132,6 +132,9 @@ pub struct AgentConfig {
     /// cgroup parent of the pods (`LinuxPodSandboxConfig.cgroup_parent`); empty: the
     /// runtime's default. Nodes sharing a machine (the lab) need one each.
     pub cgroup_parent: String,
+    /// Hard eviction thresholds: below them the node reports memory, disk or PID pressure
+    /// (and is tainted by the node lifecycle controller).
+    pub eviction_hard: crate::node::Thresholds,
 }
 
 impl Default for AgentConfig {
@@ -160,6 +163,7 @@ impl Default for AgentConfig {
             dns: None,
             dns_link: false,
             streaming: None,
+            eviction_hard: crate::node::Thresholds::default(),
         }
     }
 }

@@ -271,6 +271,13 @@ impl LabState {
             .arg("--proxy-cgroup")
             .arg(cgroup2_dir(&node.cgroup_parent))
             .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"])
+            // The nodes share the host's disk, which the build under test fills: a share of
+            // it (the kubelet's nodefs.available<10%) would taint every node with
+            // disk-pressure on a busy build machine. An amount says what a lab needs.
+            .args([
+                "--eviction-hard",
+                "memory.available<100Mi,nodefs.available<1Gi,pid.available<10%",
+            ])
             // The lab's own resolv.conf: no upstream resolvers unless the lab was given some
             // on its segment (names outside the cluster are REFUSED, nothing leaves the machine).
             .arg("--resolv-conf")

@@ -131,6 +131,10 @@ struct RunArgs {
     /// cgroup v2 directory of the proxy's socket-LB hooks (default: the cgroup v2 root).
     #[arg(long)]
     proxy_cgroup: Option<PathBuf>,
+    /// Hard eviction thresholds, as the kubelet's: below them the node reports memory, disk
+    /// or PID pressure ("" disables them all).
+    #[arg(long, default_value = "memory.available<100Mi,nodefs.available<10%,pid.available<10%")]
+    eviction_hard: skiff_agent::node::Thresholds,
     /// Node-facing interfaces for the proxy's XDP NodePort path (repeatable).
     #[arg(long = "proxy-xdp-interface")]
     proxy_xdp_interfaces: Vec<String>,
@@ -203,6 +207,7 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
     c.sandbox_image = args.sandbox_image.clone();
     c.static_pod_dir = args.static_pod_dir.clone();
     c.max_pods = args.max_pods;
+    c.eviction_hard = args.eviction_hard;
     c.cgroup_parent = args.cgroup_parent.clone();
     c.heartbeat = Duration::from_secs(args.heartbeat_seconds.max(1));
     if !args.no_network {

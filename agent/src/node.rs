@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -162,23 +163,82 @@ pub fn synthetic_sample(r: &NodeResources) -> HostSample {
     }
 }
 
-/// Pressure thresholds, after the kubelet's default hard eviction thresholds
-/// (memory.available < 100Mi, nodefs.available < 10%, pids available < 10%... kubelet uses
-/// pid.available as a soft signal; 10% here).
-#[derive(Debug, Clone, Copy)]
+/// One hard eviction threshold: an absolute amount (bytes, or processes for
+/// `pid.available`) or a share of the total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    Amount(u64),
+    Percent(f64),
+}
+
+impl Threshold {
+    /// Whether `available` out of `total` is below the threshold (never for an unknown total).
+    fn crossed(&self, available: u64, total: u64) -> bool {
+        total > 0
+            && match *self {
+                Threshold::Amount(a) => available < a,
+                Threshold::Percent(p) => (available as f64) < p / 100.0 * total as f64,
+            }
+    }
+}
+
+/// Pressure thresholds, the kubelet's `--eviction-hard`. The default is the kubelet's:
+/// `memory.available<100Mi,nodefs.available<10%,pid.available<10%` (pid.available is a
+/// soft signal in the kubelet; hard here). A signal left out of an explicit
+/// `--eviction-hard` has no threshold, as in the kubelet.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
-    pub memory_available: u64,
-    pub disk_available_ratio: f64,
-    pub pid_available_ratio: f64,
+    pub memory_available: Option<Threshold>,
+    pub nodefs_available: Option<Threshold>,
+    pub pid_available: Option<Threshold>,
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
-            memory_available: 100 << 20,
-            disk_available_ratio: 0.10,
-            pid_available_ratio: 0.10,
+            memory_available: Some(Threshold::Amount(100 << 20)),
+            nodefs_available: Some(Threshold::Percent(10.0)),
+            pid_available: Some(Threshold::Percent(10.0)),
         }
+    }
+}
+
+impl std::str::FromStr for Thresholds {
+    type Err = String;
+
+    /// Parses `signal<value,...`, a value being a quantity ("100Mi", "1Gi", "1000") or a
+    /// percentage ("10%"). An empty string disables every threshold.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut t =
+            Thresholds { memory_available: None, nodefs_available: None, pid_available: None };
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (signal, value) = item
+                .split_once('<')
+                .ok_or_else(|| format!("{item:?}: want signal<value, e.g. nodefs.available<10%"))?;
+            let value = value.trim();
+            let threshold = match value.strip_suffix('%') {
+                Some(p) => match p.parse::<f64>() {
+                    Ok(p) if (0.0..=100.0).contains(&p) => Threshold::Percent(p),
+                    _ => return Err(format!("{item:?}: a percentage must be within 0% and 100%")),
+                },
+                None => crate::pods::admit::bytes(&Quantity(value.into()))
+                    .map(Threshold::Amount)
+                    .ok_or_else(|| format!("{item:?}: {value:?} is not a quantity"))?,
+            };
+            let slot = match signal.trim() {
+                "memory.available" => &mut t.memory_available,
+                "nodefs.available" => &mut t.nodefs_available,
+                "pid.available" => &mut t.pid_available,
+                other => {
+                    return Err(format!(
+                        "unsupported eviction signal {other:?} (supported: memory.available, \
+                         nodefs.available, pid.available)"
+                    ));
+                }
+            };
+            *slot = Some(threshold);
+        }
+        Ok(t)
     }
 }
 
@@ -187,11 +247,12 @@ pub fn conditions(
     s: &HostSample,
     t: &Thresholds,
 ) -> Vec<(&'static str, bool, &'static str, &'static str)> {
-    let memory = s.memory_total > 0 && s.memory_available < t.memory_available;
-    let disk = s.disk_total > 0
-        && (s.disk_available as f64) < t.disk_available_ratio * s.disk_total as f64;
-    let pid = s.pid_max > 0
-        && ((s.pid_max.saturating_sub(s.pids)) as f64) < t.pid_available_ratio * s.pid_max as f64;
+    let crossed = |t: Option<Threshold>, available: u64, total: u64| {
+        t.is_some_and(|t| t.crossed(available, total))
+    };
+    let memory = crossed(t.memory_available, s.memory_available, s.memory_total);
+    let disk = crossed(t.nodefs_available, s.disk_available, s.disk_total);
+    let pid = crossed(t.pid_available, s.pid_max.saturating_sub(s.pids), s.pid_max);
     vec![
         if memory {
             (
@@ -308,7 +369,7 @@ pub fn node_object(
         "pods": a.pods.to_string(),
         "ephemeral-storage": format!("{}Ki", sample.disk_total / 1024),
     });
-    let conds = node_conditions(&conditions(sample, &Thresholds::default()), &[]);
+    let conds = node_conditions(&conditions(sample, &config.eviction_hard), &[]);
     let node = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels},
@@ -465,7 +526,7 @@ impl NodeAgent {
                     continue;
                 }
             };
-            let computed = conditions(&sample, &Thresholds::default());
+            let computed = conditions(&sample, &self.config.eviction_hard);
             let due = last_report.elapsed() >= self.config.status_report;
             if forced || due || last_conditions.as_ref() != Some(&computed) {
                 match self.report(&computed).await {
@@ -579,6 +640,35 @@ mod tests {
         assert!(status(&c, "MemoryPressure"));
         assert!(status(&c, "DiskPressure"));
         assert!(status(&c, "PIDPressure"));
+
+        // An absolute disk threshold: 5% of 200 GiB free is well above 1 GiB.
+        let t: Thresholds = "memory.available<5Mi, nodefs.available<1Gi".parse().unwrap();
+        let c = conditions(&low, &t);
+        assert!(!status(&c, "MemoryPressure"));
+        assert!(!status(&c, "DiskPressure"));
+        assert!(!status(&c, "PIDPressure"), "pid.available was left out: no threshold");
+        let none: Thresholds = "".parse().unwrap();
+        assert!(conditions(&low, &none).iter().filter(|x| x.0.ends_with("Pressure")).all(|x| !x.1));
+    }
+
+    #[test]
+    fn eviction_thresholds_parse_as_the_kubelet_flag() {
+        let t: Thresholds =
+            "memory.available<100Mi,nodefs.available<10%,pid.available<10%".parse().unwrap();
+        assert_eq!(t, Thresholds::default());
+        let t: Thresholds = "nodefs.available<1.5Gi,pid.available<1000".parse().unwrap();
+        assert_eq!(t.nodefs_available, Some(Threshold::Amount(3 << 29)));
+        assert_eq!(t.pid_available, Some(Threshold::Amount(1000)));
+        assert_eq!(t.memory_available, None);
+        for bad in [
+            "nodefs.available",
+            "nodefs.available<ten",
+            "nodefs.available<120%",
+            "imagefs.inodesFree<5%",
+        ] {
+            let e = bad.parse::<Thresholds>().unwrap_err();
+            assert!(e.contains(bad.split('<').next().unwrap()), "{bad}: {e}");
+        }
     }
 
     #[test]
