@@ -485,6 +485,11 @@ fn apply_prune(minor: u32) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(bound(), "the claim was never bound: {}", json(&k, &["get", "pvc", "data"]));
+    // StorageObjectInUseProtection: both carry their protection finalizer.
+    let finalizers =
+        |kind: &str, name: &str| json(&k, &["get", kind, name])["metadata"]["finalizers"].clone();
+    assert_eq!(finalizers("pvc", "data"), serde_json::json!(["kubernetes.io/pvc-protection"]));
+    assert_eq!(finalizers("pv", "disk"), serde_json::json!(["kubernetes.io/pv-protection"]));
     let rows = |args: &[&str]| -> Vec<Vec<String>> {
         k.ok(args).lines().map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
     };

@@ -32,6 +32,7 @@ pub mod statefulset;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod volume;
+pub mod volume_protection;
 #[cfg(test)]
 mod workload_tests;
 
@@ -126,6 +127,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(podgc::run(ctx.clone()));
     tasks.spawn(disruption::run(ctx.clone()));
     tasks.spawn(volume::run(ctx.clone()));
+    tasks.spawn(volume_protection::run(ctx.clone()));
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {

@@ -432,9 +432,8 @@ async fn set_claim_phase(
 }
 
 async fn reconcile_volume(pv: Arc<PersistentVolume>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if pv.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
+    // A volume being deleted is still followed: its protection finalizer goes once it is
+    // no longer Bound.
     let name = pv.name_any();
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let current = pv.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();

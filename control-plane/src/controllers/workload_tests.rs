@@ -1596,7 +1596,9 @@ async fn claims_bind_to_fitting_volumes_and_release_them() {
     use k8s_openapi::api::storage::v1::StorageClass;
     let h = Harness::start(&[]).await;
     let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
-    let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx)));
+    let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx.clone())));
+    // A deleted claim keeps its protection finalizer until this controller sees no pod uses it.
+    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx)));
     let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
     for (name, size, policy) in [("big", "10Gi", "Retain"), ("small", "2Gi", "Delete")] {
         let pv: PersistentVolume = serde_json::from_value(json!({
@@ -1787,4 +1789,75 @@ async fn statefulset_pods_get_their_own_claims() {
         let claim = claims.get_opt(&format!("data-db-{i}")).await.expect("get claim");
         assert!(claim.is_some_and(|c| c.metadata.deletion_timestamp.is_none()));
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_and_volumes_in_use_stay_until_released() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let h = Harness::start(&["n1"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx.clone())));
+    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx)));
+    let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "disk"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "hostPath": {"path": "/srv/disk"}}
+    }))
+    .expect("pv");
+    let pv = volumes.create(&PostParams::default(), &pv).await.expect("create pv");
+    assert_eq!(pv.finalizers(), ["kubernetes.io/pv-protection"]);
+    let claims = h.api::<PersistentVolumeClaim>();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    let pvc = claims.create(&PostParams::default(), &pvc).await.expect("create pvc");
+    assert_eq!(pvc.finalizers(), ["kubernetes.io/pvc-protection"]);
+    let phase = |c: &PersistentVolumeClaim| c.status.as_ref().and_then(|s| s.phase.clone());
+    wait_for("data bound", || async {
+        claims.get("data").await.is_ok_and(|c| phase(&c).as_deref() == Some("Bound"))
+    })
+    .await;
+
+    // A finalizer taken off a live claim comes back.
+    let strip = json!({"metadata": {"finalizers": null}});
+    claims.patch("data", &PatchParams::default(), &Patch::Merge(&strip)).await.expect("patch");
+    wait_for("the finalizer restored", || async {
+        claims.get("data").await.is_ok_and(|c| c.finalizers() == ["kubernetes.io/pvc-protection"])
+    })
+    .await;
+
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "user"},
+        "spec": {"containers": [{"name": "c", "image": "i"}],
+                 "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}
+    }))
+    .expect("pod");
+    h.api::<Pod>().create(&PostParams::default(), &pod).await.expect("create pod");
+    wait_for("the pod running on n1", || async {
+        h.api::<Pod>().get("user").await.is_ok_and(|p| pods::phase(&p) == "Running")
+    })
+    .await;
+
+    // In use: deleting the claim and its volume leaves both Terminating, still bound.
+    claims.delete("data", &DeleteParams::default()).await.expect("delete pvc");
+    volumes.delete("disk", &DeleteParams::default()).await.expect("delete pv");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let held = claims.get("data").await.expect("the claim stays while the pod uses it");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(phase(&held).as_deref(), Some("Bound"));
+    let held = volumes.get("disk").await.expect("the volume stays while bound");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
+
+    // The pod goes: the claim goes, the volume is released and goes.
+    h.api::<Pod>().delete("user", &DeleteParams::default()).await.expect("delete pod");
+    wait_for("the claim and the volume gone", || async {
+        claims.get_opt("data").await.is_ok_and(|c| c.is_none())
+            && volumes.get_opt("disk").await.is_ok_and(|v| v.is_none())
+    })
+    .await;
 }

@@ -13,8 +13,9 @@ use super::cache::PodInfo;
 /// The claims and volumes the scheduler has seen.
 #[derive(Debug, Default)]
 pub struct VolumeCache {
-    /// `<namespace>/<name>` of each claim → the volume it is bound to ("" while unbound).
-    claims: HashMap<String, String>,
+    /// `<namespace>/<name>` of each claim → the volume it is bound to ("" while unbound)
+    /// and whether the claim is being deleted.
+    claims: HashMap<String, (String, bool)>,
     /// Each volume's required node affinity (empty: any node).
     affinity: HashMap<String, Vec<NodeSelectorTerm>>,
 }
@@ -27,7 +28,7 @@ impl VolumeCache {
     pub fn upsert_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let volume = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
         let key = claim_key(&pvc.namespace().unwrap_or_default(), &pvc.name_any());
-        self.claims.insert(key, volume);
+        self.claims.insert(key, (volume, pvc.metadata.deletion_timestamp.is_some()));
     }
 
     pub fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
@@ -59,15 +60,20 @@ impl VolumeCache {
     }
 
     /// PreFilter: the node affinity terms of the volumes the pod's claims are bound to, or
-    /// upstream's message for a claim that is missing or unbound.
+    /// upstream's message for a claim that is missing, being deleted or unbound.
     pub fn prefilter(&self, pod: &PodInfo) -> Result<Vec<Vec<NodeSelectorTerm>>, String> {
         let mut terms = Vec::new();
         let volumes = pod.pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
         for v in volumes {
             let Some(c) = &v.persistent_volume_claim else { continue };
-            let Some(volume) = self.claims.get(&claim_key(&pod.namespace, &c.claim_name)) else {
+            let Some((volume, deleting)) =
+                self.claims.get(&claim_key(&pod.namespace, &c.claim_name))
+            else {
                 return Err(format!("persistentvolumeclaim \"{}\" not found", c.claim_name));
             };
+            if *deleting {
+                return Err(format!("persistentvolumeclaim \"{}\" is being deleted", c.claim_name));
+            }
             if volume.is_empty() {
                 return Err("pod has unbound immediate PersistentVolumeClaims".to_string());
             }
@@ -128,6 +134,17 @@ mod tests {
         pvc.spec.as_mut().unwrap().volume_name = Some("local-1".into());
         cache.upsert_claim(&pvc);
         assert_eq!(cache.prefilter(&pod), Ok(vec![]));
+        let mut deleting = pvc.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        cache.upsert_claim(&deleting);
+        assert_eq!(
+            cache.prefilter(&pod),
+            Err("persistentvolumeclaim \"data\" is being deleted".to_string())
+        );
+        cache.upsert_claim(&pvc);
         let pv: PersistentVolume = serde_json::from_value(json!({
             "metadata": {"name": "local-1"},
             "spec": {"local": {"path": "/mnt/disk"}, "nodeAffinity": {"required": {

@@ -1,7 +1,7 @@
 //! The admission chain: after decoding and defaulting, every write passes the mutating
 //! plugins in order, then (after the kind's own strategy and validation) the validating
 //! plugins, as upstream's `admission.Interface` chain does. Built in: NamespaceLifecycle,
-//! ServiceAccount, Priority and the mutating webhooks; NodeRestriction and the validating
+//! ServiceAccount, StorageObjectInUseProtection, Priority and the mutating webhooks; NodeRestriction and the validating
 //! webhooks. Each plugin is a trait object that says which requests it [`handles`] and
 //! admits or validates an [`AdmissionRequest`].
 //!
@@ -11,6 +11,7 @@ mod namespace;
 mod noderestriction;
 mod priority;
 mod serviceaccount;
+mod storage_protection;
 pub mod webhook;
 
 use std::future::Future;
@@ -23,6 +24,7 @@ pub use self::namespace::NamespaceLifecycle;
 pub use self::noderestriction::NodeRestriction;
 pub use self::priority::Priority;
 pub use self::serviceaccount::ServiceAccount;
+pub use self::storage_protection::{PV_PROTECTION, PVC_PROTECTION, StorageObjectInUseProtection};
 pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
 use super::ApiServer;
 use super::registry::ResourceType;
@@ -209,6 +211,7 @@ impl Chain {
             mutating: vec![
                 Box::new(NamespaceLifecycle::default()),
                 Box::new(ServiceAccount),
+                Box::new(StorageObjectInUseProtection),
                 Box::new(Priority::default()),
                 Box::new(MutatingWebhooks),
             ],
