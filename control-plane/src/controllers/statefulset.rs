@@ -10,23 +10,29 @@
 //!
 //! Each of `volumeClaimTemplates` becomes a PersistentVolumeClaim `<template>-<sts>-<n>`
 //! per pod, created before the pod and mounted in it as the volume named after the
-//! template; claims outlive their pods (and, unless `persistentVolumeClaimRetentionPolicy`
-//! `whenDeleted` is Delete, the StatefulSet).
+//! template; claims outlive their pods unless `persistentVolumeClaimRetentionPolicy` says
+//! otherwise: `whenDeleted: Delete` makes the StatefulSet their owner, `whenScaled: Delete`
+//! makes a pod removed by a scale down the owner of its claims before it goes, so that the
+//! garbage collector deletes them after it.
 //!
-//! Simplified against upstream: `ordinals.start`, `maxUnavailable` and the retention
-//! policy's `whenScaled` are ignored.
+//! Simplified against upstream: `ordinals.start` and `maxUnavailable` are ignored, and a
+//! retention policy changed on a live set applies to claims created (or scaled down) after.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetStatus,
+};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, Volume,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
+use serde_json::json;
 
 use super::Context;
 use super::events::EventType;
@@ -229,6 +235,11 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
                 }
             }
             Step::Delete(p, reason) => {
+                if ordinal(&name, &p.name_any()).is_some_and(|o| o >= replicas)
+                    && retention(&sts, |p| p.when_scaled.as_deref())
+                {
+                    own_claims_by_pod(&sts, p, &ctx).await?;
+                }
                 pods::delete_pod(&pod_api, p).await.map_err(perr)?;
                 let msg = format!("delete Pod {} in StatefulSet {name} successful", p.name_any());
                 ctx.recorder.record(sts.as_ref(), EventType::Normal, reason, &msg).await;
@@ -290,11 +301,7 @@ fn claim_name(template: &str, sts: &str, ordinal: i32) -> String {
 /// its retention policy deletes claims with it.
 fn claims_for(sts: &StatefulSet, ordinal: i32) -> Vec<PersistentVolumeClaim> {
     let spec = sts.spec.clone().unwrap_or_default();
-    let delete_with_set = spec
-        .persistent_volume_claim_retention_policy
-        .as_ref()
-        .and_then(|p| p.when_deleted.as_deref())
-        == Some("Delete");
+    let delete_with_set = retention(sts, |p| p.when_deleted.as_deref());
     spec.volume_claim_templates
         .unwrap_or_default()
         .into_iter()
@@ -321,6 +328,56 @@ fn claims_for(sts: &StatefulSet, ordinal: i32) -> Vec<PersistentVolumeClaim> {
         .collect()
 }
 
+/// Whether the retention policy's field `which` says Delete.
+fn retention(
+    sts: &StatefulSet,
+    which: impl Fn(&StatefulSetPersistentVolumeClaimRetentionPolicy) -> Option<&str>,
+) -> bool {
+    sts.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_claim_retention_policy.as_ref())
+        .and_then(which)
+        == Some("Delete")
+}
+
+/// Whether `r` refers to pod `pod_name` (any incarnation of it).
+fn refers_to_pod(r: &OwnerReference, pod_name: &str) -> bool {
+    r.api_version == "v1" && r.kind == "Pod" && r.name == pod_name
+}
+
+/// `whenScaled: Delete`: the claims of a pod a scale down removes get the pod as an owner
+/// (upstream's `updateClaimOwnerRefForSetAndPod` for a condemned pod), guarded by the
+/// resourceVersion read.
+async fn own_claims_by_pod(sts: &StatefulSet, pod: &Pod, ctx: &Ctx) -> Result<(), Error> {
+    let Some(o) = ordinal(&sts.name_any(), &pod.name_any()) else { return Ok(()) };
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &sts.namespace().unwrap_or_default());
+    let owner = pods::owner_ref(pod);
+    for name in claims_for(sts, o).iter().map(|c| c.name_any()) {
+        let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
+        let Some(claim) = api.get_opt(&name).await.map_err(err)? else { continue };
+        let mut refs = claim.owner_references().to_vec();
+        if refs.iter().any(|r| r.uid == owner.uid) {
+            continue;
+        }
+        refs.retain(|r| !refers_to_pod(r, &pod.name_any()));
+        refs.push(OwnerReference { controller: None, block_owner_deletion: None, ..owner.clone() });
+        set_owners(&api, &claim, refs).await.map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Replaces a claim's owner references, with the resourceVersion read.
+async fn set_owners(
+    api: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+    refs: Vec<OwnerReference>,
+) -> Result<(), kube::Error> {
+    let patch = json!({"metadata": {"ownerReferences": refs,
+                                    "resourceVersion": claim.resource_version()}});
+    api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+}
+
 /// Creates the claims pod `ordinal` mounts that do not exist yet.
 async fn create_claims(
     sts: &StatefulSet,
@@ -337,6 +394,13 @@ async fn create_claims(
             // Upstream does not start a pod on a claim on its way out.
             if existing.metadata.deletion_timestamp.is_some() {
                 return Err(Error::ClaimDeleting { sts: sts.name_any(), claim: name });
+            }
+            // Owned by an earlier pod of this name a scale down removed: the claim is the
+            // new pod's now, not the garbage collector's.
+            let refs = existing.owner_references();
+            if refs.iter().any(|r| refers_to_pod(r, pod_name)) {
+                let kept = refs.iter().filter(|r| !refers_to_pod(r, pod_name)).cloned().collect();
+                set_owners(&api, &existing, kept).await.map_err(err)?;
             }
             continue;
         }

@@ -1861,3 +1861,73 @@ async fn claims_and_volumes_in_use_stay_until_released() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let h = Harness::start(&["n1"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
+    let _gc = AbortOnDrop(tokio::spawn(async move {
+        let _ = super::garbage_collector::run(ctx).await;
+    }));
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}},
+                         "spec": {"containers": [{"name": "c", "image": "db:1"}]}},
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            }],
+            "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete"},
+        },
+    }))
+    .expect("sts");
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.expect("create sts");
+    wait_for("3 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 3)) })
+        .await;
+    let claims = h.api::<PersistentVolumeClaim>();
+    let names = || async {
+        let mut n: Vec<String> = claims
+            .list(&ListParams::default())
+            .await
+            .expect("list claims")
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .map(|c| c.name_any())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names().await, ["data-db-0", "data-db-1", "data-db-2"]);
+    // whenDeleted is Retain: no claim is owned by the set or a pod while it is a member.
+    for c in claims.list(&ListParams::default()).await.expect("list").items {
+        assert!(c.owner_references().is_empty(), "{:?}", c.metadata.owner_references);
+    }
+
+    // Scale down to 1: the claims of db-2 and db-1 go with their pods.
+    let scale = |n: i32| json!({"spec": {"replicas": n}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale(1))).await.expect("scale");
+    wait_for("the scaled-down claims gone", || async {
+        claims.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == 1)
+    })
+    .await;
+    assert_eq!(names().await, ["data-db-0"]);
+    wait_for("1 ready member", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 1)) })
+        .await;
+
+    // Back to 2: a fresh claim for db-1, owned by nobody.
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale(2))).await.expect("scale");
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    assert_eq!(names().await, ["data-db-0", "data-db-1"]);
+    let fresh = claims.get("data-db-1").await.expect("claim");
+    assert!(fresh.owner_references().is_empty(), "{:?}", fresh.metadata.owner_references);
+}
