@@ -10,8 +10,11 @@
 //! `uncountedTerminatedPods` bookkeeping: the counters are the finished pods present, kept
 //! monotonic by taking the maximum with the previous status (the controller itself deletes
 //! no finished pod). Failed pods are replaced after upstream's exponential backoff
-//! ([`backoff_remaining`]). No podFailurePolicy, successPolicy or backoffLimitPerIndex;
-//! `suspend` deletes active pods.
+//! ([`backoff_remaining`]). `podFailurePolicy` rules fail the Job, ignore a failure or
+//! count it ([`failure_policy`]); no successPolicy or backoffLimitPerIndex (a FailIndex
+//! rule counts the failure); `podReplacementPolicy: Failed` (the default with a
+//! podFailurePolicy) replaces a terminating pod only once it failed; `suspend` deletes
+//! active pods.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -136,6 +139,76 @@ pub mod indexed {
             })
             .collect();
         parts.join(",")
+    }
+}
+
+/// `podFailurePolicy`, as upstream's `matchPodFailurePolicy`: the first rule that matches a
+/// failed pod decides what its failure does.
+pub mod failure_policy {
+    use k8s_openapi::api::batch::v1::{PodFailurePolicy, PodFailurePolicyRule};
+    use k8s_openapi::api::core::v1::Pod;
+
+    /// What a failed pod does to its Job.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Verdict {
+        /// Fails the Job, with upstream's message.
+        FailJob(String),
+        /// Not counted against `backoffLimit`.
+        Ignore,
+        /// Counted (no rule matched, or a Count rule; FailIndex counts too: skiff has no
+        /// `backoffLimitPerIndex`).
+        Count,
+    }
+
+    pub fn evaluate(policy: &PodFailurePolicy, pod: &Pod) -> Verdict {
+        for (i, rule) in policy.rules.iter().enumerate() {
+            if let Some(what) = matches(rule, pod) {
+                return match rule.action.as_str() {
+                    "FailJob" => {
+                        Verdict::FailJob(format!("{what} matching FailJob rule at index {i}"))
+                    }
+                    "Ignore" => Verdict::Ignore,
+                    _ => Verdict::Count,
+                };
+            }
+        }
+        Verdict::Count
+    }
+
+    /// How `rule` matches `pod`, in upstream's words, if it does: a container (init
+    /// containers after the others) that exited non-zero with a code the operator selects,
+    /// or a pod condition of the pattern's type and status.
+    fn matches(rule: &PodFailurePolicyRule, pod: &Pod) -> Option<String> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let status = pod.status.as_ref()?;
+        if let Some(req) = &rule.on_exit_codes {
+            let init = status.init_container_statuses.iter().flatten();
+            for c in status.container_statuses.iter().flatten().chain(init) {
+                if req.container_name.as_ref().is_some_and(|n| *n != c.name) {
+                    continue;
+                }
+                let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+                    continue;
+                };
+                let listed = req.values.contains(&t.exit_code);
+                if t.exit_code != 0 && (req.operator == "In") == listed {
+                    return Some(format!(
+                        "Container {} for pod {ns}/{name} failed with exit code {}",
+                        c.name, t.exit_code
+                    ));
+                }
+            }
+            return None;
+        }
+        let conditions = status.conditions.as_deref().unwrap_or_default();
+        for pattern in rule.on_pod_conditions.iter().flatten() {
+            let want = if pattern.status.is_empty() { "True" } else { pattern.status.as_str() };
+            if conditions.iter().any(|c| c.type_ == pattern.type_ && c.status == want) {
+                return Some(format!("Pod {ns}/{name} has condition {}", pattern.type_));
+            }
+        }
+        None
     }
 }
 
@@ -342,7 +415,22 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     } else {
         count(&|p| pods::phase(p) == "Succeeded").max(old.succeeded.unwrap_or(0))
     };
-    let failed_pods = count(&|p| pods::phase(p) == "Failed").max(old.failed.unwrap_or(0));
+    // podFailurePolicy: ignored failures do not count; the earliest failure a FailJob rule
+    // matches fails the Job.
+    let verdict = |p: &Pod| match &spec.pod_failure_policy {
+        Some(policy) => failure_policy::evaluate(policy, p),
+        None => failure_policy::Verdict::Count,
+    };
+    let counted =
+        |p: &Pod| pods::phase(p) == "Failed" && verdict(p) != failure_policy::Verdict::Ignore;
+    let failed_pods = count(&counted).max(old.failed.unwrap_or(0));
+    let mut failed_by_policy: Vec<&Pod> =
+        owned.iter().filter(|p| pods::phase(p) == "Failed").collect();
+    failed_by_policy.sort_by_key(|p| finish_time(p));
+    let fail_job = failed_by_policy.into_iter().find_map(|p| match verdict(p) {
+        failure_policy::Verdict::FailJob(message) => Some(message),
+        _ => None,
+    });
     let mut status = JobStatus {
         start_time: old.start_time.clone(),
         succeeded: super::omit_zero(succeeded),
@@ -367,7 +455,10 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let target_reached = condition(&status, "FailureTarget").is_some()
         || condition(&status, "SuccessCriteriaMet").is_some();
     let mut want_active: Option<i32> = None;
-    if !target_reached && !suspended {
+    if let Some(message) = fail_job.filter(|_| !target_reached) {
+        add_condition(&mut status, "FailureTarget", "PodFailurePolicy", &message, now);
+        ctx.recorder.record(job.as_ref(), EventType::Warning, "PodFailurePolicy", &message).await;
+    } else if !target_reached && !suspended {
         let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
         match decide(
             spec.completions,
@@ -399,6 +490,17 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let target = want_active.unwrap_or(0);
     let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
+    // podReplacementPolicy Failed: a pod still terminating is replaced only once it failed.
+    let held: Vec<&Pod> = if spec.pod_replacement_policy.as_deref() == Some("Failed") {
+        owned
+            .iter()
+            .filter(|p| {
+                pods::is_terminating(p) && !matches!(pods::phase(p), "Succeeded" | "Failed")
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // Replacements for failed pods wait out the backoff.
     let backoff = if active_n < target { backoff_remaining(&owned, now) } else { Duration::ZERO };
     for pod in &surplus {
@@ -415,11 +517,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             ctx.recorder.record(job.as_ref(), EventType::Normal, "SuccessfulDelete", &msg).await;
         }
     } else if active_n < target && backoff.is_zero() {
-        let missing = usize::try_from(target - active_n).unwrap_or(0);
+        let missing = usize::try_from(target - active_n).unwrap_or(0).saturating_sub(held.len());
         let new_pods: Vec<Pod> = if is_indexed {
             // The lowest pending indexes.
             let running: BTreeSet<i32> =
-                active.iter().filter_map(|p| indexed::index_of(p)).collect();
+                active.iter().chain(&held).filter_map(|p| indexed::index_of(p)).collect();
             (0..completions)
                 .filter(|i| !completed.contains(i) && !running.contains(i))
                 .take(missing)
@@ -455,7 +557,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // Pods not finished yet (active, or terminating) hold back the final condition.
     let running = owned.iter().any(|p| !matches!(pods::phase(p), "Succeeded" | "Failed"));
     // Pods running now: the target once created or deleted, fewer while in backoff.
-    let running_now = if active_n > target || backoff.is_zero() { target } else { active_n };
+    let running_now = if active_n > target || backoff.is_zero() {
+        target.min(active_n.max(target - i32::try_from(held.len()).unwrap_or(i32::MAX)))
+    } else {
+        active_n
+    };
     status.active = super::omit_zero(if want_active.is_some() { running_now } else { 0 });
     status.ready = Some(count(&|p| pods::is_active(p) && pods::is_ready(p)));
     status.terminating = Some(count(&|p| {
@@ -607,5 +713,48 @@ mod tests {
         assert_eq!(decide(None, 3, 6, false, 0, 0, 0), Decision::Run(3));
         assert_eq!(decide(None, 3, 6, false, 2, 1, 0), Decision::Run(2));
         assert_eq!(decide(None, 3, 6, false, 0, 1, 0), Decision::Succeed);
+    }
+
+    #[test]
+    fn failure_policy_rules_match_in_order() {
+        use super::failure_policy::{Verdict, evaluate};
+        let policy: k8s_openapi::api::batch::v1::PodFailurePolicy =
+            serde_json::from_value(serde_json::json!({"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [3]}},
+                {"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [5]}},
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [5]}},
+            ]}))
+            .unwrap();
+        let pod = |code: i32, container: &str, condition: Option<&str>| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns"},
+                "status": {
+                    "phase": "Failed",
+                    "conditions": condition.map(|c| vec![serde_json::json!({"type": c, "status": "True"})]),
+                    "containerStatuses": [
+                        {"name": "side", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                         "state": {"terminated": {"exitCode": 0}}},
+                        {"name": container, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                         "state": {"terminated": {"exitCode": code}}},
+                    ],
+                },
+            }))
+            .unwrap()
+        };
+        assert_eq!(evaluate(&policy, &pod(3, "main", Some("DisruptionTarget"))), Verdict::Ignore);
+        assert_eq!(
+            evaluate(&policy, &pod(3, "main", None)),
+            Verdict::FailJob(
+                "Container main for pod ns/p failed with exit code 3 matching FailJob rule at index 1"
+                    .into()
+            )
+        );
+        // Code 3 from another container: not rule 1; NotIn [5] counts it (exit code 0 of
+        // the side container never matches).
+        assert_eq!(evaluate(&policy, &pod(3, "other", None)), Verdict::Count);
+        assert!(
+            matches!(evaluate(&policy, &pod(5, "other", None)), Verdict::FailJob(m) if m.ends_with("rule at index 3"))
+        );
     }
 }

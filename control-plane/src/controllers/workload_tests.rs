@@ -1,7 +1,8 @@
 //! Scenario tests of the workload controllers against the real apiserver in memory, with a
 //! "kubelet stand-in" that binds pending pods (to the node a DaemonSet pod's affinity names,
 //! else round robin), marks bound pods Running and Ready (or Succeeded/Failed for pods
-//! labelled `test.skiff/outcome`), and removes terminating pods with gracePeriodSeconds=0.
+//! labelled `test.skiff/outcome`, container "c" exiting with `test.skiff/exit-code`), and
+//! removes terminating pods with gracePeriodSeconds=0.
 //! Pods annotated `test.skiff/kubelet: ignore` are left alone.
 
 use std::collections::{BTreeMap, HashMap};
@@ -165,10 +166,21 @@ async fn kubelet_stand_in(client: Client) {
             } else if pods::phase(&pod) == "Pending" {
                 let status = match pod.labels().get("test.skiff/outcome").map(String::as_str) {
                     // Ready=False when the pod finished, as the kubelet reports it.
-                    Some(outcome @ ("succeed" | "fail")) => json!({
-                        "phase": if outcome == "succeed" { "Succeeded" } else { "Failed" },
-                        "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": pods::now()}],
-                    }),
+                    // Container "c" exited with `test.skiff/exit-code` (default 0, or 1 on
+                    // failure).
+                    Some(outcome @ ("succeed" | "fail")) => {
+                        let code: i32 = pod
+                            .labels()
+                            .get("test.skiff/exit-code")
+                            .and_then(|c| c.parse().ok())
+                            .unwrap_or(if outcome == "succeed" { 0 } else { 1 });
+                        json!({
+                            "phase": if outcome == "succeed" { "Succeeded" } else { "Failed" },
+                            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": pods::now()}],
+                            "containerStatuses": [{"name": "c", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                                                   "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }}}}],
+                        })
+                    }
                     _ => json!({
                         "phase": "Running",
                         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": pods::now()}],
@@ -1930,4 +1942,86 @@ async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
     assert_eq!(names().await, ["data-db-0", "data-db-1"]);
     let fresh = claims.get("data-db-1").await.expect("claim");
     assert!(fresh.owner_references().is_empty(), "{:?}", fresh.metadata.owner_references);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pod_failure_policy_fails_the_job_or_ignores_the_failure() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    let with_policy = |name: &str, exit_code: &str, rules: serde_json::Value| {
+        let mut j = job(name, 1, 1, 6, "fail");
+        let t = j.spec.as_mut().unwrap();
+        t.template
+            .metadata
+            .as_mut()
+            .unwrap()
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("test.skiff/exit-code".into(), exit_code.into());
+        t.pod_failure_policy = Some(serde_json::from_value(json!({"rules": rules})).unwrap());
+        j
+    };
+    // Exit code 42 is fatal at once, whatever the backoff limit.
+    let fatal = with_policy(
+        "fatal",
+        "42",
+        json!([{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+               {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In", "values": [1, 42]}}]),
+    );
+    api.create(&PostParams::default(), &fatal).await.unwrap();
+    wait_for("fatal failed", || async {
+        api.get("fatal").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    let j = api.get("fatal").await.unwrap();
+    let pods: Vec<Pod> = h
+        .pods()
+        .await
+        .into_iter()
+        .filter(|p| {
+            p.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some("fatal")
+        })
+        .collect();
+    assert_eq!(pods.len(), 1, "no replacement after a FailJob match");
+    let failed = j
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Failed")
+        .cloned()
+        .unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("PodFailurePolicy"));
+    assert_eq!(
+        failed.message.as_deref(),
+        Some(format!("Container c for pod default/{} failed with exit code 42 matching FailJob rule at index 1", pods[0].name_any()).as_str())
+    );
+
+    // Exit code 137 is ignored: the pod is replaced and the failure is not counted, even
+    // with backoffLimit 0.
+    let mut flaky = with_policy(
+        "flaky",
+        "137",
+        json!([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}},
+               {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [137]}}]),
+    );
+    flaky.spec.as_mut().unwrap().backoff_limit = Some(0);
+    api.create(&PostParams::default(), &flaky).await.unwrap();
+    let flaky_pods = || async {
+        h.pods()
+            .await
+            .into_iter()
+            .filter(|p| {
+                p.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some("flaky")
+            })
+            .filter(|p| pods::phase(p) == "Failed")
+            .count()
+    };
+    wait_for("three ignored failures", || async { flaky_pods().await >= 3 }).await;
+    let j = api.get("flaky").await.unwrap();
+    assert_eq!(job_condition(&j, "FailureTarget"), None, "{:?}", j.status);
+    assert_eq!(j.status.as_ref().and_then(|s| s.failed), None, "ignored failures are not counted");
 }

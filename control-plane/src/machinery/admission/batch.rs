@@ -1,10 +1,10 @@
 //! batch/v1 Job: `SetDefaults_Job`, the job strategy's generated selector and labels, and
 //! `ValidateJob`/`ValidateJobUpdate`.
 
-use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
+use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec, PodFailurePolicy};
 use serde_json::{Value, json};
 
-use super::field::{ErrorList, FieldError, Path, go_string_map, json_value};
+use super::field::{ErrorList, FieldError, Path, Raw, go_string_map, json_value};
 use super::meta::{self, FIELD_IMMUTABLE, nonnegative};
 use super::names;
 use super::pod;
@@ -34,6 +34,19 @@ pub fn default_job(o: &mut Obj) {
         if value::is_set(spec, "podFailurePolicy") { "Failed" } else { "TerminatingOrFailed" };
     default_ptr(spec, "podReplacementPolicy", replacement);
     default_ptr(spec, "manualSelector", false);
+    // A pod condition pattern matches a True condition unless it says otherwise.
+    let rules = value::child(spec, "podFailurePolicy")
+        .and_then(|p| p.get_mut("rules"))
+        .and_then(Value::as_array_mut);
+    for rule in rules.into_iter().flatten() {
+        let patterns = rule.get_mut("onPodConditions").and_then(Value::as_array_mut);
+        // Upstream defaults the empty string too (typed clients send `"status": ""`).
+        for pattern in patterns.into_iter().flatten().filter_map(Value::as_object_mut) {
+            if pattern.get("status").and_then(Value::as_str).is_none_or(str::is_empty) {
+                pattern.insert("status".into(), json!("True"));
+            }
+        }
+    }
     if let Some(t) = value::child(spec, "template")
         && let Some(ps) = ensure(t, "spec")
     {
@@ -244,6 +257,9 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             ));
         }
     }
+    if let Some(policy) = &spec.pod_failure_policy {
+        validate_pod_failure_policy(spec, policy, &sp.child("podFailurePolicy"), errs);
+    }
     let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
     match &spec.selector {
         _ if !with_selector => {}
@@ -282,6 +298,128 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             rp,
             "only \"Never\" is supported when podFailurePolicy is specified",
         ));
+    }
+}
+
+/// Upstream's `validatePodFailurePolicy`.
+fn validate_pod_failure_policy(
+    spec: &JobSpec,
+    policy: &PodFailurePolicy,
+    fp: &Path,
+    errs: &mut ErrorList,
+) {
+    const MAX_RULES: usize = 20;
+    const MAX_VALUES: usize = 255;
+    const MAX_PATTERNS: usize = 20;
+    let rp = fp.child("rules");
+    if policy.rules.len() > MAX_RULES {
+        errs.push(FieldError::too_many(&rp, policy.rules.len(), MAX_RULES));
+    }
+    let ps = spec.template.spec.as_ref();
+    let containers =
+        ps.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+    let names: Vec<&str> = containers.map(|c| c.name.as_str()).collect();
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let path = rp.index(i);
+        let action = rule.action.as_str();
+        if action == "FailIndex" {
+            if spec.backoff_limit_per_index.is_none() {
+                errs.push(FieldError::invalid(
+                    &path.child("action"),
+                    action,
+                    "requires the backoffLimitPerIndex to be set",
+                ));
+            }
+        } else if !matches!(action, "Count" | "FailJob" | "Ignore") {
+            errs.push(FieldError::not_supported(
+                &path.child("action"),
+                action,
+                &["Count", "FailIndex", "FailJob", "Ignore"],
+            ));
+        }
+        if let Some(codes) = &rule.on_exit_codes {
+            let cp = path.child("onExitCodes");
+            let op = codes.operator.as_str();
+            if !matches!(op, "In" | "NotIn") {
+                errs.push(FieldError::not_supported(&cp.child("operator"), op, &["In", "NotIn"]));
+            }
+            if let Some(c) = &codes.container_name
+                && !names.contains(&c.as_str())
+            {
+                errs.push(FieldError::invalid(
+                    &cp.child("containerName"),
+                    c,
+                    "must be one of the container or initContainer names in the pod template",
+                ));
+            }
+            let vp = cp.child("values");
+            let values = &codes.values;
+            // Go's %#v of the []int32 (nil when empty: the field was left out).
+            let rendered = || {
+                let items: Vec<String> = values.iter().map(i32::to_string).collect();
+                Raw(if items.is_empty() {
+                    "[]int32(nil)".to_string()
+                } else {
+                    format!("[]int32{{{}}}", items.join(", "))
+                })
+            };
+            if values.is_empty() {
+                errs.push(FieldError::invalid(&vp, rendered(), "at least one value is required"));
+            } else if values.len() > MAX_VALUES {
+                errs.push(FieldError::too_many(&vp, values.len(), MAX_VALUES));
+            } else {
+                for (j, v) in values.iter().enumerate() {
+                    if op == "In" && *v == 0 {
+                        errs.push(FieldError::invalid(
+                            &vp.index(j),
+                            *v,
+                            "must not be 0 for the In operator",
+                        ));
+                    }
+                    if values[..j].contains(v) {
+                        errs.push(FieldError::duplicate(&vp.index(j), *v));
+                    }
+                }
+                if values.windows(2).any(|w| w[0] > w[1]) {
+                    errs.push(FieldError::invalid(&vp, rendered(), "must be ordered"));
+                }
+            }
+        }
+        let patterns = rule.on_pod_conditions.as_deref().unwrap_or_default();
+        let cp = path.child("onPodConditions");
+        if patterns.len() > MAX_PATTERNS {
+            errs.push(FieldError::too_many(&cp, patterns.len(), MAX_PATTERNS));
+        }
+        for (j, pattern) in patterns.iter().enumerate() {
+            let pp = cp.index(j);
+            for m in names::is_qualified_name(&pattern.type_) {
+                errs.push(FieldError::invalid(&pp.child("type"), &pattern.type_, m));
+            }
+            let status = pattern.status.as_str();
+            if status.is_empty() {
+                errs.push(FieldError::required(
+                    &pp.child("status"),
+                    r#"valid values: ["False" "True" "Unknown"]"#,
+                ));
+            } else if !matches!(status, "True" | "False" | "Unknown") {
+                errs.push(FieldError::not_supported(
+                    &pp.child("status"),
+                    status,
+                    &["False", "True", "Unknown"],
+                ));
+            }
+        }
+        match (rule.on_exit_codes.is_some(), !patterns.is_empty()) {
+            (true, true) => errs.push(FieldError::invalid_without_value(
+                &path,
+                "specifying both OnExitCodes and OnPodConditions is not supported",
+            )),
+            (false, false) => errs.push(FieldError::invalid_without_value(
+                &path,
+                "specifying one of OnExitCodes and OnPodConditions is required",
+            )),
+            _ => {}
+        }
     }
 }
 

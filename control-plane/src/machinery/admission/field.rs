@@ -100,6 +100,11 @@ impl FieldError {
         Self::new(FieldErrorKind::Invalid, field, Some(value.render()), detail)
     }
 
+    /// `Invalid value: <detail>` without the value (upstream's `field.OmitValueType`).
+    pub fn invalid_without_value(field: &Path, detail: impl Into<String>) -> Self {
+        Self::new(FieldErrorKind::Invalid, field, None, detail)
+    }
+
     pub fn duplicate(field: &Path, value: impl BadValue) -> Self {
         Self::new(FieldErrorKind::Duplicate, field, Some(value.render()), "")
     }

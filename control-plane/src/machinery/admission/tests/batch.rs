@@ -137,8 +137,95 @@ fn job_rejections() {
             "spec.selector: Required value",
             "FieldValueRequired",
         ),
+        (
+            "failure policy action",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "Retry", "onExitCodes": {"operator": "In", "values": [1]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].action: Unsupported value: \"Retry\": supported values: \"Count\", \"FailIndex\", \"FailJob\", \"Ignore\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "failure policy FailIndex",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [1]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].action: Invalid value: \"FailIndex\": requires the backoffLimitPerIndex to be set",
+            "FieldValueInvalid",
+        ),
+        (
+            "failure policy container",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [1]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].onExitCodes.containerName: Invalid value: \"main\": must be one of the container or initContainer names in the pod template",
+            "FieldValueInvalid",
+        ),
+        (
+            "failure policy zero",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0, 2]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].onExitCodes.values[0]: Invalid value: 0: must not be 0 for the In operator",
+            "FieldValueInvalid",
+        ),
+        (
+            "failure policy order",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [3, 2]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].onExitCodes.values: Invalid value: []int32{3, 2}: must be ordered",
+            "FieldValueInvalid",
+        ),
+        (
+            "failure policy empty rule",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "Ignore"}]});
+            },
+            "spec.podFailurePolicy.rules[0]: Invalid value: specifying one of OnExitCodes and OnPodConditions is required",
+            "FieldValueInvalid",
+        ),
+        (
+            "failure policy condition status",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "Maybe"}]}]});
+            },
+            "spec.podFailurePolicy.rules[0].onPodConditions[0].status: Unsupported value: \"Maybe\": supported values: \"False\", \"True\", \"Unknown\"",
+            "FieldValueNotSupported",
+        ),
+        (
+            "failure policy with OnFailure",
+            &|j| {
+                j["spec"]["template"]["spec"]["restartPolicy"] = json!("OnFailure");
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]});
+            },
+            "spec.template.spec.restartPolicy: Invalid value: \"OnFailure\": only \"Never\" is supported when podFailurePolicy is specified",
+            "FieldValueInvalid",
+        ),
     ];
     rejects(JOB, &base, cases);
+}
+
+#[test]
+fn pod_failure_policy_defaults() {
+    let mut j = job();
+    j["spec"]["podFailurePolicy"] = json!({"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}, {"type": "Ready", "status": "False"}]},
+        {"action": "Ignore", "onPodConditions": [{"type": "Evicted", "status": ""}]}]});
+    let j = admitted(JOB, j);
+    assert_eq!(
+        j["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"],
+        json!([{"type": "DisruptionTarget", "status": "True"}, {"type": "Ready", "status": "False"}])
+    );
+    assert_eq!(j["spec"]["podFailurePolicy"]["rules"][1]["onPodConditions"][0]["status"], "True");
+    assert_eq!(j["spec"]["podReplacementPolicy"], "Failed");
 }
 
 #[test]
