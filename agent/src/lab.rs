@@ -356,6 +356,9 @@ impl LabState {
         cmd.arg("--data-dir")
             .arg(&self.server_data_dir)
             .args(["--listen", &format!("{}:6443", self.host_ip)])
+            // The nodes share this machine: their local-path volumes go with the lab.
+            .arg("--local-path-root")
+            .arg(self.dir.join("storage"))
             .env("RUST_LOG", &self.log_filter);
         let marker = self.server_data_dir.to_string_lossy().into_owned();
         self.server = Some(spawn_background(cmd, &log, &marker)?);

@@ -44,6 +44,13 @@ struct Args {
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
+    /// Where on each node the local-path provisioner (StorageClass `local-path`, the
+    /// default) keeps its volumes.
+    #[arg(long, default_value = "/var/lib/skiff/storage")]
+    local_path_root: PathBuf,
+    /// No local-path provisioner and no `local-path` StorageClass.
+    #[arg(long)]
+    no_local_path: bool,
     /// Write the audit log (JSON lines, audit.k8s.io/v1 Events) here.
     #[arg(long)]
     audit_log_path: Option<PathBuf>,
@@ -237,6 +244,7 @@ async fn main() -> Result<()> {
                     .with_context(|| format!("--cluster-cidr {:?}", args.cluster_cidr))?,
             ),
             terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
+            local_path_root: (!args.no_local_path).then_some(args.local_path_root),
             ..Default::default()
         };
         config.controllers = Some(controllers);

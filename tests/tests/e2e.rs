@@ -401,6 +401,33 @@ spec:
     )
 }
 
+/// The claim `notes` (no class: the default) and a pod `name` that mounts it on /data,
+/// runs `script` and stays up.
+fn notes_manifest(name: &str, script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: notes, namespace: {NS}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 64Mi}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}, labels: {{app: notes}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sh
+    image: skiff.test/tools:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "{script}trap 'exit 0' TERM; while :; do sleep 1; done"]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: notes}}}}]
+"#
+    )
+}
+
 #[test]
 fn three_node_cluster_end_to_end() {
     let mut c = Cluster::start(3);
@@ -663,6 +690,30 @@ fn three_node_cluster_end_to_end() {
     c.state.start_agent(&lost).expect("agent back");
     c.rt.block_on(lab::wait_ready(&c.state, Duration::from_secs(90))).expect("node Ready again");
 
+    // 10. A claim of the default StorageClass (local-path): provisioned on the node its
+    // first pod was scheduled to; what one pod writes the next pod of the claim reads there.
+    eprintln!("e2e: 10. a local-path volume");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&notes_manifest("writer", "echo kept > /data/note; ")));
+    let writer = ready_pods(&k, "app=notes", 1).remove(0);
+    let claim: serde_json::Value =
+        serde_json::from_str(&k.ok(&["-n", NS, "get", "pvc", "notes", "-o", "json"])).unwrap();
+    assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
+    assert_eq!(claim["spec"]["storageClassName"], "local-path", "{claim}");
+    let pv_name = claim["spec"]["volumeName"].as_str().expect("volumeName").to_string();
+    let pv: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "pv", &pv_name, "-o", "json"])).unwrap();
+    let dir = PathBuf::from(pv["spec"]["hostPath"]["path"].as_str().expect("hostPath"));
+    assert!(dir.starts_with(c.state.dir.join("storage")), "{}", dir.display());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("note")).expect("the note on the node").trim(),
+        "kept"
+    );
+    k.ok(&["-n", NS, "delete", "pod", "writer"]);
+    k.ok_stdin(&["apply", "-f", "-"], Some(&notes_manifest("reader", "")));
+    let reader = ready_pods(&k, "app=notes", 1).remove(0);
+    assert_eq!(reader.node, writer.node, "the pod follows its volume");
+    assert_eq!(exec(&k, "reader", "cat /data/note").trim(), "kept");
+
     // 8. Delete the namespace: pods, endpoints, map entries, IPs and routes gone.
     eprintln!("e2e: 8. namespace deletion");
     let all_ips: Vec<String> = pods(&k, "app").iter().map(|p| p.ip.clone()).collect();
@@ -707,6 +758,11 @@ fn three_node_cluster_end_to_end() {
             );
         }
     }
+    // The claim went with the namespace: its volume was released and deleted.
+    wait_for("the local-path volume deleted", Duration::from_secs(30), || {
+        let out = k.run(&["get", "pv", &pv_name, "-o", "name"], None);
+        (!out.status.success()).then_some(())
+    });
     c.reload();
     assert!(c.state.running(), "every lab process still runs");
 }

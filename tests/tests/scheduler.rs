@@ -534,3 +534,105 @@ async fn claims_must_be_bound_and_local_volumes_pick_the_node() {
     )
     .await;
 }
+
+/// The local-path provisioner's claims (WaitForFirstConsumer): the scheduler places the
+/// first pod anywhere and writes its node on the claim, the provisioner makes a volume on
+/// that node, the binder binds it, and later pods of the claim follow it; once released,
+/// the volume goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use skiff_control_plane::controllers::{
+        Context, ControllerConfig, local_path, volume, volume_protection,
+    };
+    let r = rig().await;
+    for n in ["n1", "n2", "n3"] {
+        node(&r.client, n, "4", json!({})).await;
+    }
+    let ctx = Arc::new(Context { client: r.client.clone(), config: ControllerConfig::default() });
+    let controllers = [
+        tokio::spawn(local_path::run(ctx.clone(), "/var/lib/skiff/storage".into())),
+        tokio::spawn(volume::run(ctx.clone())),
+        tokio::spawn(volume_protection::run(ctx)),
+    ];
+    let classes: Api<StorageClass> = Api::all(r.client.clone());
+    let sc = eventually("the local-path class", || {
+        let classes = classes.clone();
+        async move { classes.get_opt("local-path").await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(sc.provisioner, "skiff.dev/local-path");
+    assert_eq!(sc.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"));
+
+    // No class: the default (local-path) is filled in.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(r.client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    let claim = claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+    let with_claim = json!({"spec": {"volumes": [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "cache"}}]}});
+    pod(&r.client, "web", "100m", with_claim.clone()).await;
+    let chosen = bound(&r.client, "web").await;
+    let pv_name = format!("pvc-{}", claim.metadata.uid.as_deref().expect("uid"));
+    let c = claims.clone();
+    let bound_claim = eventually("the claim bound to its provisioned volume", move || {
+        let c = c.clone();
+        async move {
+            c.get("cache")
+                .await
+                .ok()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        }
+    })
+    .await;
+    assert_eq!(
+        bound_claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("volume.kubernetes.io/selected-node")),
+        Some(&chosen)
+    );
+    assert_eq!(
+        bound_claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()),
+        Some(pv_name.as_str())
+    );
+    let volumes: Api<PersistentVolume> = Api::all(r.client.clone());
+    let pv = volumes.get(&pv_name).await.expect("the provisioned volume");
+    let spec = pv.spec.clone().expect("spec");
+    let affinity = spec.node_affinity.and_then(|a| a.required).expect("required affinity");
+    assert_eq!(
+        affinity.node_selector_terms[0].match_expressions.as_ref().expect("terms")[0].values,
+        Some(vec![chosen.clone()])
+    );
+    let path = spec.host_path.expect("a hostPath volume").path;
+    assert_eq!(path, format!("/var/lib/skiff/storage/{pv_name}_default_cache"));
+    assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
+
+    // A second pod of the claim goes where the volume is.
+    pod(&r.client, "web-2", "100m", with_claim).await;
+    assert_eq!(bound(&r.client, "web-2").await, chosen);
+
+    // Pods and claim gone: the volume is released and deleted.
+    let pods: Api<Pod> = Api::namespaced(r.client.clone(), "default");
+    for p in ["web", "web-2"] {
+        pods.delete(p, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await
+            .expect("delete pod");
+    }
+    claims.delete("cache", &DeleteParams::default()).await.expect("delete pvc");
+    let v = volumes.clone();
+    eventually("the volume deleted", move || {
+        let v = v.clone();
+        let name = pv_name.clone();
+        async move { v.get_opt(&name).await.ok().filter(|pv| pv.is_none()).map(|_| ()) }
+    })
+    .await;
+    for c in controllers {
+        c.abort();
+    }
+}

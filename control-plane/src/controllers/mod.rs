@@ -21,6 +21,7 @@ pub mod hash;
 pub mod history;
 pub mod informer;
 pub mod job;
+pub mod local_path;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
@@ -87,6 +88,9 @@ pub struct ControllerConfig {
     pub pod_gc_period: Duration,
     /// How long a node must be missing before its pods count as orphaned (upstream 40 s).
     pub pod_gc_quarantine: Duration,
+    /// Where on each node the local-path provisioner keeps its volumes; `None`: no
+    /// provisioner and no `local-path` StorageClass.
+    pub local_path_root: Option<std::path::PathBuf>,
 }
 
 impl Default for ControllerConfig {
@@ -103,6 +107,7 @@ impl Default for ControllerConfig {
             terminated_pod_gc_threshold: 12500,
             pod_gc_period: Duration::from_secs(20),
             pod_gc_quarantine: Duration::from_secs(40),
+            local_path_root: None,
         }
     }
 }
@@ -128,6 +133,9 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(disruption::run(ctx.clone()));
     tasks.spawn(volume::run(ctx.clone()));
     tasks.spawn(volume_protection::run(ctx.clone()));
+    if let Some(root) = ctx.config.local_path_root.clone() {
+        tasks.spawn(local_path::run(ctx.clone(), root));
+    }
     let gc = ctx.clone();
     tasks.spawn(async move {
         if let Err(e) = garbage_collector::run(gc).await {

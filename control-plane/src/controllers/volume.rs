@@ -4,8 +4,10 @@
 //! volume reports `Available`, `Bound`, `Released` once its claim is gone, and `Failed`
 //! when its reclaim policy asks for a deletion no volume plugin here can do. A claim without
 //! a class gets the default StorageClass (retroactive default class assignment); a claim
-//! of a WaitForFirstConsumer class is bound once a pod uses it. No volumes are provisioned:
-//! a claim no volume satisfies waits, as upstream waits for an external provisioner.
+//! of a WaitForFirstConsumer class is bound once a pod uses it. Volumes are provisioned by
+//! a provisioner (skiff's own is [`super::local_path`]): a claim no volume satisfies waits,
+//! as upstream waits for an external provisioner, and a provisioned volume is bound only to
+//! the claim it was made for and left to its provisioner once released.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -273,7 +275,14 @@ async fn bind_pending(
             .list(&ListParams::default())
             .await
             .map_err(api_err("listing", "persistentvolumes"))?;
-        if let Some(pv) = find_volume(&all.items, pvc) {
+        // The local-path provisioner's claims take the volume it made for them.
+        let provisioned = sc.is_some_and(|c| c.provisioner == super::local_path::PROVISIONER);
+        let candidates: Vec<PersistentVolume> = if provisioned {
+            all.items.into_iter().filter(|pv| names_claim(pv, pvc)).collect()
+        } else {
+            all.items
+        };
+        if let Some(pv) = find_volume(&candidates, pvc) {
             let pv = claim_volume(volumes, pv, pvc, true).await?;
             finish_claim(claims, pvc, &pv, true).await?;
             return Ok(Action::await_change());
@@ -509,6 +518,11 @@ async fn unbind(volumes: &Api<PersistentVolume>, pv: &PersistentVolume) -> Resul
 /// reason and message upstream gives a volume no plugin can reclaim, for Delete and
 /// Recycle (skiff has no plugin that deletes or scrubs storage).
 fn released(pv: &PersistentVolume) -> (&'static str, Option<(&'static str, String)>) {
+    // A provisioner's volume is its provisioner's to delete (upstream waits for an
+    // external provisioner the same way).
+    if pv.annotations().contains_key(super::local_path::PROVISIONED_BY) {
+        return ("Released", None);
+    }
     let policy = pv
         .spec
         .as_ref()

@@ -26,6 +26,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -95,6 +96,12 @@ pub enum Error {
     #[error("updating the status of pod {pod}")]
     Status {
         pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("selecting the node of claim {claim}")]
+    SelectNode {
+        claim: String,
         #[source]
         source: kube::Error,
     },
@@ -193,6 +200,7 @@ pub async fn run(client: Client, config: SchedulerConfig) {
         tokio::spawn(watch_pods(shared.clone())),
         tokio::spawn(watch_volume_objects::<PersistentVolumeClaim>(shared.clone())),
         tokio::spawn(watch_volume_objects::<PersistentVolume>(shared.clone())),
+        tokio::spawn(watch_volume_objects::<StorageClass>(shared.clone())),
     ]);
     schedule_loop(shared).await;
 }
@@ -280,6 +288,21 @@ impl VolumeObject for PersistentVolume {
     }
     fn retain(cache: &mut VolumeCache, listed: &HashSet<String>) {
         cache.retain_volumes(|k| listed.contains(k));
+    }
+    fn key(&self) -> String {
+        self.name_any()
+    }
+}
+
+impl VolumeObject for StorageClass {
+    fn upsert(&self, cache: &mut VolumeCache) {
+        cache.upsert_class(self);
+    }
+    fn remove(&self, cache: &mut VolumeCache) {
+        cache.remove_class(self);
+    }
+    fn retain(cache: &mut VolumeCache, listed: &HashSet<String>) {
+        cache.retain_classes(|k| listed.contains(k));
     }
     fn key(&self) -> String {
         self.name_any()
@@ -452,8 +475,12 @@ pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
 
 /// What one scheduling attempt decided.
 enum Decision {
-    Bind(String),
-    Unschedulable { message: String, preempt: Option<preemption::Candidate> },
+    /// Bind to the node, after marking the claims (name, resourceVersion) to provision there.
+    Bind(String, Vec<(String, String)>),
+    Unschedulable {
+        message: String,
+        preempt: Option<preemption::Candidate>,
+    },
 }
 
 fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
@@ -467,8 +494,9 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
         m
     };
     let cache = &state.cache;
-    let volume_affinity = match state.volumes.prefilter(pod) {
-        Ok(terms) => terms,
+    let volumes::VolumePlan { terms: volume_affinity, select } = match state.volumes.prefilter(pod)
+    {
+        Ok(plan) => plan,
         Err(why) => {
             let message = volumes::prefilter_message(cache.node_count(), &why);
             return Decision::Unschedulable { message, preempt: None };
@@ -546,7 +574,7 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
         feasible[best].name.clone()
     };
     state.next_start = next_start;
-    Decision::Bind(chosen)
+    Decision::Bind(chosen, select)
 }
 
 async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
@@ -556,7 +584,7 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
         let mut state = shared.lock();
         let decision = decide(shared, &mut state, &pod);
         match &decision {
-            Decision::Bind(node) => state.cache.assume(pod.clone(), node),
+            Decision::Bind(node, _) => state.cache.assume(pod.clone(), node),
             Decision::Unschedulable { preempt, .. } => {
                 if let Some(c) = preempt {
                     state
@@ -570,11 +598,14 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
     };
     drop(_enter);
     match decision {
-        Decision::Bind(node) => {
+        Decision::Bind(node, select) => {
             let Ok(permit) = shared.binds.clone().acquire_owned().await else { return };
             let shared = shared.clone();
             tokio::spawn(async move {
-                let result = bind(&shared.client, &pod, &node).await;
+                let result = match select_node(&shared.client, &pod, &node, &select).await {
+                    Ok(()) => bind(&shared.client, &pod, &node).await,
+                    Err(e) => Err(e),
+                };
                 drop(permit);
                 match result {
                     Ok(()) => {
@@ -645,6 +676,27 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
             });
         }
     }
+}
+
+/// Upstream's VolumeBinding PreBind for claims to provision: each gets the chosen node in
+/// `volume.kubernetes.io/selected-node`, under the resourceVersion the decision saw, so
+/// that two pods of one claim cannot send it to two nodes (409: the pod is retried, and
+/// then follows the node the other selected).
+async fn select_node(
+    client: &Client,
+    pod: &PodInfo,
+    node: &str,
+    claims: &[(String, String)],
+) -> Result<()> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &pod.namespace);
+    for (claim, rv) in claims {
+        let patch = json!({"metadata": {"resourceVersion": rv,
+            "annotations": {crate::controllers::local_path::SELECTED_NODE: node}}});
+        api.patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(
+            |source| Error::SelectNode { claim: format!("{}/{claim}", pod.namespace), source },
+        )?;
+    }
+    Ok(())
 }
 
 async fn bind(client: &Client, pod: &PodInfo, node: &str) -> Result<()> {

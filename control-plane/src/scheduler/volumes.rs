@@ -1,23 +1,68 @@
 //! Upstream's VolumeBinding plugin for statically bound claims: a pod whose
 //! PersistentVolumeClaim is missing or not yet bound is unschedulable (PreFilter), and a
 //! node must satisfy the required node affinity of every volume the pod's claims are bound
-//! to (a local volume lives on one node). Claims and volumes come from their own watches.
+//! to (a local volume lives on one node). Claims, volumes and StorageClasses come from
+//! their own watches.
+//!
+//! A claim of a WaitForFirstConsumer class that skiff's local-path provisioner serves is
+//! the exception: it does not hold the pod back. The node chosen for its first pod is
+//! written on the claim (`volume.kubernetes.io/selected-node`, upstream's PreBind) before
+//! the pod is bound, the provisioner makes the volume there, and later pods follow it.
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
+
+use crate::controllers::local_path::{PROVISIONER, SELECTED_NODE};
 
 use super::cache::PodInfo;
 
 /// The claims and volumes the scheduler has seen.
 #[derive(Debug, Default)]
 pub struct VolumeCache {
-    /// `<namespace>/<name>` of each claim → the volume it is bound to ("" while unbound)
-    /// and whether the claim is being deleted.
-    claims: HashMap<String, (String, bool)>,
+    /// `<namespace>/<name>` of each claim → what scheduling needs of it.
+    claims: HashMap<String, Claim>,
     /// Each volume's required node affinity (empty: any node).
     affinity: HashMap<String, Vec<NodeSelectorTerm>>,
+    /// The StorageClasses whose claims the local-path provisioner serves once a node is
+    /// selected (its classes in WaitForFirstConsumer mode).
+    provisioned: std::collections::HashSet<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Claim {
+    /// The volume it is bound to ("" while unbound).
+    volume: String,
+    deleting: bool,
+    class: String,
+    selected_node: Option<String>,
+    resource_version: String,
+}
+
+/// What the pod's claims ask of scheduling.
+#[derive(Debug, Default, PartialEq)]
+pub struct VolumePlan {
+    /// The node affinity terms a node must satisfy, one list per volume.
+    pub terms: Vec<Vec<NodeSelectorTerm>>,
+    /// Claims (name, resourceVersion seen) to mark with the chosen node before the pod is
+    /// bound.
+    pub select: Vec<(String, String)>,
+}
+
+/// A term that only the node named `node` satisfies.
+fn on_node(node: &str) -> Vec<NodeSelectorTerm> {
+    vec![NodeSelectorTerm {
+        match_expressions: Some(vec![NodeSelectorRequirement {
+            key: "kubernetes.io/hostname".into(),
+            operator: "In".into(),
+            values: Some(vec![node.to_string()]),
+        }]),
+        match_fields: None,
+    }]
 }
 
 fn claim_key(ns: &str, name: &str) -> String {
@@ -26,9 +71,38 @@ fn claim_key(ns: &str, name: &str) -> String {
 
 impl VolumeCache {
     pub fn upsert_claim(&mut self, pvc: &PersistentVolumeClaim) {
-        let volume = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let spec = pvc.spec.as_ref();
+        let claim = Claim {
+            volume: spec.and_then(|s| s.volume_name.clone()).unwrap_or_default(),
+            deleting: pvc.metadata.deletion_timestamp.is_some(),
+            class: pvc
+                .annotations()
+                .get("volume.beta.kubernetes.io/storage-class")
+                .cloned()
+                .or_else(|| spec.and_then(|s| s.storage_class_name.clone()))
+                .unwrap_or_default(),
+            selected_node: pvc.annotations().get(SELECTED_NODE).cloned(),
+            resource_version: pvc.resource_version().unwrap_or_default(),
+        };
         let key = claim_key(&pvc.namespace().unwrap_or_default(), &pvc.name_any());
-        self.claims.insert(key, (volume, pvc.metadata.deletion_timestamp.is_some()));
+        self.claims.insert(key, claim);
+    }
+
+    pub fn upsert_class(&mut self, sc: &StorageClass) {
+        let delayed = sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+        if delayed && sc.provisioner == PROVISIONER {
+            self.provisioned.insert(sc.name_any());
+        } else {
+            self.provisioned.remove(&sc.name_any());
+        }
+    }
+
+    pub fn remove_class(&mut self, sc: &StorageClass) {
+        self.provisioned.remove(&sc.name_any());
+    }
+
+    pub fn retain_classes(&mut self, keep: impl Fn(&str) -> bool) {
+        self.provisioned.retain(|k| keep(k));
     }
 
     pub fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
@@ -59,29 +133,38 @@ impl VolumeCache {
         self.affinity.retain(|k, _| keep(k));
     }
 
-    /// PreFilter: the node affinity terms of the volumes the pod's claims are bound to, or
-    /// upstream's message for a claim that is missing, being deleted or unbound.
-    pub fn prefilter(&self, pod: &PodInfo) -> Result<Vec<Vec<NodeSelectorTerm>>, String> {
-        let mut terms = Vec::new();
+    /// PreFilter: the node affinity terms of the volumes the pod's claims are bound to (or
+    /// of the node selected for a claim still being provisioned), and the claims to
+    /// provision on the chosen node; or upstream's message for a claim that is missing,
+    /// being deleted or unbound.
+    pub fn prefilter(&self, pod: &PodInfo) -> Result<VolumePlan, String> {
+        let mut plan = VolumePlan::default();
         let volumes = pod.pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
         for v in volumes {
             let Some(c) = &v.persistent_volume_claim else { continue };
-            let Some((volume, deleting)) =
-                self.claims.get(&claim_key(&pod.namespace, &c.claim_name))
-            else {
+            let Some(claim) = self.claims.get(&claim_key(&pod.namespace, &c.claim_name)) else {
                 return Err(format!("persistentvolumeclaim \"{}\" not found", c.claim_name));
             };
-            if *deleting {
+            if claim.deleting {
                 return Err(format!("persistentvolumeclaim \"{}\" is being deleted", c.claim_name));
             }
-            if volume.is_empty() {
-                return Err("pod has unbound immediate PersistentVolumeClaims".to_string());
+            if claim.volume.is_empty() {
+                if !self.provisioned.contains(&claim.class) {
+                    return Err("pod has unbound immediate PersistentVolumeClaims".to_string());
+                }
+                match &claim.selected_node {
+                    Some(node) => plan.terms.push(on_node(node)),
+                    None => {
+                        plan.select.push((c.claim_name.clone(), claim.resource_version.clone()))
+                    }
+                }
+                continue;
             }
-            if let Some(t) = self.affinity.get(volume).filter(|t| !t.is_empty()) {
-                terms.push(t.clone());
+            if let Some(t) = self.affinity.get(&claim.volume).filter(|t| !t.is_empty()) {
+                plan.terms.push(t.clone());
             }
         }
-        Ok(terms)
+        Ok(plan)
     }
 }
 
@@ -133,7 +216,7 @@ mod tests {
         );
         pvc.spec.as_mut().unwrap().volume_name = Some("local-1".into());
         cache.upsert_claim(&pvc);
-        assert_eq!(cache.prefilter(&pod), Ok(vec![]));
+        assert_eq!(cache.prefilter(&pod), Ok(VolumePlan::default()));
         let mut deleting = pvc.clone();
         deleting.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -153,11 +236,47 @@ mod tests {
         }))
         .unwrap();
         cache.upsert_volume(&pv);
-        let terms = cache.prefilter(&pod).unwrap();
+        let terms = cache.prefilter(&pod).unwrap().terms;
         assert_eq!(terms.len(), 1);
         assert_eq!(
             prefilter_message(3, "x"),
             "0/3 nodes are available: x. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
         );
+    }
+
+    #[test]
+    fn claims_the_local_path_provisioner_serves_pick_the_node() {
+        let mut cache = VolumeCache::default();
+        let pod = pod_with_claim("data");
+        let mut pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "default", "resourceVersion": "7"},
+            "spec": {"storageClassName": "local-path"}
+        }))
+        .unwrap();
+        cache.upsert_claim(&pvc);
+        // Until the class is known to be the provisioner's WaitForFirstConsumer class.
+        assert!(cache.prefilter(&pod).is_err());
+        let mut sc: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "local-path"}, "provisioner": PROVISIONER,
+            "volumeBindingMode": "Immediate"
+        }))
+        .unwrap();
+        cache.upsert_class(&sc);
+        assert!(cache.prefilter(&pod).is_err(), "Immediate: nothing to wait for");
+        sc.volume_binding_mode = Some("WaitForFirstConsumer".into());
+        cache.upsert_class(&sc);
+        assert_eq!(
+            cache.prefilter(&pod),
+            Ok(VolumePlan { terms: vec![], select: vec![("data".into(), "7".into())] })
+        );
+        // Once a node is selected, every pod of the claim goes there.
+        pvc.metadata.annotations = Some([(SELECTED_NODE.to_string(), "n2".to_string())].into());
+        cache.upsert_claim(&pvc);
+        assert_eq!(
+            cache.prefilter(&pod),
+            Ok(VolumePlan { terms: vec![on_node("n2")], select: vec![] })
+        );
+        cache.remove_class(&sc);
+        assert!(cache.prefilter(&pod).is_err());
     }
 }
