@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ConfigMap, Container, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -109,6 +109,7 @@ pub struct EnvSources<'a> {
     namespace: String,
     config_maps: HashMap<String, Option<ConfigMap>>,
     secrets: HashMap<String, Option<Secret>>,
+    node: Option<Node>,
     /// When the earliest ServiceAccount token minted through these sources must be
     /// refreshed (80% of its lifetime, at most 24 h: the kubelet's token manager).
     pub token_refresh_at: Option<tokio::time::Instant>,
@@ -121,6 +122,7 @@ impl<'a> EnvSources<'a> {
             namespace: namespace.into(),
             config_maps: HashMap::new(),
             secrets: HashMap::new(),
+            node: None,
             token_refresh_at: None,
         }
     }
@@ -177,6 +179,18 @@ impl<'a> EnvSources<'a> {
             )));
         }
         Ok(pv)
+    }
+
+    /// This node's Node object (read once per set of sources).
+    pub async fn node(&mut self, name: &str) -> Result<Node, ConfigError> {
+        if let Some(n) = &self.node {
+            return Ok(n.clone());
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node =
+            nodes.get(name).await.map_err(|e| ConfigError(format!("getting node {name}: {e}")))?;
+        self.node = Some(node.clone());
+        Ok(node)
     }
 
     /// A ServiceAccount token bound to `pod`, minted through TokenRequest (the projected

@@ -1,14 +1,15 @@
 //! Pod volumes materialised on the node, under `<root>/pods/<uid>/volumes/<plugin>/<name>`
 //! (the kubelet's layout): emptyDir, configMap, secret, downwardAPI, projected (of those),
 //! and hostPath (used in place), and PersistentVolumeClaims bound to hostPath or local
-//! volumes (their path used in place).
+//! volumes (their path used in place, once the volume's node affinity admits this node).
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Pod, Volume,
+    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Node, NodeSelectorRequirement,
+    NodeSelectorTerm, PersistentVolume, Pod, Volume,
 };
 use kube::ResourceExt;
 
@@ -180,6 +181,49 @@ fn host_path(h: &HostPathVolumeSource) -> Result<PathBuf, ConfigError> {
     Ok(path)
 }
 
+/// The required node affinity terms of a volume, if it has any.
+fn required_terms(pv: &PersistentVolume) -> Option<&[NodeSelectorTerm]> {
+    let terms = &pv.spec.as_ref()?.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
+    (!terms.is_empty()).then_some(terms.as_slice())
+}
+
+/// Whether `node` satisfies one of `terms` (upstream's `MatchNodeSelectorTerms`: the
+/// terms are ORed, a term's requirements ANDed; fields are `metadata.name`).
+fn node_matches(terms: &[NodeSelectorTerm], node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let holds = |r: &NodeSelectorRequirement, value: Option<&String>| {
+        let values = r.values.as_deref().unwrap_or_default();
+        let number = |v: &str| v.parse::<i64>().ok();
+        match r.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" | "Lt" => {
+                match (value.and_then(|v| number(v)), values.first().and_then(|v| number(v))) {
+                    (Some(v), Some(bound)) => {
+                        if r.operator == "Gt" {
+                            v > bound
+                        } else {
+                            v < bound
+                        }
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    };
+    terms.iter().any(|t| {
+        let exprs = t.match_expressions.as_deref().unwrap_or_default();
+        let fields = t.match_fields.as_deref().unwrap_or_default();
+        (!exprs.is_empty() || !fields.is_empty())
+            && exprs.iter().all(|r| holds(r, labels.get(&r.key)))
+            && fields.iter().all(|r| holds(r, (r.key == "metadata.name").then_some(&name)))
+    })
+}
+
 /// The claim volumes of `pod` with `readOnly: true`: every mount of them is read-only (the
 /// kubelet's volume-spec `readOnly`).
 pub fn read_only_volumes(pod: &Pod) -> Vec<String> {
@@ -212,6 +256,17 @@ async fn materialize_one(
     }
     if let Some(c) = &v.persistent_volume_claim {
         let pv = sources.claimed_volume(&c.claim_name).await?;
+        // The kubelet's CheckNodeAffinity: a volume pinned to other nodes is not mounted
+        // here (a local directory of that name would be an empty stand-in).
+        if let Some(terms) = required_terms(&pv) {
+            let node = sources.node(&config.node_name).await?;
+            if !node_matches(terms, &node) {
+                return Err(ConfigError(format!(
+                    "MountVolume.NodeAffinity check failed for volume \"{}\" : no matching NodeSelectorTerms",
+                    pv.metadata.name.as_deref().unwrap_or_default()
+                )));
+            }
+        }
         let spec = pv.spec.unwrap_or_default();
         if let Some(h) = &spec.host_path {
             return host_path(h);
@@ -396,5 +451,42 @@ mod tests {
         assert!(err.0.contains("nope"), "{err:?}");
         cleanup(&config, "u1");
         assert!(!config.pod_dir("u1").exists());
+    }
+
+    #[test]
+    fn volume_node_affinity_is_checked_against_the_node() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "disk": "ssd", "gen": "5"}}
+        }))
+        .unwrap();
+        let pv = |terms: serde_json::Value| -> PersistentVolume {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "v"},
+                "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": terms}}}
+            }))
+            .unwrap()
+        };
+        let check = |terms: serde_json::Value| {
+            let v = pv(terms);
+            required_terms(&v).is_none_or(|t| node_matches(t, &node))
+        };
+        let host = |n: &str| {
+            serde_json::json!([{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [n]}]}])
+        };
+        assert!(check(host("n1")));
+        assert!(!check(host("n2")));
+        // Terms are ORed, expressions ANDed.
+        assert!(check(serde_json::json!([
+            {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]},
+            {"matchExpressions": [{"key": "disk", "operator": "Exists"},
+                                  {"key": "gen", "operator": "Gt", "values": ["4"]}]}])));
+        assert!(!check(serde_json::json!([{"matchExpressions": [
+            {"key": "disk", "operator": "Exists"}, {"key": "zone", "operator": "Exists"}]}])));
+        assert!(check(serde_json::json!([{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}])));
+        assert!(!check(serde_json::json!([{"matchFields": [
+            {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]}])));
+        assert!(check(serde_json::json!([])), "no terms: any node");
     }
 }

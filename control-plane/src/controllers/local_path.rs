@@ -6,16 +6,17 @@
 //! pre-bound to the claim, which the binder then binds. A provisioned volume released with
 //! reclaim policy Delete is deleted; its directory stays on the node.
 //!
-//! At start it creates the StorageClass `local-path` (the cluster default,
-//! WaitForFirstConsumer, Delete) unless a class of that name exists.
+//! At start it creates the StorageClass `local-path` (WaitForFirstConsumer, Delete; the
+//! cluster default unless another class is) unless a class of that name exists. A claim
+//! whose selected node is gone loses the selection, so that its next pod picks again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -77,14 +78,26 @@ pub async fn run(ctx: Arc<Context>, root: PathBuf) {
     );
 }
 
+/// Creates the `local-path` class unless it exists; the cluster default unless another
+/// class already is.
 async fn ensure_default_class(client: &kube::Client) -> Result<(), kube::Error> {
     let classes: Api<StorageClass> = Api::all(client.clone());
-    if classes.get_opt(DEFAULT_CLASS).await?.is_some() {
+    let existing = classes.list(&Default::default()).await?.items;
+    if existing.iter().any(|c| c.name_any() == DEFAULT_CLASS) {
         return Ok(());
     }
+    let is_default = |c: &StorageClass| {
+        [
+            "storageclass.kubernetes.io/is-default-class",
+            "storageclass.beta.kubernetes.io/is-default-class",
+        ]
+        .iter()
+        .any(|a| c.annotations().get(*a).is_some_and(|v| v == "true"))
+    };
+    let default = (!existing.iter().any(is_default)).to_string();
     let sc: StorageClass = serde_json::from_value(json!({
         "metadata": {"name": DEFAULT_CLASS,
-                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "WaitForFirstConsumer",
@@ -139,21 +152,23 @@ fn volume_for(
     })
 }
 
-impl Provisioner {
-    /// Why the provisioner cannot serve `pvc` (upstream's ProvisioningFailed message), if it
-    /// cannot: only single-node access to a directory.
-    fn unsupported(pvc: &PersistentVolumeClaim) -> Option<String> {
-        let spec = pvc.spec.as_ref()?;
-        if spec.volume_mode.as_deref() == Some("Block") {
-            return Some("skiff.dev/local-path provides Filesystem volumes only".into());
-        }
-        let modes = spec.access_modes.as_deref().unwrap_or_default();
-        modes
-            .iter()
-            .find(|m| !matches!(m.as_str(), "ReadWriteOnce" | "ReadWriteOncePod"))
-            .map(|m| format!("skiff.dev/local-path does not support access mode {m}: only ReadWriteOnce and ReadWriteOncePod"))
+/// Why the provisioner cannot serve `pvc` (its ProvisioningFailed message), if it cannot:
+/// it gives single-node access to a directory. The scheduler keeps such a claim's pods
+/// pending with the same words.
+pub fn unsupported(pvc: &PersistentVolumeClaim) -> Option<String> {
+    let spec = pvc.spec.as_ref()?;
+    if spec.volume_mode.as_deref() == Some("Block") {
+        return Some("skiff.dev/local-path provides Filesystem volumes only".into());
     }
+    let modes = spec.access_modes.as_deref().unwrap_or_default();
+    modes.iter().find(|m| !matches!(m.as_str(), "ReadWriteOnce" | "ReadWriteOncePod")).map(|m| {
+        format!(
+            "skiff.dev/local-path does not support access mode {m}: only ReadWriteOnce and ReadWriteOncePod"
+        )
+    })
+}
 
+impl Provisioner {
     async fn reconcile_claim(&self, pvc: Arc<PersistentVolumeClaim>) -> Result<Action, Error> {
         let bound =
             pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some_and(|v| !v.is_empty());
@@ -185,7 +200,7 @@ impl Provisioner {
                 self.ctx.recorder.record(pvc.as_ref(), kind, reason, &message).await;
             }
         };
-        if let Some(why) = Self::unsupported(&pvc) {
+        if let Some(why) = unsupported(&pvc) {
             record("ProvisioningFailed", why).await;
             return Ok(Action::await_change());
         }
@@ -199,6 +214,29 @@ impl Provisioner {
             }
             return Ok(Action::await_change());
         };
+        // A node gone since it was selected: the selection is dropped so that the
+        // scheduler picks again (upstream's provisioner reschedules the same way).
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        if nodes.get_opt(&node).await.map_err(api_err("getting node", &node))?.is_none() {
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+            let patch = json!({"metadata": {"resourceVersion": pvc.resource_version(),
+                                            "annotations": {SELECTED_NODE: null}}});
+            return match claims
+                .patch(&pvc.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(Action::await_change()),
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                    Ok(Action::requeue(std::time::Duration::from_secs(1)))
+                }
+                Err(source) => Err(Error::Api {
+                    action: "unselecting the node of",
+                    what: pvc.name_any(),
+                    source,
+                }),
+            };
+        }
         let volumes: Api<PersistentVolume> = Api::all(self.ctx.client.clone());
         let name = volume_name(&pvc);
         let pv: PersistentVolume = serde_json::from_value(volume_for(&self.root, &pvc, &sc, &node))
@@ -267,7 +305,7 @@ mod tests {
 
         let mut rwx = pvc.clone();
         rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
-        assert!(Provisioner::unsupported(&rwx).is_some_and(|m| m.contains("ReadWriteMany")));
-        assert_eq!(Provisioner::unsupported(&pvc), None);
+        assert!(unsupported(&rwx).is_some_and(|m| m.contains("ReadWriteMany")));
+        assert_eq!(unsupported(&pvc), None);
     }
 }

@@ -356,11 +356,14 @@ async fn own_claims_by_pod(sts: &StatefulSet, pod: &Pod, ctx: &Ctx) -> Result<()
     for name in claims_for(sts, o).iter().map(|c| c.name_any()) {
         let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
         let Some(claim) = api.get_opt(&name).await.map_err(err)? else { continue };
+        // The pod alone: a reference to the set (whenDeleted: Delete) would keep the
+        // claim past the pod, as the garbage collector waits for every owner.
+        let set_uid = sts.uid().unwrap_or_default();
         let mut refs = claim.owner_references().to_vec();
-        if refs.iter().any(|r| r.uid == owner.uid) {
+        if refs.iter().any(|r| r.uid == owner.uid) && !refs.iter().any(|r| r.uid == set_uid) {
             continue;
         }
-        refs.retain(|r| !refers_to_pod(r, &pod.name_any()));
+        refs.retain(|r| !refers_to_pod(r, &pod.name_any()) && r.uid != set_uid);
         refs.push(OwnerReference { controller: None, block_owner_deletion: None, ..owner.clone() });
         set_owners(&api, &claim, refs).await.map_err(err)?;
     }
@@ -396,10 +399,18 @@ async fn create_claims(
                 return Err(Error::ClaimDeleting { sts: sts.name_any(), claim: name });
             }
             // Owned by an earlier pod of this name a scale down removed: the claim is the
-            // new pod's now, not the garbage collector's.
+            // new pod's now, not the garbage collector's, and the set's again when its
+            // policy deletes claims with it (upstream's updateClaimOwnerRefForSetAndPod).
             let refs = existing.owner_references();
-            if refs.iter().any(|r| refers_to_pod(r, pod_name)) {
-                let kept = refs.iter().filter(|r| !refers_to_pod(r, pod_name)).cloned().collect();
+            let mut kept: Vec<OwnerReference> =
+                refs.iter().filter(|r| !refers_to_pod(r, pod_name)).cloned().collect();
+            let wanted = claim.owner_references();
+            for r in wanted {
+                if !kept.iter().any(|k| k.uid == r.uid) {
+                    kept.push(r.clone());
+                }
+            }
+            if kept.len() != refs.len() || kept.iter().zip(refs).any(|(a, b)| a.uid != b.uid) {
                 set_owners(&api, &existing, kept).await.map_err(err)?;
             }
             continue;

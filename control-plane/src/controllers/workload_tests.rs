@@ -2025,3 +2025,52 @@ async fn pod_failure_policy_fails_the_job_or_ignores_the_failure() {
     assert_eq!(job_condition(&j, "FailureTarget"), None, "{:?}", j.status);
     assert_eq!(j.status.as_ref().and_then(|s| s.failed), None, "ignored failures are not counted");
 }
+
+#[tokio::test(start_paused = true)]
+async fn statefulset_claims_deleted_with_set_and_on_scale_down() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let h = Harness::start(&["n1"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
+    let _gc = AbortOnDrop(tokio::spawn(async move {
+        let _ = super::garbage_collector::run(ctx).await;
+    }));
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}},
+                         "spec": {"containers": [{"name": "c", "image": "db:1"}]}},
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            }],
+            "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Delete"},
+        },
+    }))
+    .expect("sts");
+    let api = h.api::<StatefulSet>();
+    let created = api.create(&PostParams::default(), &sts).await.expect("create sts");
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    let claims = h.api::<PersistentVolumeClaim>();
+    let scale = json!({"spec": {"replicas": 1}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale");
+    // The scaled-down member's claim goes even though the set also owns claims.
+    wait_for("data-db-1 gone", || async {
+        claims.get_opt("data-db-1").await.is_ok_and(|c| c.is_none())
+    })
+    .await;
+    let kept = claims.get("data-db-0").await.expect("the member's claim");
+    let owners: Vec<_> = kept.owner_references().iter().map(|r| r.uid.clone()).collect();
+    assert_eq!(owners, [created.metadata.uid.clone().expect("uid")], "owned by the set alone");
+    // The set goes: so does the rest.
+    api.delete("db", &DeleteParams::default()).await.expect("delete sts");
+    wait_for("every claim gone", || async {
+        claims.list(&ListParams::default()).await.is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+}

@@ -337,6 +337,7 @@ async fn watch_volume_objects<K: VolumeObject>(shared: Arc<Shared>) {
             }
             Ok(watcher::Event::InitDone) => {
                 K::retain(&mut state.volumes, &listed);
+                state.volumes.mark_synced(&K::kind(&()));
                 true
             }
             Err(e) => {
@@ -444,7 +445,11 @@ async fn schedule_loop(shared: Arc<Shared>) {
         notified.as_mut().enable();
         let next = {
             let mut state = shared.lock();
-            if state.nodes_synced && state.pods_synced { state.queue.pop() } else { Err(None) }
+            if state.nodes_synced && state.pods_synced && state.volumes.synced() {
+                state.queue.pop()
+            } else {
+                Err(None)
+            }
         };
         match next {
             Ok(pod) => schedule_one(&shared, pod).await,

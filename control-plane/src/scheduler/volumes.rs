@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-use crate::controllers::local_path::{PROVISIONER, SELECTED_NODE};
+use crate::controllers::local_path::{PROVISIONER, SELECTED_NODE, unsupported};
 
 use super::cache::PodInfo;
 
@@ -31,6 +31,9 @@ pub struct VolumeCache {
     /// The StorageClasses whose claims the local-path provisioner serves once a node is
     /// selected (its classes in WaitForFirstConsumer mode).
     provisioned: std::collections::HashSet<String>,
+    /// The kinds (claims, volumes, classes) whose watch has listed everything once: until
+    /// all three have, a pod's claims cannot be judged.
+    synced: std::collections::HashSet<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -41,6 +44,8 @@ struct Claim {
     class: String,
     selected_node: Option<String>,
     resource_version: String,
+    /// Why the local-path provisioner could not serve it, if it could not.
+    unprovisionable: Option<String>,
 }
 
 /// What the pod's claims ask of scheduling.
@@ -83,6 +88,7 @@ impl VolumeCache {
                 .unwrap_or_default(),
             selected_node: pvc.annotations().get(SELECTED_NODE).cloned(),
             resource_version: pvc.resource_version().unwrap_or_default(),
+            unprovisionable: unsupported(pvc),
         };
         let key = claim_key(&pvc.namespace().unwrap_or_default(), &pvc.name_any());
         self.claims.insert(key, claim);
@@ -103,6 +109,16 @@ impl VolumeCache {
 
     pub fn retain_classes(&mut self, keep: impl Fn(&str) -> bool) {
         self.provisioned.retain(|k| keep(k));
+    }
+
+    /// The watch of `kind` has listed everything once.
+    pub fn mark_synced(&mut self, kind: &str) {
+        self.synced.insert(kind.to_string());
+    }
+
+    /// Whether claims, volumes and StorageClasses have all been listed.
+    pub fn synced(&self) -> bool {
+        self.synced.len() == 3
     }
 
     pub fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
@@ -148,20 +164,33 @@ impl VolumeCache {
             if claim.deleting {
                 return Err(format!("persistentvolumeclaim \"{}\" is being deleted", c.claim_name));
             }
+            // A node selected for the claim holds its pods, bound or not.
+            if let Some(node) = &claim.selected_node {
+                plan.terms.push(on_node(node));
+            }
             if claim.volume.is_empty() {
                 if !self.provisioned.contains(&claim.class) {
                     return Err("pod has unbound immediate PersistentVolumeClaims".to_string());
                 }
-                match &claim.selected_node {
-                    Some(node) => plan.terms.push(on_node(node)),
-                    None => {
-                        plan.select.push((c.claim_name.clone(), claim.resource_version.clone()))
-                    }
+                if let Some(why) = &claim.unprovisionable {
+                    return Err(format!("persistentvolumeclaim \"{}\": {why}", c.claim_name));
+                }
+                let pending = (c.claim_name.clone(), claim.resource_version.clone());
+                if claim.selected_node.is_none() && !plan.select.contains(&pending) {
+                    plan.select.push(pending);
                 }
                 continue;
             }
-            if let Some(t) = self.affinity.get(&claim.volume).filter(|t| !t.is_empty()) {
-                plan.terms.push(t.clone());
+            // Bound to a volume not seen yet: its node affinity is unknown (upstream's
+            // VolumeBinding fails PreFilter the same way); the volume's watch retries it.
+            let Some(terms) = self.affinity.get(&claim.volume) else {
+                return Err(format!(
+                    "persistentvolume \"{}\" bound to persistentvolumeclaim \"{}\" not found",
+                    claim.volume, c.claim_name
+                ));
+            };
+            if !terms.is_empty() {
+                plan.terms.push(terms.clone());
             }
         }
         Ok(plan)
@@ -216,6 +245,15 @@ mod tests {
         );
         pvc.spec.as_mut().unwrap().volume_name = Some("local-1".into());
         cache.upsert_claim(&pvc);
+        assert_eq!(
+            cache.prefilter(&pod),
+            Err("persistentvolume \"local-1\" bound to persistentvolumeclaim \"data\" not found"
+                .to_string()),
+            "a volume not seen yet"
+        );
+        let anywhere: PersistentVolume =
+            serde_json::from_value(json!({"metadata": {"name": "local-1"}, "spec": {}})).unwrap();
+        cache.upsert_volume(&anywhere);
         assert_eq!(cache.prefilter(&pod), Ok(VolumePlan::default()));
         let mut deleting = pvc.clone();
         deleting.metadata.deletion_timestamp =
@@ -269,13 +307,34 @@ mod tests {
             cache.prefilter(&pod),
             Ok(VolumePlan { terms: vec![], select: vec![("data".into(), "7".into())] })
         );
-        // Once a node is selected, every pod of the claim goes there.
+        // Once a node is selected, every pod of the claim goes there, bound or not.
         pvc.metadata.annotations = Some([(SELECTED_NODE.to_string(), "n2".to_string())].into());
         cache.upsert_claim(&pvc);
-        assert_eq!(
-            cache.prefilter(&pod),
-            Ok(VolumePlan { terms: vec![on_node("n2")], select: vec![] })
-        );
+        let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![] };
+        assert_eq!(cache.prefilter(&pod), Ok(on_n2));
+        pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
+        cache.upsert_claim(&pvc);
+        let pv: PersistentVolume =
+            serde_json::from_value(json!({"metadata": {"name": "pvc-1"}, "spec": {}})).unwrap();
+        cache.upsert_volume(&pv);
+        let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![] };
+        assert_eq!(cache.prefilter(&pod), Ok(on_n2));
+        // A claim the provisioner cannot serve keeps its pods pending.
+        let mut rwx: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "default"},
+            "spec": {"storageClassName": "local-path", "accessModes": ["ReadWriteMany"]}
+        }))
+        .unwrap();
+        cache.upsert_claim(&rwx);
+        let err = cache.prefilter(&pod).expect_err("ReadWriteMany");
+        assert!(err.contains("ReadWriteMany"), "{err}");
+        rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOnce".into()]);
+        cache.upsert_claim(&rwx);
+        assert!(cache.prefilter(&pod).is_ok());
+        // Without the class, an unbound claim is an unbound immediate claim again.
+        pvc.spec.as_mut().unwrap().volume_name = None;
+        pvc.metadata.annotations = None;
+        cache.upsert_claim(&pvc);
         cache.remove_class(&sc);
         assert!(cache.prefilter(&pod).is_err());
     }

@@ -240,6 +240,9 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             }
         }
     }
+    if let Some(policy) = &spec.pod_failure_policy {
+        validate_pod_failure_policy(spec, policy, &sp.child("podFailurePolicy"), errs);
+    }
     if let Some(p) = spec.pod_replacement_policy.as_deref() {
         if spec.pod_failure_policy.is_some() {
             if p != "Failed" {
@@ -256,9 +259,6 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
                 &["Failed", "TerminatingOrFailed"],
             ));
         }
-    }
-    if let Some(policy) = &spec.pod_failure_policy {
-        validate_pod_failure_policy(spec, policy, &sp.child("podFailurePolicy"), errs);
     }
     let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
     match &spec.selector {
@@ -322,7 +322,12 @@ fn validate_pod_failure_policy(
     for (i, rule) in policy.rules.iter().enumerate() {
         let path = rp.index(i);
         let action = rule.action.as_str();
-        if action == "FailIndex" {
+        if action.is_empty() {
+            errs.push(FieldError::required(
+                &path.child("action"),
+                r#"valid values: ["Count" "FailIndex" "FailJob" "Ignore"]"#,
+            ));
+        } else if action == "FailIndex" {
             if spec.backoff_limit_per_index.is_none() {
                 errs.push(FieldError::invalid(
                     &path.child("action"),
@@ -340,7 +345,12 @@ fn validate_pod_failure_policy(
         if let Some(codes) = &rule.on_exit_codes {
             let cp = path.child("onExitCodes");
             let op = codes.operator.as_str();
-            if !matches!(op, "In" | "NotIn") {
+            if op.is_empty() {
+                errs.push(FieldError::required(
+                    &cp.child("operator"),
+                    r#"valid values: ["In" "NotIn"]"#,
+                ));
+            } else if !matches!(op, "In" | "NotIn") {
                 errs.push(FieldError::not_supported(&cp.child("operator"), op, &["In", "NotIn"]));
             }
             if let Some(c) = &codes.container_name

@@ -147,6 +147,15 @@ fn job_rejections() {
             "FieldValueNotSupported",
         ),
         (
+            "failure policy without action",
+            &|j| {
+                j["spec"]["podFailurePolicy"] = json!({"rules": [
+                    {"onExitCodes": {"operator": "In", "values": [1]}}]});
+            },
+            "spec.podFailurePolicy.rules[0].action: Required value: valid values: [\"Count\" \"FailIndex\" \"FailJob\" \"Ignore\"]",
+            "FieldValueRequired",
+        ),
+        (
             "failure policy FailIndex",
             &|j| {
                 j["spec"]["podFailurePolicy"] = json!({"rules": [
