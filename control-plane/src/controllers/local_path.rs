@@ -24,6 +24,7 @@ use serde_json::json;
 use super::Context;
 use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::volume::{Error, api_err};
 
 /// The provisioner name classes name to be served here.
 pub const PROVISIONER: &str = "skiff.dev/local-path";
@@ -34,17 +35,6 @@ pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// The StorageClass created at start.
 pub const DEFAULT_CLASS: &str = "local-path";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{action} {what}")]
-    Api {
-        action: &'static str,
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-}
 
 struct Provisioner {
     root: PathBuf,
@@ -107,11 +97,6 @@ async fn ensure_default_class(client: &kube::Client) -> Result<(), kube::Error> 
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         r => r.map(|_| ()),
     }
-}
-
-fn api_err(action: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let what = what.into();
-    move |source| Error::Api { action, what, source }
 }
 
 /// The volume provisioned for a claim: named after the claim's uid, as upstream names

@@ -36,6 +36,7 @@ const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
 const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
 
+/// An API call of the storage controllers (binder, protection, provisioner) that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{action} {what}")]
@@ -47,7 +48,10 @@ pub enum Error {
     },
 }
 
-fn api_err(action: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+pub(super) fn api_err(
+    action: &'static str,
+    what: impl Into<String>,
+) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
     move |source| Error::Api { action, what, source }
 }

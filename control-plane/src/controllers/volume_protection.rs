@@ -18,18 +18,8 @@ use serde_json::json;
 
 use super::Context;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::volume::Error;
 use crate::apiserver::admission::{PV_PROTECTION, PVC_PROTECTION};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{action} {what}")]
-    Api {
-        action: &'static str,
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-}
 
 /// Run both controllers until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {

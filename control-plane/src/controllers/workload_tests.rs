@@ -1874,19 +1874,23 @@ async fn claims_and_volumes_in_use_stay_until_released() {
     .await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+/// A harness with the pvc-protection controller and the garbage collector, and a
+/// StatefulSet `db` of `replicas` with one claim template and `policy` as its claim
+/// retention policy (not created yet).
+async fn claim_retention_rig(
+    replicas: i32,
+    policy: serde_json::Value,
+) -> (Harness, StatefulSet, [AbortOnDrop; 2]) {
     let h = Harness::start(&["n1"]).await;
     let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
-    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
-    let _gc = AbortOnDrop(tokio::spawn(async move {
+    let protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
+    let gc = AbortOnDrop(tokio::spawn(async move {
         let _ = super::garbage_collector::run(ctx).await;
     }));
     let sts: StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "db"},
         "spec": {
-            "replicas": 3,
+            "replicas": replicas,
             "serviceName": "db",
             "selector": {"matchLabels": {"app": "db"}},
             "template": {"metadata": {"labels": {"app": "db"}},
@@ -1896,10 +1900,17 @@ async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
                 "spec": {"accessModes": ["ReadWriteOnce"],
                          "resources": {"requests": {"storage": "1Gi"}}},
             }],
-            "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete"},
+            "persistentVolumeClaimRetentionPolicy": policy,
         },
     }))
     .expect("sts");
+    (h, sts, [protection, gc])
+}
+
+#[tokio::test(start_paused = true)]
+async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let (h, sts, _controllers) = claim_retention_rig(3, json!({"whenScaled": "Delete"})).await;
     let api = h.api::<StatefulSet>();
     api.create(&PostParams::default(), &sts).await.expect("create sts");
     wait_for("3 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 3)) })
@@ -2029,29 +2040,8 @@ async fn pod_failure_policy_fails_the_job_or_ignores_the_failure() {
 #[tokio::test(start_paused = true)]
 async fn statefulset_claims_deleted_with_set_and_on_scale_down() {
     use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-    let h = Harness::start(&["n1"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
-    let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
-    let _gc = AbortOnDrop(tokio::spawn(async move {
-        let _ = super::garbage_collector::run(ctx).await;
-    }));
-    let sts: StatefulSet = serde_json::from_value(json!({
-        "metadata": {"name": "db"},
-        "spec": {
-            "replicas": 2,
-            "serviceName": "db",
-            "selector": {"matchLabels": {"app": "db"}},
-            "template": {"metadata": {"labels": {"app": "db"}},
-                         "spec": {"containers": [{"name": "c", "image": "db:1"}]}},
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data"},
-                "spec": {"accessModes": ["ReadWriteOnce"],
-                         "resources": {"requests": {"storage": "1Gi"}}},
-            }],
-            "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Delete"},
-        },
-    }))
-    .expect("sts");
+    let policy = json!({"whenScaled": "Delete", "whenDeleted": "Delete"});
+    let (h, sts, _controllers) = claim_retention_rig(2, policy).await;
     let api = h.api::<StatefulSet>();
     let created = api.create(&PostParams::default(), &sts).await.expect("create sts");
     wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
