@@ -8,10 +8,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Node, NodeSelectorRequirement,
-    NodeSelectorTerm, PersistentVolume, Pod, Volume,
+    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, NodeSelectorTerm, PersistentVolume,
+    Pod, Volume,
 };
 use kube::ResourceExt;
+use skiff_control_plane::scheduler::labels::terms_match;
 
 use super::containers::{ConfigError, EnvSources, field_value};
 use crate::config::AgentConfig;
@@ -187,43 +188,6 @@ fn required_terms(pv: &PersistentVolume) -> Option<&[NodeSelectorTerm]> {
     (!terms.is_empty()).then_some(terms.as_slice())
 }
 
-/// Whether `node` satisfies one of `terms` (upstream's `MatchNodeSelectorTerms`: the
-/// terms are ORed, a term's requirements ANDed; fields are `metadata.name`).
-fn node_matches(terms: &[NodeSelectorTerm], node: &Node) -> bool {
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let holds = |r: &NodeSelectorRequirement, value: Option<&String>| {
-        let values = r.values.as_deref().unwrap_or_default();
-        let number = |v: &str| v.parse::<i64>().ok();
-        match r.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            "Gt" | "Lt" => {
-                match (value.and_then(|v| number(v)), values.first().and_then(|v| number(v))) {
-                    (Some(v), Some(bound)) => {
-                        if r.operator == "Gt" {
-                            v > bound
-                        } else {
-                            v < bound
-                        }
-                    }
-                    _ => false,
-                }
-            }
-            _ => false,
-        }
-    };
-    terms.iter().any(|t| {
-        let exprs = t.match_expressions.as_deref().unwrap_or_default();
-        let fields = t.match_fields.as_deref().unwrap_or_default();
-        (!exprs.is_empty() || !fields.is_empty())
-            && exprs.iter().all(|r| holds(r, labels.get(&r.key)))
-            && fields.iter().all(|r| holds(r, (r.key == "metadata.name").then_some(&name)))
-    })
-}
-
 /// The claim volumes of `pod` with `readOnly: true`: every mount of them is read-only (the
 /// kubelet's volume-spec `readOnly`).
 pub fn read_only_volumes(pod: &Pod) -> Vec<String> {
@@ -260,7 +224,7 @@ async fn materialize_one(
         // here (a local directory of that name would be an empty stand-in).
         if let Some(terms) = required_terms(&pv) {
             let node = sources.node(&config.node_name).await?;
-            if !node_matches(terms, &node) {
+            if !terms_match(terms, &node) {
                 return Err(ConfigError(format!(
                     "MountVolume.NodeAffinity check failed for volume \"{}\" : no matching NodeSelectorTerms",
                     pv.metadata.name.as_deref().unwrap_or_default()
@@ -455,7 +419,7 @@ mod tests {
 
     #[test]
     fn volume_node_affinity_is_checked_against_the_node() {
-        let node: Node = serde_json::from_value(serde_json::json!({
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "disk": "ssd", "gen": "5"}}
         }))
         .unwrap();
@@ -468,7 +432,7 @@ mod tests {
         };
         let check = |terms: serde_json::Value| {
             let v = pv(terms);
-            required_terms(&v).is_none_or(|t| node_matches(t, &node))
+            required_terms(&v).is_none_or(|t| terms_match(t, &node))
         };
         let host = |n: &str| {
             serde_json::json!([{"matchExpressions": [
