@@ -15,7 +15,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
     Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
-    PodTemplateSpec, Taint, Toleration,
+    PodTemplateSpec, Toleration,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -30,6 +30,7 @@ use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
+use crate::scheduler::labels;
 
 /// Errors of one DaemonSet reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -97,54 +98,6 @@ pub fn default_tolerations(host_network: bool) -> Vec<Toleration> {
     v
 }
 
-fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    if let Some(e) = tol.effect.as_deref()
-        && !e.is_empty()
-        && e != taint.effect
-    {
-        return false;
-    }
-    let key = tol.key.as_deref().unwrap_or("");
-    match tol.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => key.is_empty() || key == taint.key,
-        _ => {
-            key == taint.key
-                && tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
-        }
-    }
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&String>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (
-                value.and_then(|v| v.parse::<i64>().ok()),
-                values.first().and_then(|b| b.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" { v > bound } else { v < bound }
-        }
-        _ => false,
-    }
-}
-
-fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    let name = node.name_any();
-    exprs.iter().all(|r| requirement_matches(r, node.labels().get(&r.key)))
-        && fields.iter().all(|r| r.key == "metadata.name" && requirement_matches(r, Some(&name)))
-}
-
 /// `NodeShouldRunDaemonPod`: selector, required affinity and taints.
 pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
     let Some(spec) = template.spec.as_ref() else {
@@ -161,7 +114,7 @@ pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
     if let Some(req) = required
-        && !req.node_selector_terms.iter().any(|t| term_matches(t, node))
+        && !labels::terms_match(&req.node_selector_terms, node)
     {
         return false;
     }
@@ -173,7 +126,7 @@ pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
         .into_iter()
         .flatten()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .all(|taint| tolerations.iter().any(|tol| tolerates(tol, taint)))
+        .all(|taint| labels::tolerated(&tolerations, taint))
 }
 
 /// The node a daemon pod is for: its nodeName, or the node its affinity pins it to.
