@@ -30,7 +30,7 @@ const PAUSE_CMD: &[&str] =
 /// Applets the tools image must have (checked against `busybox --list`).
 const REQUIRED_APPLETS: &[&str] = &[
     "sh", "httpd", "nc", "wget", "nslookup", "sleep", "cat", "echo", "ls", "ps", "kill", "env",
-    "true", "false",
+    "true", "false", "rm",
 ];
 
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

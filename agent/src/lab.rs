@@ -359,6 +359,8 @@ impl LabState {
             // The nodes share this machine: their local-path volumes go with the lab.
             .arg("--local-path-root")
             .arg(self.dir.join("storage"))
+            // Imported on every node, with the `rm` the teardown helper runs.
+            .args(["--local-path-helper-image", images::TOOLS_IMAGE])
             .env("RUST_LOG", &self.log_filter);
         let marker = self.server_data_dir.to_string_lossy().into_owned();
         self.server = Some(spawn_background(cmd, &log, &marker)?);

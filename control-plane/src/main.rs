@@ -51,6 +51,10 @@ struct Args {
     /// No local-path provisioner and no `local-path` StorageClass.
     #[arg(long)]
     no_local_path: bool,
+    /// The image of the pods that remove a deleted local-path volume's directory on its
+    /// node (it needs `rm`).
+    #[arg(long, default_value = skiff_control_plane::controllers::DEFAULT_HELPER_IMAGE)]
+    local_path_helper_image: String,
     /// Write the audit log (JSON lines, audit.k8s.io/v1 Events) here.
     #[arg(long)]
     audit_log_path: Option<PathBuf>,
@@ -245,6 +249,7 @@ async fn main() -> Result<()> {
             ),
             terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
             local_path_root: (!args.no_local_path).then_some(args.local_path_root),
+            local_path_helper_image: args.local_path_helper_image,
             ..Default::default()
         };
         config.controllers = Some(controllers);

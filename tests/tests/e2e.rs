@@ -758,9 +758,16 @@ fn three_node_cluster_end_to_end() {
             );
         }
     }
-    // The claim went with the namespace: its volume was released and deleted.
-    wait_for("the local-path volume deleted", Duration::from_secs(30), || {
+    // The claim went with the namespace: a helper pod on its node removed the volume's
+    // directory, then the volume was deleted.
+    wait_for("the local-path volume deleted", Duration::from_secs(60), || {
         let out = k.run(&["get", "pv", &pv_name, "-o", "name"], None);
+        (!out.status.success()).then_some(())
+    });
+    assert!(!dir.exists(), "the volume's directory remains: {}", dir.display());
+    wait_for("the teardown helper pod gone", Duration::from_secs(60), || {
+        let helper = format!("helper-pod-delete-{pv_name}");
+        let out = k.run(&["-n", "kube-system", "get", "pod", &helper, "-o", "name"], None);
         (!out.status.success()).then_some(())
     });
     c.reload();

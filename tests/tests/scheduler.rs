@@ -577,6 +577,9 @@ async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
         {"name": "data", "persistentVolumeClaim": {"claimName": "cache"}}]}});
     pod(&r.client, "web", "100m", with_claim.clone()).await;
     let chosen = bound(&r.client, "web").await;
+    // PreBind waited for the volume: the claim was bound before the pod was.
+    let now = claims.get("cache").await.expect("claim");
+    assert!(now.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some(), "{now:?}");
     let pv_name = format!("pvc-{}", claim.metadata.uid.as_deref().expect("uid"));
     let c = claims.clone();
     let bound_claim = eventually("the claim bound to its provisioned volume", move || {
@@ -625,6 +628,37 @@ async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
             .expect("delete pod");
     }
     claims.delete("cache", &DeleteParams::default()).await.expect("delete pvc");
+    // A helper pod on the volume's node removes its directory (the test plays the agent).
+    let helpers: Api<Pod> = Api::namespaced(r.client.clone(), "kube-system");
+    let helper_name = format!("helper-pod-delete-{pv_name}");
+    let (h, n) = (helpers.clone(), helper_name.clone());
+    let helper = eventually("the teardown helper pod", move || {
+        let (h, n) = (h.clone(), n.clone());
+        async move { h.get_opt(&n).await.ok().flatten() }
+    })
+    .await;
+    let spec = helper.spec.expect("spec");
+    assert_eq!(spec.node_name.as_deref(), Some(chosen.as_str()));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        spec.containers[0].command,
+        Some(vec![
+            "rm".to_string(),
+            "-rf".into(),
+            "--".into(),
+            format!("/data/{pv_name}_default_cache")
+        ])
+    );
+    let host = spec.volumes.expect("volumes")[0].host_path.clone().expect("hostPath");
+    assert_eq!(host.path, "/var/lib/skiff/storage");
+    // Not deleted while the helper runs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(volumes.get_opt(&pv_name).await.expect("get pv").is_some(), "deleted before teardown");
+    let done = json!({"status": {"phase": "Succeeded"}});
+    helpers
+        .patch_status(&helper_name, &Default::default(), &kube::api::Patch::Merge(&done))
+        .await
+        .expect("helper succeeded");
     let v = volumes.clone();
     eventually("the volume deleted", move || {
         let v = v.clone();
@@ -632,7 +666,110 @@ async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
         async move { v.get_opt(&name).await.ok().filter(|pv| pv.is_none()).map(|_| ()) }
     })
     .await;
+    let h = helpers.clone();
+    eventually("the helper pod deleted", move || {
+        let (h, n) = (h.clone(), helper_name.clone());
+        async move { h.get_opt(&n).await.ok().filter(|p| p.is_none()).map(|_| ()) }
+    })
+    .await;
     for c in controllers {
         c.abort();
     }
+}
+
+/// Upstream's VolumeBinding PreBind: a pod whose claim is still being provisioned is bound
+/// only once the claim is, and a claim lost meanwhile sends the pod back to the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_waits_for_claims_being_provisioned() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let r = rig().await;
+    for n in ["n1", "n2"] {
+        node(&r.client, n, "4", json!({})).await;
+    }
+    // The provisioner's class, with no provisioner running: the test plays it.
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "local-path"}, "provisioner": "skiff.dev/local-path",
+        "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete"
+    }))
+    .expect("class");
+    Api::<StorageClass>::all(r.client.clone())
+        .create(&PostParams::default(), &sc)
+        .await
+        .expect("create class");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(r.client.clone(), "default");
+    for name in ["data", "scratch"] {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                     "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .expect("pvc");
+        claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+    }
+    async fn selected(claims: &Api<PersistentVolumeClaim>, name: &'static str) -> String {
+        let c = claims.clone();
+        eventually(&format!("a node selected for {name}"), move || {
+            let c = c.clone();
+            async move {
+                let mut annotations = c.get(name).await.ok()?.metadata.annotations?;
+                annotations.remove("volume.kubernetes.io/selected-node")
+            }
+        })
+        .await
+    }
+    let with = |claim: &str| {
+        json!({"spec": {"volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}})
+    };
+    pod(&r.client, "db", "100m", with("data")).await;
+    let chosen = selected(&claims, "data").await;
+    // The node is chosen, the volume is not there yet: the pod is not bound.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(node_of(&get(&r.client, "db").await), None, "bound before its claim");
+
+    // What the provisioner and the binder do: a volume on that node, bound to the claim.
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pvc-data"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "local-path", "hostPath": {"path": "/tmp/pvc-data"},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [chosen]}]}]}}}
+    }))
+    .expect("pv");
+    Api::<PersistentVolume>::all(r.client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .expect("create pv");
+    let bind = json!({"spec": {"volumeName": "pvc-data"}});
+    claims.patch("data", &Default::default(), &kube::api::Patch::Merge(&bind)).await.expect("bind");
+    assert_eq!(bound(&r.client, "db").await, chosen);
+
+    // A claim deleted while its pod waits (held Terminating by its protection finalizer):
+    // the binding gives up with upstream's message and the pod is pending again.
+    pod(&r.client, "cache", "100m", with("scratch")).await;
+    selected(&claims, "scratch").await;
+    claims.delete("scratch", &DeleteParams::default()).await.expect("delete pvc");
+    let c = r.client.clone();
+    let failed = eventually("a PreBind FailedScheduling event", move || {
+        let c = c.clone();
+        async move {
+            events_for(&c, "cache", "FailedScheduling")
+                .await
+                .into_iter()
+                .find_map(|e| e.message.filter(|m| m.contains("PreBind")))
+        }
+    })
+    .await;
+    assert_eq!(
+        failed,
+        "running PreBind plugin \"VolumeBinding\": binding volumes: persistentvolumeclaim \"scratch\" is being deleted"
+    );
+    unschedulable_as(
+        &r.client,
+        "cache",
+        Some("0/2 nodes are available: persistentvolumeclaim \"scratch\" is being deleted. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."),
+    )
+    .await;
+    assert_eq!(node_of(&get(&r.client, "cache").await), None);
 }

@@ -4,7 +4,8 @@
 //! first pod (`volume.kubernetes.io/selected-node`), in `<root>/pvc-<uid>_<namespace>_<name>`
 //! (created by the agent when it mounts it), pinned to that node by node affinity and
 //! pre-bound to the claim, which the binder then binds. A provisioned volume released with
-//! reclaim policy Delete is deleted; its directory stays on the node.
+//! reclaim policy Delete is deleted once a helper pod on its node (`helper-pod-delete-<pv>`
+//! in kube-system, as k3s's teardown helper) has removed its directory.
 //!
 //! At start it creates the StorageClass `local-path` (WaitForFirstConsumer, Delete; the
 //! cluster default unless another class is) unless a class of that name exists. A claim
@@ -12,8 +13,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -35,10 +37,30 @@ pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// The StorageClass created at start.
 pub const DEFAULT_CLASS: &str = "local-path";
+/// Where the teardown helper pods run.
+pub const HELPER_NAMESPACE: &str = "kube-system";
+/// The label of the teardown helper pods (value: the volume's name).
+pub const HELPER_LABEL: &str = "skiff.dev/local-path-teardown";
+/// How long after a failed teardown the next helper pod is tried.
+const TEARDOWN_RETRY: Duration = Duration::from_secs(30);
+/// How often a running helper pod is looked at.
+const TEARDOWN_POLL: Duration = Duration::from_secs(1);
 
 struct Provisioner {
     root: PathBuf,
+    helper_image: String,
     ctx: Arc<Ctx>,
+}
+
+/// Where the removal of a released volume's directory stands.
+#[derive(Debug, PartialEq)]
+enum Teardown {
+    /// Removed, or nothing to remove here: the volume can go.
+    Done,
+    /// The helper pod has not finished.
+    Running,
+    /// The helper pod failed (why); another is tried later.
+    Failed(String),
 }
 
 /// Run the provisioner, its volumes under `root` on every node, until the future is
@@ -48,7 +70,11 @@ pub async fn run(ctx: Arc<Context>, root: PathBuf) {
     if let Err(e) = ensure_default_class(&client).await {
         tracing::warn!(error = %e, "creating the local-path StorageClass");
     }
-    let me = Arc::new(Provisioner { root, ctx: Ctx::new(client.clone(), PROVISIONER) });
+    let me = Arc::new(Provisioner {
+        root,
+        helper_image: ctx.config.local_path_helper_image.clone(),
+        ctx: Ctx::new(client.clone(), PROVISIONER),
+    });
     let claims = Controller::new(
         Api::<PersistentVolumeClaim>::all(client.clone()),
         watcher::Config::default(),
@@ -241,7 +267,8 @@ impl Provisioner {
         }
     }
 
-    /// A volume it provisioned, released, with reclaim policy Delete: deleted.
+    /// A volume it provisioned, released, with reclaim policy Delete: its directory removed
+    /// on its node, then the volume deleted.
     async fn reconcile_volume(&self, pv: Arc<PersistentVolume>) -> Result<Action, Error> {
         let ours = pv.annotations().get(PROVISIONED_BY).is_some_and(|p| p == PROVISIONER);
         let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
@@ -250,6 +277,18 @@ impl Provisioner {
         if !(ours && released && delete) || pv.metadata.deletion_timestamp.is_some() {
             return Ok(Action::await_change());
         }
+        match self.teardown(&pv).await? {
+            Teardown::Done => {}
+            Teardown::Running => return Ok(Action::requeue(TEARDOWN_POLL)),
+            Teardown::Failed(why) => {
+                let msg = format!("failed to delete volume {}: {why}", pv.name_any());
+                self.ctx
+                    .recorder
+                    .record(pv.as_ref(), EventType::Warning, "VolumeFailedDelete", &msg)
+                    .await;
+                return Ok(Action::requeue(TEARDOWN_RETRY));
+            }
+        }
         let volumes: Api<PersistentVolume> = Api::all(self.ctx.client.clone());
         let name = pv.name_any();
         match volumes.delete(&name, &DeleteParams::default()).await {
@@ -257,6 +296,132 @@ impl Provisioner {
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
             Err(source) => Err(Error::Api { action: "deleting", what: name, source }),
         }
+    }
+
+    /// Removes the directory of a released volume with a helper pod on its node. A volume
+    /// whose node is gone, or whose directory is not one this provisioner made under its
+    /// root, has nothing to remove here.
+    async fn teardown(&self, pv: &PersistentVolume) -> Result<Teardown, Error> {
+        let name = pv.name_any();
+        let (Some(dir), Some(node)) = (directory(&self.root, pv), pinned_node(pv)) else {
+            tracing::info!(volume = %name, root = %self.root.display(), "not a directory of this provisioner: left in place");
+            return Ok(Teardown::Done);
+        };
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        if nodes.get_opt(&node).await.map_err(api_err("getting node", &node))?.is_none() {
+            return Ok(Teardown::Done);
+        }
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), HELPER_NAMESPACE);
+        let helper_name = helper_name(&name);
+        let Some(helper) =
+            pods.get_opt(&helper_name).await.map_err(api_err("getting pod", &helper_name))?
+        else {
+            let pod = helper_pod(pv, &self.root, &dir, &node, &self.helper_image);
+            let pod: Pod = serde_json::from_value(pod)
+                .map_err(|e| api_err("building", &helper_name)(kube::Error::SerdeError(e)))?;
+            return match pods.create(&PostParams::default(), &pod).await {
+                Ok(_) => Ok(Teardown::Running),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Teardown::Running),
+                Err(source) => Err(Error::Api { action: "creating", what: helper_name, source }),
+            };
+        };
+        let phase = helper.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+        let outcome = match phase {
+            _ if helper.metadata.deletion_timestamp.is_some() => return Ok(Teardown::Running),
+            "Succeeded" => Teardown::Done,
+            "Failed" => Teardown::Failed(helper_failure(&helper)),
+            _ => return Ok(Teardown::Running),
+        };
+        match pods.delete(&helper_name, &DeleteParams::default()).await {
+            Ok(_) => Ok(outcome),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(outcome),
+            Err(source) => Err(Error::Api { action: "deleting", what: helper_name, source }),
+        }
+    }
+}
+
+fn helper_name(volume: &str) -> String {
+    format!("helper-pod-delete-{volume}")
+}
+
+/// The directory name (under the root) of a volume this provisioner made with `root`:
+/// `pvc-<uid>_<namespace>_<claim>`, from the volume's own name and claim.
+fn directory(root: &Path, pv: &PersistentVolume) -> Option<String> {
+    let spec = pv.spec.as_ref()?;
+    let claim = spec.claim_ref.as_ref()?;
+    let want =
+        format!("{}_{}_{}", pv.name_any(), claim.namespace.as_deref()?, claim.name.as_deref()?);
+    let path = Path::new(&spec.host_path.as_ref()?.path);
+    (path.parent() == Some(root) && path.file_name() == Some(want.as_ref())).then_some(want)
+}
+
+/// The node a provisioned volume's affinity pins it to.
+fn pinned_node(pv: &PersistentVolume) -> Option<String> {
+    let terms = &pv.spec.as_ref()?.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
+    let expr = terms.first()?.match_expressions.as_ref()?.first()?;
+    (expr.key == "kubernetes.io/hostname" && expr.operator == "In")
+        .then(|| expr.values.as_ref()?.first().cloned())
+        .flatten()
+}
+
+/// The teardown helper: on the volume's node, with the provisioner's root mounted, it
+/// removes the volume's directory (k3s's `teardown` script). Owned by the volume, so that
+/// it goes with it.
+fn helper_pod(
+    pv: &PersistentVolume,
+    root: &Path,
+    dir: &str,
+    node: &str,
+    image: &str,
+) -> serde_json::Value {
+    let name = pv.name_any();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": helper_name(&name),
+            "namespace": HELPER_NAMESPACE,
+            "labels": {HELPER_LABEL: name},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolume", "name": name,
+                                 "uid": pv.uid().unwrap_or_default()}],
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "teardown",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["rm", "-rf", "--", format!("/data/{dir}")],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "hostPath": {
+                "path": root.to_string_lossy(), "type": "DirectoryOrCreate"}}],
+        },
+    })
+}
+
+/// Why a helper pod failed: its container's exit, or the pod's message.
+fn helper_failure(pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let exited = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref());
+    match exited {
+        Some(t) => format!(
+            "helper pod {} exited with code {}{}",
+            pod.name_any(),
+            t.exit_code,
+            t.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+        ),
+        None => format!(
+            "helper pod {} failed: {}",
+            pod.name_any(),
+            status.and_then(|s| s.message.as_deref()).unwrap_or("no reason given")
+        ),
     }
 }
 
@@ -292,5 +457,59 @@ mod tests {
         rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
         assert!(unsupported(&rwx).is_some_and(|m| m.contains("ReadWriteMany")));
         assert_eq!(unsupported(&pvc), None);
+    }
+
+    #[test]
+    fn teardown_removes_only_directories_it_made() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "db", "uid": "u1"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .unwrap();
+        let sc: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "local-path"}, "provisioner": PROVISIONER
+        }))
+        .unwrap();
+        let root = Path::new("/var/lib/skiff/storage");
+        let mut v = volume_for(root, &pvc, &sc, "n2");
+        v["metadata"]["uid"] = json!("pv-uid");
+        let pv: PersistentVolume = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(directory(root, &pv).as_deref(), Some("pvc-u1_db_data"));
+        assert_eq!(pinned_node(&pv).as_deref(), Some("n2"));
+        // Another root (the flag changed), or a path edited to point elsewhere: not ours.
+        assert_eq!(directory(Path::new("/srv"), &pv), None);
+        for path in [
+            "/var/lib/skiff/storage/pvc-u1_db_data/..",
+            "/",
+            "/var/lib/skiff/storage",
+            "/var/lib/skiff/storage/pvc-u2_db_data",
+            "/etc/pvc-u1_db_data",
+        ] {
+            let mut edited = v.clone();
+            edited["spec"]["hostPath"]["path"] = json!(path);
+            let edited: PersistentVolume = serde_json::from_value(edited).unwrap();
+            assert_eq!(directory(root, &edited), None, "{path}");
+        }
+
+        let helper = helper_pod(&pv, root, "pvc-u1_db_data", "n2", "busybox");
+        assert_eq!(helper["metadata"]["name"], "helper-pod-delete-pvc-u1");
+        assert_eq!(helper["metadata"]["ownerReferences"][0]["uid"], "pv-uid");
+        assert_eq!(helper["spec"]["nodeName"], "n2");
+        assert_eq!(
+            helper["spec"]["containers"][0]["command"],
+            json!(["rm", "-rf", "--", "/data/pvc-u1_db_data"])
+        );
+        assert_eq!(helper["spec"]["volumes"][0]["hostPath"]["path"], "/var/lib/skiff/storage");
+        let pod: Pod = serde_json::from_value(helper).expect("a Pod");
+
+        let mut failed = pod.clone();
+        failed.status = serde_json::from_value(json!({"phase": "Failed", "containerStatuses": [
+            {"name": "teardown", "image": "busybox", "imageID": "", "ready": false,
+             "restartCount": 0, "state": {"terminated": {"exitCode": 1, "message": "rm: busy"}}}]}))
+        .unwrap();
+        assert_eq!(
+            helper_failure(&failed),
+            "helper pod helper-pod-delete-pvc-u1 exited with code 1: rm: busy"
+        );
     }
 }

@@ -91,7 +91,12 @@ pub struct ControllerConfig {
     /// Where on each node the local-path provisioner keeps its volumes; `None`: no
     /// provisioner and no `local-path` StorageClass.
     pub local_path_root: Option<std::path::PathBuf>,
+    /// The image of the local-path teardown helper pods (it needs `rm`).
+    pub local_path_helper_image: String,
 }
+
+/// The local-path teardown helper's image by default (k3s's is a busybox too).
+pub const DEFAULT_HELPER_IMAGE: &str = "docker.io/library/busybox:1.36";
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -108,6 +113,7 @@ impl Default for ControllerConfig {
             pod_gc_period: Duration::from_secs(20),
             pod_gc_quarantine: Duration::from_secs(40),
             local_path_root: None,
+            local_path_helper_image: DEFAULT_HELPER_IMAGE.into(),
         }
     }
 }

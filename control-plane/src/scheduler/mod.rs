@@ -57,6 +57,10 @@ pub struct SchedulerConfig {
     /// request handling overlaps the previous batch's commit (about +18% pods/s in
     /// `cargo xtask bench scheduler`; 1,024 gained nothing more).
     pub parallel_binds: usize,
+    /// How long a pod's binding waits for its claims to be provisioned and bound
+    /// (upstream VolumeBinding's `bindTimeoutSeconds`, 600 s) before the pod goes back to
+    /// the queue.
+    pub bind_timeout: Duration,
     /// `percentageOfNodesToScore`; 0 means upstream's adaptive default (50 % minus 1 % per
     /// 125 nodes, at least 5 %, at least 100 nodes).
     pub percentage_of_nodes_to_score: u32,
@@ -76,6 +80,7 @@ impl Default for SchedulerConfig {
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
             parallel_binds: 256,
+            bind_timeout: Duration::from_secs(600),
             percentage_of_nodes_to_score: 0,
             scheduled_events: true,
             events: WriteOptions { writers: 1, queue_len: 100_000 },
@@ -105,6 +110,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Upstream's PreBind failure: a claim the pod waited on was lost or never bound.
+    #[error("running PreBind plugin \"VolumeBinding\": binding volumes: {0}")]
+    VolumeBinding(String),
+    /// The pod was deleted while its binding waited.
+    #[error("pod {0} was deleted")]
+    Deleted(String),
     #[error("evicting pod {pod}")]
     Evict {
         pod: String,
@@ -135,6 +146,8 @@ struct Shared {
     config: SchedulerConfig,
     state: Mutex<State>,
     wake: Notify,
+    /// Claims changed or a pod went away: what a binding waiting on claims looks at.
+    prebind: Notify,
     binds: Arc<Semaphore>,
     recorder: EventRecorder,
 }
@@ -192,6 +205,7 @@ pub async fn run(client: Client, config: SchedulerConfig) {
             pods_synced: false,
         }),
         wake: Notify::new(),
+        prebind: Notify::new(),
         client,
         config,
     });
@@ -349,6 +363,7 @@ async fn watch_volume_objects<K: VolumeObject>(shared: Arc<Shared>) {
             state.queue.move_all_unschedulable();
             drop(state);
             shared.wake.notify_one();
+            shared.prebind.notify_waiters();
         }
     }
 }
@@ -402,7 +417,13 @@ async fn watch_pods(shared: Arc<Shared>) {
             Ok(watcher::Event::Delete(WatchedPod(pod))) => {
                 let key = cache::pod_key(&pod);
                 state.forget(&key);
-                state.cache.remove_pod(&key).is_some()
+                let assumed = state.cache.is_assumed(&key);
+                let removed = state.cache.remove_pod(&key).is_some();
+                if assumed {
+                    // Its binding may be waiting on claims: let it see the pod is gone.
+                    shared.prebind.notify_waiters();
+                }
+                removed
             }
             Ok(watcher::Event::Init) => {
                 listed.clear();
@@ -480,8 +501,13 @@ pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
 
 /// What one scheduling attempt decided.
 enum Decision {
-    /// Bind to the node, after marking the claims (name, resourceVersion) to provision there.
-    Bind(String, Vec<(String, String)>),
+    /// Bind to the node, after marking the claims (name, resourceVersion) to provision there
+    /// and waiting for the unbound claims (names) to be bound.
+    Bind {
+        node: String,
+        select: Vec<(String, String)>,
+        wait: Vec<String>,
+    },
     Unschedulable {
         message: String,
         preempt: Option<preemption::Candidate>,
@@ -499,14 +525,14 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
         m
     };
     let cache = &state.cache;
-    let volumes::VolumePlan { terms: volume_affinity, select } = match state.volumes.prefilter(pod)
-    {
-        Ok(plan) => plan,
-        Err(why) => {
-            let message = volumes::prefilter_message(cache.node_count(), &why);
-            return Decision::Unschedulable { message, preempt: None };
-        }
-    };
+    let volumes::VolumePlan { terms: volume_affinity, select, wait } =
+        match state.volumes.prefilter(pod) {
+            Ok(plan) => plan,
+            Err(why) => {
+                let message = volumes::prefilter_message(cache.node_count(), &why);
+                return Decision::Unschedulable { message, preempt: None };
+            }
+        };
     let mut pstate = PodState::new(cache, pod, nominated);
     pstate.volume_affinity = volume_affinity;
     let nodes = cache.nodes();
@@ -579,7 +605,7 @@ fn decide(shared: &Shared, state: &mut State, pod: &Arc<PodInfo>) -> Decision {
         feasible[best].name.clone()
     };
     state.next_start = next_start;
-    Decision::Bind(chosen, select)
+    Decision::Bind { node: chosen, select, wait }
 }
 
 async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
@@ -589,7 +615,7 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
         let mut state = shared.lock();
         let decision = decide(shared, &mut state, &pod);
         match &decision {
-            Decision::Bind(node, _) => state.cache.assume(pod.clone(), node),
+            Decision::Bind { node, .. } => state.cache.assume(pod.clone(), node),
             Decision::Unschedulable { preempt, .. } => {
                 if let Some(c) = preempt {
                     state
@@ -603,15 +629,11 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
     };
     drop(_enter);
     match decision {
-        Decision::Bind(node, select) => {
+        Decision::Bind { node, select, wait } => {
             let Ok(permit) = shared.binds.clone().acquire_owned().await else { return };
             let shared = shared.clone();
             tokio::spawn(async move {
-                let result = match select_node(&shared.client, &pod, &node, &select).await {
-                    Ok(()) => bind(&shared.client, &pod, &node).await,
-                    Err(e) => Err(e),
-                };
-                drop(permit);
+                let result = prebind_and_bind(&shared, &pod, &node, &select, &wait, permit).await;
                 match result {
                     Ok(()) => {
                         shared.lock().forget(&pod.key);
@@ -626,7 +648,8 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                     }
                     Err(e) => {
                         debug!(error = %e, pod = %pod.key, "binding failed");
-                        let gone = matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
+                        let gone = matches!(&e, Error::Deleted(_))
+                            || matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
                         {
                             let mut state = shared.lock();
                             state.cache.forget(&pod.key);
@@ -638,7 +661,11 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                             }
                         }
                         shared.wake.notify_one();
-                        let msg = format!("Binding rejected: {e}");
+                        let msg = match &e {
+                            Error::Deleted(_) => return,
+                            Error::VolumeBinding(_) => e.to_string(),
+                            _ => format!("Binding rejected: {e}"),
+                        };
                         shared
                             .recorder
                             .record(&pod.pod, EventType::Warning, "FailedScheduling", &msg)
@@ -679,6 +706,63 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                     .record(&pod.pod, EventType::Warning, "FailedScheduling", &message)
                     .await;
             });
+        }
+    }
+}
+
+/// The binding cycle: PreBind (select the node of claims to provision, then wait for the
+/// pod's unbound claims to be bound, holding no bind slot meanwhile), then the binding.
+async fn prebind_and_bind(
+    shared: &Shared,
+    pod: &PodInfo,
+    node: &str,
+    select: &[(String, String)],
+    wait: &[String],
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<()> {
+    select_node(&shared.client, pod, node, select).await?;
+    let permit = if wait.is_empty() {
+        permit
+    } else {
+        drop(permit);
+        wait_for_claims(shared, pod, wait).await?;
+        let Ok(permit) = shared.binds.clone().acquire_owned().await else {
+            return Err(Error::Deleted(pod.key.clone()));
+        };
+        permit
+    };
+    let result = bind(&shared.client, pod, node).await;
+    drop(permit);
+    result
+}
+
+/// Upstream's VolumeBinding PreBind wait: until every claim in `claims` is bound (the
+/// provisioner made its volume and the binder bound it), for at most `bind_timeout`. A
+/// claim deleted meanwhile, or the pod, ends the wait.
+async fn wait_for_claims(shared: &Shared, pod: &PodInfo, claims: &[String]) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + shared.config.bind_timeout;
+    loop {
+        let mut changed = pin!(shared.prebind.notified());
+        changed.as_mut().enable();
+        {
+            let state = shared.lock();
+            if !state.cache.is_assumed(&pod.key) {
+                return Err(Error::Deleted(pod.key.clone()));
+            }
+            let mut pending = false;
+            for claim in claims {
+                match state.volumes.binding(&pod.namespace, claim) {
+                    volumes::Binding::Bound => {}
+                    volumes::Binding::Pending => pending = true,
+                    volumes::Binding::Lost(why) => return Err(Error::VolumeBinding(why)),
+                }
+            }
+            if !pending {
+                return Ok(());
+            }
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return Err(Error::VolumeBinding("context deadline exceeded".into()));
         }
     }
 }

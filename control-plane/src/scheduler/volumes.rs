@@ -56,6 +56,17 @@ pub struct VolumePlan {
     /// Claims (name, resourceVersion seen) to mark with the chosen node before the pod is
     /// bound.
     pub select: Vec<(String, String)>,
+    /// Claims still unbound (provisioning): the pod is bound only once they all are.
+    pub wait: Vec<String>,
+}
+
+/// Where a claim the pod waits on stands.
+#[derive(Debug, PartialEq)]
+pub enum Binding {
+    Bound,
+    Pending,
+    /// Gone or being deleted: the pod goes back to the queue.
+    Lost(String),
 }
 
 /// A term that only the node named `node` satisfies.
@@ -149,6 +160,18 @@ impl VolumeCache {
         self.affinity.retain(|k, _| keep(k));
     }
 
+    /// Upstream's PreBind wait: whether the claim `ns/name` is bound yet.
+    pub fn binding(&self, ns: &str, name: &str) -> Binding {
+        match self.claims.get(&claim_key(ns, name)) {
+            None => Binding::Lost(format!("persistentvolumeclaim \"{name}\" not found")),
+            Some(c) if c.deleting => {
+                Binding::Lost(format!("persistentvolumeclaim \"{name}\" is being deleted"))
+            }
+            Some(c) if c.volume.is_empty() => Binding::Pending,
+            Some(_) => Binding::Bound,
+        }
+    }
+
     /// PreFilter: the node affinity terms of the volumes the pod's claims are bound to (or
     /// of the node selected for a claim still being provisioned), and the claims to
     /// provision on the chosen node; or upstream's message for a claim that is missing,
@@ -178,6 +201,9 @@ impl VolumeCache {
                 let pending = (c.claim_name.clone(), claim.resource_version.clone());
                 if claim.selected_node.is_none() && !plan.select.contains(&pending) {
                     plan.select.push(pending);
+                }
+                if !plan.wait.contains(&c.claim_name) {
+                    plan.wait.push(c.claim_name.clone());
                 }
                 continue;
             }
@@ -305,20 +331,32 @@ mod tests {
         cache.upsert_class(&sc);
         assert_eq!(
             cache.prefilter(&pod),
-            Ok(VolumePlan { terms: vec![], select: vec![("data".into(), "7".into())] })
+            Ok(VolumePlan {
+                terms: vec![],
+                select: vec![("data".into(), "7".into())],
+                wait: vec!["data".into()]
+            })
         );
-        // Once a node is selected, every pod of the claim goes there, bound or not.
+        assert_eq!(cache.binding("default", "data"), Binding::Pending);
+        // Once a node is selected, every pod of the claim goes there, bound or not, and is
+        // bound itself only once the claim is.
         pvc.metadata.annotations = Some([(SELECTED_NODE.to_string(), "n2".to_string())].into());
         cache.upsert_claim(&pvc);
-        let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![] };
+        let on_n2 =
+            VolumePlan { terms: vec![on_node("n2")], select: vec![], wait: vec!["data".into()] };
         assert_eq!(cache.prefilter(&pod), Ok(on_n2));
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
         cache.upsert_claim(&pvc);
+        assert_eq!(cache.binding("default", "data"), Binding::Bound);
         let pv: PersistentVolume =
             serde_json::from_value(json!({"metadata": {"name": "pvc-1"}, "spec": {}})).unwrap();
         cache.upsert_volume(&pv);
-        let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![] };
+        let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![], wait: vec![] };
         assert_eq!(cache.prefilter(&pod), Ok(on_n2));
+        assert_eq!(
+            cache.binding("default", "other"),
+            Binding::Lost("persistentvolumeclaim \"other\" not found".into())
+        );
         // A claim the provisioner cannot serve keeps its pods pending.
         let mut rwx: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": "data", "namespace": "default"},
