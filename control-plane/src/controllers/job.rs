@@ -10,13 +10,18 @@
 //! `uncountedTerminatedPods` bookkeeping: the counters are the finished pods present, kept
 //! monotonic by taking the maximum with the previous status (the controller itself deletes
 //! no finished pod). Failed pods are replaced after upstream's exponential backoff
-//! ([`backoff_remaining`]). `podFailurePolicy` rules fail the Job, ignore a failure or
-//! count it ([`failure_policy`]); no successPolicy or backoffLimitPerIndex (a FailIndex
-//! rule counts the failure); `podReplacementPolicy: Failed` (the default with a
-//! podFailurePolicy) replaces a terminating pod only once it failed; `suspend` deletes
-//! active pods.
+//! ([`backoff_remaining`]). `podFailurePolicy` rules fail the Job, fail an index, ignore a
+//! failure or count it ([`failure_policy`]); `podReplacementPolicy: Failed` (the default
+//! with a podFailurePolicy) replaces a terminating pod only once it failed; `suspend`
+//! deletes active pods.
+//!
+//! Indexed Jobs also take `backoffLimitPerIndex` (each pod of an index carries the failures
+//! of the index so far in `batch.kubernetes.io/job-index-failure-count`; an index past the
+//! limit is failed, listed in `status.failedIndexes` and not retried), `maxFailedIndexes`
+//! and a `successPolicy` ([`success_policy`]). The backoff before a replacement is the
+//! Job's, not one per index.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,12 +72,21 @@ pub mod indexed {
 
     /// The annotation and label that carry a pod's completion index.
     pub const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+    /// With backoffLimitPerIndex: the failures of the pod's index before the pod.
+    pub const FAILURE_COUNT_KEY: &str = "batch.kubernetes.io/job-index-failure-count";
     /// The environment variable every container gets the index in.
     pub const INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
 
     /// A pod's completion index, from its annotation.
     pub fn index_of(pod: &Pod) -> Option<i32> {
         pod.metadata.annotations.as_ref()?.get(INDEX_KEY)?.parse().ok().filter(|i: &i32| *i >= 0)
+    }
+
+    /// The failures of the pod's index before it was created (0 without the annotation).
+    pub fn failures_before(pod: &Pod) -> i32 {
+        let annotations = pod.metadata.annotations.as_ref();
+        let count = annotations.and_then(|a| a.get(FAILURE_COUNT_KEY)?.parse().ok());
+        count.filter(|n: &i32| *n >= 0).unwrap_or(0)
     }
 
     /// The template for index `i` of job `job`: the index annotation and label, hostname
@@ -155,8 +169,9 @@ pub mod failure_policy {
         FailJob(String),
         /// Not counted against `backoffLimit`.
         Ignore,
-        /// Counted (no rule matched, or a Count rule; FailIndex counts too: skiff has no
-        /// `backoffLimitPerIndex`).
+        /// Fails the pod's index (with `backoffLimitPerIndex`; counted too).
+        FailIndex,
+        /// Counted (no rule matched, or a Count rule).
         Count,
     }
 
@@ -168,6 +183,7 @@ pub mod failure_policy {
                         Verdict::FailJob(format!("{what} matching FailJob rule at index {i}"))
                     }
                     "Ignore" => Verdict::Ignore,
+                    "FailIndex" => Verdict::FailIndex,
                     _ => Verdict::Count,
                 };
             }
@@ -209,6 +225,38 @@ pub mod failure_policy {
             }
         }
         None
+    }
+}
+
+/// `successPolicy` (Indexed Jobs), as upstream's `matchSuccessPolicy`: the Job succeeds
+/// once the succeeded indexes satisfy one rule.
+pub mod success_policy {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::batch::v1::SuccessPolicy;
+
+    /// The index of the first rule the succeeded indexes satisfy: all of `succeededIndexes`
+    /// (or at least `succeededCount` of them), or at least `succeededCount` indexes.
+    pub fn matched(
+        policy: &SuccessPolicy,
+        completions: i32,
+        succeeded: &BTreeSet<i32>,
+    ) -> Option<usize> {
+        policy.rules.iter().position(|rule| {
+            let (done, wanted) = match &rule.succeeded_indexes {
+                Some(listed) => {
+                    let listed = super::indexed::parse(listed, completions);
+                    let wanted = i32::try_from(listed.len()).unwrap_or(i32::MAX);
+                    (listed.intersection(succeeded).count(), wanted)
+                }
+                None => (succeeded.len(), 0),
+            };
+            let done = i32::try_from(done).unwrap_or(i32::MAX);
+            match rule.succeeded_count {
+                Some(n) => done >= n,
+                None => rule.succeeded_indexes.is_some() && done >= wanted,
+            }
+        })
     }
 }
 
@@ -380,15 +428,51 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 .filter(|i| *i < completions),
         );
     }
+    // podFailurePolicy: what each failed pod does.
+    let verdict = |p: &Pod| match &spec.pod_failure_policy {
+        Some(policy) => failure_policy::evaluate(policy, p),
+        None => failure_policy::Verdict::Count,
+    };
+    // backoffLimitPerIndex: the failures of each index (the newest pod of an index carries
+    // those before it) and the failed indexes (the previous status's too).
+    let per_index = spec.backoff_limit_per_index.filter(|_| is_indexed);
+    let mut index_failures: BTreeMap<i32, i32> = BTreeMap::new();
+    let mut failed_indexes: BTreeSet<i32> = BTreeSet::new();
+    if let Some(limit) = per_index {
+        let before = old.failed_indexes.as_deref().unwrap_or_default();
+        failed_indexes.extend(indexed::parse(before, completions));
+        for p in &owned {
+            let Some(i) = indexed::index_of(p).filter(|i| *i < completions) else { continue };
+            let mut n = indexed::failures_before(p);
+            let mut fail_index = false;
+            if pods::phase(p) == "Failed" {
+                match verdict(p) {
+                    failure_policy::Verdict::Ignore => {}
+                    failure_policy::Verdict::FailIndex => (n, fail_index) = (n + 1, true),
+                    _ => n += 1,
+                }
+            }
+            let count = index_failures.entry(i).or_default();
+            *count = (*count).max(n);
+            if fail_index || n > limit {
+                failed_indexes.insert(i);
+            }
+        }
+        failed_indexes.retain(|i| !completed.contains(i));
+    }
     let mut active: Vec<&Pod> = owned.iter().filter(|p| pods::is_active(p)).collect();
     // Indexed: an active pod without a pending index of its own (none, out of range,
-    // completed, or a second pod for it) is deleted.
+    // completed, failed, or a second pod for it) is deleted.
     let mut surplus: Vec<&Pod> = Vec::new();
     if is_indexed {
         let mut seen = BTreeSet::new();
         active.retain(|p| {
-            let keep = indexed::index_of(p)
-                .is_some_and(|i| i < completions && !completed.contains(&i) && seen.insert(i));
+            let keep = indexed::index_of(p).is_some_and(|i| {
+                i < completions
+                    && !completed.contains(&i)
+                    && !failed_indexes.contains(&i)
+                    && seen.insert(i)
+            });
             if !keep {
                 surplus.push(p);
             }
@@ -417,10 +501,6 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     };
     // podFailurePolicy: ignored failures do not count; the earliest failure a FailJob rule
     // matches fails the Job.
-    let verdict = |p: &Pod| match &spec.pod_failure_policy {
-        Some(policy) => failure_policy::evaluate(policy, p),
-        None => failure_policy::Verdict::Count,
-    };
     let counted =
         |p: &Pod| pods::phase(p) == "Failed" && verdict(p) != failure_policy::Verdict::Ignore;
     let failed_pods = count(&counted).max(old.failed.unwrap_or(0));
@@ -439,6 +519,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         uncounted_terminated_pods: Some(UncountedTerminatedPods::default()),
         completed_indexes: (is_indexed && !completed.is_empty())
             .then(|| indexed::format(&completed)),
+        failed_indexes: per_index.map(|_| indexed::format(&failed_indexes)),
         ..Default::default()
     };
     let suspended = spec.suspend == Some(true);
@@ -455,13 +536,38 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let target_reached = condition(&status, "FailureTarget").is_some()
         || condition(&status, "SuccessCriteriaMet").is_some();
     let mut want_active: Option<i32> = None;
+    let failed_n = i32::try_from(failed_indexes.len()).unwrap_or(i32::MAX);
+    let index_failure = match (per_index, spec.max_failed_indexes) {
+        (None, _) => None,
+        (Some(_), Some(max)) if failed_n > max => Some((
+            "MaxFailedIndexesExceeded",
+            "Job has exceeded the specified maximal number of failed indexes",
+        )),
+        // Every index finished, some of them failed.
+        (Some(_), _) if failed_n > 0 && succeeded + failed_n >= completions => {
+            Some(("FailedIndexes", "Job has failed indexes"))
+        }
+        _ => None,
+    };
+    let policy_success = spec
+        .success_policy
+        .as_ref()
+        .filter(|_| is_indexed)
+        .and_then(|p| success_policy::matched(p, completions, &completed));
     if let Some(message) = fail_job.filter(|_| !target_reached) {
         add_condition(&mut status, "FailureTarget", "PodFailurePolicy", &message, now);
         ctx.recorder.record(job.as_ref(), EventType::Warning, "PodFailurePolicy", &message).await;
+    } else if let Some((reason, message)) = index_failure.filter(|_| !target_reached) {
+        add_condition(&mut status, "FailureTarget", reason, message, now);
+        ctx.recorder.record(job.as_ref(), EventType::Warning, reason, message).await;
+    } else if let Some(rule) = policy_success.filter(|_| !target_reached) {
+        let message = format!("Matched rules at index {rule}");
+        add_condition(&mut status, "SuccessCriteriaMet", "SuccessPolicy", &message, now);
     } else if !target_reached && !suspended {
         let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
         match decide(
-            spec.completions,
+            // Failed indexes are not run again.
+            spec.completions.map(|c| c - failed_n),
             spec.parallelism.unwrap_or(1),
             spec.backoff_limit.unwrap_or(6),
             deadline_passed,
@@ -523,10 +629,19 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             let running: BTreeSet<i32> =
                 active.iter().chain(&held).filter_map(|p| indexed::index_of(p)).collect();
             (0..completions)
-                .filter(|i| !completed.contains(i) && !running.contains(i))
+                .filter(|i| {
+                    !completed.contains(i) && !failed_indexes.contains(i) && !running.contains(i)
+                })
                 .take(missing)
                 .map(|i| {
-                    let template = indexed::template_for(&spec.template, &name, i);
+                    let mut template = indexed::template_for(&spec.template, &name, i);
+                    if per_index.is_some() {
+                        let failures = index_failures.get(&i).copied().unwrap_or(0);
+                        let meta = template.metadata.get_or_insert_with(Default::default);
+                        meta.annotations
+                            .get_or_insert_with(Default::default)
+                            .insert(indexed::FAILURE_COUNT_KEY.into(), failures.to_string());
+                    }
                     let prefix = format!("{name}-{i}-");
                     pods::pod_from_template(
                         job.as_ref(),
@@ -571,12 +686,13 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         if let Some(c) = condition(&status, "FailureTarget").cloned() {
             let reason = c.reason.unwrap_or_default();
             add_condition(&mut status, "Failed", &reason, c.message.as_deref().unwrap_or(""), now);
-        } else if condition(&status, "SuccessCriteriaMet").is_some() {
+        } else if let Some(c) = condition(&status, "SuccessCriteriaMet").cloned() {
+            let reason = c.reason.unwrap_or_default();
             add_condition(
                 &mut status,
                 "Complete",
-                "CompletionsReached",
-                "Reached expected number of succeeded pods",
+                &reason,
+                c.message.as_deref().unwrap_or(""),
                 now,
             );
             status.completion_time = Some(Time(now));
@@ -611,6 +727,24 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn success_policy_rules_match_in_order() {
+        let policy: k8s_openapi::api::batch::v1::SuccessPolicy =
+            serde_json::from_value(serde_json::json!({"rules": [
+                {"succeededIndexes": "0,3"},
+                {"succeededIndexes": "1-4", "succeededCount": 2},
+                {"succeededCount": 4}]}))
+            .unwrap();
+        let done = |v: &[i32]| v.iter().copied().collect::<BTreeSet<i32>>();
+        let matched = |v: &[i32]| success_policy::matched(&policy, 5, &done(v));
+        assert_eq!(matched(&[]), None);
+        assert_eq!(matched(&[0]), None);
+        assert_eq!(matched(&[0, 3]), Some(0), "all listed indexes");
+        assert_eq!(matched(&[0, 2]), None, "one of 1-4");
+        assert_eq!(matched(&[2, 4]), Some(1), "two of 1-4");
+        assert_eq!(matched(&[0, 1, 2, 4]), Some(1), "the first rule that matches");
+    }
 
     #[test]
     fn completed_indexes_read_and_print_as_upstream() {

@@ -1,11 +1,13 @@
 //! Scenario tests of the workload controllers against the real apiserver in memory, with a
 //! "kubelet stand-in" that binds pending pods (to the node a DaemonSet pod's affinity names,
 //! else round robin), marks bound pods Running and Ready (or Succeeded/Failed for pods
-//! labelled `test.skiff/outcome`, container "c" exiting with `test.skiff/exit-code`), and
-//! removes terminating pods with gracePeriodSeconds=0.
+//! labelled `test.skiff/outcome`, container "c" exiting with `test.skiff/exit-code`; an
+//! Indexed Job's pod whose index `test.skiff/succeed-indexes` or `test.skiff/fail-indexes`
+//! lists, dot-separated, succeeds or fails), and removes terminating pods with
+//! gracePeriodSeconds=0.
 //! Pods annotated `test.skiff/kubelet: ignore` are left alone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,7 +166,19 @@ async fn kubelet_stand_in(client: Client) {
                     .create_subresource("binding", &name, &PostParams::default(), &binding)
                     .await;
             } else if pods::phase(&pod) == "Pending" {
-                let status = match pod.labels().get("test.skiff/outcome").map(String::as_str) {
+                let index = pod.labels().get("batch.kubernetes.io/job-completion-index");
+                let listed = |key: &str| {
+                    let list = pod.labels().get(key).map(String::as_str).unwrap_or_default();
+                    index.is_some_and(|i| list.split('.').any(|l| l == i))
+                };
+                let outcome = if listed("test.skiff/fail-indexes") {
+                    Some("fail")
+                } else if listed("test.skiff/succeed-indexes") {
+                    Some("succeed")
+                } else {
+                    pod.labels().get("test.skiff/outcome").map(String::as_str)
+                };
+                let status = match outcome {
                     // Ready=False when the pod finished, as the kubelet reports it.
                     // Container "c" exited with `test.skiff/exit-code` (default 0, or 1 on
                     // failure).
@@ -2035,6 +2049,152 @@ async fn pod_failure_policy_fails_the_job_or_ignores_the_failure() {
     let j = api.get("flaky").await.unwrap();
     assert_eq!(job_condition(&j, "FailureTarget"), None, "{:?}", j.status);
     assert_eq!(j.status.as_ref().and_then(|s| s.failed), None, "ignored failures are not counted");
+}
+
+/// An Indexed Job with `outcome` for the indexes not listed, and these spec fields.
+fn indexed_job(
+    name: &str,
+    completions: i32,
+    outcome: &str,
+    labels: serde_json::Value,
+    spec: serde_json::Value,
+) -> Job {
+    let mut j = serde_json::to_value(job(name, completions, completions, 6, outcome)).unwrap();
+    j["spec"]["completionMode"] = json!("Indexed");
+    for (k, v) in labels.as_object().unwrap() {
+        j["spec"]["template"]["metadata"]["labels"][k] = v.clone();
+    }
+    for (k, v) in spec.as_object().unwrap() {
+        j["spec"][k] = v.clone();
+    }
+    serde_json::from_value(j).unwrap()
+}
+
+async fn pods_of_job(h: &Harness, job: &str) -> Vec<Pod> {
+    h.pods()
+        .await
+        .into_iter()
+        .filter(|p| p.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some(job))
+        .collect()
+}
+
+fn condition_of(j: &Job, type_: &str) -> Option<(String, String)> {
+    let c = j
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")?;
+    Some((c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+}
+
+/// backoffLimitPerIndex: an index failing more often than the limit is failed and not run
+/// again while the other indexes go on; once every index finished, the Job fails with
+/// `FailedIndexes`. Each pod carries its index's failures so far.
+#[tokio::test(start_paused = true)]
+async fn backoff_limit_per_index_fails_indexes_not_the_job_at_once() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    let j = indexed_job(
+        "per-index",
+        4,
+        "succeed",
+        json!({"test.skiff/fail-indexes": "1.3"}),
+        json!({"backoffLimitPerIndex": 1, "backoffLimit": 2147483647}),
+    );
+    api.create(&PostParams::default(), &j).await.unwrap();
+    wait_for("per-index failed", || async {
+        api.get("per-index").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    let j = api.get("per-index").await.unwrap();
+    let s = j.status.clone().unwrap();
+    assert_eq!(s.failed_indexes.as_deref(), Some("1,3"));
+    assert_eq!(s.completed_indexes.as_deref(), Some("0,2"));
+    assert_eq!((s.succeeded, s.failed), (Some(2), Some(4)));
+    assert_eq!(
+        condition_of(&j, "Failed"),
+        Some(("FailedIndexes".into(), "Job has failed indexes".into()))
+    );
+    let mut counts: Vec<(i32, String)> = pods_of_job(&h, "per-index")
+        .await
+        .iter()
+        .map(|p| {
+            let i = super::job::indexed::index_of(p).unwrap();
+            let n = p.annotations().get("batch.kubernetes.io/job-index-failure-count").cloned();
+            (i, n.unwrap_or_default())
+        })
+        .collect();
+    counts.sort();
+    let want: Vec<(i32, String)> = [(0, "0"), (1, "0"), (1, "1"), (2, "0"), (3, "0"), (3, "1")]
+        .map(|(i, n)| (i, n.to_string()))
+        .into();
+    assert_eq!(counts, want, "one retry per failing index, carrying its failures");
+}
+
+/// maxFailedIndexes: one failed index more than allowed fails the Job at once, before the
+/// remaining indexes run.
+#[tokio::test(start_paused = true)]
+async fn max_failed_indexes_fails_the_job() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    let j = indexed_job(
+        "max",
+        5,
+        "succeed",
+        json!({"test.skiff/fail-indexes": "0.1"}),
+        json!({"parallelism": 1, "backoffLimitPerIndex": 0, "maxFailedIndexes": 1, "backoffLimit": 2147483647}),
+    );
+    api.create(&PostParams::default(), &j).await.unwrap();
+    wait_for("max failed", || async {
+        api.get("max").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    let j = api.get("max").await.unwrap();
+    assert_eq!(
+        condition_of(&j, "Failed"),
+        Some((
+            "MaxFailedIndexesExceeded".into(),
+            "Job has exceeded the specified maximal number of failed indexes".into()
+        ))
+    );
+    assert_eq!(j.status.unwrap().failed_indexes.as_deref(), Some("0,1"));
+    let ran: BTreeSet<i32> =
+        pods_of_job(&h, "max").await.iter().filter_map(super::job::indexed::index_of).collect();
+    assert_eq!(ran, BTreeSet::from([0, 1]), "no index after the limit was passed");
+}
+
+/// successPolicy: the first rule the succeeded indexes satisfy completes the Job; the
+/// indexes still running are stopped.
+#[tokio::test(start_paused = true)]
+async fn success_policy_completes_the_job_early() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    // Indexes 0 and 2 succeed; 1 and 3 would run for ever.
+    let j = indexed_job(
+        "leader",
+        4,
+        "run",
+        json!({"test.skiff/succeed-indexes": "0.2"}),
+        json!({"successPolicy": {"rules": [{"succeededIndexes": "1"}, {"succeededIndexes": "0-2", "succeededCount": 2}]}}),
+    );
+    api.create(&PostParams::default(), &j).await.unwrap();
+    wait_for("leader complete", || async {
+        api.get("leader").await.is_ok_and(|j| job_condition(&j, "Complete").is_some())
+    })
+    .await;
+    let j = api.get("leader").await.unwrap();
+    let matched = Some(("SuccessPolicy".to_string(), "Matched rules at index 1".to_string()));
+    assert_eq!(condition_of(&j, "SuccessCriteriaMet"), matched);
+    assert_eq!(condition_of(&j, "Complete"), matched);
+    let s = j.status.unwrap();
+    assert_eq!(s.completed_indexes.as_deref(), Some("0,2"));
+    assert!(s.completion_time.is_some());
+    assert!(
+        pods_of_job(&h, "leader").await.iter().all(|p| !pods::is_active(p)),
+        "the indexes still running were stopped"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,7 +1,7 @@
 //! batch/v1 Job: `SetDefaults_Job`, the job strategy's generated selector and labels, and
 //! `ValidateJob`/`ValidateJobUpdate`.
 
-use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec, PodFailurePolicy};
+use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec, PodFailurePolicy, SuccessPolicyRule};
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_map, json_value};
@@ -185,6 +185,20 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
                 FIELD_IMMUTABLE,
             ));
         }
+        if spec.backoff_limit_per_index != old_spec.backoff_limit_per_index {
+            errs.push(FieldError::invalid(
+                &sp.child("backoffLimitPerIndex"),
+                json_value(&spec.backoff_limit_per_index),
+                FIELD_IMMUTABLE,
+            ));
+        }
+        if spec.success_policy != old_spec.success_policy {
+            errs.push(FieldError::invalid(
+                &sp.child("successPolicy"),
+                json_value(&spec.success_policy),
+                FIELD_IMMUTABLE,
+            ));
+        }
     }
     errs
 }
@@ -226,6 +240,31 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             "when maxFailedIndexes is specified",
         ));
     }
+    if spec.backoff_limit_per_index.is_some() && mode == Some("Indexed") {
+        if let Some(max) = spec.max_failed_indexes {
+            if spec.completions.is_some_and(|c| max > c) {
+                errs.push(FieldError::invalid(
+                    &sp.child("maxFailedIndexes"),
+                    i64::from(max),
+                    "must be less than or equal to completions",
+                ));
+            }
+            if max > INDEX_LIMIT {
+                errs.push(FieldError::invalid(
+                    &sp.child("maxFailedIndexes"),
+                    i64::from(max),
+                    format!("must be less than or equal to {INDEX_LIMIT}"),
+                ));
+            }
+        }
+        if let Some(c) = spec.completions.filter(|c| *c > INDEX_LIMIT) {
+            errs.push(FieldError::invalid(
+                &sp.child("completions"),
+                i64::from(c),
+                format!("must be less than or equal to {INDEX_LIMIT} when backoffLimitPerIndex is specified"),
+            ));
+        }
+    }
     if mode.is_none_or(|m| m == "NonIndexed") {
         for (v, name) in [
             (spec.backoff_limit_per_index, "backoffLimitPerIndex"),
@@ -243,6 +282,7 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
     if let Some(policy) = &spec.pod_failure_policy {
         validate_pod_failure_policy(spec, policy, &sp.child("podFailurePolicy"), errs);
     }
+    validate_success_policy(spec, &sp.child("successPolicy"), errs);
     if let Some(p) = spec.pod_replacement_policy.as_deref() {
         if spec.pod_failure_policy.is_some() {
             if p != "Failed" {
@@ -299,6 +339,126 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             "only \"Never\" is supported when podFailurePolicy is specified",
         ));
     }
+}
+
+/// Upstream's limits with backoffLimitPerIndex: completions and maxFailedIndexes.
+const INDEX_LIMIT: i32 = 100_000;
+/// Upstream's `maxSuccessPolicyRule` and the length limit of a rule's succeededIndexes.
+const MAX_SUCCESS_RULES: usize = 20;
+const MAX_SUCCEEDED_INDEXES_LEN: usize = 64 * 1024;
+
+/// Upstream's `validateSuccessPolicy`: Indexed Jobs only (else that is the one error), 1 to 20 rules, each with
+/// succeededIndexes (well-formed, below completions) and/or a succeededCount it can reach.
+fn validate_success_policy(spec: &JobSpec, path: &Path, errs: &mut ErrorList) {
+    let Some(policy) = &spec.success_policy else { return };
+    if spec.completion_mode.as_deref() != Some("Indexed") {
+        errs.push(FieldError::invalid(
+            path,
+            json_value(policy),
+            "requires indexed completion mode",
+        ));
+        return;
+    }
+    let rules = path.child("rules");
+    if policy.rules.is_empty() {
+        errs.push(FieldError::required(
+            &rules,
+            "at least one rules must be specified when the successPolicy is specified",
+        ));
+    }
+    if policy.rules.len() > MAX_SUCCESS_RULES {
+        errs.push(FieldError::too_many(&rules, policy.rules.len(), MAX_SUCCESS_RULES));
+    }
+    let completions = spec.completions.unwrap_or(0);
+    for (i, rule) in policy.rules.iter().enumerate() {
+        validate_success_rule(rule, completions, &rules.index(i), errs);
+    }
+}
+
+fn validate_success_rule(
+    rule: &SuccessPolicyRule,
+    completions: i32,
+    path: &Path,
+    errs: &mut ErrorList,
+) {
+    if rule.succeeded_count.is_none() && rule.succeeded_indexes.is_none() {
+        errs.push(FieldError::required(
+            path,
+            "at least one of succeededCount or succeededIndexes must be specified",
+        ));
+    }
+    let mut total = 0;
+    if let Some(indexes) = &rule.succeeded_indexes {
+        let ip = path.child("succeededIndexes");
+        if indexes.len() > MAX_SUCCEEDED_INDEXES_LEN {
+            errs.push(FieldError::too_long(&ip, MAX_SUCCEEDED_INDEXES_LEN));
+        }
+        match count_indexes(indexes, completions) {
+            Ok(n) => total = n,
+            Err(e) => errs.push(FieldError::invalid(
+                &ip,
+                indexes.as_str(),
+                format!("error parsing succeededIndexes: {e}"),
+            )),
+        }
+    }
+    if let Some(count) = rule.succeeded_count {
+        let cp = path.child("succeededCount");
+        nonnegative(errs, Some(i64::from(count)), &cp);
+        if count > completions {
+            errs.push(FieldError::invalid(
+                &cp,
+                i64::from(count),
+                format!("must be less than or equal to {completions} (the number of specified completions)"),
+            ));
+        }
+        if rule.succeeded_indexes.is_some() && count > total {
+            errs.push(FieldError::invalid(
+                &cp,
+                i64::from(count),
+                format!("must be less than or equal to {total} (the number of indexes in the specified succeededIndexes field)"),
+            ));
+        }
+    }
+}
+
+/// Upstream's `validateIndexesFormat`: "a,b-c,..." in increasing order below `completions`;
+/// the number of indexes.
+fn count_indexes(s: &str, completions: i32) -> Result<i32, String> {
+    if s.is_empty() {
+        return Ok(0);
+    }
+    let mut last: Option<i64> = None;
+    let mut total = 0i64;
+    for interval in s.split(',') {
+        let limits: Vec<&str> = interval.split('-').collect();
+        if limits.len() > 2 {
+            return Err(format!(
+                "the fragment {interval:?} violates the requirement that an index interval can have at most two parts separated by '-'"
+            ));
+        }
+        let mut bounds = Vec::with_capacity(2);
+        for l in &limits {
+            let x: i64 = l
+                .parse()
+                .map_err(|_| format!("cannot convert string to integer for index: {l:?}"))?;
+            if x >= i64::from(completions) {
+                return Err(format!("too large index: {l:?}"));
+            }
+            if let Some(prev) = last
+                && prev >= x
+            {
+                return Err(format!("non-increasing order, previous: {prev}, current: {x}"));
+            }
+            last = Some(x);
+            bounds.push(x);
+        }
+        total += match bounds[..] {
+            [a, b] => b - a + 1,
+            _ => 1,
+        };
+    }
+    Ok(i32::try_from(total).unwrap_or(i32::MAX))
 }
 
 /// Upstream's `validatePodFailurePolicy`.

@@ -218,8 +218,107 @@ fn job_rejections() {
             "spec.template.spec.restartPolicy: Invalid value: \"OnFailure\": only \"Never\" is supported when podFailurePolicy is specified",
             "FieldValueInvalid",
         ),
+        (
+            "maxFailedIndexes above completions",
+            &|j| {
+                indexed(j, 3);
+                j["spec"]["backoffLimitPerIndex"] = json!(1);
+                j["spec"]["maxFailedIndexes"] = json!(4);
+            },
+            "spec.maxFailedIndexes: Invalid value: 4: must be less than or equal to completions",
+            "FieldValueInvalid",
+        ),
+        (
+            "successPolicy without Indexed",
+            &|j| {
+                j["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 1}]});
+            },
+            "spec.successPolicy: Invalid value: {\"rules\":[{\"succeededCount\":1}]}: requires indexed completion mode",
+            "FieldValueInvalid",
+        ),
+        (
+            "successPolicy without rules",
+            &|j| {
+                indexed(j, 3);
+                j["spec"]["successPolicy"] = json!({"rules": []});
+            },
+            "spec.successPolicy.rules: Required value: at least one rules must be specified when the successPolicy is specified",
+            "FieldValueRequired",
+        ),
+        (
+            "successPolicy empty rule",
+            &|j| {
+                indexed(j, 3);
+                j["spec"]["successPolicy"] = json!({"rules": [{}]});
+            },
+            "spec.successPolicy.rules[0]: Required value: at least one of succeededCount or succeededIndexes must be specified",
+            "FieldValueRequired",
+        ),
+        (
+            "succeededIndexes out of order",
+            &|j| {
+                indexed(j, 10);
+                j["spec"]["successPolicy"] = json!({"rules": [{"succeededIndexes": "0-3,2"}]});
+            },
+            "spec.successPolicy.rules[0].succeededIndexes: Invalid value: \"0-3,2\": error parsing succeededIndexes: non-increasing order, previous: 3, current: 2",
+            "FieldValueInvalid",
+        ),
+        (
+            "succeededIndexes too large",
+            &|j| {
+                indexed(j, 3);
+                j["spec"]["successPolicy"] = json!({"rules": [{"succeededIndexes": "1-3"}]});
+            },
+            "spec.successPolicy.rules[0].succeededIndexes: Invalid value: \"1-3\": error parsing succeededIndexes: too large index: \"3\"",
+            "FieldValueInvalid",
+        ),
+        (
+            "succeededCount above the listed indexes",
+            &|j| {
+                indexed(j, 5);
+                j["spec"]["successPolicy"] =
+                    json!({"rules": [{"succeededIndexes": "0,2", "succeededCount": 3}]});
+            },
+            "spec.successPolicy.rules[0].succeededCount: Invalid value: 3: must be less than or equal to 2 (the number of indexes in the specified succeededIndexes field)",
+            "FieldValueInvalid",
+        ),
+        (
+            "succeededCount above completions",
+            &|j| {
+                indexed(j, 2);
+                j["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 3}]});
+            },
+            "spec.successPolicy.rules[0].succeededCount: Invalid value: 3: must be less than or equal to 2 (the number of specified completions)",
+            "FieldValueInvalid",
+        ),
     ];
     rejects(JOB, &base, cases);
+}
+
+fn indexed(j: &mut Value, completions: i32) {
+    j["spec"]["completionMode"] = json!("Indexed");
+    j["spec"]["completions"] = json!(completions);
+}
+
+#[test]
+fn indexed_job_policies_are_accepted_and_immutable() {
+    let mut j = job();
+    indexed(&mut j, 4);
+    j["spec"]["backoffLimitPerIndex"] = json!(1);
+    j["spec"]["maxFailedIndexes"] = json!(2);
+    j["spec"]["successPolicy"] =
+        json!({"rules": [{"succeededIndexes": "0,2-3", "succeededCount": 3}]});
+    let old = admitted(JOB, j);
+    assert_eq!(old["spec"]["backoffLimit"], 2147483647, "defaulted with backoffLimitPerIndex");
+    let mut new = old.clone();
+    new["spec"]["maxFailedIndexes"] = json!(3);
+    let (_, errs, _) = update(JOB, None, &old, new.clone());
+    assert!(errs.is_empty(), "maxFailedIndexes may change: {:?}", strings(&errs));
+    new["spec"]["backoffLimitPerIndex"] = json!(2);
+    new["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 1}]});
+    let (_, errs, _) = update(JOB, None, &old, new);
+    let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["spec.backoffLimitPerIndex", "spec.successPolicy"], "{:?}", strings(&errs));
 }
 
 #[test]
