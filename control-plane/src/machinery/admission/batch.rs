@@ -155,50 +155,26 @@ pub fn validate_job(sub: Option<&str>, new: &Value, old: Option<&Value>) -> Erro
             ));
         }
     }
-    if let Some(old_spec) = old_job.as_ref().and_then(|j| j.spec.as_ref()) {
-        if spec.selector != old_spec.selector {
-            errs.push(FieldError::invalid(
-                &sp.child("selector"),
-                json_value(&spec.selector),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        if spec.template != old_spec.template {
-            errs.push(FieldError::invalid(&tp, json_value(&spec.template), FIELD_IMMUTABLE));
-        }
-        if spec.completions != old_spec.completions {
-            errs.push(FieldError::invalid(
-                &sp.child("completions"),
-                json_value(&spec.completions),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        for (n, o, name) in [(&spec.completion_mode, &old_spec.completion_mode, "completionMode")] {
-            if n != o {
-                errs.push(FieldError::invalid(&sp.child(name), json_value(n), FIELD_IMMUTABLE));
-            }
-        }
-        if spec.pod_failure_policy != old_spec.pod_failure_policy {
-            errs.push(FieldError::invalid(
-                &sp.child("podFailurePolicy"),
-                json_value(&spec.pod_failure_policy),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        if spec.backoff_limit_per_index != old_spec.backoff_limit_per_index {
-            errs.push(FieldError::invalid(
-                &sp.child("backoffLimitPerIndex"),
-                json_value(&spec.backoff_limit_per_index),
-                FIELD_IMMUTABLE,
-            ));
-        }
-        if spec.success_policy != old_spec.success_policy {
-            errs.push(FieldError::invalid(
-                &sp.child("successPolicy"),
-                json_value(&spec.success_policy),
-                FIELD_IMMUTABLE,
-            ));
-        }
+    if let Some(old) = old_job.as_ref().and_then(|j| j.spec.as_ref()) {
+        immutable(&mut errs, &sp.child("selector"), &spec.selector, &old.selector);
+        immutable(&mut errs, &tp, &spec.template, &old.template);
+        immutable(&mut errs, &sp.child("completions"), &spec.completions, &old.completions);
+        immutable(
+            &mut errs,
+            &sp.child("completionMode"),
+            &spec.completion_mode,
+            &old.completion_mode,
+        );
+        let policy = &sp.child("podFailurePolicy");
+        immutable(&mut errs, policy, &spec.pod_failure_policy, &old.pod_failure_policy);
+        let per_index = &sp.child("backoffLimitPerIndex");
+        immutable(
+            &mut errs,
+            per_index,
+            &spec.backoff_limit_per_index,
+            &old.backoff_limit_per_index,
+        );
+        immutable(&mut errs, &sp.child("successPolicy"), &spec.success_policy, &old.success_policy);
     }
     errs
 }
@@ -338,6 +314,13 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
             rp,
             "only \"Never\" is supported when podFailurePolicy is specified",
         ));
+    }
+}
+
+/// `field is immutable` when `new` differs from `old`.
+fn immutable<T: PartialEq + serde::Serialize>(errs: &mut ErrorList, path: &Path, new: &T, old: &T) {
+    if new != old {
+        errs.push(FieldError::invalid(path, json_value(new), FIELD_IMMUTABLE));
     }
 }
 
