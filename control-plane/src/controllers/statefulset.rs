@@ -99,6 +99,9 @@ fn running_and_ready(pod: &Pod) -> bool {
 enum Step<'a> {
     Create(i32),
     Delete(&'a Pod, &'static str),
+    /// A condemned pod already terminating: with `whenScaled: Delete` its claims go with
+    /// it all the same.
+    Condemned(&'a Pod),
 }
 
 async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -175,6 +178,7 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
         let condemned: Vec<&Pod> = by_ordinal.range(replicas..).rev().map(|(_, p)| *p).collect();
         for p in condemned {
             if pods::is_terminating(p) {
+                steps.push(Step::Condemned(p));
                 if parallel {
                     continue;
                 }
@@ -232,6 +236,11 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
                     ctx.recorder
                         .record(sts.as_ref(), EventType::Normal, "SuccessfulCreate", &msg)
                         .await;
+                }
+            }
+            Step::Condemned(p) => {
+                if retention(&sts, |p| p.when_scaled.as_deref()) {
+                    own_claims_by_pod(&sts, p, &ctx).await?;
                 }
             }
             Step::Delete(p, reason) => {

@@ -1969,6 +1969,41 @@ async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
     assert!(fresh.owner_references().is_empty(), "{:?}", fresh.metadata.owner_references);
 }
 
+/// whenScaled: Delete also covers a member that was already terminating when a scale-down
+/// condemned it: its claim goes with it.
+#[tokio::test(start_paused = true)]
+async fn statefulset_claims_of_terminating_condemned_pods_go_too() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let (h, sts, _controllers) = claim_retention_rig(2, json!({"whenScaled": "Delete"})).await;
+    let api = h.api::<StatefulSet>();
+    api.create(&PostParams::default(), &sts).await.expect("create sts");
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    // db-1 is deleted, and its (stand-in) kubelet is slow to finish it.
+    let pods = h.api::<Pod>();
+    let slow = json!({"metadata": {"annotations": {"test.skiff/kubelet": "ignore"}}});
+    pods.patch("db-1", &PatchParams::default(), &Patch::Merge(&slow)).await.expect("annotate");
+    pods.delete("db-1", &DeleteParams::default()).await.expect("delete db-1");
+    let scale = json!({"spec": {"replicas": 1}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale");
+    let claims = h.api::<PersistentVolumeClaim>();
+    wait_for("data-db-1 owned by db-1", || async {
+        claims
+            .get("data-db-1")
+            .await
+            .is_ok_and(|c| c.owner_references().iter().any(|r| r.kind == "Pod" && r.name == "db-1"))
+    })
+    .await;
+    // The kubelet finishes db-1: the claim follows it.
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    pods.delete("db-1", &now).await.expect("finish db-1");
+    wait_for("data-db-1 gone", || async {
+        claims.get_opt("data-db-1").await.is_ok_and(|c| c.is_none())
+    })
+    .await;
+    assert!(claims.get_opt("data-db-0").await.expect("get").is_some(), "the member's claim stays");
+}
+
 #[tokio::test(start_paused = true)]
 async fn pod_failure_policy_fails_the_job_or_ignores_the_failure() {
     let h = Harness::start(&["n1"]).await;
