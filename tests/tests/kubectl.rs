@@ -256,6 +256,20 @@ fn daemonset_history(minor: u32) {
     assert!(out.contains("rolled back"), "{out}");
     let ds = json(&k, &["get", "daemonset", "agent"]);
     assert_eq!(ds["spec"]["template"]["spec"]["containers"][0]["image"], "skiff.local/busybox:1");
+    // The first template is revision 3 now. Undoing to it is a no-op kubectl recognises:
+    // the revision's data is byte for byte what it computes from the DaemonSet.
+    for _ in 0..100 {
+        let out = k.ok(&["rollout", "history", "daemonset/agent"]);
+        if out.lines().any(|l| l.starts_with("3 ")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = k.ok(&["rollout", "undo", "daemonset/agent", "--to-revision=3"]);
+    assert!(
+        out.contains("skipped rollback (current template already matches revision 3)"),
+        "{out}"
+    );
     k.ok(&["delete", "daemonset", "agent"]);
 }
 

@@ -4,7 +4,10 @@
 //!   `controller-revision-hash`, labelled with the template's labels and that hash, carrying
 //!   the owner's annotations (`kubernetes.io/change-cause` among them).
 //! - Its `data` is the strategic merge patch that restores the template:
-//!   `{"spec":{"template":{"$patch":"replace",...}}}`.
+//!   `{"spec":{"template":{"$patch":"replace",...}}}`, in the shape upstream's `getPatch`
+//!   gives it (a Go struct marshalled through a map: keys sorted, and the template's
+//!   `metadata.creationTimestamp: null`). kubectl compares it byte for byte with what it
+//!   computes from the owner to tell that `rollout undo --to-revision` is a no-op.
 //! - `revision` counts up in the order templates became current. Going back to an older
 //!   template renumbers its revision as the newest, as upstream does.
 //! - Past `revisionHistoryLimit` the oldest revisions that no pod uses are deleted.
@@ -54,6 +57,11 @@ pub fn patch_data(template: &PodTemplateSpec) -> Value {
     let mut template = serde_json::to_value(template).unwrap_or_default();
     if let Value::Object(fields) = &mut template {
         fields.insert("$patch".into(), "replace".into());
+        // Go marshals the zero metav1.Time of a template as null.
+        let meta = fields.entry("metadata").or_insert_with(|| json!({}));
+        if let Value::Object(meta) = meta {
+            meta.entry("creationTimestamp").or_insert(Value::Null);
+        }
     }
     json!({"spec": {"template": template}})
 }
@@ -136,7 +144,9 @@ pub async fn record<K: Resource<DynamicType = ()>>(
     let newest = revisions.last().map_or(0, |r| r.revision);
     let write = |source| Error::Write { name: name.clone(), source };
     if let Some(i) = revisions.iter().position(|r| r.metadata.name.as_deref() == Some(&name)) {
-        if revisions[i].data.as_ref().map(|d| &d.0) != Some(&data) {
+        // By template, not bytes: revisions recorded before the data took upstream's exact
+        // shape hold the same template.
+        if template_of(&revisions[i]).as_ref() != Some(template) {
             return Err(Error::Collision { name });
         }
         if i + 1 < revisions.len() {
@@ -212,9 +222,16 @@ mod tests {
         let data = patch_data(&template);
         assert_eq!(
             serde_json::to_string(&data).unwrap(),
-            r#"{"spec":{"template":{"$patch":"replace","metadata":{"labels":{"app":"x"}},"spec":{"containers":[{"image":"busybox:2","name":"c"}]}}}}"#
+            r#"{"spec":{"template":{"$patch":"replace","metadata":{"creationTimestamp":null,"labels":{"app":"x"}},"spec":{"containers":[{"image":"busybox:2","name":"c"}]}}}}"#,
+            "upstream's bytes: keys sorted, the zero creationTimestamp as null"
         );
         let revision = ControllerRevision { data: Some(RawExtension(data)), ..Default::default() };
         assert_eq!(template_of(&revision), Some(template));
+        let bare: PodTemplateSpec =
+            serde_json::from_value(json!({"spec": {"containers": []}})).unwrap();
+        assert_eq!(
+            serde_json::to_string(&patch_data(&bare)).unwrap(),
+            r#"{"spec":{"template":{"$patch":"replace","metadata":{"creationTimestamp":null},"spec":{"containers":[]}}}}"#
+        );
     }
 }
