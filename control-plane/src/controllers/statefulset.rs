@@ -132,6 +132,15 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
         }
     }
     let revision = |p: &Pod| p.labels().get(CONTROLLER_REVISION_HASH).cloned().unwrap_or_default();
+    let observed = sts.status.as_ref().and_then(|s| s.observed_generation);
+    let has_claims = spec.volume_claim_templates.as_ref().is_some_and(|t| !t.is_empty());
+    if has_claims
+        && sts.metadata.deletion_timestamp.is_none()
+        && observed != sts.metadata.generation
+    {
+        let members = by_ordinal.range(..replicas).map(|(o, p)| (*o, *p));
+        match_retention(&sts, members.filter(|(_, p)| !pods::is_terminating(p)), &ctx).await?;
+    }
 
     let strategy = spec.update_strategy.as_ref();
     let rolling =
@@ -390,6 +399,50 @@ async fn set_owners(
     api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
 }
 
+/// The owners a live member's claim should have, if not the ones it has (upstream's
+/// `updateClaimOwnerRefForSetAndPod` for a pod in range): the set when its policy deletes
+/// claims with it (`wanted`'s references), never the pod; other owners are kept.
+fn member_owners(
+    sts: &StatefulSet,
+    existing: &PersistentVolumeClaim,
+    wanted: &PersistentVolumeClaim,
+    pod_name: &str,
+) -> Option<Vec<OwnerReference>> {
+    let set_uid = sts.uid().unwrap_or_default();
+    let refs = existing.owner_references();
+    let mut kept: Vec<OwnerReference> =
+        refs.iter().filter(|r| !refers_to_pod(r, pod_name) && r.uid != set_uid).cloned().collect();
+    kept.extend(wanted.owner_references().iter().cloned());
+    let same = kept.len() == refs.len() && kept.iter().all(|k| refs.iter().any(|r| r.uid == k.uid));
+    (!same).then_some(kept)
+}
+
+/// A spec change (the retention policy among them): the claims of the live members follow
+/// the policy. Upstream checks this on every sync against its claim cache; here it is done
+/// once per generation.
+async fn match_retention(
+    sts: &StatefulSet,
+    members: impl Iterator<Item = (i32, &Pod)>,
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &sts.namespace().unwrap_or_default());
+    for (o, pod) in members {
+        for wanted in claims_for(sts, o) {
+            let name = wanted.name_any();
+            let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
+            let Some(claim) = api.get_opt(&name).await.map_err(err)? else { continue };
+            if claim.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if let Some(refs) = member_owners(sts, &claim, &wanted, &pod.name_any()) {
+                set_owners(&api, &claim, refs).await.map_err(err)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Creates the claims pod `ordinal` mounts that do not exist yet.
 async fn create_claims(
     sts: &StatefulSet,
@@ -409,18 +462,9 @@ async fn create_claims(
             }
             // Owned by an earlier pod of this name a scale down removed: the claim is the
             // new pod's now, not the garbage collector's, and the set's again when its
-            // policy deletes claims with it (upstream's updateClaimOwnerRefForSetAndPod).
-            let refs = existing.owner_references();
-            let mut kept: Vec<OwnerReference> =
-                refs.iter().filter(|r| !refers_to_pod(r, pod_name)).cloned().collect();
-            let wanted = claim.owner_references();
-            for r in wanted {
-                if !kept.iter().any(|k| k.uid == r.uid) {
-                    kept.push(r.clone());
-                }
-            }
-            if kept.len() != refs.len() || kept.iter().zip(refs).any(|(a, b)| a.uid != b.uid) {
-                set_owners(&api, &existing, kept).await.map_err(err)?;
+            // policy deletes claims with it.
+            if let Some(refs) = member_owners(sts, &existing, &claim, pod_name) {
+                set_owners(&api, &existing, refs).await.map_err(err)?;
             }
             continue;
         }

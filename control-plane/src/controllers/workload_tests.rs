@@ -1969,6 +1969,57 @@ async fn statefulset_claims_of_scaled_down_pods_go_with_them() {
     assert!(fresh.owner_references().is_empty(), "{:?}", fresh.metadata.owner_references);
 }
 
+/// A retention policy changed on a live set applies to the claims it has: whenDeleted:
+/// Delete makes the set their owner (and deleting the set deletes them), Retain again
+/// frees them.
+#[tokio::test(start_paused = true)]
+async fn statefulset_retention_policy_changes_apply_to_existing_claims() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let (h, sts, _controllers) = claim_retention_rig(2, json!({"whenDeleted": "Retain"})).await;
+    let api = h.api::<StatefulSet>();
+    let created = api.create(&PostParams::default(), &sts).await.expect("create sts");
+    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+        .await;
+    let claims = h.api::<PersistentVolumeClaim>();
+    let set_uid = created.metadata.uid.clone().expect("uid");
+    let owned_by_set = |c: &PersistentVolumeClaim| {
+        c.owner_references().iter().map(|r| r.uid.clone()).collect::<Vec<_>>() == [set_uid.clone()]
+    };
+    let all_claims = || async {
+        let mut l = claims.list(&ListParams::default()).await.expect("claims").items;
+        l.sort_by_key(|c| c.name_any());
+        l
+    };
+    let policy = |p: &str| json!({"spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": p, "whenScaled": "Retain"}}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&policy("Delete")))
+        .await
+        .expect("patch");
+    wait_for("the set owns both claims", || async {
+        let l = all_claims().await;
+        l.len() == 2 && l.iter().all(owned_by_set)
+    })
+    .await;
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&policy("Retain")))
+        .await
+        .expect("patch");
+    wait_for("the claims free again", || async {
+        all_claims().await.iter().all(|c| c.owner_references().is_empty())
+    })
+    .await;
+    api.patch("db", &PatchParams::default(), &Patch::Merge(&policy("Delete")))
+        .await
+        .expect("patch");
+    wait_for("the set owns both claims again", || async {
+        all_claims().await.iter().all(owned_by_set)
+    })
+    .await;
+    api.delete("db", &DeleteParams::default()).await.expect("delete sts");
+    wait_for("the claims deleted with the set", || async {
+        claims.list(&ListParams::default()).await.is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+}
+
 /// whenScaled: Delete also covers a member that was already terminating when a scale-down
 /// condemned it: its claim goes with it.
 #[tokio::test(start_paused = true)]
