@@ -746,7 +746,8 @@ async fn binding_waits_for_claims_being_provisioned() {
     assert_eq!(bound(&r.client, "db").await, chosen);
 
     // A claim deleted while its pod waits (held Terminating by its protection finalizer):
-    // the binding gives up with upstream's message and the pod is pending again.
+    // the binding gives up (upstream would keep waiting until its timeout) and the pod is
+    // pending again.
     pod(&r.client, "cache", "100m", with("scratch")).await;
     selected(&claims, "scratch").await;
     claims.delete("scratch", &DeleteParams::default()).await.expect("delete pvc");
@@ -772,4 +773,38 @@ async fn binding_waits_for_claims_being_provisioned() {
     )
     .await;
     assert_eq!(node_of(&get(&r.client, "cache").await), None);
+
+    // The provisioner drops a claim's selection (its node went away) while a pod waits:
+    // the binding gives up with upstream's message and the pod is placed again.
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "spare"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+    pod(&r.client, "late", "100m", with("spare")).await;
+    selected(&claims, "spare").await;
+    let reset = json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": null}}});
+    claims
+        .patch("spare", &Default::default(), &kube::api::Patch::Merge(&reset))
+        .await
+        .expect("reset");
+    let c = r.client.clone();
+    let failed = eventually("the reset reported", move || {
+        let c = c.clone();
+        async move {
+            events_for(&c, "late", "FailedScheduling")
+                .await
+                .into_iter()
+                .find_map(|e| e.message.filter(|m| m.contains("PreBind")))
+        }
+    })
+    .await;
+    assert_eq!(
+        failed,
+        "running PreBind plugin \"VolumeBinding\": binding volumes: selectedNode annotation reset for PVC \"spare\""
+    );
+    selected(&claims, "spare").await;
+    assert_eq!(node_of(&get(&r.client, "late").await), None, "still waiting for its volume");
 }

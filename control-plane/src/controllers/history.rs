@@ -66,6 +66,12 @@ pub fn patch_data(template: &PodTemplateSpec) -> Value {
     json!({"spec": {"template": template}})
 }
 
+/// A template with its metadata present (the data always has it: Go marshals the struct).
+fn with_metadata(mut t: PodTemplateSpec) -> PodTemplateSpec {
+    t.metadata.get_or_insert_with(Default::default);
+    t
+}
+
 /// The template a revision restores.
 pub fn template_of(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
     let mut template = revision.data.as_ref()?.0.get("spec")?.get("template")?.clone();
@@ -146,7 +152,7 @@ pub async fn record<K: Resource<DynamicType = ()>>(
     if let Some(i) = revisions.iter().position(|r| r.metadata.name.as_deref() == Some(&name)) {
         // By template, not bytes: revisions recorded before the data took upstream's exact
         // shape hold the same template.
-        if template_of(&revisions[i]).as_ref() != Some(template) {
+        if template_of(&revisions[i]).map(with_metadata) != Some(with_metadata(template.clone())) {
             return Err(Error::Collision { name });
         }
         if i + 1 < revisions.len() {
@@ -233,5 +239,10 @@ mod tests {
             serde_json::to_string(&patch_data(&bare)).unwrap(),
             r#"{"spec":{"template":{"$patch":"replace","metadata":{"creationTimestamp":null},"spec":{"containers":[]}}}}"#
         );
+        let revision = ControllerRevision {
+            data: Some(RawExtension(patch_data(&bare))),
+            ..Default::default()
+        };
+        assert_eq!(template_of(&revision).map(with_metadata), Some(with_metadata(bare)));
     }
 }

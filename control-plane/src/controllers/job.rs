@@ -244,6 +244,10 @@ pub mod success_policy {
     ) -> Option<usize> {
         policy.rules.iter().position(|rule| {
             let (done, wanted) = match &rule.succeeded_indexes {
+                // A rule naming no index (none parses) is skipped, as upstream does.
+                Some(listed) if super::indexed::parse(listed, completions).is_empty() => {
+                    return false;
+                }
                 Some(listed) => {
                     let listed = super::indexed::parse(listed, completions);
                     let wanted = i32::try_from(listed.len()).unwrap_or(i32::MAX);
@@ -560,12 +564,9 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     } else if let Some((reason, message)) = index_failure.filter(|_| !target_reached) {
         add_condition(&mut status, "FailureTarget", reason, message, now);
         ctx.recorder.record(job.as_ref(), EventType::Warning, reason, message).await;
-    } else if let Some(rule) = policy_success.filter(|_| !target_reached) {
-        let message = format!("Matched rules at index {rule}");
-        add_condition(&mut status, "SuccessCriteriaMet", "SuccessPolicy", &message, now);
     } else if !target_reached && !suspended {
         let active_n = i32::try_from(active.len()).unwrap_or(i32::MAX);
-        match decide(
+        let decision = decide(
             // Failed indexes are not run again.
             spec.completions.map(|c| c - failed_n),
             spec.parallelism.unwrap_or(1),
@@ -574,12 +575,18 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             active_n,
             succeeded,
             failed_pods + restarts,
-        ) {
-            Decision::Fail(reason, msg) => {
+        );
+        match (decision, policy_success) {
+            // Failures first, then the success policy, as upstream.
+            (Decision::Fail(reason, msg), _) => {
                 add_condition(&mut status, "FailureTarget", reason, msg, now);
                 ctx.recorder.record(job.as_ref(), EventType::Warning, reason, msg).await;
             }
-            Decision::Succeed => {
+            (_, Some(rule)) => {
+                let message = format!("Matched rules at index {rule}");
+                add_condition(&mut status, "SuccessCriteriaMet", "SuccessPolicy", &message, now);
+            }
+            (Decision::Succeed, None) => {
                 add_condition(
                     &mut status,
                     "SuccessCriteriaMet",
@@ -588,7 +595,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                     now,
                 );
             }
-            Decision::Run(n) => want_active = Some(n),
+            (Decision::Run(n), None) => want_active = Some(n),
         }
     }
     if suspended {
@@ -744,6 +751,10 @@ mod tests {
         assert_eq!(matched(&[0, 2]), None, "one of 1-4");
         assert_eq!(matched(&[2, 4]), Some(1), "two of 1-4");
         assert_eq!(matched(&[0, 1, 2, 4]), Some(1), "the first rule that matches");
+        let nothing: k8s_openapi::api::batch::v1::SuccessPolicy =
+            serde_json::from_value(serde_json::json!({"rules": [{"succeededIndexes": ""}]}))
+                .unwrap();
+        assert_eq!(success_policy::matched(&nothing, 5, &done(&[])), None, "no index named");
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub const HELPER_LABEL: &str = "skiff.dev/local-path-teardown";
 const TEARDOWN_RETRY: Duration = Duration::from_secs(30);
 /// How often a running helper pod is looked at.
 const TEARDOWN_POLL: Duration = Duration::from_secs(1);
+/// How long a helper pod may take (k3s's helper timeout): one still not done by then
+/// (its image cannot be pulled, its node is down) is deleted and tried again later.
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Provisioner {
     root: PathBuf,
@@ -326,10 +329,31 @@ impl Provisioner {
             };
         };
         let phase = helper.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+        let age = helper
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.duration_until(super::pods::now()));
+        let overdue = age.is_some_and(|a| a.as_secs() >= TEARDOWN_TIMEOUT.as_secs() as i64);
         let outcome = match phase {
+            // Still terminating that long: its node is not there to finish it.
+            _ if helper.metadata.deletion_timestamp.is_some() && overdue => {
+                let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+                return match pods.delete(&helper_name, &now).await {
+                    Ok(_) => Ok(Teardown::Running),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(Teardown::Running),
+                    Err(source) => {
+                        Err(Error::Api { action: "deleting", what: helper_name, source })
+                    }
+                };
+            }
             _ if helper.metadata.deletion_timestamp.is_some() => return Ok(Teardown::Running),
             "Succeeded" => Teardown::Done,
             "Failed" => Teardown::Failed(helper_failure(&helper)),
+            _ if overdue => Teardown::Failed(format!(
+                "helper pod {helper_name} did not finish within {}s (phase {phase:?})",
+                TEARDOWN_TIMEOUT.as_secs()
+            )),
             _ => return Ok(Teardown::Running),
         };
         match pods.delete(&helper_name, &DeleteParams::default()).await {

@@ -185,9 +185,12 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
         }
         // Condemned pods, highest ordinal first.
         let condemned: Vec<&Pod> = by_ordinal.range(replicas..).rev().map(|(_, p)| *p).collect();
+        // Every condemned pod already terminating, whatever the order below stops at.
+        for p in condemned.iter().filter(|p| pods::is_terminating(p)) {
+            steps.push(Step::Condemned(p));
+        }
         for p in condemned {
             if pods::is_terminating(p) {
-                steps.push(Step::Condemned(p));
                 if parallel {
                     continue;
                 }

@@ -2020,39 +2020,91 @@ async fn statefulset_retention_policy_changes_apply_to_existing_claims() {
     .await;
 }
 
-/// whenScaled: Delete also covers a member that was already terminating when a scale-down
-/// condemned it: its claim goes with it.
+/// whenScaled: Delete also covers members that were already terminating when a scale-down
+/// condemned them, all of them (the ordered scale-down stops at the first): their claims
+/// go with them.
 #[tokio::test(start_paused = true)]
 async fn statefulset_claims_of_terminating_condemned_pods_go_too() {
     use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-    let (h, sts, _controllers) = claim_retention_rig(2, json!({"whenScaled": "Delete"})).await;
+    let (h, sts, _controllers) = claim_retention_rig(3, json!({"whenScaled": "Delete"})).await;
     let api = h.api::<StatefulSet>();
     api.create(&PostParams::default(), &sts).await.expect("create sts");
-    wait_for("2 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 2)) })
+    wait_for("3 ready members", || async { api.get("db").await.is_ok_and(|s| sts_settled(&s, 3)) })
         .await;
-    // db-1 is deleted, and its (stand-in) kubelet is slow to finish it.
+    // db-1 and db-2 are deleted, and their (stand-in) kubelet is slow to finish them.
     let pods = h.api::<Pod>();
     let slow = json!({"metadata": {"annotations": {"test.skiff/kubelet": "ignore"}}});
-    pods.patch("db-1", &PatchParams::default(), &Patch::Merge(&slow)).await.expect("annotate");
-    pods.delete("db-1", &DeleteParams::default()).await.expect("delete db-1");
+    for p in ["db-1", "db-2"] {
+        pods.patch(p, &PatchParams::default(), &Patch::Merge(&slow)).await.expect("annotate");
+        pods.delete(p, &DeleteParams::default()).await.expect("delete");
+    }
     let scale = json!({"spec": {"replicas": 1}});
     api.patch("db", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale");
     let claims = h.api::<PersistentVolumeClaim>();
-    wait_for("data-db-1 owned by db-1", || async {
-        claims
-            .get("data-db-1")
-            .await
-            .is_ok_and(|c| c.owner_references().iter().any(|r| r.kind == "Pod" && r.name == "db-1"))
-    })
-    .await;
-    // The kubelet finishes db-1: the claim follows it.
+    for (claim, pod) in [("data-db-1", "db-1"), ("data-db-2", "db-2")] {
+        wait_for(&format!("{claim} owned by {pod}"), || async {
+            claims.get(claim).await.is_ok_and(|c| {
+                c.owner_references().iter().any(|r| r.kind == "Pod" && r.name == pod)
+            })
+        })
+        .await;
+    }
+    // The kubelet finishes them: the claims follow.
     let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-    pods.delete("db-1", &now).await.expect("finish db-1");
-    wait_for("data-db-1 gone", || async {
-        claims.get_opt("data-db-1").await.is_ok_and(|c| c.is_none())
+    for p in ["db-1", "db-2"] {
+        pods.delete(p, &now).await.expect("finish");
+    }
+    wait_for("the condemned claims gone", || async {
+        claims.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == 1)
     })
     .await;
     assert!(claims.get_opt("data-db-0").await.expect("get").is_some(), "the member's claim stays");
+}
+
+/// A local-path volume whose teardown helper never finishes (here it runs for ever): after
+/// the helper timeout it is deleted, a VolumeFailedDelete event says why, and the volume
+/// stays until a later helper succeeds.
+#[tokio::test(start_paused = true)]
+async fn local_path_teardown_helpers_time_out() {
+    use k8s_openapi::api::core::v1::{Event, PersistentVolume};
+    let h = Harness::start(&["n1"]).await;
+    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let _provisioner =
+        AbortOnDrop(tokio::spawn(super::local_path::run(ctx, "/var/lib/skiff/storage".into())));
+    let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pvc-u1", "annotations": {"pv.kubernetes.io/provisioned-by": "skiff.dev/local-path"}},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "local-path",
+                 "hostPath": {"path": "/var/lib/skiff/storage/pvc-u1_default_data"},
+                 "claimRef": {"namespace": "default", "name": "data", "uid": "u1"},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}}}
+    }))
+    .unwrap();
+    volumes.create(&PostParams::default(), &pv).await.expect("create pv");
+    let released = json!({"status": {"phase": "Released"}});
+    volumes
+        .patch_status("pvc-u1", &PatchParams::default(), &Patch::Merge(&released))
+        .await
+        .expect("released");
+    let events: Api<Event> = Api::all(h.client.clone());
+    // Most of the helper's 120 s first: wait_for gives up after 120 s itself.
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let helpers: Api<Pod> = Api::namespaced(h.client.clone(), "kube-system");
+    assert!(helpers.get_opt("helper-pod-delete-pvc-u1").await.expect("get").is_some());
+    wait_for("a VolumeFailedDelete event", || async {
+        events.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                e.reason.as_deref() == Some("VolumeFailedDelete")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("did not finish within 120s"))
+            })
+        })
+    })
+    .await;
+    assert!(volumes.get_opt("pvc-u1").await.expect("get").is_some(), "kept until torn down");
 }
 
 #[tokio::test(start_paused = true)]

@@ -273,6 +273,8 @@ impl NodeInfo {
 struct Placement {
     node: String,
     assumed: bool,
+    /// The pod's uid: a pod of the same name created later is another pod.
+    uid: String,
 }
 
 /// All nodes (in a stable order for round-robin filtering) and where every pod is.
@@ -369,7 +371,8 @@ impl Cache {
         if pod.has_required_anti_affinity() {
             self.anti_affinity_pods.insert(pod.key.clone(), pod.clone());
         }
-        self.placements.insert(pod.key.clone(), Placement { node: node.to_string(), assumed });
+        let placement = Placement { node: node.to_string(), assumed, uid: pod.uid.clone() };
+        self.placements.insert(pod.key.clone(), placement);
         self.node_mut(node).add_pod(pod);
     }
 
@@ -382,9 +385,22 @@ impl Cache {
         self.placements.get(key).is_some_and(|p| p.assumed)
     }
 
+    /// Whether this very pod (by uid) is assumed, not only one of its name.
+    pub fn is_assumed_uid(&self, key: &str, uid: &str) -> bool {
+        self.placements.get(key).is_some_and(|p| p.assumed && p.uid == uid)
+    }
+
     /// Undo an assumption after a failed binding (no-op once the watch confirmed it).
     pub fn forget(&mut self, key: &str) {
         if self.is_assumed(key) {
+            self.remove_pod(key);
+        }
+    }
+
+    /// [`Cache::forget`] for this very pod: a later pod of the same name keeps its own
+    /// assumption.
+    pub fn forget_uid(&mut self, key: &str, uid: &str) {
+        if self.is_assumed_uid(key, uid) {
             self.remove_pod(key);
         }
     }

@@ -380,6 +380,12 @@ fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
         return state.cache.remove_pod(&key).is_some();
     }
     let info = Arc::new(PodInfo::new(pod));
+    if state.cache.is_assumed(&key) && !state.cache.is_assumed_uid(&key, &info.uid) {
+        // The assumed pod is gone (deleted during a watch gap) and another of its name is
+        // here: its assumption goes, and a binding waiting for it ends.
+        state.cache.remove_pod(&key);
+        shared.prebind.notify_waiters();
+    }
     if info.node_name().is_some() {
         state.forget(&key);
         state.cache.add_pod(info);
@@ -648,12 +654,14 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                     }
                     Err(e) => {
                         debug!(error = %e, pod = %pod.key, "binding failed");
-                        let gone = matches!(&e, Error::Deleted(_))
-                            || matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
+                        let deleted = matches!(&e, Error::Deleted(_));
+                        let gone = matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
                         {
                             let mut state = shared.lock();
-                            state.cache.forget(&pod.key);
-                            if gone {
+                            state.cache.forget_uid(&pod.key, &pod.uid);
+                            if deleted {
+                                // The pod's watch event (or its successor's) has done the rest.
+                            } else if gone {
                                 // Deleted or bound elsewhere: the watch brings the truth.
                                 state.forget(&pod.key);
                             } else {
@@ -720,12 +728,12 @@ async fn prebind_and_bind(
     wait: &[String],
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<()> {
-    select_node(&shared.client, pod, node, select).await?;
+    let written = select_node(&shared.client, pod, node, select).await?;
     let permit = if wait.is_empty() {
         permit
     } else {
         drop(permit);
-        wait_for_claims(shared, pod, wait).await?;
+        wait_for_claims(shared, pod, node, wait, &written).await?;
         let Ok(permit) = shared.binds.clone().acquire_owned().await else {
             return Err(Error::Deleted(pod.key.clone()));
         };
@@ -738,20 +746,29 @@ async fn prebind_and_bind(
 
 /// Upstream's VolumeBinding PreBind wait: until every claim in `claims` is bound (the
 /// provisioner made its volume and the binder bound it), for at most `bind_timeout`. A
-/// claim deleted meanwhile, or the pod, ends the wait.
-async fn wait_for_claims(shared: &Shared, pod: &PodInfo, claims: &[String]) -> Result<()> {
+/// claim deleted meanwhile or sent to another node, or the pod gone, ends the wait.
+/// `written`: the claims whose node this binding selected, with the resourceVersion of
+/// that write.
+async fn wait_for_claims(
+    shared: &Shared,
+    pod: &PodInfo,
+    node: &str,
+    claims: &[String],
+    written: &[(String, String)],
+) -> Result<()> {
     let deadline = tokio::time::Instant::now() + shared.config.bind_timeout;
     loop {
         let mut changed = pin!(shared.prebind.notified());
         changed.as_mut().enable();
         {
             let state = shared.lock();
-            if !state.cache.is_assumed(&pod.key) {
+            if !state.cache.is_assumed_uid(&pod.key, &pod.uid) {
                 return Err(Error::Deleted(pod.key.clone()));
             }
             let mut pending = false;
             for claim in claims {
-                match state.volumes.binding(&pod.namespace, claim) {
+                let wrote = written.iter().find(|(c, _)| c == claim).map(|(_, rv)| rv.as_str());
+                match state.volumes.binding(&pod.namespace, claim, node, wrote) {
                     volumes::Binding::Bound => {}
                     volumes::Binding::Pending => pending = true,
                     volumes::Binding::Lost(why) => return Err(Error::VolumeBinding(why)),
@@ -776,16 +793,20 @@ async fn select_node(
     pod: &PodInfo,
     node: &str,
     claims: &[(String, String)],
-) -> Result<()> {
+) -> Result<Vec<(String, String)>> {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &pod.namespace);
+    let mut written = Vec::with_capacity(claims.len());
     for (claim, rv) in claims {
         let patch = json!({"metadata": {"resourceVersion": rv,
             "annotations": {crate::controllers::local_path::SELECTED_NODE: node}}});
-        api.patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(
-            |source| Error::SelectNode { claim: format!("{}/{claim}", pod.namespace), source },
-        )?;
+        let patched = api.patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        let patched = patched.map_err(|source| Error::SelectNode {
+            claim: format!("{}/{claim}", pod.namespace),
+            source,
+        })?;
+        written.push((claim.clone(), patched.resource_version().unwrap_or_default()));
     }
-    Ok(())
+    Ok(written)
 }
 
 async fn bind(client: &Client, pod: &PodInfo, node: &str) -> Result<()> {

@@ -160,16 +160,36 @@ impl VolumeCache {
         self.affinity.retain(|k, _| keep(k));
     }
 
-    /// Upstream's PreBind wait: whether the claim `ns/name` is bound yet.
-    pub fn binding(&self, ns: &str, name: &str) -> Binding {
-        match self.claims.get(&claim_key(ns, name)) {
-            None => Binding::Lost(format!("persistentvolumeclaim \"{name}\" not found")),
-            Some(c) if c.deleting => {
-                Binding::Lost(format!("persistentvolumeclaim \"{name}\" is being deleted"))
-            }
-            Some(c) if c.volume.is_empty() => Binding::Pending,
-            Some(_) => Binding::Bound,
+    /// Upstream's PreBind wait (`checkBindings`): whether the claim `ns/name`, which a pod
+    /// assumed on `node` waits for, is bound yet. `written` is the resourceVersion of the
+    /// scheduler's own write of the selected node, if it wrote it: an older view of the
+    /// claim is waited out rather than judged.
+    pub fn binding(&self, ns: &str, name: &str, node: &str, written: Option<&str>) -> Binding {
+        let Some(c) = self.claims.get(&claim_key(ns, name)) else {
+            return Binding::Lost(format!("persistentvolumeclaim \"{name}\" not found"));
+        };
+        let rv = |v: &str| v.parse::<u64>().ok();
+        if let (Some(seen), Some(wrote)) = (rv(&c.resource_version), written.and_then(rv))
+            && seen < wrote
+        {
+            return Binding::Pending;
         }
+        if c.deleting {
+            return Binding::Lost(format!("persistentvolumeclaim \"{name}\" is being deleted"));
+        }
+        match &c.selected_node {
+            Some(other) if other != node => {
+                return Binding::Lost(format!(
+                    "selectedNode annotation value \"{other}\" not set to scheduled node \"{node}\""
+                ));
+            }
+            // The provisioner dropped the selection (its node went away).
+            None if c.volume.is_empty() => {
+                return Binding::Lost(format!("selectedNode annotation reset for PVC \"{name}\""));
+            }
+            _ => {}
+        }
+        if c.volume.is_empty() { Binding::Pending } else { Binding::Bound }
     }
 
     /// PreFilter: the node affinity terms of the volumes the pod's claims are bound to (or
@@ -337,7 +357,12 @@ mod tests {
                 wait: vec!["data".into()]
             })
         );
-        assert_eq!(cache.binding("default", "data"), Binding::Pending);
+        assert_eq!(
+            cache.binding("default", "data", "n2", None),
+            Binding::Lost("selectedNode annotation reset for PVC \"data\"".into())
+        );
+        // Right after the scheduler's own write: the cache's older view is waited out.
+        assert_eq!(cache.binding("default", "data", "n2", Some("8")), Binding::Pending);
         // Once a node is selected, every pod of the claim goes there, bound or not, and is
         // bound itself only once the claim is.
         pvc.metadata.annotations = Some([(SELECTED_NODE.to_string(), "n2".to_string())].into());
@@ -345,16 +370,23 @@ mod tests {
         let on_n2 =
             VolumePlan { terms: vec![on_node("n2")], select: vec![], wait: vec!["data".into()] };
         assert_eq!(cache.prefilter(&pod), Ok(on_n2));
+        assert_eq!(cache.binding("default", "data", "n2", None), Binding::Pending);
+        assert_eq!(
+            cache.binding("default", "data", "n1", None),
+            Binding::Lost(
+                "selectedNode annotation value \"n2\" not set to scheduled node \"n1\"".into()
+            )
+        );
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
         cache.upsert_claim(&pvc);
-        assert_eq!(cache.binding("default", "data"), Binding::Bound);
+        assert_eq!(cache.binding("default", "data", "n2", None), Binding::Bound);
         let pv: PersistentVolume =
             serde_json::from_value(json!({"metadata": {"name": "pvc-1"}, "spec": {}})).unwrap();
         cache.upsert_volume(&pv);
         let on_n2 = VolumePlan { terms: vec![on_node("n2")], select: vec![], wait: vec![] };
         assert_eq!(cache.prefilter(&pod), Ok(on_n2));
         assert_eq!(
-            cache.binding("default", "other"),
+            cache.binding("default", "other", "n2", None),
             Binding::Lost("persistentvolumeclaim \"other\" not found".into())
         );
         // A claim the provisioner cannot serve keeps its pods pending.
