@@ -396,7 +396,7 @@ pub fn validate(
         (_, _, Some("scale")) | ("autoscaling", "Scale", _) => apps::validate_scale(new),
         ("", "Pod", Some("status")) => pod::validate_pod_status(new, old),
         ("", "Pod", _) => pod::validate_pod(new, old),
-        ("", "Service", _) => service::validate_service(new, old),
+        ("", "Service", _) => service::validate_service(subresource, new, old),
         ("", "PersistentVolume", _) => storage::validate_pv(subresource, new, old),
         ("", "PersistentVolumeClaim", _) => storage::validate_pvc(subresource, new, old),
         ("", "ReplicationController", _) => {

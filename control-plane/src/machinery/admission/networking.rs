@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::field::{ErrorList, FieldError, Path, Raw};
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
+use super::service::{LbIngress, validate_lb_ingress};
 use super::{Gvk, typed_pair, validate_meta};
 
 const PATH_TYPES: &[&str] = &["Exact", "ImplementationSpecific", "Prefix"];
@@ -29,6 +30,19 @@ pub fn validate_ingress(sub: Option<&str>, new: &Value, old: Option<&Value>) -> 
     };
     let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
     if sub == Some("status") {
+        let lb = n.status.as_ref().and_then(|s| s.load_balancer.as_ref());
+        let ingress: Vec<LbIngress<'_>> = lb
+            .and_then(|l| l.ingress.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|i| LbIngress {
+                ip: i.ip.as_deref().unwrap_or_default(),
+                hostname: i.hostname.as_deref().unwrap_or_default(),
+                ip_mode: None,
+            })
+            .collect();
+        let path = Path::root("status").child("loadBalancer");
+        validate_lb_ingress(&ingress, &path, None, &mut errs);
         return errs;
     }
     validate_ingress_spec(&n.spec.unwrap_or_default(), &Path::root("spec"), &mut errs);
@@ -313,6 +327,33 @@ mod tests {
                 "spec.rules[1].http.paths[0].path: Invalid value: \"/x/../y\": must not contain '/../'",
             ]
         );
+    }
+
+    #[test]
+    fn ingress_load_balancer_status_holds_addresses_and_dns_names() {
+        let with_status = |lb: serde_json::Value| {
+            json!({"metadata": {"name": "web", "namespace": "default", "resourceVersion": "1"},
+                   "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}},
+                   "status": {"loadBalancer": lb}})
+        };
+        let old = with_status(json!({}));
+        let good =
+            with_status(json!({"ingress": [{"ip": "192.0.2.1"}, {"hostname": "lb.example.com"}]}));
+        assert!(validate_ingress(Some("status"), &good, Some(&old)).is_empty());
+        let bad = with_status(
+            json!({"ingress": [{"ip": "lb"}, {"hostname": "192.0.2.1"}, {"hostname": "Bad_Name"}]}),
+        );
+        let errs = messages(&validate_ingress(Some("status"), &bad, Some(&old)));
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert_eq!(
+            errs[0],
+            "status.loadBalancer.ingress[0].ip: Invalid value: \"lb\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"
+        );
+        assert_eq!(
+            errs[1],
+            "status.loadBalancer.ingress[1].hostname: Invalid value: \"192.0.2.1\": must be a DNS name, not an IP address"
+        );
+        assert!(errs[2].starts_with("status.loadBalancer.ingress[2].hostname: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"), "{}", errs[2]);
     }
 
     #[test]

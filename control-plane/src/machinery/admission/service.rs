@@ -72,6 +72,77 @@ pub fn default_service(o: &mut Obj) {
     if ty == "LoadBalancer" {
         default_ptr(spec, "allocateLoadBalancerNodePorts", true);
     }
+    // A load balancer address without a mode is a VIP (upstream's LoadBalancerIPMode).
+    if let Some(lb) = o.get_mut("status").and_then(|s| s.get_mut("loadBalancer"))
+        && let Some(Value::Array(ingress)) = lb.get_mut("ingress")
+    {
+        for ing in ingress.iter_mut().filter_map(Value::as_object_mut) {
+            let has_ip = ing.get("ip").and_then(Value::as_str).is_some_and(|ip| !ip.is_empty());
+            if has_ip && ing.get("ipMode").is_none_or(Value::is_null) {
+                ing.insert("ipMode".into(), json!("VIP"));
+            }
+        }
+    }
+}
+
+/// Upstream's `ValidateLoadBalancerStatus` (with `ingress_ok` false: only a LoadBalancer
+/// Service may have load balancer addresses) and, for Ingresses,
+/// `ValidateIngressLoadBalancerStatus` (no ipMode): addresses are IPs, hostnames DNS names.
+pub fn validate_lb_ingress(
+    ingress: &[LbIngress<'_>],
+    path: &Path,
+    service_type: Option<&str>,
+    errs: &mut ErrorList,
+) {
+    let ip_path = path.child("ingress");
+    if service_type.is_some_and(|t| t != "LoadBalancer") && !ingress.is_empty() {
+        errs.push(FieldError::forbidden(
+            &ip_path,
+            "may only be used when `spec.type` is 'LoadBalancer'",
+        ));
+        return;
+    }
+    for (i, ing) in ingress.iter().enumerate() {
+        let at = ip_path.index(i);
+        if !ing.ip.is_empty() && names::parse_ip(ing.ip).is_none() {
+            errs.push(FieldError::invalid(&at.child("ip"), ing.ip, names::IP_ERROR));
+        }
+        if service_type.is_some() {
+            match ing.ip_mode {
+                Some(_) if ing.ip.is_empty() => errs.push(FieldError::forbidden(
+                    &at.child("ipMode"),
+                    "may not be specified when `ip` is not set",
+                )),
+                Some(m) if !matches!(m, "Proxy" | "VIP") => {
+                    errs.push(FieldError::not_supported(&at.child("ipMode"), m, &["Proxy", "VIP"]))
+                }
+                None if !ing.ip.is_empty() => errs.push(FieldError::required(
+                    &at.child("ipMode"),
+                    "must be specified when `ip` is set",
+                )),
+                _ => {}
+            }
+        }
+        if !ing.hostname.is_empty() {
+            for msg in names::is_dns1123_subdomain(ing.hostname) {
+                errs.push(FieldError::invalid(&at.child("hostname"), ing.hostname, msg));
+            }
+            if names::parse_ip(ing.hostname).is_some() {
+                errs.push(FieldError::invalid(
+                    &at.child("hostname"),
+                    ing.hostname,
+                    "must be a DNS name, not an IP address",
+                ));
+            }
+        }
+    }
+}
+
+/// One load balancer address, of a Service or an Ingress.
+pub struct LbIngress<'a> {
+    pub ip: &'a str,
+    pub hostname: &'a str,
+    pub ip_mode: Option<&'a str>,
 }
 
 fn cluster_ip(spec: &Obj) -> &str {
@@ -271,7 +342,7 @@ fn patch_allocated_values(ns: &mut Obj, os: &Obj) {
     }
 }
 
-pub fn validate_service(new: &Value, old: Option<&Value>) -> ErrorList {
+pub fn validate_service(sub: Option<&str>, new: &Value, old: Option<&Value>) -> ErrorList {
     let svc: Service = match typed(new) {
         Ok(s) => s,
         Err(e) => return e,
@@ -282,6 +353,23 @@ pub fn validate_service(new: &Value, old: Option<&Value>) -> ErrorList {
     };
     let mut errs = validate_meta(SERVICE, &svc.metadata, old_svc.as_ref().map(|s| &s.metadata));
     let spec = svc.spec.clone().unwrap_or_default();
+    if sub == Some("status") {
+        let lb = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
+        let ingress: Vec<LbIngress<'_>> = lb
+            .and_then(|l| l.ingress.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|i| LbIngress {
+                ip: i.ip.as_deref().unwrap_or_default(),
+                hostname: i.hostname.as_deref().unwrap_or_default(),
+                ip_mode: i.ip_mode.as_deref(),
+            })
+            .collect();
+        let path = Path::root("status").child("loadBalancer");
+        let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+        validate_lb_ingress(&ingress, &path, Some(ty), &mut errs);
+        return errs;
+    }
     if let Some(old_spec) = old_svc.as_ref().and_then(|s| s.spec.as_ref()) {
         validate_cluster_ips_update(&spec, old_spec, &mut errs);
     }

@@ -282,3 +282,45 @@ fn service_updates_keep_allocations() {
     let (_, errs, _) = update(SVC, None, &stored, new);
     assert!(errs.is_empty(), "{:?}", strings(&errs));
 }
+
+#[test]
+fn load_balancer_status_is_validated_and_ip_mode_defaulted() {
+    let mut lb = svc();
+    lb["spec"]["type"] = json!("LoadBalancer");
+    let old = admitted(SVC, lb);
+    let mut new = old.clone();
+    new["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}, {"hostname": "lb.example.com"}]}});
+    let (obj, errs, _) = update(SVC, Some("status"), &old, new);
+    assert!(errs.is_empty(), "{:?}", strings(&errs));
+    assert_eq!(obj["status"]["loadBalancer"]["ingress"][0]["ipMode"], "VIP", "defaulted");
+    assert!(obj["status"]["loadBalancer"]["ingress"][1].get("ipMode").is_none());
+
+    let mut bad = old.clone();
+    bad["status"] = json!({"loadBalancer": {"ingress": [
+        {"ip": "192.0.2.300"},
+        {"hostname": "192.0.2.10"},
+        {"hostname": "lb.example.com", "ipMode": "VIP"},
+        {"ip": "192.0.2.11", "ipMode": "Direct"}]}});
+    let (_, errs, _) = update(SVC, Some("status"), &old, bad);
+    assert_eq!(
+        strings(&errs),
+        [
+            "status.loadBalancer.ingress[0].ip: Invalid value: \"192.0.2.300\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+            "status.loadBalancer.ingress[1].hostname: Invalid value: \"192.0.2.10\": must be a DNS name, not an IP address",
+            "status.loadBalancer.ingress[2].ipMode: Forbidden: may not be specified when `ip` is not set",
+            "status.loadBalancer.ingress[3].ipMode: Unsupported value: \"Direct\": supported values: \"Proxy\", \"VIP\"",
+        ]
+    );
+
+    // Only a LoadBalancer Service has load balancer addresses.
+    let plain = admitted(SVC, svc());
+    let mut new = plain.clone();
+    new["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}});
+    let (_, errs, _) = update(SVC, Some("status"), &plain, new);
+    assert_eq!(
+        strings(&errs),
+        [
+            "status.loadBalancer.ingress: Forbidden: may only be used when `spec.type` is 'LoadBalancer'"
+        ]
+    );
+}
