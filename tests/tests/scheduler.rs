@@ -807,4 +807,39 @@ async fn binding_waits_for_claims_being_provisioned() {
     );
     selected(&claims, "spare").await;
     assert_eq!(node_of(&get(&r.client, "late").await), None, "still waiting for its volume");
+
+    // Deleted while it waits (a finalizer holds it): the binding ends at once, without a
+    // FailedScheduling event for a pod on its way out.
+    let hold = json!({"metadata": {"finalizers": ["test.skiff/hold"]}});
+    let pods: Api<Pod> = Api::namespaced(r.client.clone(), "default");
+    pods.patch("late", &Default::default(), &kube::api::Patch::Merge(&hold)).await.expect("hold");
+    pods.delete("late", &DeleteParams::default()).await.expect("delete");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its volume arrives after all: nothing is bound, nothing is reported.
+    let mut spare = pv.clone();
+    spare.metadata.name = Some("pvc-spare".into());
+    Api::<PersistentVolume>::all(r.client.clone())
+        .create(&PostParams::default(), &spare)
+        .await
+        .expect("create pv");
+    let bind = json!({"spec": {"volumeName": "pvc-spare"}});
+    claims
+        .patch("spare", &Default::default(), &kube::api::Patch::Merge(&bind))
+        .await
+        .expect("bind");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let p = get(&r.client, "late").await;
+    assert!(p.metadata.deletion_timestamp.is_some());
+    assert_eq!(node_of(&p), None, "not bound on its way out");
+    let rejected = events_for(&r.client, "late", "FailedScheduling").await;
+    assert!(
+        !rejected
+            .iter()
+            .any(|e| e.message.as_deref().is_some_and(|m| m.starts_with("Binding rejected"))),
+        "the binding went on after the deletion: {rejected:?}"
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    pods.patch("late", &Default::default(), &kube::api::Patch::Merge(&release))
+        .await
+        .expect("release");
 }

@@ -400,6 +400,12 @@ fn apply_pod(shared: &Shared, state: &mut State, pod: Pod) -> bool {
         == shared.config.scheduler_name;
     if !ours || info.terminating {
         state.forget(&key);
+        if info.terminating && state.cache.is_assumed(&key) {
+            // Deleted while its binding waits for claims (a finalizer keeps it): the wait
+            // ends now rather than at the timeout.
+            state.cache.remove_pod(&key);
+            shared.prebind.notify_waiters();
+        }
     } else if !state.cache.is_assumed(&key) {
         state.queue.add(info);
         shared.wake.notify_one();
