@@ -227,6 +227,11 @@ fn namespaces_and_validation() {
     k.ok(&["create", "configmap", "x", "-n", "shop", "--from-literal=a=b"]);
     let cms = k.ok(&["get", "cm", "-n", "shop"]);
     assert!(cms.contains('x'), "{cms}");
+    // skiff has no ephemeral containers: kubectl debug says so (it read the 404's
+    // details, which it dereferences, and crashed on their absence before).
+    k.ok(&["run", "p", "-n", "shop", "--image=skiff.local/busybox:1"]);
+    let err = k.fails(&["debug", "-n", "shop", "p", "--image=skiff.local/busybox:1", "--", "true"]);
+    assert!(err.contains("ephemeral containers are disabled for this cluster"), "{err}");
 }
 
 /// DaemonSet history through the controllers: each template is a ControllerRevision that

@@ -80,12 +80,15 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource} \"{name}\" not found"))
     }
 
+    /// Upstream's answer for a path it does not serve, with its empty `details` (which
+    /// kubectl debug reads to tell a missing subresource from a missing pod).
     pub fn path_not_found() -> Self {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "NotFound",
             "the server could not find the requested resource",
         )
+        .with_details("", "", "")
     }
 
     pub fn already_exists(resource: &str, name: &str) -> Self {
@@ -234,7 +237,9 @@ impl ApiError {
         if let Some(token) = &self.continue_token {
             status["metadata"]["continue"] = json!(token);
         }
-        if !details.is_empty() {
+        // Upstream sets details whenever the error concerns an object, empty or not.
+        let concerned = self.name.is_some() || self.group.is_some() || self.kind.is_some();
+        if concerned || !details.is_empty() {
             status["details"] = Value::Object(details);
         }
         status
@@ -306,5 +311,16 @@ mod tests {
             json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}])
         );
         assert_eq!(status["details"]["retryAfterSeconds"], 1);
+    }
+
+    /// kubectl debug dereferences `details` of a 404 to tell "ephemeral containers are
+    /// disabled" from a missing pod: a path not served carries upstream's empty details.
+    #[test]
+    fn a_path_not_served_has_empty_details() {
+        let status = ApiError::path_not_found().to_status();
+        assert_eq!(status["reason"], "NotFound");
+        assert_eq!(status["details"], json!({}));
+        let plain = ApiError::bad_request("x").to_status();
+        assert!(plain.get("details").is_none());
     }
 }
