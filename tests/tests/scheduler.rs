@@ -677,6 +677,35 @@ async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
     }
 }
 
+/// A 1Gi ReadWriteOnce claim of the local-path class.
+async fn local_path_claim(
+    claims: &Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    name: &str,
+) {
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+}
+
+/// The message of the pod's FailedScheduling event from a failed PreBind, once there is one.
+async fn prebind_failure(client: &Client, pod: &str) -> String {
+    let (c, p) = (client.clone(), pod.to_string());
+    eventually(&format!("a PreBind FailedScheduling event of {pod}"), move || {
+        let (c, p) = (c.clone(), p.clone());
+        async move {
+            events_for(&c, &p, "FailedScheduling")
+                .await
+                .into_iter()
+                .find_map(|e| e.message.filter(|m| m.contains("PreBind")))
+        }
+    })
+    .await
+}
+
 /// Upstream's VolumeBinding PreBind: a pod whose claim is still being provisioned is bound
 /// only once the claim is, and a claim lost meanwhile sends the pod back to the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -699,13 +728,7 @@ async fn binding_waits_for_claims_being_provisioned() {
         .expect("create class");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(r.client.clone(), "default");
     for name in ["data", "scratch"] {
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
-                     "resources": {"requests": {"storage": "1Gi"}}}
-        }))
-        .expect("pvc");
-        claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+        local_path_claim(&claims, name).await;
     }
     async fn selected(claims: &Api<PersistentVolumeClaim>, name: &'static str) -> String {
         let c = claims.clone();
@@ -751,19 +774,8 @@ async fn binding_waits_for_claims_being_provisioned() {
     pod(&r.client, "cache", "100m", with("scratch")).await;
     selected(&claims, "scratch").await;
     claims.delete("scratch", &DeleteParams::default()).await.expect("delete pvc");
-    let c = r.client.clone();
-    let failed = eventually("a PreBind FailedScheduling event", move || {
-        let c = c.clone();
-        async move {
-            events_for(&c, "cache", "FailedScheduling")
-                .await
-                .into_iter()
-                .find_map(|e| e.message.filter(|m| m.contains("PreBind")))
-        }
-    })
-    .await;
     assert_eq!(
-        failed,
+        prebind_failure(&r.client, "cache").await,
         "running PreBind plugin \"VolumeBinding\": binding volumes: persistentvolumeclaim \"scratch\" is being deleted"
     );
     unschedulable_as(
@@ -776,13 +788,7 @@ async fn binding_waits_for_claims_being_provisioned() {
 
     // The provisioner drops a claim's selection (its node went away) while a pod waits:
     // the binding gives up with upstream's message and the pod is placed again.
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "spare"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
-                 "resources": {"requests": {"storage": "1Gi"}}}
-    }))
-    .expect("pvc");
-    claims.create(&PostParams::default(), &claim).await.expect("create pvc");
+    local_path_claim(&claims, "spare").await;
     pod(&r.client, "late", "100m", with("spare")).await;
     selected(&claims, "spare").await;
     let reset = json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": null}}});
@@ -790,19 +796,8 @@ async fn binding_waits_for_claims_being_provisioned() {
         .patch("spare", &Default::default(), &kube::api::Patch::Merge(&reset))
         .await
         .expect("reset");
-    let c = r.client.clone();
-    let failed = eventually("the reset reported", move || {
-        let c = c.clone();
-        async move {
-            events_for(&c, "late", "FailedScheduling")
-                .await
-                .into_iter()
-                .find_map(|e| e.message.filter(|m| m.contains("PreBind")))
-        }
-    })
-    .await;
     assert_eq!(
-        failed,
+        prebind_failure(&r.client, "late").await,
         "running PreBind plugin \"VolumeBinding\": binding volumes: selectedNode annotation reset for PVC \"spare\""
     );
     selected(&claims, "spare").await;
