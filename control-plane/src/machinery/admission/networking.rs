@@ -31,16 +31,9 @@ pub fn validate_ingress(sub: Option<&str>, new: &Value, old: Option<&Value>) -> 
     let mut errs = validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata));
     if sub == Some("status") {
         let lb = n.status.as_ref().and_then(|s| s.load_balancer.as_ref());
-        let ingress: Vec<LbIngress<'_>> = lb
-            .and_then(|l| l.ingress.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|i| LbIngress {
-                ip: i.ip.as_deref().unwrap_or_default(),
-                hostname: i.hostname.as_deref().unwrap_or_default(),
-                ip_mode: None,
-            })
-            .collect();
+        let listed = lb.and_then(|l| l.ingress.as_ref()).into_iter().flatten();
+        let ingress: Vec<LbIngress<'_>> =
+            listed.map(|i| LbIngress::new(&i.ip, &i.hostname, None)).collect();
         let path = Path::root("status").child("loadBalancer");
         validate_lb_ingress(&ingress, &path, None, &mut errs);
         return errs;

@@ -145,6 +145,17 @@ pub struct LbIngress<'a> {
     pub ip_mode: Option<&'a str>,
 }
 
+impl<'a> LbIngress<'a> {
+    pub fn new(
+        ip: &'a Option<String>,
+        hostname: &'a Option<String>,
+        ip_mode: Option<&'a str>,
+    ) -> Self {
+        let ip = ip.as_deref().unwrap_or_default();
+        LbIngress { ip, hostname: hostname.as_deref().unwrap_or_default(), ip_mode }
+    }
+}
+
 fn cluster_ip(spec: &Obj) -> &str {
     value::str_of(spec, "clusterIP")
 }
@@ -355,16 +366,9 @@ pub fn validate_service(sub: Option<&str>, new: &Value, old: Option<&Value>) -> 
     let spec = svc.spec.clone().unwrap_or_default();
     if sub == Some("status") {
         let lb = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
-        let ingress: Vec<LbIngress<'_>> = lb
-            .and_then(|l| l.ingress.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|i| LbIngress {
-                ip: i.ip.as_deref().unwrap_or_default(),
-                hostname: i.hostname.as_deref().unwrap_or_default(),
-                ip_mode: i.ip_mode.as_deref(),
-            })
-            .collect();
+        let listed = lb.and_then(|l| l.ingress.as_ref()).into_iter().flatten();
+        let ingress: Vec<LbIngress<'_>> =
+            listed.map(|i| LbIngress::new(&i.ip, &i.hostname, i.ip_mode.as_deref())).collect();
         let path = Path::root("status").child("loadBalancer");
         let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
         validate_lb_ingress(&ingress, &path, Some(ty), &mut errs);
