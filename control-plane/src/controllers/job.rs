@@ -18,8 +18,8 @@
 //! Indexed Jobs also take `backoffLimitPerIndex` (each pod of an index carries the failures
 //! of the index so far in `batch.kubernetes.io/job-index-failure-count`; an index past the
 //! limit is failed, listed in `status.failedIndexes` and not retried), `maxFailedIndexes`
-//! and a `successPolicy` ([`success_policy`]). The backoff before a replacement is the
-//! Job's, not one per index.
+//! and a `successPolicy` ([`success_policy`]). With backoffLimitPerIndex the backoff
+//! before a replacement is each index's own, from its failures and its last failure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -305,7 +305,12 @@ pub fn backoff_remaining(pods: &[Pod], now: Timestamp) -> Duration {
     let Some(last) = failures.iter().max() else {
         return Duration::ZERO;
     };
-    let doublings = u32::try_from(failures.len() - 1).unwrap_or(u32::MAX).min(16);
+    delay_left(failures.len(), *last, now)
+}
+
+/// What is left at `now` of the backoff after `failures` failures, the last at `last`.
+fn delay_left(failures: usize, last: Timestamp, now: Timestamp) -> Duration {
+    let doublings = u32::try_from(failures.saturating_sub(1)).unwrap_or(u32::MAX).min(16);
     let backoff = BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_MAX);
     let elapsed = Duration::try_from(last.duration_until(now)).unwrap_or(Duration::ZERO);
     backoff.saturating_sub(elapsed)
@@ -614,8 +619,25 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     } else {
         Vec::new()
     };
-    // Replacements for failed pods wait out the backoff.
-    let backoff = if active_n < target { backoff_remaining(&owned, now) } else { Duration::ZERO };
+    // Replacements for failed pods wait out the backoff: the Job's, or with
+    // backoffLimitPerIndex each index's own (its failures so far, from its last failure).
+    let backoff = if active_n < target && per_index.is_none() {
+        backoff_remaining(&owned, now)
+    } else {
+        Duration::ZERO
+    };
+    let index_wait = |i: i32| {
+        let failed = owned.iter().filter(|p| pods::phase(p) == "Failed");
+        let last = failed.filter(|p| indexed::index_of(p) == Some(i)).filter_map(finish_time).max();
+        let failures = usize::try_from(index_failures.get(&i).copied().unwrap_or(0)).unwrap_or(0);
+        match last {
+            Some(last) if per_index.is_some() => delay_left(failures.max(1), last, now),
+            _ => Duration::ZERO,
+        }
+    };
+    // The soonest an index held back by its backoff may run.
+    let mut index_backoff: Option<Duration> = None;
+    let mut created = 0i32;
     for pod in &surplus {
         pods::delete_pod(&pod_api, pod).await.map_err(perr)?;
         let msg = format!("Deleted pod: {}", pod.name_any());
@@ -638,6 +660,13 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             (0..completions)
                 .filter(|i| {
                     !completed.contains(i) && !failed_indexes.contains(i) && !running.contains(i)
+                })
+                .filter(|i| {
+                    let wait = index_wait(*i);
+                    if !wait.is_zero() {
+                        index_backoff = Some(index_backoff.map_or(wait, |w| w.min(wait)));
+                    }
+                    wait.is_zero()
                 })
                 .take(missing)
                 .map(|i| {
@@ -667,6 +696,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             );
             vec![pod; missing]
         };
+        created = i32::try_from(new_pods.len()).unwrap_or(i32::MAX);
         for pod in &new_pods {
             if let Some(p) = pods::create_pod(&pod_api, &name, pod).await.map_err(perr)? {
                 let msg = format!("Created pod: {}", p.name_any());
@@ -678,12 +708,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     // Pods not finished yet (active, or terminating) hold back the final condition.
     let running = owned.iter().any(|p| !matches!(pods::phase(p), "Succeeded" | "Failed"));
-    // Pods running now: the target once created or deleted, fewer while in backoff.
-    let running_now = if active_n > target || backoff.is_zero() {
-        target.min(active_n.max(target - i32::try_from(held.len()).unwrap_or(i32::MAX)))
-    } else {
-        active_n
-    };
+    // Pods running now: the target once deleted down to it, else those active and created.
+    let running_now = if active_n > target { target } else { active_n + created };
     status.active = super::omit_zero(if want_active.is_some() { running_now } else { 0 });
     status.ready = Some(count(&|p| pods::is_active(p) && pods::is_ready(p)));
     status.terminating = Some(count(&|p| {
@@ -724,7 +750,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
         _ => None,
     };
-    let backoff = (!backoff.is_zero()).then_some(backoff);
+    let backoff = (!backoff.is_zero()).then_some(backoff).or(index_backoff);
     match deadline.into_iter().chain(backoff).min() {
         Some(wait) => Ok(Action::requeue(wait)),
         None => Ok(Action::await_change()),

@@ -2271,6 +2271,34 @@ async fn backoff_limit_per_index_fails_indexes_not_the_job_at_once() {
     assert_eq!(counts, want, "one retry per failing index, carrying its failures");
 }
 
+/// With backoffLimitPerIndex the backoff is each index's own: an index that failed holds
+/// back only its own retries, not the next index.
+#[tokio::test(start_paused = true)]
+async fn per_index_backoff_holds_back_only_its_index() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.api::<Job>();
+    let j = indexed_job(
+        "own-backoff",
+        3,
+        "succeed",
+        json!({"test.skiff/fail-indexes": "0"}),
+        json!({"parallelism": 1, "backoffLimitPerIndex": 0, "backoffLimit": 2147483647}),
+    );
+    let start = tokio::time::Instant::now();
+    api.create(&PostParams::default(), &j).await.unwrap();
+    wait_for("own-backoff failed", || async {
+        api.get("own-backoff").await.is_ok_and(|j| job_condition(&j, "Failed").is_some())
+    })
+    .await;
+    // A Job-wide backoff would have held index 1 for 10 s after index 0 failed.
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    let s = api.get("own-backoff").await.unwrap().status.unwrap();
+    assert_eq!(
+        (s.failed_indexes.as_deref(), s.completed_indexes.as_deref()),
+        (Some("0"), Some("1,2"))
+    );
+}
+
 /// maxFailedIndexes: one failed index more than allowed fails the Job at once, before the
 /// remaining indexes run.
 #[tokio::test(start_paused = true)]
