@@ -8,11 +8,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, NodeSelectorTerm, PersistentVolume,
-    Pod, Volume,
+    DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Pod, Volume,
 };
 use kube::ResourceExt;
 use skiff_control_plane::scheduler::labels::terms_match;
+use skiff_control_plane::scheduler::volumes::required_terms;
 
 use super::containers::{ConfigError, EnvSources, field_value};
 use crate::config::AgentConfig;
@@ -182,12 +182,6 @@ fn host_path(h: &HostPathVolumeSource) -> Result<PathBuf, ConfigError> {
     Ok(path)
 }
 
-/// The required node affinity terms of a volume, if it has any.
-fn required_terms(pv: &PersistentVolume) -> Option<&[NodeSelectorTerm]> {
-    let terms = &pv.spec.as_ref()?.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
-    (!terms.is_empty()).then_some(terms.as_slice())
-}
-
 /// The claim volumes of `pod` with `readOnly: true`: every mount of them is read-only (the
 /// kubelet's volume-spec `readOnly`).
 pub fn read_only_volumes(pod: &Pod) -> Vec<String> {
@@ -222,7 +216,8 @@ async fn materialize_one(
         let pv = sources.claimed_volume(&c.claim_name).await?;
         // The kubelet's CheckNodeAffinity: a volume pinned to other nodes is not mounted
         // here (a local directory of that name would be an empty stand-in).
-        if let Some(terms) = required_terms(&pv) {
+        let terms = required_terms(&pv);
+        if !terms.is_empty() {
             let node = sources.node(&config.node_name).await?;
             if !terms_match(terms, &node) {
                 return Err(ConfigError(format!(
@@ -423,7 +418,7 @@ mod tests {
             "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "disk": "ssd", "gen": "5"}}
         }))
         .unwrap();
-        let pv = |terms: serde_json::Value| -> PersistentVolume {
+        let pv = |terms: serde_json::Value| -> k8s_openapi::api::core::v1::PersistentVolume {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "v"},
                 "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": terms}}}
@@ -432,7 +427,8 @@ mod tests {
         };
         let check = |terms: serde_json::Value| {
             let v = pv(terms);
-            required_terms(&v).is_none_or(|t| terms_match(t, &node))
+            let terms = required_terms(&v);
+            terms.is_empty() || terms_match(terms, &node)
         };
         let host = |n: &str| {
             serde_json::json!([{"matchExpressions": [

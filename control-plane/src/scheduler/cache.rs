@@ -390,16 +390,9 @@ impl Cache {
         self.placements.get(key).is_some_and(|p| p.assumed && p.uid == uid)
     }
 
-    /// Undo an assumption after a failed binding (no-op once the watch confirmed it).
-    pub fn forget(&mut self, key: &str) {
-        if self.is_assumed(key) {
-            self.remove_pod(key);
-        }
-    }
-
-    /// [`Cache::forget`] for this very pod: a later pod of the same name keeps its own
-    /// assumption.
-    pub fn forget_uid(&mut self, key: &str, uid: &str) {
+    /// Undo the assumption of this very pod after a failed binding (no-op once the watch
+    /// confirmed it; a later pod of the same name keeps its own assumption).
+    pub fn forget(&mut self, key: &str, uid: &str) {
         if self.is_assumed_uid(key, uid) {
             self.remove_pod(key);
         }
@@ -457,17 +450,17 @@ mod tests {
         cache.assume(p.clone(), "n1");
         assert_eq!(cache.node("n1").unwrap().requested.milli_cpu, 500);
         assert_eq!(cache.node("n1").unwrap().used_ports.len(), 1);
-        cache.forget("default/a");
+        cache.forget("default/a", &p.uid);
         assert_eq!(cache.node("n1").unwrap().requested, Resources::default());
         assert!(cache.node("n1").unwrap().used_ports.is_empty());
 
         // Assumed, then confirmed by the watch: counted once, no longer forgettable.
-        cache.assume(p, "n1");
+        cache.assume(p.clone(), "n1");
         let mut bound = pod("a", "500m");
         bound.spec.as_mut().unwrap().node_name = Some("n1".into());
         cache.add_pod(Arc::new(PodInfo::new(bound)));
         assert_eq!(cache.node("n1").unwrap().requested.milli_cpu, 500);
-        cache.forget("default/a");
+        cache.forget("default/a", &p.uid);
         assert_eq!(cache.node("n1").unwrap().requested.milli_cpu, 500);
         cache.remove_pod("default/a");
         assert_eq!(cache.node("n1").unwrap().requested.milli_cpu, 0);

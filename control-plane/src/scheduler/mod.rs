@@ -664,7 +664,7 @@ async fn schedule_one(shared: &Arc<Shared>, pod: Arc<PodInfo>) {
                         let gone = matches!(&e, Error::Bind { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409);
                         {
                             let mut state = shared.lock();
-                            state.cache.forget_uid(&pod.key, &pod.uid);
+                            state.cache.forget(&pod.key, &pod.uid);
                             if deleted {
                                 // The pod's watch event (or its successor's) has done the rest.
                             } else if gone {

@@ -81,6 +81,13 @@ fn on_node(node: &str) -> Vec<NodeSelectorTerm> {
     }]
 }
 
+/// A volume's required node affinity terms (none: any node), as the scheduler and the
+/// node agent check them.
+pub fn required_terms(pv: &PersistentVolume) -> &[NodeSelectorTerm] {
+    let required = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()?.required.as_ref());
+    required.map_or(&[], |r| r.node_selector_terms.as_slice())
+}
+
 fn claim_key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
 }
@@ -137,14 +144,7 @@ impl VolumeCache {
     }
 
     pub fn upsert_volume(&mut self, pv: &PersistentVolume) {
-        let terms = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_affinity.as_ref())
-            .and_then(|a| a.required.as_ref())
-            .map(|r| r.node_selector_terms.clone())
-            .unwrap_or_default();
-        self.affinity.insert(pv.name_any(), terms);
+        self.affinity.insert(pv.name_any(), required_terms(pv).to_vec());
     }
 
     pub fn remove_volume(&mut self, pv: &PersistentVolume) {
@@ -160,22 +160,33 @@ impl VolumeCache {
         self.affinity.retain(|k, _| keep(k));
     }
 
+    /// The claim `ns/name`, or upstream's words for why a pod cannot use it: missing or
+    /// being deleted.
+    fn usable_claim(&self, ns: &str, name: &str) -> Result<&Claim, String> {
+        let claim = self
+            .claims
+            .get(&claim_key(ns, name))
+            .ok_or_else(|| format!("persistentvolumeclaim \"{name}\" not found"))?;
+        if claim.deleting {
+            return Err(format!("persistentvolumeclaim \"{name}\" is being deleted"));
+        }
+        Ok(claim)
+    }
+
     /// Upstream's PreBind wait (`checkBindings`): whether the claim `ns/name`, which a pod
     /// assumed on `node` waits for, is bound yet. `written` is the resourceVersion of the
     /// scheduler's own write of the selected node, if it wrote it: an older view of the
     /// claim is waited out rather than judged.
     pub fn binding(&self, ns: &str, name: &str, node: &str, written: Option<&str>) -> Binding {
-        let Some(c) = self.claims.get(&claim_key(ns, name)) else {
-            return Binding::Lost(format!("persistentvolumeclaim \"{name}\" not found"));
+        let c = match self.usable_claim(ns, name) {
+            Ok(c) => c,
+            Err(why) => return Binding::Lost(why),
         };
         let rv = |v: &str| v.parse::<u64>().ok();
         if let (Some(seen), Some(wrote)) = (rv(&c.resource_version), written.and_then(rv))
             && seen < wrote
         {
             return Binding::Pending;
-        }
-        if c.deleting {
-            return Binding::Lost(format!("persistentvolumeclaim \"{name}\" is being deleted"));
         }
         match &c.selected_node {
             Some(other) if other != node => {
@@ -201,12 +212,7 @@ impl VolumeCache {
         let volumes = pod.pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
         for v in volumes {
             let Some(c) = &v.persistent_volume_claim else { continue };
-            let Some(claim) = self.claims.get(&claim_key(&pod.namespace, &c.claim_name)) else {
-                return Err(format!("persistentvolumeclaim \"{}\" not found", c.claim_name));
-            };
-            if claim.deleting {
-                return Err(format!("persistentvolumeclaim \"{}\" is being deleted", c.claim_name));
-            }
+            let claim = self.usable_claim(&pod.namespace, &c.claim_name)?;
             // A node selected for the claim holds its pods, bound or not.
             if let Some(node) = &claim.selected_node {
                 plan.terms.push(on_node(node));
