@@ -244,21 +244,20 @@ pub mod success_policy {
     ) -> Option<usize> {
         policy.rules.iter().position(|rule| {
             let (done, wanted) = match &rule.succeeded_indexes {
-                // A rule naming no index (none parses) is skipped, as upstream does.
-                Some(listed) if super::indexed::parse(listed, completions).is_empty() => {
-                    return false;
-                }
                 Some(listed) => {
                     let listed = super::indexed::parse(listed, completions);
-                    let wanted = i32::try_from(listed.len()).unwrap_or(i32::MAX);
-                    (listed.intersection(succeeded).count(), wanted)
+                    // A rule naming no index (none parses) is skipped, as upstream does.
+                    if listed.is_empty() {
+                        return false;
+                    }
+                    (listed.intersection(succeeded).count(), Some(listed.len()))
                 }
-                None => (succeeded.len(), 0),
+                None => (succeeded.len(), None),
             };
-            let done = i32::try_from(done).unwrap_or(i32::MAX);
-            match rule.succeeded_count {
-                Some(n) => done >= n,
-                None => rule.succeeded_indexes.is_some() && done >= wanted,
+            match (rule.succeeded_count, wanted) {
+                (Some(n), _) => i32::try_from(done).unwrap_or(i32::MAX) >= n,
+                (None, Some(wanted)) => done >= wanted,
+                (None, None) => false,
             }
         })
     }

@@ -146,7 +146,7 @@ fn volume_for(
     let uid = pvc.uid().unwrap_or_default();
     let spec = pvc.spec.clone().unwrap_or_default();
     let request = spec.resources.and_then(|r| r.requests).and_then(|r| r.get("storage").cloned());
-    let path = root.join(format!("pvc-{uid}_{ns}_{name}"));
+    let path = root.join(dir_name(&volume_name(pvc), &ns, &name));
     json!({
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": volume_name(pvc), "annotations": {PROVISIONED_BY: PROVISIONER}},
@@ -230,8 +230,7 @@ impl Provisioner {
         };
         // A node gone since it was selected: the selection is dropped so that the
         // scheduler picks again (upstream's provisioner reschedules the same way).
-        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
-        if nodes.get_opt(&node).await.map_err(api_err("getting node", &node))?.is_none() {
+        if !self.node_exists(&node).await? {
             let claims: Api<PersistentVolumeClaim> =
                 Api::namespaced(self.ctx.client.clone(), &pvc.namespace().unwrap_or_default());
             let patch = json!({"metadata": {"resourceVersion": pvc.resource_version(),
@@ -293,12 +292,13 @@ impl Provisioner {
             }
         }
         let volumes: Api<PersistentVolume> = Api::all(self.ctx.client.clone());
-        let name = pv.name_any();
-        match volumes.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(Action::await_change()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
-            Err(source) => Err(Error::Api { action: "deleting", what: name, source }),
-        }
+        delete_if_present(&volumes, &pv.name_any(), &DeleteParams::default()).await?;
+        Ok(Action::await_change())
+    }
+
+    async fn node_exists(&self, node: &str) -> Result<bool, Error> {
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        Ok(nodes.get_opt(node).await.map_err(api_err("getting node", node))?.is_some())
     }
 
     /// Removes the directory of a released volume with a helper pod on its node. A volume
@@ -310,8 +310,7 @@ impl Provisioner {
             tracing::info!(volume = %name, root = %self.root.display(), "not a directory of this provisioner: left in place");
             return Ok(Teardown::Done);
         };
-        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
-        if nodes.get_opt(&node).await.map_err(api_err("getting node", &node))?.is_none() {
+        if !self.node_exists(&node).await? {
             return Ok(Teardown::Done);
         }
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), HELPER_NAMESPACE);
@@ -339,13 +338,8 @@ impl Provisioner {
             // Still terminating that long: its node is not there to finish it.
             _ if helper.metadata.deletion_timestamp.is_some() && overdue => {
                 let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-                return match pods.delete(&helper_name, &now).await {
-                    Ok(_) => Ok(Teardown::Running),
-                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(Teardown::Running),
-                    Err(source) => {
-                        Err(Error::Api { action: "deleting", what: helper_name, source })
-                    }
-                };
+                delete_if_present(&pods, &helper_name, &now).await?;
+                return Ok(Teardown::Running);
             }
             _ if helper.metadata.deletion_timestamp.is_some() => return Ok(Teardown::Running),
             "Succeeded" => Teardown::Done,
@@ -356,11 +350,25 @@ impl Provisioner {
             )),
             _ => return Ok(Teardown::Running),
         };
-        match pods.delete(&helper_name, &DeleteParams::default()).await {
-            Ok(_) => Ok(outcome),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(outcome),
-            Err(source) => Err(Error::Api { action: "deleting", what: helper_name, source }),
-        }
+        delete_if_present(&pods, &helper_name, &DeleteParams::default()).await?;
+        Ok(outcome)
+    }
+}
+
+/// The directory (under the root) of volume `volume` made for claim `ns/claim`.
+fn dir_name(volume: &str, ns: &str, claim: &str) -> String {
+    format!("{volume}_{ns}_{claim}")
+}
+
+/// Deletes `name`; gone already is as good.
+async fn delete_if_present<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api { action: "deleting", what: name.to_string(), source }),
     }
 }
 
@@ -373,8 +381,7 @@ fn helper_name(volume: &str) -> String {
 fn directory(root: &Path, pv: &PersistentVolume) -> Option<String> {
     let spec = pv.spec.as_ref()?;
     let claim = spec.claim_ref.as_ref()?;
-    let want =
-        format!("{}_{}_{}", pv.name_any(), claim.namespace.as_deref()?, claim.name.as_deref()?);
+    let want = dir_name(&pv.name_any(), claim.namespace.as_deref()?, claim.name.as_deref()?);
     let path = Path::new(&spec.host_path.as_ref()?.path);
     (path.parent() == Some(root) && path.file_name() == Some(want.as_ref())).then_some(want)
 }

@@ -139,7 +139,11 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
         && observed != sts.metadata.generation
     {
         let members = by_ordinal.range(..replicas).map(|(o, p)| (*o, *p));
-        match_retention(&sts, members.filter(|(_, p)| !pods::is_terminating(p)), &ctx).await?;
+        // A spec change (the retention policy among them): the live members' claims follow
+        // the policy. Upstream checks on every sync against its claim cache; here once per
+        // generation.
+        let live = members.filter(|(_, p)| !pods::is_terminating(p));
+        fix_claim_owners(&sts, live, false, &ctx).await?;
     }
 
     let strategy = spec.update_strategy.as_ref();
@@ -366,29 +370,11 @@ fn refers_to_pod(r: &OwnerReference, pod_name: &str) -> bool {
     r.api_version == "v1" && r.kind == "Pod" && r.name == pod_name
 }
 
-/// `whenScaled: Delete`: the claims of a pod a scale down removes get the pod as an owner
-/// (upstream's `updateClaimOwnerRefForSetAndPod` for a condemned pod), guarded by the
-/// resourceVersion read.
+/// `whenScaled: Delete`: the claims of a pod a scale down removes get the pod as their
+/// owner (upstream's `updateClaimOwnerRefForSetAndPod` for a condemned pod).
 async fn own_claims_by_pod(sts: &StatefulSet, pod: &Pod, ctx: &Ctx) -> Result<(), Error> {
     let Some(o) = ordinal(&sts.name_any(), &pod.name_any()) else { return Ok(()) };
-    let api: Api<PersistentVolumeClaim> =
-        Api::namespaced(ctx.client.clone(), &sts.namespace().unwrap_or_default());
-    let owner = pods::owner_ref(pod);
-    for name in claims_for(sts, o).iter().map(|c| c.name_any()) {
-        let err = |source| Error::Claim { sts: sts.name_any(), claim: name.clone(), source };
-        let Some(claim) = api.get_opt(&name).await.map_err(err)? else { continue };
-        // The pod alone: a reference to the set (whenDeleted: Delete) would keep the
-        // claim past the pod, as the garbage collector waits for every owner.
-        let set_uid = sts.uid().unwrap_or_default();
-        let mut refs = claim.owner_references().to_vec();
-        if refs.iter().any(|r| r.uid == owner.uid) && !refs.iter().any(|r| r.uid == set_uid) {
-            continue;
-        }
-        refs.retain(|r| !refers_to_pod(r, &pod.name_any()) && r.uid != set_uid);
-        refs.push(OwnerReference { controller: None, block_owner_deletion: None, ..owner.clone() });
-        set_owners(&api, &claim, refs).await.map_err(err)?;
-    }
-    Ok(())
+    fix_claim_owners(sts, std::iter::once((o, pod)), true, ctx).await
 }
 
 /// Replaces a claim's owner references, with the resourceVersion read.
@@ -402,30 +388,41 @@ async fn set_owners(
     api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
 }
 
-/// The owners a live member's claim should have, if not the ones it has (upstream's
-/// `updateClaimOwnerRefForSetAndPod` for a pod in range): the set when its policy deletes
-/// claims with it (`wanted`'s references), never the pod; other owners are kept.
-fn member_owners(
+/// The owners a claim of pod `pod_name` should have under the retention policy, if not
+/// the ones it has (upstream's `updateClaimOwnerRefForSetAndPod`); other owners are kept.
+/// - `condemned` (whenScaled: Delete): the pod alone. A reference to the set would keep the
+///   claim past the pod, as the garbage collector waits for every owner.
+/// - A live member: the set when its policy deletes claims with it (`wanted`'s
+///   references), never the pod.
+fn claim_owners(
     sts: &StatefulSet,
     existing: &PersistentVolumeClaim,
     wanted: &PersistentVolumeClaim,
     pod_name: &str,
+    condemned: Option<&Pod>,
 ) -> Option<Vec<OwnerReference>> {
     let set_uid = sts.uid().unwrap_or_default();
     let refs = existing.owner_references();
     let mut kept: Vec<OwnerReference> =
         refs.iter().filter(|r| !refers_to_pod(r, pod_name) && r.uid != set_uid).cloned().collect();
-    kept.extend(wanted.owner_references().iter().cloned());
+    match condemned {
+        Some(pod) => kept.push(OwnerReference {
+            controller: None,
+            block_owner_deletion: None,
+            ..pods::owner_ref(pod)
+        }),
+        None => kept.extend(wanted.owner_references().iter().cloned()),
+    }
     let same = kept.len() == refs.len() && kept.iter().all(|k| refs.iter().any(|r| r.uid == k.uid));
     (!same).then_some(kept)
 }
 
-/// A spec change (the retention policy among them): the claims of the live members follow
-/// the policy. Upstream checks this on every sync against its claim cache; here it is done
-/// once per generation.
-async fn match_retention(
+/// Gives the claims of `members` (ordinal, pod) the owners [`claim_owners`] says, guarded
+/// by the resourceVersion read; claims missing or being deleted are left alone.
+async fn fix_claim_owners<'a>(
     sts: &StatefulSet,
-    members: impl Iterator<Item = (i32, &Pod)>,
+    members: impl Iterator<Item = (i32, &'a Pod)>,
+    condemned: bool,
     ctx: &Ctx,
 ) -> Result<(), Error> {
     let api: Api<PersistentVolumeClaim> =
@@ -438,7 +435,8 @@ async fn match_retention(
             if claim.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if let Some(refs) = member_owners(sts, &claim, &wanted, &pod.name_any()) {
+            let by_pod = condemned.then_some(pod);
+            if let Some(refs) = claim_owners(sts, &claim, &wanted, &pod.name_any(), by_pod) {
                 set_owners(&api, &claim, refs).await.map_err(err)?;
             }
         }
@@ -466,7 +464,7 @@ async fn create_claims(
             // Owned by an earlier pod of this name a scale down removed: the claim is the
             // new pod's now, not the garbage collector's, and the set's again when its
             // policy deletes claims with it.
-            if let Some(refs) = member_owners(sts, &existing, &claim, pod_name) {
+            if let Some(refs) = claim_owners(sts, &existing, &claim, pod_name, None) {
                 set_owners(&api, &existing, refs).await.map_err(err)?;
             }
             continue;
