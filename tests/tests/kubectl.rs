@@ -234,6 +234,44 @@ fn namespaces_and_validation() {
     assert!(err.contains("ephemeral containers are disabled for this cluster"), "{err}");
 }
 
+/// `kubectl get componentstatuses`: upstream's columns and deprecation warning. The
+/// controller manager is healthy once it holds its Lease; this server runs no scheduler, so
+/// nothing holds the scheduler's and it is Unhealthy with the reason; the store answers its
+/// readiness check.
+#[test]
+fn component_statuses() {
+    let server = TestServer::start_with_controllers();
+    for minor in [27, 33] {
+        let k = server.kubectl(minor);
+        let mut out = String::new();
+        for _ in 0..100 {
+            out = k.ok(&["get", "componentstatuses"]);
+            if out.contains("controller-manager   Healthy") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let lines: Vec<Vec<&str>> =
+            out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).collect();
+        assert_eq!(lines[0], ["NAME", "STATUS", "MESSAGE", "ERROR"], "{out}");
+        assert_eq!(lines[1][..2], ["scheduler", "Unhealthy"], "{out}");
+        assert!(out.contains("the kube-system/kube-scheduler Lease does not exist"), "{out}");
+        assert_eq!(lines[2], ["controller-manager", "Healthy", "ok"], "{out}");
+        assert_eq!(lines[3], ["etcd-0", "Healthy", "ok"], "{out}");
+        let run = k.run(&["get", "cs", "etcd-0", "-o", "json"], None);
+        assert!(run.status.success());
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(stderr.contains("v1 ComponentStatus is deprecated in v1.19+"), "{stderr}");
+        let cs: serde_json::Value = serde_json::from_slice(&run.stdout).expect("json");
+        assert_eq!(cs["kind"], "ComponentStatus");
+        assert_eq!(cs["conditions"][0]["status"], "True");
+        let err = k.fails(&["get", "cs", "nope"]);
+        assert!(err.contains("componentstatuses \"nope\" not found"), "{err}");
+        let err = k.fails(&["delete", "cs", "etcd-0"]);
+        assert!(err.contains("does not allow this method"), "{err}");
+    }
+}
+
 /// DaemonSet history through the controllers: each template is a ControllerRevision that
 /// `rollout history` lists and `rollout undo` restores.
 fn daemonset_history(minor: u32) {

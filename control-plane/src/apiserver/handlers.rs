@@ -23,7 +23,9 @@ use super::request::{FieldValidation, Query, RequestInfo, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause, success_status};
 use super::table;
-use super::{ApiServer, admission as plugins, bytes_response, json_response, watch};
+use super::{
+    ApiServer, admission as plugins, bytes_response, componentstatus, json_response, watch,
+};
 use crate::machinery::ValueAt;
 use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, schema, strategic};
@@ -62,6 +64,9 @@ pub async fn resource(
     }
     let name = info.name.as_deref();
     let output = negotiate::output(&headers);
+    if rt.kind() == "ComponentStatus" && rt.group().is_empty() {
+        return component_statuses(server, rt, info.verb, name, output).await;
+    }
     match (info.verb, name, info.subresource.as_deref()) {
         (Verb::Get, Some(name), None | Some("status")) => {
             let (obj, _) = get_object(server, rt, ns, name).await?;
@@ -117,6 +122,46 @@ pub async fn resource(
         }
         (verb, _, _) => Err(ApiError::method_not_allowed(verb.as_str())),
     }
+}
+
+/// `componentstatuses`: get and list only, answered from the components' health now, with
+/// upstream's deprecation warning.
+async fn component_statuses(
+    server: &ApiServer,
+    rt: &ResourceType,
+    verb: Verb,
+    name: Option<&str>,
+    output: Output,
+) -> ApiResult<Response> {
+    let resp = match (verb, name) {
+        (Verb::Get, Some(name)) => {
+            render_object(rt, componentstatus::get(server, rt, name).await?, output)
+        }
+        (Verb::List, None) => {
+            let items = componentstatus::list(server).await;
+            match output {
+                Output::Table(version) => {
+                    json_response(StatusCode::OK, &table::table(rt, &items, version, None, true))
+                }
+                Output::Metadata(version) => json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "kind": "PartialObjectMetadataList",
+                        "apiVersion": format!("meta.k8s.io/{version}"),
+                        "metadata": {},
+                        "items": items.iter().map(|o| partial_metadata(o, version)).collect::<Vec<_>>(),
+                    }),
+                ),
+                Output::Json => json_response(
+                    StatusCode::OK,
+                    &json!({"kind": "ComponentStatusList", "apiVersion": "v1", "metadata": {},
+                        "items": items}),
+                ),
+            }
+        }
+        (verb, _) => return Err(ApiError::method_not_allowed(verb.as_str())),
+    };
+    Ok(with_warnings(resp, StatusCode::OK, &[componentstatus::DEPRECATION.to_string()]))
 }
 
 fn with_warnings(mut resp: Response, code: StatusCode, warnings: &[String]) -> Response {

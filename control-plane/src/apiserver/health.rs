@@ -49,6 +49,11 @@ async fn run(server: &ApiServer, name: &str) -> Result<(), String> {
     if name != "etcd" {
         return Ok(());
     }
+    store_health(server).await
+}
+
+/// The `etcd` check: the store answers a health check within [`STORE_TIMEOUT`].
+pub(super) async fn store_health(server: &ApiServer) -> Result<(), String> {
     match tokio::time::timeout(STORE_TIMEOUT, server.store.check_health()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(chain(&e)),

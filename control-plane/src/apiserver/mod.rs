@@ -7,6 +7,7 @@ pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod cache;
+mod componentstatus;
 mod discovery;
 mod handlers;
 mod health;

@@ -334,6 +334,28 @@ pub fn builtin() -> Vec<ResourceType> {
             tracks_generation: false,
             has_status: false,
         },
+        // Read-only and not stored: each read reports the control plane's health now
+        // (apiserver::componentstatus).
+        ResourceType {
+            desc: ResourceDesc {
+                verbs: &["get", "list"],
+                ..desc(
+                    "",
+                    "v1",
+                    "ComponentStatus",
+                    "componentstatuses",
+                    "componentstatus",
+                    false,
+                    &["cs"],
+                    &[],
+                    &[],
+                )
+            },
+            normalize: normalize::<core::v1::ComponentStatus>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
         ResourceType {
             desc: desc("", "v1", "Event", "events", "event", true, &["ev"], &[], &[]),
             normalize: normalize::<core::v1::Event>(),

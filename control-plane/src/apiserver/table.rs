@@ -268,6 +268,12 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Endpoints", "string", 0, "The endpoints of this slice."),
             AGE,
         ],
+        "ComponentStatus" => vec![
+            NAME,
+            col("Status", "string", 0, "Status of the component conditions"),
+            col("Message", "string", 0, "Message of the component conditions"),
+            col("Error", "string", 0, "Error of the component conditions"),
+        ],
         "Lease" => vec![NAME, col("Holder", "string", 0, "The holder of the lease."), AGE],
         "PodDisruptionBudget" => vec![
             NAME,
@@ -1019,6 +1025,22 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(shown),
                 json!(age),
             ]
+        }
+        "ComponentStatus" => {
+            // Upstream's printComponentStatus: the first Healthy condition, else Unknown.
+            let healthy = o
+                .get("conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c.get("type") == Some(&json!("Healthy"))));
+            let (status, message, error) = match healthy {
+                Some(c) => (
+                    if c.get("status") == Some(&json!("True")) { "Healthy" } else { "Unhealthy" },
+                    str_at(c, &["message"]),
+                    str_at(c, &["error"]),
+                ),
+                None => ("Unknown", String::new(), String::new()),
+            };
+            vec![json!(name), json!(status), json!(message), json!(error)]
         }
         "Lease" => vec![json!(name), json!(str_at(o, &["spec", "holderIdentity"])), json!(age)],
         "PodDisruptionBudget" => {

@@ -73,6 +73,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<core::v1::Secret>(g, true),
         kind::<core::v1::ServiceAccount>(g, true),
         kind::<core::v1::Event>(g, true),
+        kind::<core::v1::ComponentStatus>(g, true),
         kind::<core::v1::Binding>(g, false),
         kind::<core::v1::PersistentVolume>(g, true),
         kind::<core::v1::PersistentVolumeClaim>(g, true),
