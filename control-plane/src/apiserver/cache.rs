@@ -18,8 +18,27 @@ use crate::machinery::MemberName;
 use crate::machinery::ValueAt;
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
-/// Live events buffered per watcher before it is cut off as too slow.
+/// Live events buffered per watcher before it is cut off as too slow (and sent a 410 that
+/// makes it list again), for the resources written in bursts: every pod of a rollout or a
+/// scale-up writes several of these.
 const BROADCAST_CAPACITY: usize = 8_192;
+/// The same for every other resource. The buffer is allocated in full up front (32 bytes a
+/// slot): at 8,192 slots for each of the ~30 resources it was 8 MB of the server's memory.
+const BROADCAST_CAPACITY_QUIET: usize = 1_024;
+
+/// The live-event buffer of a resource's watchers (see [`BROADCAST_CAPACITY`]).
+fn broadcast_capacity(rt: &ResourceType) -> usize {
+    let bursty = matches!(
+        (rt.group(), rt.plural()),
+        ("", "pods" | "events" | "endpoints" | "nodes")
+            | ("events.k8s.io", "events")
+            | ("discovery.k8s.io", "endpointslices")
+            | ("coordination.k8s.io", "leases")
+            | ("apps", "replicasets")
+            | ("batch", "jobs")
+    );
+    if bursty { BROADCAST_CAPACITY } else { BROADCAST_CAPACITY_QUIET }
+}
 
 /// An object as stored in the cache: its JSON (with resourceVersion set) and the parts
 /// selectors look at.
@@ -135,8 +154,8 @@ pub enum WatchStartError {
 }
 
 impl ResourceCache {
-    fn new(floor: Revision, history_limit: usize, expecting: bool) -> Self {
-        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+    fn new(floor: Revision, history_limit: usize, expecting: bool, capacity: usize) -> Self {
+        let (tx, _) = broadcast::channel(capacity);
         ResourceCache {
             history_limit,
             expected: Mutex::new(HashMap::new()),
@@ -384,7 +403,9 @@ impl WatchCache {
         let caches = registry
             .all()
             .iter()
-            .map(|_| Arc::new(ResourceCache::new(0, history_limit, expecting)))
+            .map(|rt| {
+                Arc::new(ResourceCache::new(0, history_limit, expecting, broadcast_capacity(rt)))
+            })
             .collect();
         let prefixes = registry.all().iter().map(ResourceType::prefix).collect();
         let cache =
@@ -717,7 +738,7 @@ mod tests {
     /// every revision the history window reaches; older ones are refused.
     #[test]
     fn lists_at_a_revision_undo_the_later_changes() {
-        let cache = ResourceCache::new(0, 40, false);
+        let cache = ResourceCache::new(0, 40, false, BROADCAST_CAPACITY);
         let object = |key: &str, rv: Revision| {
             Arc::new(CachedObject {
                 key: key.to_string(),
