@@ -272,6 +272,94 @@ fn component_statuses() {
     }
 }
 
+fn quota_pod(name: &str, cpu: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  \
+         - {{name: c, image: skiff.local/busybox:1, resources: {{requests: {{cpu: {cpu}}}}}}}\n"
+    )
+}
+
+/// ResourceQuota through kubectl: `create quota`, the admission charging each create and
+/// refusing what exceeds it with upstream's messages, the table's used/hard columns, and
+/// the controller giving back a deleted pod's share.
+fn resource_quota(minor: u32) {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(minor);
+    k.ok(&["create", "namespace", "q"]);
+    k.ok(&["create", "quota", "compute", "-n", "q", "--hard=pods=2,requests.cpu=1,services=1"]);
+    // The controller fills in the status; until then a create it would charge is refused.
+    let mut quota = serde_json::Value::Null;
+    for _ in 0..100 {
+        quota = json(&k, &["get", "quota", "compute", "-n", "q"]);
+        if quota["status"]["used"]["pods"] == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(quota["status"]["hard"]["requests.cpu"], "1", "{quota}");
+    assert_eq!(quota["status"]["used"]["pods"], "0", "{quota}");
+    // A compute quota needs every container to state what it counts.
+    let err = k.fails(&["run", "bare", "-n", "q", "--image=skiff.local/busybox:1"]);
+    assert!(
+        err.contains(
+            "pods \"bare\" is forbidden: failed quota: compute: must specify requests.cpu for: bare"
+        ),
+        "{err}"
+    );
+    k.ok_stdin(&["apply", "-n", "q", "-f", "-"], Some(&quota_pod("a", "400m")));
+    k.ok_stdin(&["apply", "-n", "q", "-f", "-"], Some(&quota_pod("b", "400m")));
+    let out = k.ok(&["get", "quota", "-n", "q"]);
+    assert!(out.contains("pods: 2/2, requests.cpu: 800m/1, services: 0/1"), "{out}");
+    let out = k.run(&["apply", "-n", "q", "-f", "-"], Some(&quota_pod("c", "100m")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "pods \"c\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=2, limited: pods=2"
+        ),
+        "{err}"
+    );
+    k.ok(&["create", "service", "clusterip", "s1", "-n", "q", "--tcp=80:80"]);
+    let err = k.fails(&["create", "service", "clusterip", "s2", "-n", "q", "--tcp=80:80"]);
+    assert!(err.contains("exceeded quota: compute, requested: services=1"), "{err}");
+    // A deleted pod's share comes back once the controller has recounted.
+    k.ok(&["delete", "pod", "a", "-n", "q", "--wait=false"]);
+    let mut last = String::new();
+    for _ in 0..100 {
+        let out = k.run(&["apply", "-n", "q", "-f", "-"], Some(&quota_pod("c", "100m")));
+        if out.status.success() {
+            last.clear();
+            break;
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(last.is_empty(), "{last}");
+    let quota = json(&k, &["get", "quota", "compute", "-n", "q"]);
+    assert_eq!(quota["status"]["used"]["requests.cpu"], "500m", "{quota}");
+    // Upstream's validation of the quota itself.
+    let err = k.fails(&["create", "quota", "bad", "-n", "q", "--hard=pods=-1,bogus=1"]);
+    assert!(
+        err.contains(
+            "spec.hard[bogus]: Invalid value: \"bogus\": must be a standard resource for quota"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.hard[pods]: Invalid value: \"-1\": must be greater than or equal to 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn resource_quota_1_27() {
+    resource_quota(27);
+}
+
+#[test]
+fn resource_quota_1_33() {
+    resource_quota(33);
+}
+
 /// DaemonSet history through the controllers: each template is a ControllerRevision that
 /// `rollout history` lists and `rollout undo` restores.
 fn daemonset_history(minor: u32) {

@@ -32,6 +32,7 @@ use crate::machinery::{apply, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
 
 mod eviction;
+mod quota;
 
 /// How long a consistent list waits for the watch cache to catch up with the store.
 const CACHE_WAIT: Duration = Duration::from_secs(3);
@@ -927,6 +928,7 @@ async fn create_object(
             ));
         }
         plugins::validate_create(server, rt, ns, &candidate, dry_run).await?;
+        quota::charge(server, rt, ns, &candidate, dry_run).await?;
         let reservation = if rt.kind() == "Service" && rt.group().is_empty() {
             Some(server.alloc.allocate(&mut candidate)?)
         } else {

@@ -334,6 +334,23 @@ pub fn builtin() -> Vec<ResourceType> {
             tracks_generation: false,
             has_status: false,
         },
+        ResourceType {
+            desc: desc(
+                "",
+                "v1",
+                "ResourceQuota",
+                "resourcequotas",
+                "resourcequota",
+                true,
+                &["quota"],
+                &[],
+                &[STATUS],
+            ),
+            normalize: normalize::<core::v1::ResourceQuota>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+        },
         // Read-only and not stored: each read reports the control plane's health now
         // (apiserver::componentstatus).
         ResourceType {

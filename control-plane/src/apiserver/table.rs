@@ -268,6 +268,22 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Endpoints", "string", 0, "The endpoints of this slice."),
             AGE,
         ],
+        "ResourceQuota" => vec![
+            NAME,
+            AGE,
+            col(
+                "Request",
+                "string",
+                0,
+                "Request represents a minimum amount of cpu/memory that a container may consume.",
+            ),
+            col(
+                "Limit",
+                "string",
+                0,
+                "Limits control the maximum amount of cpu/memory that a container may use independent of contention on the node.",
+            ),
+        ],
         "ComponentStatus" => vec![
             NAME,
             col("Status", "string", 0, "Status of the component conditions"),
@@ -1025,6 +1041,23 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(shown),
                 json!(age),
             ]
+        }
+        "ResourceQuota" => {
+            // Upstream's printResourceQuota: `<resource>: <used>/<hard>` for each resource of
+            // status.hard in name order, limits.* in the Limit column.
+            let hard = o.at(&["status", "hard"]).and_then(Value::as_object);
+            let used = o.at(&["status", "used"]).and_then(Value::as_object);
+            let (mut request, mut limit) = (Vec::new(), Vec::new());
+            for (resource, h) in hard.into_iter().flatten() {
+                let u = used.and_then(|u| u.get(resource)).and_then(Value::as_str).unwrap_or("0");
+                let cell = format!("{resource}: {u}/{}", h.as_str().unwrap_or_default());
+                if resource.split('.').next() == Some("limits") && resource.contains('.') {
+                    limit.push(cell);
+                } else {
+                    request.push(cell);
+                }
+            }
+            vec![json!(name), json!(age), json!(request.join(", ")), json!(limit.join(", "))]
         }
         "ComponentStatus" => {
             // Upstream's printComponentStatus: the first Healthy condition, else Unknown.

@@ -28,6 +28,7 @@ pub mod node_lifecycle;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;
+pub mod resourcequota;
 pub mod serviceaccount;
 pub mod statefulset;
 #[cfg(test)]
@@ -137,6 +138,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(event_ttl::run(ctx.clone()));
     tasks.spawn(podgc::run(ctx.clone()));
     tasks.spawn(disruption::run(ctx.clone()));
+    tasks.spawn(resourcequota::run(ctx.clone()));
     tasks.spawn(volume::run(ctx.clone()));
     tasks.spawn(volume_protection::run(ctx.clone()));
     if let Some(root) = ctx.config.local_path_root.clone() {

@@ -7,6 +7,7 @@ pub mod apply;
 pub mod cron;
 pub mod openapi;
 pub mod protobuf;
+pub mod quota;
 pub mod schema;
 pub mod strategic;
 

@@ -6,11 +6,12 @@ use std::net::IpAddr;
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::{
-    Binding, ConfigMap, EndpointAddress, Endpoints, Event, Namespace, Node, Secret, ServiceAccount,
+    Binding, ConfigMap, EndpointAddress, Endpoints, Event, Namespace, Node, ResourceQuota, Secret,
+    ServiceAccount,
 };
 use serde_json::{Value, json};
 
-use super::field::{ErrorList, FieldError, Path, go_string_list, json_value};
+use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
 use super::pod::{validate_protocol, validate_taint_effect};
@@ -156,6 +157,9 @@ pub fn validate(kind: &str, new: &Value, old: Option<&Value>) -> ErrorList {
             decode::<Endpoints>(new, old).map(|(n, o)| validate_endpoints(&n, o.as_ref()))
         }
         "Event" => decode::<Event>(new, old).map(|(n, o)| validate_event(&n, o.as_ref())),
+        "ResourceQuota" => {
+            decode::<ResourceQuota>(new, old).map(|(n, o)| validate_resource_quota(&n, o.as_ref()))
+        }
         _ => Ok(ErrorList::new()),
     };
     r.unwrap_or_else(|e| e)
@@ -260,6 +264,125 @@ fn validate_node(node: &Node, old: Option<&Node>) -> ErrorList {
                 "node updates may not change providerID except from \"\" to valid",
             ));
         }
+    }
+    errs
+}
+
+/// Upstream's standard quota resource names (`IsStandardQuotaResourceName`); other names
+/// must be qualified with a `/` (`count/deployments.apps`, `example.com/gpu`).
+const QUOTA_RESOURCES: [&str; 19] = [
+    "pods",
+    "services",
+    "replicationcontrollers",
+    "resourcequotas",
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+    "services.nodeports",
+    "services.loadbalancers",
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "requests.cpu",
+    "requests.memory",
+    "requests.storage",
+    "requests.ephemeral-storage",
+    "limits.cpu",
+    "limits.memory",
+    "limits.ephemeral-storage",
+];
+
+/// Resources counted in whole objects (upstream's `IsIntegerResourceName`).
+fn integer_quota_resource(name: &str) -> bool {
+    QUOTA_RESOURCES[..9].contains(&name)
+        || name.starts_with("count/")
+        || name.ends_with(".storageclass.storage.k8s.io/persistentvolumeclaims")
+}
+
+/// Upstream `ValidateResourceQuota`: standard or qualified resource names, non-negative
+/// (and for counts whole) amounts, known and compatible scopes; status like spec.
+fn validate_resource_quota(rq: &ResourceQuota, old: Option<&ResourceQuota>) -> ErrorList {
+    let mut errs = validate_meta(gvk("ResourceQuota"), &rq.metadata, old.map(|o| &o.metadata));
+    let spec = rq.spec.clone().unwrap_or_default();
+    let amounts = |errs: &mut ErrorList,
+                   path: &Path,
+                   map: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >| {
+        for (k, v) in map.into_iter().flatten() {
+            let p = path.key(k);
+            if !k.contains('/')
+                && !QUOTA_RESOURCES.contains(&k.as_str())
+                && !k.starts_with("hugepages-")
+                && !k.starts_with("requests.hugepages-")
+            {
+                errs.push(FieldError::invalid(
+                    &p,
+                    k.as_str(),
+                    "must be a standard resource for quota",
+                ));
+            } else {
+                for m in names::is_qualified_name(k) {
+                    errs.push(FieldError::invalid(&p, k.as_str(), m));
+                }
+            }
+            match quantity::Quantity::parse(&v.0) {
+                Some(q) if q.is_negative() => {
+                    errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE))
+                }
+                Some(q) if integer_quota_resource(k) && q.0 % 1_000_000_000 != 0 => {
+                    errs.push(FieldError::invalid(&p, v.0.as_str(), "must be an integer"))
+                }
+                _ => {}
+            }
+        }
+    };
+    amounts(&mut errs, &Path::root("spec").child("hard"), spec.hard.as_ref());
+    if let Some(status) = &rq.status {
+        amounts(&mut errs, &Path::root("status").child("hard"), status.hard.as_ref());
+        amounts(&mut errs, &Path::root("status").child("used"), status.used.as_ref());
+    }
+    let scopes = spec.scopes.clone().unwrap_or_default();
+    let sp = Path::root("spec").child("scopes");
+    // Upstream prints the whole list as Go syntax.
+    let quoted: Vec<String> = scopes.iter().map(|s| super::field::go_quote(s)).collect();
+    let shown = || Raw(format!("[]core.ResourceQuotaScope{{{}}}", quoted.join(", ")));
+    const SCOPES: [&str; 6] = [
+        "Terminating",
+        "NotTerminating",
+        "BestEffort",
+        "NotBestEffort",
+        "PriorityClass",
+        "CrossNamespacePodAffinity",
+    ];
+    for scope in &scopes {
+        if !SCOPES.contains(&scope.as_str()) {
+            errs.push(FieldError::invalid(&sp, shown(), "unsupported scope"));
+        }
+        // BestEffort pods request nothing: only their count can be limited.
+        for k in spec.hard.iter().flat_map(|h| h.keys()) {
+            let pod_count = matches!(k.as_str(), "pods" | "count/pods");
+            let compute = QUOTA_RESOURCES[9..].contains(&k.as_str()) && k != "requests.storage";
+            let valid = match scope.as_str() {
+                "BestEffort" => pod_count,
+                _ if SCOPES.contains(&scope.as_str()) => pod_count || compute,
+                _ => true,
+            };
+            if QUOTA_RESOURCES.contains(&k.as_str()) && !valid {
+                errs.push(FieldError::invalid(
+                    &sp,
+                    shown(),
+                    "unsupported scope applied to resource",
+                ));
+            }
+        }
+    }
+    let has = |s: &str| scopes.iter().any(|x| x == s);
+    if has("BestEffort") && has("NotBestEffort") || has("Terminating") && has("NotTerminating") {
+        errs.push(FieldError::invalid(&sp, shown(), "conflicting scopes"));
     }
     errs
 }

@@ -34,7 +34,7 @@ mod networking;
 mod other;
 mod pod;
 mod policy;
-mod quantity;
+pub mod quantity;
 mod scheduling;
 mod service;
 mod storage;

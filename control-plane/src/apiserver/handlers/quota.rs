@@ -1,0 +1,212 @@
+//! The ResourceQuota admission (upstream's `ResourceQuota` plugin, the last validating
+//! step of a create): every quota of the namespace that charges the new object is checked
+//! and charged in its status before the object is stored, through a compare-and-swap on the
+//! quota, so concurrent creates cannot both take its last unit. A quota whose status the
+//! controller has not computed yet refuses what it would charge. The resource quota
+//! controller recomputes `used` from what exists (releasing deleted objects and failed
+//! creates).
+
+use serde_json::Value;
+
+use super::{Writer, guaranteed_update, now};
+use crate::apiserver::ApiServer;
+use crate::apiserver::registry::ResourceType;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::machinery::ValueAt;
+use crate::machinery::admission::quantity::Quantity;
+use crate::machinery::quota::{self, Usage};
+
+const MANAGER: &str = "kube-apiserver";
+
+/// Check and charge the quotas of `ns` for creating `obj`.
+pub(super) async fn charge(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    obj: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let Some(ns) = ns else { return Ok(()) };
+    let Some(quota_rt) = server.registry.find("", "v1", "resourcequotas") else { return Ok(()) };
+    let quotas = server.cache.resource(quota_rt).list(&quota_rt.namespace_prefix(Some(ns)), None);
+    if quotas.is_empty() {
+        return Ok(());
+    }
+    let usage = quota::usage(rt.group(), rt.plural(), obj, &now());
+    if usage.is_empty() {
+        return Ok(());
+    }
+    let subject = Subject {
+        group: rt.group(),
+        resource: rt.plural(),
+        name: obj.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default(),
+        obj,
+        usage: &usage,
+    };
+    for cached in quotas {
+        let quota = cached.value();
+        // Most quotas charge nothing for most objects: decided on the cached copy first.
+        if subject.charged(&quota)?.is_none() {
+            continue;
+        }
+        if dry_run {
+            continue;
+        }
+        let name = quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
+        let w =
+            Writer { manager: MANAGER, sub: Some("status"), track: false, admit: false, dry_run };
+        guaranteed_update(server, quota_rt, Some(ns), name, w, None, |current| {
+            Ok(subject.charged(current)?.unwrap_or_else(|| current.clone()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The object being created, and what it charges.
+struct Subject<'a> {
+    group: &'a str,
+    resource: &'a str,
+    name: &'a str,
+    obj: &'a Value,
+    usage: &'a Usage,
+}
+
+impl Subject<'_> {
+    /// The quota with this object charged; `None` when the quota does not charge it; an
+    /// error when the quota refuses it.
+    fn charged(&self, quota: &Value) -> ApiResult<Option<Value>> {
+        let spec = quota.get("spec").unwrap_or(&Value::Null);
+        if !quota::scopes_match(spec, self.group, self.resource, self.obj) {
+            return Ok(None);
+        }
+        let hard_spec = spec.get("hard").and_then(Value::as_object);
+        let names = quota::charged_names(
+            hard_spec.into_iter().flat_map(|m| m.keys()),
+            self.group,
+            self.resource,
+        );
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let quota_name =
+            quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
+        if self.group.is_empty() && self.resource == "pods" {
+            let missing = quota::missing_compute(&names, self.obj);
+            if !missing.is_empty() {
+                return Err(self.forbidden(format!(
+                    "failed quota: {quota_name}: must specify {}",
+                    missing.join("; ")
+                )));
+            }
+        }
+        let hard = quota::parse_usage(quota.at(&["status", "hard"]));
+        let mut used = quota::parse_usage(quota.at(&["status", "used"]));
+        let unknown: Vec<&str> = names
+            .iter()
+            .filter(|n| !hard.contains_key(n.as_str()) || !used.contains_key(n.as_str()))
+            .map(|n| n.as_str())
+            .collect();
+        if !unknown.is_empty() {
+            return Err(self.forbidden(format!(
+                "status unknown for quota: {quota_name}, resources: {}",
+                unknown.join(",")
+            )));
+        }
+        let mut exceeded = Vec::new();
+        for name in &names {
+            let Some(&delta) = self.usage.get(name.as_str()) else { continue };
+            let limit = hard[name.as_str()];
+            let was = used[name.as_str()];
+            let now = was.saturating_add(delta);
+            if now > limit {
+                exceeded.push((name.as_str(), delta, was, limit));
+            }
+            used.insert(name.to_string(), now);
+        }
+        if !exceeded.is_empty() {
+            let list = |f: fn(&(&str, Quantity, Quantity, Quantity)) -> Quantity| {
+                exceeded
+                    .iter()
+                    .map(|e| format!("{}={}", e.0, quota::format(f(e))))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            return Err(self.forbidden(format!(
+                "exceeded quota: {quota_name}, requested: {}, used: {}, limited: {}",
+                list(|e| e.1),
+                list(|e| e.2),
+                list(|e| e.3)
+            )));
+        }
+        let mut next = quota.clone();
+        next["status"]["used"] = quota::usage_value(&used);
+        Ok(Some(next))
+    }
+
+    /// Upstream's admission denial: `pods "web" is forbidden: <why>`.
+    fn forbidden(&self, why: String) -> ApiError {
+        let qualified = if self.group.is_empty() {
+            self.resource.to_string()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        };
+        ApiError::forbidden(format!("{qualified} \"{}\" is forbidden: {why}", self.name))
+            .with_details(self.group, self.resource, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str) -> Value {
+        json!({"metadata": {"name": name}, "spec": {"containers": [
+            {"name": "c", "resources": {"requests": {"cpu": "500m"}}}]}})
+    }
+
+    fn check(quota: &Value, obj: &Value) -> ApiResult<Option<Value>> {
+        let usage = quota::usage("", "pods", obj, "2026-11-28T10:00:00Z");
+        Subject { group: "", resource: "pods", name: "p", obj, usage: &usage }.charged(quota)
+    }
+
+    #[test]
+    fn a_pod_within_the_quota_is_charged() {
+        let q = json!({"metadata": {"name": "q"},
+            "spec": {"hard": {"pods": "2", "requests.cpu": "1", "services": "1"}},
+            "status": {"hard": {"pods": "2", "requests.cpu": "1", "services": "1"},
+                "used": {"pods": "1", "requests.cpu": "0", "services": "0"}}});
+        let next = check(&q, &pod("p")).unwrap().unwrap();
+        assert_eq!(
+            next["status"]["used"],
+            json!({"pods": "2", "requests.cpu": "500m", "services": "0"})
+        );
+        let err = check(&next, &pod("p")).unwrap_err();
+        assert_eq!(err.code, http::StatusCode::FORBIDDEN);
+        assert_eq!(
+            err.message,
+            "pods \"p\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2"
+        );
+    }
+
+    #[test]
+    fn unknown_status_missing_requests_and_other_scopes() {
+        let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "2"}}});
+        assert_eq!(
+            check(&q, &pod("p")).unwrap_err().message,
+            "pods \"p\" is forbidden: status unknown for quota: q, resources: pods"
+        );
+        let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"limits.cpu": "2"}},
+            "status": {"hard": {"limits.cpu": "2"}, "used": {"limits.cpu": "0"}}});
+        assert_eq!(
+            check(&q, &pod("p")).unwrap_err().message,
+            "pods \"p\" is forbidden: failed quota: q: must specify limits.cpu for: c"
+        );
+        let q = json!({"metadata": {"name": "q"},
+            "spec": {"hard": {"pods": "0"}, "scopes": ["BestEffort"]},
+            "status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}});
+        assert_eq!(check(&q, &pod("p")).unwrap(), None);
+    }
+}
