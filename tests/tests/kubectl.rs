@@ -350,6 +350,71 @@ fn resource_quota(minor: u32) {
     );
 }
 
+const LIMIT_RANGE: &str = r#"
+apiVersion: v1
+kind: LimitRange
+metadata: {name: cpu}
+spec:
+  limits:
+  - type: Container
+    max: {cpu: "1"}
+    defaultRequest: {cpu: 100m}
+"#;
+
+/// LimitRange: defaulted as upstream (the default limit from max), its defaults given to a
+/// pod that states nothing (so it passes a compute quota), a container over its max refused.
+fn limit_range(minor: u32) {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(minor);
+    k.ok(&["create", "namespace", "lr"]);
+    k.ok_stdin(&["apply", "-n", "lr", "-f", "-"], Some(LIMIT_RANGE));
+    let lr = json(&k, &["get", "limitrange", "cpu", "-n", "lr"]);
+    assert_eq!(lr["spec"]["limits"][0]["default"]["cpu"], "1", "{lr}");
+    let out = k.ok(&["get", "limits", "-n", "lr"]);
+    assert!(out.starts_with("NAME") && out.contains("CREATED AT"), "{out}");
+    k.ok(&["create", "quota", "compute", "-n", "lr", "--hard=requests.cpu=1,limits.cpu=2"]);
+    for _ in 0..100 {
+        let quota = json(&k, &["get", "quota", "compute", "-n", "lr"]);
+        if quota["status"]["used"]["requests.cpu"] == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    k.ok(&["run", "p", "-n", "lr", "--image=skiff.local/busybox:1"]);
+    let pod = json(&k, &["get", "pod", "p", "-n", "lr"]);
+    let resources = &pod["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["requests"]["cpu"], "100m", "{pod}");
+    assert_eq!(resources["limits"]["cpu"], "1", "{pod}");
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubernetes.io/limit-ranger"],
+        "LimitRanger plugin set: cpu request for container p; cpu limit for container p"
+    );
+    let out = k.run(
+        &["apply", "-n", "lr", "-f", "-"],
+        Some(
+            &quota_pod("big", "200m")
+                .replace("requests: {cpu: 200m}", "requests: {cpu: 200m}, limits: {cpu: 2}"),
+        ),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "pods \"big\" is forbidden: maximum cpu usage per Container is 1, but limit is 2"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn limit_range_1_27() {
+    limit_range(27);
+}
+
+#[test]
+fn limit_range_1_33() {
+    limit_range(33);
+}
+
 #[test]
 fn resource_quota_1_27() {
     resource_quota(27);

@@ -351,6 +351,23 @@ pub fn builtin() -> Vec<ResourceType> {
             tracks_generation: false,
             has_status: true,
         },
+        ResourceType {
+            desc: desc(
+                "",
+                "v1",
+                "LimitRange",
+                "limitranges",
+                "limitrange",
+                true,
+                &["limits"],
+                &[],
+                &[],
+            ),
+            normalize: normalize::<core::v1::LimitRange>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
         // Read-only and not stored: each read reports the control plane's health now
         // (apiserver::componentstatus).
         ResourceType {

@@ -268,6 +268,15 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Endpoints", "string", 0, "The endpoints of this slice."),
             AGE,
         ],
+        "LimitRange" => vec![
+            NAME,
+            col(
+                "Created At",
+                "date",
+                0,
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+            ),
+        ],
         "ResourceQuota" => vec![
             NAME,
             AGE,
@@ -1041,6 +1050,9 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
                 json!(shown),
                 json!(age),
             ]
+        }
+        "LimitRange" => {
+            vec![json!(name), json!(str_at(o, &["metadata", "creationTimestamp"]))]
         }
         "ResourceQuota" => {
             // Upstream's printResourceQuota: `<resource>: <used>/<hard>` for each resource of

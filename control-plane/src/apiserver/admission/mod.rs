@@ -7,6 +7,7 @@
 //!
 //! [`handles`]: MutatingPlugin::handles
 
+mod limitranger;
 mod namespace;
 mod noderestriction;
 mod priority;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
+pub use self::limitranger::LimitRanger;
 pub use self::namespace::NamespaceLifecycle;
 pub use self::noderestriction::NodeRestriction;
 pub use self::priority::Priority;
@@ -210,6 +212,7 @@ impl Chain {
         Chain {
             mutating: vec![
                 Box::new(NamespaceLifecycle::default()),
+                Box::new(LimitRanger),
                 Box::new(ServiceAccount),
                 Box::new(StorageObjectInUseProtection),
                 Box::new(Priority::default()),
@@ -217,6 +220,7 @@ impl Chain {
             ],
             validating: vec![
                 Box::new(NodeRestriction),
+                Box::new(LimitRanger),
                 Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),
             ],

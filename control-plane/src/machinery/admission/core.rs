@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::{
-    Binding, ConfigMap, EndpointAddress, Endpoints, Event, Namespace, Node, ResourceQuota, Secret,
-    ServiceAccount,
+    Binding, ConfigMap, EndpointAddress, Endpoints, Event, LimitRange, Namespace, Node,
+    ResourceQuota, Secret, ServiceAccount,
 };
 use serde_json::{Value, json};
 
@@ -26,6 +26,33 @@ const IMMUTABLE_SET: &str = "field is immutable when `immutable` is set";
 // ---------------------------------------------------------------------------------------
 // Defaulting
 // ---------------------------------------------------------------------------------------
+
+/// `SetDefaults_LimitRangeItem`: a Container item's default limit is its max, its default
+/// request its default limit, else its min.
+pub fn default_limit_range(o: &mut Obj) {
+    let Some(items) =
+        o.get_mut("spec").and_then(|s| s.get_mut("limits")).and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for item in items.iter_mut().filter_map(Value::as_object_mut) {
+        if item.get("type").and_then(Value::as_str) != Some("Container") {
+            continue;
+        }
+        let fill = |item: &mut Obj, to: &str, from: &str| {
+            let source = item.get(from).and_then(Value::as_object).cloned().unwrap_or_default();
+            let target = item.entry(to).or_insert_with(|| json!({}));
+            if let Some(target) = target.as_object_mut() {
+                for (k, v) in source {
+                    target.entry(k).or_insert(v);
+                }
+            }
+        };
+        fill(item, "default", "max");
+        fill(item, "defaultRequest", "default");
+        fill(item, "defaultRequest", "min");
+    }
+}
 
 /// `SetDefaults_Namespace`: the `kubernetes.io/metadata.name` label; status phase Active.
 pub fn default_namespace(o: &mut Obj) {
@@ -159,6 +186,9 @@ pub fn validate(kind: &str, new: &Value, old: Option<&Value>) -> ErrorList {
         "Event" => decode::<Event>(new, old).map(|(n, o)| validate_event(&n, o.as_ref())),
         "ResourceQuota" => {
             decode::<ResourceQuota>(new, old).map(|(n, o)| validate_resource_quota(&n, o.as_ref()))
+        }
+        "LimitRange" => {
+            decode::<LimitRange>(new, old).map(|(n, o)| validate_limit_range(&n, o.as_ref()))
         }
         _ => Ok(ErrorList::new()),
     };
@@ -304,14 +334,7 @@ fn integer_quota_resource(name: &str) -> bool {
 fn validate_resource_quota(rq: &ResourceQuota, old: Option<&ResourceQuota>) -> ErrorList {
     let mut errs = validate_meta(gvk("ResourceQuota"), &rq.metadata, old.map(|o| &o.metadata));
     let spec = rq.spec.clone().unwrap_or_default();
-    let amounts = |errs: &mut ErrorList,
-                   path: &Path,
-                   map: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >| {
+    let amounts = |errs: &mut ErrorList, path: &Path, map: Option<&ResourceList>| {
         for (k, v) in map.into_iter().flatten() {
             let p = path.key(k);
             if !k.contains('/')
@@ -383,6 +406,138 @@ fn validate_resource_quota(rq: &ResourceQuota, old: Option<&ResourceQuota>) -> E
     let has = |s: &str| scopes.iter().any(|x| x == s);
     if has("BestEffort") && has("NotBestEffort") || has("Terminating") && has("NotTerminating") {
         errs.push(FieldError::invalid(&sp, shown(), "conflicting scopes"));
+    }
+    errs
+}
+
+/// A `ResourceList`: resource name to quantity.
+type ResourceList =
+    std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>;
+
+/// Upstream `ValidateLimitRange`: known types, valid resource names and quantities, a Pod
+/// item without defaults, and for each resource min <= default request <= default <= max.
+fn validate_limit_range(lr: &LimitRange, old: Option<&LimitRange>) -> ErrorList {
+    use quantity::Quantity;
+    let mut errs = validate_meta(gvk("LimitRange"), &lr.metadata, old.map(|o| &o.metadata));
+    let lp = Path::root("spec").child("limits");
+    for (i, item) in lr.spec.iter().flat_map(|s| s.limits.iter()).enumerate() {
+        let ip = lp.index(i);
+        let ty = item.type_.as_str();
+        if !matches!(ty, "Pod" | "Container" | "PersistentVolumeClaim") {
+            errs.push(FieldError::not_supported(
+                &ip.child("type"),
+                ty,
+                &["Container", "PersistentVolumeClaim", "Pod"],
+            ));
+        }
+        let maps = [
+            ("min", item.min.as_ref()),
+            ("max", item.max.as_ref()),
+            ("default", item.default.as_ref()),
+            ("defaultRequest", item.default_request.as_ref()),
+            ("maxLimitRequestRatio", item.max_limit_request_ratio.as_ref()),
+        ];
+        for (field, map) in maps {
+            for (k, v) in map.into_iter().flatten() {
+                let p = ip.child(field).key(k);
+                for m in names::is_qualified_name(k) {
+                    errs.push(FieldError::invalid(&p, k.as_str(), m));
+                }
+                if Quantity::parse(&v.0).is_some_and(Quantity::is_negative) {
+                    errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE));
+                }
+            }
+        }
+        if ty == "Pod" {
+            if item.default.as_ref().is_some_and(|d| !d.is_empty()) {
+                errs.push(FieldError::forbidden(
+                    &ip.child("default"),
+                    "may not be specified when `type` is 'Pod'",
+                ));
+            }
+            if item.default_request.as_ref().is_some_and(|d| !d.is_empty()) {
+                errs.push(FieldError::forbidden(
+                    &ip.child("defaultRequest"),
+                    "may not be specified when `type` is 'Pod'",
+                ));
+            }
+        }
+        let get = |map: Option<&ResourceList>, k: &str| {
+            map.and_then(|m| m.get(k)).and_then(|q| Quantity::parse(&q.0).map(|p| (p, q.0.clone())))
+        };
+        let mut keys: Vec<&String> =
+            maps[..4].iter().flat_map(|(_, m)| m.iter().flat_map(|m| m.keys())).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            let min = get(item.min.as_ref(), k);
+            let max = get(item.max.as_ref(), k);
+            let default = get(item.default.as_ref(), k);
+            let request = get(item.default_request.as_ref(), k);
+            if let (Some(min), Some(max)) = (&min, &max)
+                && min.0 > max.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("min").key(k),
+                    min.1.as_str(),
+                    format!("min value {} is greater than max value {}", min.1, max.1),
+                ));
+            }
+            if let (Some(request), Some(max)) = (&request, &max)
+                && request.0 > max.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("defaultRequest").key(k),
+                    request.1.as_str(),
+                    format!(
+                        "default request value {} is greater than max value {}",
+                        request.1, max.1
+                    ),
+                ));
+            }
+            if let (Some(min), Some(request)) = (&min, &request)
+                && min.0 > request.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("defaultRequest").key(k),
+                    request.1.as_str(),
+                    format!(
+                        "min value {} is greater than default request value {}",
+                        min.1, request.1
+                    ),
+                ));
+            }
+            if let (Some(request), Some(default)) = (&request, &default)
+                && request.0 > default.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("defaultRequest").key(k),
+                    request.1.as_str(),
+                    format!(
+                        "default request value {} is greater than default limit value {}",
+                        request.1, default.1
+                    ),
+                ));
+            }
+            if let (Some(default), Some(max)) = (&default, &max)
+                && default.0 > max.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("default").key(k),
+                    default.1.as_str(),
+                    format!("default value {} is greater than max value {}", default.1, max.1),
+                ));
+            }
+            if let (Some(min), Some(default)) = (&min, &default)
+                && min.0 > default.0
+            {
+                errs.push(FieldError::invalid(
+                    &ip.child("default").key(k),
+                    default.1.as_str(),
+                    format!("min value {} is greater than default value {}", min.1, default.1),
+                ));
+            }
+        }
     }
     errs
 }

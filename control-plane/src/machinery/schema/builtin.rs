@@ -75,6 +75,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<core::v1::Event>(g, true),
         kind::<core::v1::ComponentStatus>(g, true),
         kind::<core::v1::ResourceQuota>(g, true),
+        kind::<core::v1::LimitRange>(g, true),
         kind::<core::v1::Binding>(g, false),
         kind::<core::v1::PersistentVolume>(g, true),
         kind::<core::v1::PersistentVolumeClaim>(g, true),

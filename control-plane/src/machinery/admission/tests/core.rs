@@ -345,3 +345,101 @@ fn endpoints_rules() {
     ];
     rejects(EP, &base, cases);
 }
+
+const QUOTA: Gvk<'static> = Gvk::new("", "v1", "ResourceQuota");
+const LIMITS: Gvk<'static> = Gvk::new("", "v1", "LimitRange");
+
+#[test]
+fn resource_quota_rules() {
+    let base = json!({"metadata": {"name": "q", "namespace": "d"},
+        "spec": {"hard": {"pods": "10", "requests.cpu": "1500m", "count/deployments.apps": "2",
+            "example.com/gpu": "1"}}});
+    admitted(QUOTA, base.clone());
+    rejects(
+        QUOTA,
+        &base,
+        &[
+            (
+                "unknown bare name",
+                &|o| o["spec"]["hard"]["bogus"] = json!("1"),
+                "spec.hard[bogus]: Invalid value: \"bogus\": must be a standard resource for quota",
+                "FieldValueInvalid",
+            ),
+            (
+                "negative",
+                &|o| o["spec"]["hard"]["pods"] = json!("-1"),
+                "spec.hard[pods]: Invalid value: \"-1\": must be greater than or equal to 0",
+                "FieldValueInvalid",
+            ),
+            (
+                "fractional count",
+                &|o| o["spec"]["hard"]["pods"] = json!("1500m"),
+                "spec.hard[pods]: Invalid value: \"1500m\": must be an integer",
+                "FieldValueInvalid",
+            ),
+            (
+                "unknown scope",
+                &|o| o["spec"]["scopes"] = json!(["Sometimes"]),
+                "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Sometimes\"}: unsupported scope",
+                "FieldValueInvalid",
+            ),
+            (
+                "conflicting scopes",
+                &|o| {
+                    o["spec"]["hard"] = json!({"pods": "1"});
+                    o["spec"]["scopes"] = json!(["BestEffort", "NotBestEffort"]);
+                },
+                "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\", \"NotBestEffort\"}: conflicting scopes",
+                "FieldValueInvalid",
+            ),
+            (
+                "BestEffort limits only pods",
+                &|o| o["spec"]["scopes"] = json!(["BestEffort"]),
+                "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource",
+                "FieldValueInvalid",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn limit_range_defaults_and_rules() {
+    let lr = admitted(
+        LIMITS,
+        json!({"metadata": {"name": "l", "namespace": "d"}, "spec": {"limits": [
+            {"type": "Container", "max": {"cpu": "2"}, "min": {"memory": "64Mi"}},
+            {"type": "Pod", "max": {"cpu": "4"}},
+        ]}}),
+    );
+    // SetDefaults_LimitRangeItem: default limit from max, default request from the default
+    // limit, else from min; Pod items untouched.
+    assert_eq!(lr["spec"]["limits"][0]["default"], json!({"cpu": "2"}));
+    assert_eq!(lr["spec"]["limits"][0]["defaultRequest"], json!({"cpu": "2", "memory": "64Mi"}));
+    assert!(lr["spec"]["limits"][1].get("default").is_none());
+    let base = json!({"metadata": {"name": "l", "namespace": "d"},
+        "spec": {"limits": [{"type": "Container", "max": {"cpu": "2"}}]}});
+    rejects(
+        LIMITS,
+        &base,
+        &[
+            (
+                "unknown type",
+                &|o| o["spec"]["limits"][0]["type"] = json!("Node"),
+                "spec.limits[0].type: Unsupported value: \"Node\": supported values: \"Container\", \"PersistentVolumeClaim\", \"Pod\"",
+                "FieldValueNotSupported",
+            ),
+            (
+                "min over max",
+                &|o| o["spec"]["limits"][0]["min"] = json!({"cpu": "3"}),
+                "spec.limits[0].min[cpu]: Invalid value: \"3\": min value 3 is greater than max value 2",
+                "FieldValueInvalid",
+            ),
+            (
+                "defaults on a Pod item",
+                &|o| o["spec"]["limits"][0] = json!({"type": "Pod", "default": {"cpu": "1"}}),
+                "spec.limits[0].default: Forbidden: may not be specified when `type` is 'Pod'",
+                "FieldValueForbidden",
+            ),
+        ],
+    );
+}
