@@ -20,7 +20,8 @@ use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 
 /// Live events buffered per watcher before it is cut off as too slow (and sent a 410 that
 /// makes it list again), for the resources written in bursts: every pod of a rollout or a
-/// scale-up writes several of these.
+/// scale-up writes several of these (a quota's status is charged by every create it
+/// limits).
 const BROADCAST_CAPACITY: usize = 8_192;
 /// The same for every other resource. The buffer is allocated in full up front (32 bytes a
 /// slot): at 8,192 slots for each of the ~30 resources it was 8 MB of the server's memory.
@@ -30,7 +31,7 @@ const BROADCAST_CAPACITY_QUIET: usize = 1_024;
 fn broadcast_capacity(rt: &ResourceType) -> usize {
     let bursty = matches!(
         (rt.group(), rt.plural()),
-        ("", "pods" | "events" | "endpoints" | "nodes")
+        ("", "pods" | "events" | "endpoints" | "nodes" | "resourcequotas")
             | ("events.k8s.io", "events")
             | ("discovery.k8s.io", "endpointslices")
             | ("coordination.k8s.io", "leases")

@@ -928,7 +928,10 @@ async fn create_object(
             ));
         }
         plugins::validate_create(server, rt, ns, &candidate, dry_run).await?;
-        quota::charge(server, rt, ns, &candidate, dry_run).await?;
+        // Charged once: a retry under another generated name is the same object.
+        if attempt == 0 {
+            quota::charge(server, rt, ns, &candidate, dry_run).await?;
+        }
         let reservation = if rt.kind() == "Service" && rt.group().is_empty() {
             Some(server.alloc.allocate(&mut candidate)?)
         } else {

@@ -1,28 +1,30 @@
 //! The resource quota controller (upstream's `pkg/controller/resourcequota`): each
 //! ResourceQuota's `status.hard` is its `spec.hard`, and `status.used` what the objects of
-//! its namespace charge now (counted by `machinery::quota`, as the apiserver's quota
-//! admission charges them). The apiserver adds each create to `used` as it admits it; this
-//! controller gives back what deletions, terminal pods and failed creates no longer hold.
-//! Quotas are recounted when their namespace's pods, Services, ConfigMaps, Secrets, claims
-//! or ReplicationControllers change, and every five minutes (for `count/<resource>` of the
-//! other kinds, every 30 seconds).
+//! its namespace charge (counted by `machinery::quota`, as the apiserver's quota admission
+//! charges them). The apiserver adds each create to `used` as it admits it; this controller
+//! gives back what is no longer held. As upstream, a quota is recounted:
+//! - when it is new or its `spec.hard` changed (its own status writes do not count: a
+//!   recount then could drop charges of creates admitted but not yet stored);
+//! - when an object of a kind it may count leaves its namespace, or a pod there turns
+//!   terminal or starts terminating (replenishment);
+//! - every five minutes, and on start.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, ReplicationController, ResourceQuota, Secret, Service,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
 use crate::apiserver::registry::Registry;
 use crate::machinery::admission::quantity::Quantity;
@@ -30,18 +32,8 @@ use crate::machinery::quota::{self, Usage};
 
 /// Upstream's full resync period of quotas.
 const RESYNC: Duration = Duration::from_secs(300);
-/// The recount of quotas that count kinds this controller does not watch.
-const UNWATCHED_RESYNC: Duration = Duration::from_secs(30);
-
-/// The kinds whose changes recount their namespace's quotas at once.
-const WATCHED: [&str; 6] = [
-    "pods",
-    "services",
-    "configmaps",
-    "secrets",
-    "persistentvolumeclaims",
-    "replicationcontrollers",
-];
+/// How long a failed recount waits before it is tried again.
+const RETRY: Duration = Duration::from_secs(5);
 
 static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
@@ -63,40 +55,150 @@ pub enum Error {
     },
 }
 
+/// What to recount: one quota, or every quota of a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Work {
+    Quota { namespace: String, name: String },
+    Namespace(String),
+}
+
 /// Run the resource quota controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller =
-        Controller::new(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default());
-    let store = controller.store();
-    let cfg = watcher::Config::default;
-    let controller = controller
-        .watches(Api::<Pod>::all(client.clone()), cfg(), in_namespace(&store))
-        .watches(Api::<Service>::all(client.clone()), cfg(), in_namespace(&store))
-        .watches(Api::<ConfigMap>::all(client.clone()), cfg(), in_namespace(&store))
-        .watches(Api::<Secret>::all(client.clone()), cfg(), in_namespace(&store))
-        .watches(Api::<PersistentVolumeClaim>::all(client.clone()), cfg(), in_namespace(&store))
-        .watches(Api::<ReplicationController>::all(client.clone()), cfg(), in_namespace(&store));
-    run_controller(controller, Ctx::new(client, "resourcequota-controller"), reconcile).await;
-}
-
-/// Map an object to every quota of its namespace.
-fn in_namespace<K: kube::Resource>(
-    store: &Store<ResourceQuota>,
-) -> impl Fn(K) -> Vec<ObjectRef<ResourceQuota>> + Send + Sync + 'static {
-    let store = store.clone();
-    move |obj: K| {
-        let ns = obj.namespace();
-        store
-            .state()
-            .iter()
-            .filter(|q| q.namespace() == ns)
-            .map(|q| ObjectRef::from_obj(q.as_ref()))
-            .collect()
+    let (tx, mut rx) = mpsc::unbounded_channel::<Work>();
+    let (store, writer) = reflector::store::<ResourceQuota>();
+    let mut tasks = tokio::task::JoinSet::new();
+    let quotas = reflector::reflector(
+        writer,
+        watcher(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff();
+    let to = tx.clone();
+    tasks.spawn(quotas.for_each(move |event| {
+        // Listed (start, re-list) or with a spec its status does not reflect yet.
+        let work = match event {
+            Ok(watcher::Event::InitApply(q)) => Some(q),
+            Ok(watcher::Event::Apply(q)) if !reflects_spec(&q) => Some(q),
+            _ => None,
+        };
+        if let Some(q) = work {
+            let _ = to.send(Work::Quota {
+                namespace: q.namespace().unwrap_or_default(),
+                name: q.name_any(),
+            });
+        }
+        futures::future::ready(())
+    }));
+    tasks.spawn(replenish::<Pod>(client.clone(), tx.clone(), pod_released));
+    tasks.spawn(replenish::<Service>(client.clone(), tx.clone(), |_| false));
+    tasks.spawn(replenish::<ConfigMap>(client.clone(), tx.clone(), |_| false));
+    tasks.spawn(replenish::<Secret>(client.clone(), tx.clone(), |_| false));
+    tasks.spawn(replenish::<PersistentVolumeClaim>(client.clone(), tx.clone(), |_| false));
+    tasks.spawn(replenish::<ReplicationController>(client.clone(), tx.clone(), |_| false));
+    let resync = (store.clone(), tx.clone());
+    tasks.spawn(async move {
+        let (store, tx) = resync;
+        let mut tick = tokio::time::interval(RESYNC);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            for q in store.state() {
+                let _ = tx.send(Work::Quota {
+                    namespace: q.namespace().unwrap_or_default(),
+                    name: q.name_any(),
+                });
+            }
+        }
+    });
+    while let Some(first) = rx.recv().await {
+        // Everything queued meanwhile, once each.
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let mut seen = HashSet::new();
+        for work in batch {
+            for rq in quotas_of(&store, &work) {
+                let key = (rq.namespace().unwrap_or_default(), rq.name_any());
+                if !seen.insert(key.clone()) {
+                    continue;
+                }
+                if let Err(error) = recount(&client, &rq).await {
+                    tracing::warn!(quota = %format!("{}/{}", key.0, key.1), error = %error, "recounting quota failed");
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(RETRY).await;
+                        let _ = tx.send(Work::Quota { namespace: key.0, name: key.1 });
+                    });
+                }
+            }
+        }
     }
 }
 
-async fn reconcile(rq: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+/// Whether a quota's status already shows its spec's hard limits.
+fn reflects_spec(rq: &ResourceQuota) -> bool {
+    let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
+    let status = rq.status.as_ref().and_then(|s| s.hard.as_ref());
+    spec.filter(|h| !h.is_empty()) == status.filter(|h| !h.is_empty())
+        && rq.status.as_ref().is_some_and(|s| s.used.is_some() || spec.is_none_or(|h| h.is_empty()))
+}
+
+/// A pod that stops charging its quota without being deleted yet: terminal or terminating.
+fn pod_released(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
+/// Queue the namespace of every deleted object of kind `K` (and of those `released` says
+/// stopped charging) for a recount.
+async fn replenish<K>(
+    client: kube::Client,
+    tx: mpsc::UnboundedSender<Work>,
+    released: fn(&K) -> bool,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    watcher(Api::<K>::all(client), watcher::Config::default())
+        .default_backoff()
+        .for_each(|event| {
+            let ns = match &event {
+                Ok(watcher::Event::Delete(o)) => o.namespace(),
+                Ok(watcher::Event::Apply(o)) if released(o) => o.namespace(),
+                _ => None,
+            };
+            if let Some(ns) = ns {
+                let _ = tx.send(Work::Namespace(ns));
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+fn quotas_of(store: &Store<ResourceQuota>, work: &Work) -> Vec<Arc<ResourceQuota>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|q| match work {
+            Work::Quota { namespace, name } => {
+                q.namespace().as_deref() == Some(namespace.as_str()) && &q.name_any() == name
+            }
+            Work::Namespace(ns) => q.namespace().as_deref() == Some(ns.as_str()),
+        })
+        .collect()
+}
+
+/// Count what the quota's namespace holds and write it as the quota's status.
+async fn recount(client: &kube::Client, rq: &ResourceQuota) -> Result<(), Error> {
     let ns = rq.namespace().unwrap_or_default();
     let name = rq.name_any();
     let spec = serde_json::to_value(rq.spec.clone().unwrap_or_default()).unwrap_or_default();
@@ -105,7 +207,7 @@ async fn reconcile(rq: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Action, Erro
     let kinds: BTreeSet<(&str, &str)> = hard.keys().filter_map(|k| quota::counted_by(k)).collect();
     let now = pods::now().to_string();
     for (group, resource) in &kinds {
-        for obj in list(&ctx.client, &ns, group, resource).await? {
+        for obj in list(client, &ns, group, resource).await? {
             if !quota::scopes_match(&spec, group, resource, &obj) {
                 continue;
             }
@@ -120,17 +222,16 @@ async fn reconcile(rq: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Action, Erro
         "hard": spec.get("hard").cloned().unwrap_or_else(|| serde_json::json!({})),
         "used": quota::usage_value(&used),
     });
-    let current = serde_json::to_value(&rq.status).unwrap_or_default();
-    if current != status {
-        let mut next = rq.as_ref().clone();
-        next.status = serde_json::from_value(status).ok();
-        let api: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), &ns);
-        api.replace_status(&name, &PostParams::default(), &next).await.map_err(|source| {
-            Error::Status { namespace: ns.clone(), name: name.clone(), source }
-        })?;
+    if serde_json::to_value(&rq.status).unwrap_or_default() == status {
+        return Ok(());
     }
-    let unwatched = kinds.iter().any(|(g, r)| !g.is_empty() || !WATCHED.contains(r));
-    Ok(Action::requeue(if unwatched { UNWATCHED_RESYNC } else { RESYNC }))
+    let mut next = rq.clone();
+    next.status = serde_json::from_value(status).ok();
+    let api: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    api.replace_status(&name, &PostParams::default(), &next)
+        .await
+        .map_err(|source| Error::Status { namespace: ns.clone(), name: name.clone(), source })?;
+    Ok(())
 }
 
 /// The objects of `group`/`resource` in `ns`, as JSON; none for a resource not served.
@@ -161,4 +262,31 @@ async fn list(
         source,
     })?;
     Ok(list.items.iter().filter_map(|o| serde_json::to_value(o).ok()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(v: serde_json::Value) -> ResourceQuota {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Only a quota whose status does not show its spec yet is recounted on its own
+    /// change: the charges admission writes into `used` trigger nothing.
+    #[test]
+    fn a_quota_is_recounted_on_its_own_change_only_when_its_spec_is_new() {
+        let fresh = quota(serde_json::json!({"spec": {"hard": {"pods": "2"}}}));
+        assert!(!reflects_spec(&fresh));
+        let charged = quota(serde_json::json!({"spec": {"hard": {"pods": "2"}},
+            "status": {"hard": {"pods": "2"}, "used": {"pods": "1"}}}));
+        assert!(reflects_spec(&charged));
+        let raised = quota(serde_json::json!({"spec": {"hard": {"pods": "3"}},
+            "status": {"hard": {"pods": "2"}, "used": {"pods": "1"}}}));
+        assert!(!reflects_spec(&raised));
+        let terminal: Pod =
+            serde_json::from_value(serde_json::json!({"status": {"phase": "Failed"}})).unwrap();
+        assert!(pod_released(&terminal));
+        assert!(!pod_released(&Pod::default()));
+    }
 }

@@ -51,14 +51,16 @@ pub fn counted_resource(name: &str) -> Option<(&str, &str)> {
 }
 
 /// What one object of `group`/`resource` charges, at `now` (pods that are terminal, or past
-/// their deletion grace period, charge nothing).
+/// their deletion grace period, charge only `count/pods`).
 pub fn usage(group: &str, resource: &str, obj: &Value, now: &str) -> Usage {
     let mut u = Usage::new();
+    let one = Quantity(NANO);
+    // `count/pods` counts every stored pod; `pods` and compute only those not at their end
+    // of life (upstream's PodUsageFunc).
+    u.insert(count_name(group, resource), one);
     if group.is_empty() && resource == "pods" && !pod_counts(obj, now) {
         return u;
     }
-    let one = Quantity(NANO);
-    u.insert(count_name(group, resource), one);
     if let Some(legacy) = legacy_count(group, resource) {
         u.insert(legacy.to_string(), one);
     }
@@ -346,41 +348,37 @@ fn cross_namespace_affinity(pod: &Value) -> bool {
     })
 }
 
-/// The container resources a quota requires every container to state (upstream's pod
-/// evaluator `Constraints`): `must specify limits.cpu for: app`.
+/// The compute resources a quota names that some container does not state (upstream's pod
+/// evaluator `Constraints`, kept for backward compatibility: a cpu or memory quota needs
+/// every container to request, or limit, it). Sorted.
 pub fn missing_compute(hard: &[&String], pod: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    for name in hard {
+    const VALIDATED: [&str; 6] =
+        ["cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"];
+    let mut out: Vec<String> = Vec::new();
+    for name in hard.iter().filter(|n| VALIDATED.contains(&n.as_str())) {
         let (which, resource) = match name.split_once('.') {
-            Some(("requests", r)) => ("requests", r),
-            Some(("limits", r)) => ("limits", r),
-            _ if BARE_COMPUTE.contains(&name.as_str()) => ("requests", name.as_str()),
-            _ => continue,
+            Some((which, resource)) => (which, resource),
+            None => ("requests", name.as_str()),
         };
-        if !matches!(resource, "cpu" | "memory") {
-            continue;
-        }
-        let missing: Vec<&str> = ["initContainers", "containers"]
+        let lacking = ["containers", "initContainers"]
             .iter()
             .flat_map(|k| containers(pod, k))
-            .filter(|c| c.at(&["resources", which, resource]).is_none())
-            .filter_map(|c| c.get("name").and_then(Value::as_str))
-            .collect();
-        if !missing.is_empty() {
-            out.push(format!("{which}.{resource} for: {}", missing.join(",")));
+            .any(|c| c.at(&["resources", which, resource]).is_none());
+        if lacking {
+            out.push(name.to_string());
         }
     }
     out.sort();
-    out.dedup();
     out
 }
 
-/// A status quantity as upstream prints it: whole counts bare, memory-like amounts in binary
-/// units when they are whole KiB, everything else in decimal SI (`1500m`).
-pub fn format(q: Quantity) -> String {
+/// A status quantity of resource `name` as upstream prints it: memory and storage in binary
+/// units when they are whole KiB, everything else in decimal SI (`1500m`, `3`).
+pub fn format(name: &str, q: Quantity) -> String {
+    let bytes = name.contains("memory") || name.contains("storage") || name.contains("hugepages-");
     let text = if q.0 % NANO == 0 {
         let whole = q.0 / NANO;
-        if whole != 0 && whole % 1024 == 0 {
+        if bytes && whole != 0 && whole % 1024 == 0 {
             format!("{}Ki", whole / 1024)
         } else {
             whole.to_string()
@@ -402,7 +400,7 @@ pub fn parse_usage(v: Option<&Value>) -> Usage {
 
 /// A usage map as a status map.
 pub fn usage_value(u: &Usage) -> Value {
-    Value::Object(u.iter().map(|(k, v)| (k.clone(), Value::String(format(*v)))).collect())
+    Value::Object(u.iter().map(|(k, v)| (k.clone(), Value::String(format(k, *v)))).collect())
 }
 
 #[cfg(test)]
@@ -436,20 +434,23 @@ mod tests {
         assert_eq!(u["cpu"], q("2"));
         assert_eq!(u["requests.memory"], q("80Mi"));
         assert_eq!(u["limits.cpu"], q("1"));
-        assert_eq!(format(u["requests.memory"]), "80Mi");
-        assert_eq!(format(q("1500m")), "1500m");
-        assert_eq!(format(q("3")), "3");
-        assert_eq!(format(Quantity::ZERO), "0");
+        assert_eq!(format("requests.memory", u["requests.memory"]), "80Mi");
+        assert_eq!(format("requests.cpu", q("1500m")), "1500m");
+        assert_eq!(format("pods", q("3")), "3");
+        assert_eq!(format("requests.cpu", q("2048")), "2048");
+        assert_eq!(format("requests.storage", q("2048")), "2Ki");
+        assert_eq!(format("pods", Quantity::ZERO), "0");
     }
 
     #[test]
-    fn terminal_and_expired_pods_charge_nothing() {
-        assert!(usage("", "pods", &json!({"status": {"phase": "Succeeded"}}), NOW).is_empty());
+    fn terminal_and_expired_pods_charge_only_their_count() {
+        let only_count = |u: Usage| u.keys().cloned().collect::<Vec<_>>() == ["count/pods"];
+        assert!(only_count(usage("", "pods", &json!({"status": {"phase": "Succeeded"}}), NOW)));
         let deleting = |grace: i64| {
             json!({"metadata": {"deletionTimestamp": "2026-11-28T09:59:30Z",
                 "deletionGracePeriodSeconds": grace}})
         };
-        assert!(usage("", "pods", &deleting(10), NOW).is_empty());
+        assert!(only_count(usage("", "pods", &deleting(10), NOW)));
         assert_eq!(usage("", "pods", &deleting(60), NOW)["pods"], q("1"));
     }
 
@@ -506,8 +507,14 @@ mod tests {
             {"name": "a", "resources": {"requests": {"cpu": "1"}}},
             {"name": "b"},
         ]}});
-        let hard = ["requests.cpu".to_string(), "limits.memory".to_string(), "pods".to_string()];
+        let hard = ["requests.cpu", "limits.memory", "pods", "cpu", "limits.cpu"].map(String::from);
         let hard: Vec<&String> = hard.iter().collect();
-        assert_eq!(missing_compute(&hard, &pod), ["limits.memory for: a,b", "requests.cpu for: b"]);
+        assert_eq!(
+            missing_compute(&hard, &pod),
+            ["cpu", "limits.cpu", "limits.memory", "requests.cpu"]
+        );
+        let stated = json!({"spec": {"containers": [{"name": "a", "resources": {
+            "requests": {"cpu": "1"}, "limits": {"cpu": "1", "memory": "1Gi"}}}]}});
+        assert!(missing_compute(&hard, &stated).is_empty());
     }
 }

@@ -149,6 +149,9 @@ impl ValidatingPlugin for LimitRanger {
         } else {
             claim_errors(&ranges, obj)
         };
+        // Upstream's aggregate error prints each message once.
+        let mut seen = std::collections::HashSet::new();
+        let errs: Vec<String> = errs.into_iter().filter(|e| seen.insert(e.clone())).collect();
         match errs.as_slice() {
             [] => Ok(()),
             [one] => Err(req.forbidden(one)),
@@ -199,7 +202,7 @@ fn pod_totals(pod: &Value, which: &str) -> Amounts {
     total
         .into_iter()
         .map(|(k, q)| {
-            let shown = crate::machinery::quota::format(q);
+            let shown = crate::machinery::quota::format(&k, q);
             (k, q, shown)
         })
         .collect()
@@ -316,7 +319,7 @@ mod tests {
     fn defaults_fill_only_what_containers_leave_unset() {
         let mut pod = json!({"spec": {"containers": [
             {"name": "a"},
-            {"name": "b", "resources": {"limits": {"cpu": "200m"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "200m"}}},
         ]}});
         let (mut requests, mut limits) = (Map::new(), Map::new());
         requests.insert("cpu".into(), json!("100m"));
@@ -325,11 +328,11 @@ mod tests {
         assert_eq!(
             note,
             "LimitRanger plugin set: cpu request for container a; cpu limit for container a; \
-             cpu request for container b"
+             cpu limit for container b"
         );
         assert_eq!(
             pod["spec"]["containers"][1]["resources"],
-            json!({"limits": {"cpu": "200m"}, "requests": {"cpu": "100m"}})
+            json!({"limits": {"cpu": "500m"}, "requests": {"cpu": "200m"}})
         );
         assert!(pod_errors(&range(), &pod).is_empty(), "{:?}", pod_errors(&range(), &pod));
     }

@@ -43,22 +43,33 @@ pub(super) async fn charge(
         obj,
         usage: &usage,
     };
+    // Every quota is checked before any is charged, as upstream does: a refusal by one
+    // leaves the others untouched.
+    let mut charged = Vec::new();
     for cached in quotas {
         let quota = cached.value();
-        // Most quotas charge nothing for most objects: decided on the cached copy first.
-        if subject.charged(&quota)?.is_none() {
-            continue;
+        if subject.charged(&quota)?.is_some() {
+            charged.push(quota);
         }
-        if dry_run {
-            continue;
-        }
+    }
+    if dry_run {
+        return Ok(());
+    }
+    for quota in charged {
         let name = quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
         let w =
             Writer { manager: MANAGER, sub: Some("status"), track: false, admit: false, dry_run };
-        guaranteed_update(server, quota_rt, Some(ns), name, w, None, |current| {
+        let written = guaranteed_update(server, quota_rt, Some(ns), name, w, None, |current| {
             Ok(subject.charged(current)?.unwrap_or_else(|| current.clone()))
         })
-        .await?;
+        .await;
+        match written {
+            // Deleted meanwhile: nothing to charge.
+            Err(e) if e.code == http::StatusCode::NOT_FOUND => {}
+            other => {
+                other?;
+            }
+        }
     }
     Ok(())
 }
@@ -80,12 +91,15 @@ impl Subject<'_> {
         if !quota::scopes_match(spec, self.group, self.resource, self.obj) {
             return Ok(None);
         }
-        let hard_spec = spec.get("hard").and_then(Value::as_object);
-        let names = quota::charged_names(
-            hard_spec.into_iter().flat_map(|m| m.keys()),
+        // Upstream restricts what the status's hard limits name: a quota the controller has
+        // not filled in yet restricts nothing.
+        let hard_status = quota.at(&["status", "hard"]).and_then(Value::as_object);
+        let mut names = quota::charged_names(
+            hard_status.into_iter().flat_map(|m| m.keys()),
             self.group,
             self.resource,
         );
+        names.sort();
         if names.is_empty() {
             return Ok(None);
         }
@@ -96,21 +110,17 @@ impl Subject<'_> {
             if !missing.is_empty() {
                 return Err(self.forbidden(format!(
                     "failed quota: {quota_name}: must specify {}",
-                    missing.join("; ")
+                    missing.join(",")
                 )));
             }
         }
         let hard = quota::parse_usage(quota.at(&["status", "hard"]));
         let mut used = quota::parse_usage(quota.at(&["status", "used"]));
-        let unknown: Vec<&str> = names
-            .iter()
-            .filter(|n| !hard.contains_key(n.as_str()) || !used.contains_key(n.as_str()))
-            .map(|n| n.as_str())
-            .collect();
-        if !unknown.is_empty() {
+        if names.iter().any(|n| !used.contains_key(n.as_str())) {
+            let all: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
             return Err(self.forbidden(format!(
                 "status unknown for quota: {quota_name}, resources: {}",
-                unknown.join(",")
+                all.join(",")
             )));
         }
         let mut exceeded = Vec::new();
@@ -128,7 +138,7 @@ impl Subject<'_> {
             let list = |f: fn(&(&str, Quantity, Quantity, Quantity)) -> Quantity| {
                 exceeded
                     .iter()
-                    .map(|e| format!("{}={}", e.0, quota::format(f(e))))
+                    .map(|e| format!("{}={}", e.0, quota::format(e.0, f(e))))
                     .collect::<Vec<_>>()
                     .join(",")
             };
@@ -193,16 +203,20 @@ mod tests {
 
     #[test]
     fn unknown_status_missing_requests_and_other_scopes() {
+        // Not filled in by the controller yet: restricts nothing, as upstream.
         let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "2"}}});
+        assert_eq!(check(&q, &pod("p")).unwrap(), None);
+        let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "2", "requests.cpu": "1"}},
+            "status": {"hard": {"pods": "2", "requests.cpu": "1"}, "used": {"pods": "0"}}});
         assert_eq!(
             check(&q, &pod("p")).unwrap_err().message,
-            "pods \"p\" is forbidden: status unknown for quota: q, resources: pods"
+            "pods \"p\" is forbidden: status unknown for quota: q, resources: pods,requests.cpu"
         );
         let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"limits.cpu": "2"}},
             "status": {"hard": {"limits.cpu": "2"}, "used": {"limits.cpu": "0"}}});
         assert_eq!(
             check(&q, &pod("p")).unwrap_err().message,
-            "pods \"p\" is forbidden: failed quota: q: must specify limits.cpu for: c"
+            "pods \"p\" is forbidden: failed quota: q: must specify limits.cpu"
         );
         let q = json!({"metadata": {"name": "q"},
             "spec": {"hard": {"pods": "0"}, "scopes": ["BestEffort"]},

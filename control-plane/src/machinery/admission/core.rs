@@ -27,6 +27,17 @@ const IMMUTABLE_SET: &str = "field is immutable when `immutable` is set";
 // Defaulting
 // ---------------------------------------------------------------------------------------
 
+/// A ResourceQuota's amounts in upstream's canonical form (`1024Mi` is stored as `1Gi`).
+pub fn default_resource_quota(o: &mut Obj) {
+    for path in [["spec", "hard"], ["status", "hard"], ["status", "used"]] {
+        let map =
+            o.get_mut(path[0]).and_then(|v| v.get_mut(path[1])).and_then(Value::as_object_mut);
+        for v in map.into_iter().flat_map(|m| m.values_mut()) {
+            quantity::canonicalize(Some(v));
+        }
+    }
+}
+
 /// `SetDefaults_LimitRangeItem`: a Container item's default limit is its max, its default
 /// request its default limit, else its min.
 pub fn default_limit_range(o: &mut Obj) {
@@ -36,6 +47,12 @@ pub fn default_limit_range(o: &mut Obj) {
         return;
     };
     for item in items.iter_mut().filter_map(Value::as_object_mut) {
+        for field in ["min", "max", "default", "defaultRequest", "maxLimitRequestRatio"] {
+            let map = item.get_mut(field).and_then(Value::as_object_mut);
+            for v in map.into_iter().flat_map(|m| m.values_mut()) {
+                quantity::canonicalize(Some(v));
+            }
+        }
         if item.get("type").and_then(Value::as_str) != Some("Container") {
             continue;
         }

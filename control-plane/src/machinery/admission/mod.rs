@@ -156,6 +156,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("", "PersistentVolumeClaim") => storage::default_pvc(o),
         ("", "ReplicationController") => apps::default_replication_controller(o),
         ("", "LimitRange") => core::default_limit_range(o),
+        ("", "ResourceQuota") => core::default_resource_quota(o),
         ("storage.k8s.io", "StorageClass") => storage::default_storage_class(o),
         // SetDefaults_IngressClass: parameters are cluster-scoped unless said otherwise.
         ("networking.k8s.io", "IngressClass") => {
