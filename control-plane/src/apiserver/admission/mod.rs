@@ -159,17 +159,22 @@ impl AdmissionRequest {
 
     /// `pods "web" is forbidden: <why>`: upstream's admission denial message shape.
     pub fn forbidden(&self, why: impl std::fmt::Display) -> super::status::ApiError {
-        let qualified = if self.group.is_empty() {
-            self.resource.to_string()
-        } else {
-            format!("{}.{}", self.resource, self.group)
-        };
-        super::status::ApiError::forbidden(format!(
-            "{qualified} \"{}\" is forbidden: {why}",
-            self.name
-        ))
-        .with_details(self.group, self.resource, &self.name)
+        forbidden(self.group, self.resource, &self.name, why)
     }
+}
+
+/// Upstream's admission denial of a write to `name` of `resource` in `group`:
+/// `pods "web" is forbidden: <why>`, a 403.
+pub fn forbidden(
+    group: &str,
+    resource: &str,
+    name: &str,
+    why: impl std::fmt::Display,
+) -> super::status::ApiError {
+    let qualified =
+        if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
+    super::status::ApiError::forbidden(format!("{qualified} \"{name}\" is forbidden: {why}"))
+        .with_details(group, resource, name)
 }
 
 /// A plugin of the mutating phase (upstream `admission.MutationInterface`).

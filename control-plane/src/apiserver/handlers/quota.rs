@@ -154,15 +154,8 @@ impl Subject<'_> {
         Ok(Some(next))
     }
 
-    /// Upstream's admission denial: `pods "web" is forbidden: <why>`.
     fn forbidden(&self, why: String) -> ApiError {
-        let qualified = if self.group.is_empty() {
-            self.resource.to_string()
-        } else {
-            format!("{}.{}", self.resource, self.group)
-        };
-        ApiError::forbidden(format!("{qualified} \"{}\" is forbidden: {why}", self.name))
-            .with_details(self.group, self.resource, self.name)
+        crate::apiserver::admission::forbidden(self.group, self.resource, self.name, why)
     }
 }
 

@@ -486,73 +486,32 @@ fn validate_limit_range(lr: &LimitRange, old: Option<&LimitRange>) -> ErrorList 
             maps[..4].iter().flat_map(|(_, m)| m.iter().flat_map(|m| m.keys())).collect();
         keys.sort();
         keys.dedup();
+        // Upstream's order of checks: (lower, higher, field reported, report the lower
+        // value?, names in the message).
+        const ORDER: [(usize, usize, &str, bool, &str, &str); 6] = [
+            (0, 1, "min", true, "min", "max"),
+            (0, 3, "defaultRequest", false, "min", "default request"),
+            (3, 1, "defaultRequest", true, "default request", "max"),
+            (3, 2, "defaultRequest", true, "default request", "default limit"),
+            (0, 2, "default", true, "min", "default"),
+            (2, 1, "default", false, "default", "max"),
+        ];
         for k in keys {
-            let min = get(item.min.as_ref(), k);
-            let max = get(item.max.as_ref(), k);
-            let default = get(item.default.as_ref(), k);
-            let request = get(item.default_request.as_ref(), k);
-            if let (Some(min), Some(max)) = (&min, &max)
-                && min.0 > max.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("min").key(k),
-                    min.1.as_str(),
-                    format!("min value {} is greater than max value {}", min.1, max.1),
-                ));
-            }
-            if let (Some(request), Some(max)) = (&request, &max)
-                && request.0 > max.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("defaultRequest").key(k),
-                    request.1.as_str(),
-                    format!(
-                        "default request value {} is greater than max value {}",
-                        request.1, max.1
-                    ),
-                ));
-            }
-            if let (Some(min), Some(request)) = (&min, &request)
-                && min.0 > request.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("defaultRequest").key(k),
-                    request.1.as_str(),
-                    format!(
-                        "min value {} is greater than default request value {}",
-                        min.1, request.1
-                    ),
-                ));
-            }
-            if let (Some(request), Some(default)) = (&request, &default)
-                && request.0 > default.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("defaultRequest").key(k),
-                    request.1.as_str(),
-                    format!(
-                        "default request value {} is greater than default limit value {}",
-                        request.1, default.1
-                    ),
-                ));
-            }
-            if let (Some(default), Some(max)) = (&default, &max)
-                && default.0 > max.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("default").key(k),
-                    default.1.as_str(),
-                    format!("default value {} is greater than max value {}", default.1, max.1),
-                ));
-            }
-            if let (Some(min), Some(default)) = (&min, &default)
-                && min.0 > default.0
-            {
-                errs.push(FieldError::invalid(
-                    &ip.child("default").key(k),
-                    default.1.as_str(),
-                    format!("min value {} is greater than default value {}", min.1, default.1),
-                ));
+            // min, max, default, defaultRequest
+            let values: Vec<_> = maps[..4].iter().map(|(_, m)| get(*m, k)).collect();
+            for (lower, higher, field, report_lower, lower_name, higher_name) in ORDER {
+                let (Some(low), Some(high)) = (&values[lower], &values[higher]) else { continue };
+                if low.0 > high.0 {
+                    let shown = if report_lower { &low.1 } else { &high.1 };
+                    errs.push(FieldError::invalid(
+                        &ip.child(field).key(k),
+                        shown.as_str(),
+                        format!(
+                            "{lower_name} value {} is greater than {higher_name} value {}",
+                            low.1, high.1
+                        ),
+                    ));
+                }
             }
         }
     }
