@@ -1,10 +1,10 @@
 //! The ResourceQuota admission (upstream's `ResourceQuota` plugin, the last validating
 //! step of a create): every quota of the namespace that charges the new object is checked
 //! and charged in its status before the object is stored, through a compare-and-swap on the
-//! quota, so concurrent creates cannot both take its last unit. A quota whose status the
-//! controller has not computed yet refuses what it would charge. The resource quota
-//! controller recomputes `used` from what exists (releasing deleted objects and failed
-//! creates).
+//! quota, so concurrent creates cannot both take its last unit. As upstream, a quota
+//! restricts the resources its `status.hard` names: one the controller has not filled in
+//! yet restricts nothing. The resource quota controller gives back what deleted objects
+//! held (and, at its periodic recount, what failed creates were charged).
 
 use serde_json::Value;
 
@@ -126,8 +126,10 @@ impl Subject<'_> {
         let mut exceeded = Vec::new();
         for name in &names {
             let Some(&delta) = self.usage.get(name.as_str()) else { continue };
-            let limit = hard[name.as_str()];
-            let was = used[name.as_str()];
+            let (Some(&limit), Some(&was)) = (hard.get(name.as_str()), used.get(name.as_str()))
+            else {
+                continue;
+            };
             let now = was.saturating_add(delta);
             if now > limit {
                 exceeded.push((name.as_str(), delta, was, limit));

@@ -370,6 +370,11 @@ fn validate_resource_quota(rq: &ResourceQuota, old: Option<&ResourceQuota>) -> E
                 }
             }
             match quantity::Quantity::parse(&v.0) {
+                None => errs.push(FieldError::invalid(
+                    &p,
+                    v.0.as_str(),
+                    quantity::QUANTITY_FORMAT_ERROR,
+                )),
                 Some(q) if q.is_negative() => {
                     errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE))
                 }
@@ -460,8 +465,16 @@ fn validate_limit_range(lr: &LimitRange, old: Option<&LimitRange>) -> ErrorList 
                 for m in names::is_qualified_name(k) {
                     errs.push(FieldError::invalid(&p, k.as_str(), m));
                 }
-                if Quantity::parse(&v.0).is_some_and(Quantity::is_negative) {
-                    errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE));
+                match Quantity::parse(&v.0) {
+                    None => errs.push(FieldError::invalid(
+                        &p,
+                        v.0.as_str(),
+                        quantity::QUANTITY_FORMAT_ERROR,
+                    )),
+                    Some(q) if q.is_negative() => {
+                        errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE))
+                    }
+                    Some(_) => {}
                 }
             }
         }

@@ -372,6 +372,12 @@ fn resource_quota_rules() {
                 "FieldValueInvalid",
             ),
             (
+                "malformed amount",
+                &|o| o["spec"]["hard"]["requests.cpu"] = json!("lots"),
+                "spec.hard[requests.cpu]: Invalid value: \"lots\": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                "FieldValueInvalid",
+            ),
+            (
                 "fractional count",
                 &|o| o["spec"]["hard"]["pods"] = json!("1500m"),
                 "spec.hard[pods]: Invalid value: \"1500m\": must be an integer",
