@@ -369,19 +369,11 @@ fn validate_resource_quota(rq: &ResourceQuota, old: Option<&ResourceQuota>) -> E
                     errs.push(FieldError::invalid(&p, k.as_str(), m));
                 }
             }
-            match quantity::Quantity::parse(&v.0) {
-                None => errs.push(FieldError::invalid(
-                    &p,
-                    v.0.as_str(),
-                    quantity::QUANTITY_FORMAT_ERROR,
-                )),
-                Some(q) if q.is_negative() => {
-                    errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE))
-                }
-                Some(q) if integer_quota_resource(k) && q.0 % 1_000_000_000 != 0 => {
-                    errs.push(FieldError::invalid(&p, v.0.as_str(), "must be an integer"))
-                }
-                _ => {}
+            if let Some(q) = super::pod::validate_quantity(&v.0, &p, errs)
+                && integer_quota_resource(k)
+                && q.0 % 1_000_000_000 != 0
+            {
+                errs.push(FieldError::invalid(&p, v.0.as_str(), "must be an integer"));
             }
         }
     };
@@ -465,17 +457,7 @@ fn validate_limit_range(lr: &LimitRange, old: Option<&LimitRange>) -> ErrorList 
                 for m in names::is_qualified_name(k) {
                     errs.push(FieldError::invalid(&p, k.as_str(), m));
                 }
-                match Quantity::parse(&v.0) {
-                    None => errs.push(FieldError::invalid(
-                        &p,
-                        v.0.as_str(),
-                        quantity::QUANTITY_FORMAT_ERROR,
-                    )),
-                    Some(q) if q.is_negative() => {
-                        errs.push(FieldError::invalid(&p, v.0.as_str(), super::meta::NEGATIVE))
-                    }
-                    Some(_) => {}
-                }
+                super::pod::validate_quantity(&v.0, &p, &mut errs);
             }
         }
         if ty == "Pod" {
