@@ -377,6 +377,9 @@ impl<R: Runtime> Runtime for Timed<R> {
     async fn container_status(&self, id: &str) -> RtResult<api::ContainerStatus> {
         self.time("ContainerStatus", self.inner.container_status(id)).await
     }
+    async fn list_container_stats(&self) -> RtResult<Vec<api::ContainerStats>> {
+        self.time("ListContainerStats", self.inner.list_container_stats()).await
+    }
     async fn exec_sync(
         &self,
         id: &str,

@@ -112,6 +112,8 @@ pub struct LabConfig {
     /// the agents read). Empty by default: names outside the cluster are REFUSED, nothing
     /// leaves the machine. Tests point it at a resolver they run on the lab segment.
     pub dns_upstreams: Vec<Ipv4Addr>,
+    /// skiff-server's `--metric-resolution` (`None`: its default, 15 s).
+    pub metric_resolution: Option<Duration>,
 }
 
 impl Default for LabConfig {
@@ -131,6 +133,7 @@ impl Default for LabConfig {
             ready_timeout: Duration::from_secs(120),
             log_filter: "info".into(),
             dns_upstreams: Vec::new(),
+            metric_resolution: None,
         }
     }
 }
@@ -177,6 +180,9 @@ pub struct LabState {
     pub nodes: Vec<NodeState>,
     pub bin_dir: PathBuf,
     pub log_filter: String,
+    /// skiff-server's `--metric-resolution` in milliseconds (`None`: its default).
+    #[serde(default)]
+    pub metric_resolution_ms: Option<u64>,
 }
 
 impl NodeState {
@@ -362,6 +368,9 @@ impl LabState {
             // Imported on every node, with the `rm` the teardown helper runs.
             .args(["--local-path-helper-image", images::TOOLS_IMAGE])
             .env("RUST_LOG", &self.log_filter);
+        if let Some(ms) = self.metric_resolution_ms {
+            cmd.arg(format!("--metric-resolution={ms}ms"));
+        }
         let marker = self.server_data_dir.to_string_lossy().into_owned();
         self.server = Some(spawn_background(cmd, &log, &marker)?);
         self.save()
@@ -435,6 +444,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         nodes,
         bin_dir,
         log_filter: config.log_filter.clone(),
+        metric_resolution_ms: config.metric_resolution.map(|d| d.as_millis() as u64),
     };
     state.save()?;
     match build(&mut state, config).await {

@@ -15,6 +15,7 @@ use skiff_agent::runtime::{CONTAINER_NAME_LABEL, Runtime, api};
 use skiff_agent::streaming::{self, StreamingConfig};
 use skiff_agent::testing::{NodeRig, NodeRigConfig};
 use skiff_control_plane::pki::Pki;
+use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 
 fn container(
@@ -102,7 +103,19 @@ async fn kubectl_exec_and_logs_against_containerd() {
     )
     .await
     .unwrap_or_else(|e| panic!("starting the node rig: {e:#?}"));
-    let server = tokio::task::spawn_blocking(TestServer::start).await.unwrap();
+    // Resource metrics scraped every second, for `kubectl top`.
+    let server = tokio::task::spawn_blocking(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Default::default()
+        };
+        config.api.metric_resolution = Duration::from_secs(1);
+        TestServer::start_with(dir, config)
+    })
+    .await
+    .unwrap();
     let pki = Pki::load_or_create(server.dir.path(), &[]).expect("the server's PKI");
     let cri = rig.runtime().await.expect("CRI");
 
@@ -198,6 +211,48 @@ async fn kubectl_exec_and_logs_against_containerd() {
         let (code, _, err) = run(k, &["exec", "web", "--", "/no/such/binary"], None).await;
         assert_ne!(code, 0, "kubectl 1.{minor}: {err:?}");
     }
+
+    // kubectl top: containerd's CRI stats, through the agent's /metrics/resource and the
+    // apiserver's scrape. A container spinning on a core shows its CPU; the sleeper little.
+    let burn = container("burn", &["sh", "-c", "while :; do :; done"], &sandbox.labels);
+    let burn = cri.create_container(&sb, burn, &sandbox).await.expect("CreateContainer");
+    cri.start_container(&burn).await.expect("StartContainer");
+    let millicores = |cell: &str| cell.strip_suffix('m').and_then(|m| m.parse::<u64>().ok());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let top = loop {
+        let (code, out, err) = run(&k33, &["top", "pod", "web", "--containers"], None).await;
+        let cells = |name: &str| {
+            out.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|c| c.len() == 4 && c[1] == name)
+                .map(|c| (millicores(c[2]), c[3].to_string()))
+        };
+        if code == 0
+            && let (Some((Some(burn), burn_mem)), Some((Some(app), _))) =
+                (cells("burn"), cells("app"))
+            && burn >= 100
+            && app < burn
+            && burn_mem.ends_with("Mi")
+        {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "kubectl top: {code} {out} {err}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(top.starts_with("POD"), "{top}");
+    // The working set, to the byte (a shell's is well under the MiB `kubectl top` shows).
+    let raw =
+        ok(&k33, &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web"])
+            .await;
+    let raw: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let memory = raw["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "burn"))
+        .and_then(|c| c["usage"]["memory"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(!memory.is_empty() && memory != "0", "{raw}");
+    cri.stop_container(&burn, 0).await.expect("StopContainer");
 
     endpoint.shutdown().await;
     drop(rig);

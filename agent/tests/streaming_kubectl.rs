@@ -9,6 +9,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use skiff_control_plane::controllers::ControllerConfig;
+use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 use streaming_common::*;
 use tokio::io::AsyncWriteExt;
@@ -43,7 +45,25 @@ struct Cluster {
 }
 
 async fn cluster(exec_url: Option<String>) -> Cluster {
-    let server = tokio::task::spawn_blocking(TestServer::start).await.unwrap();
+    cluster_with(exec_url, None).await
+}
+
+/// [`cluster`] with the controllers running in the server.
+async fn cluster_with(exec_url: Option<String>, controllers: Option<ControllerConfig>) -> Cluster {
+    // Resource metrics scraped every second, for `kubectl top`.
+    let server = tokio::task::spawn_blocking(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            controllers,
+            ..Default::default()
+        };
+        config.api.metric_resolution = Duration::from_secs(1);
+        TestServer::start_with(dir, config)
+    })
+    .await
+    .unwrap();
     let node = Node::start_for_server(server.dir.path(), exec_url).await;
     let k = Arc::new(server.kubectl(33));
     let port = node.addr().port();
@@ -232,4 +252,222 @@ async fn exec_upgrades_through_the_apiserver() {
     )
     .await;
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+}
+
+/// Runs `kubectl args` until its output passes `done` (up to 20 s); returns that output.
+async fn kubectl_until(k: &Arc<Kubectl>, args: &[&str], done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (k2, owned) = (k.clone(), args.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let out = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+            k2.run(&args, None)
+        })
+        .await
+        .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() && done(&text) {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "kubectl {args:?} never passed: {text}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The whitespace-separated cells of an output line that starts with `first`.
+fn row(out: &str, first: &str) -> Vec<String> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .find(|cells| cells.first().map(String::as_str) == Some(first))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_top_reads_the_agents_resource_metrics() {
+    let c = cluster(None).await;
+    let k = Arc::new(c.server.kubectl(33));
+    let capacity = r#"{"status":{"capacity":{"cpu":"2","memory":"4Gi"},"allocatable":{"cpu":"2","memory":"4Gi"}}}"#;
+    kubectl(&k, &["patch", "node", "n1", "--subresource=status", "--type=merge", "-p", capacity])
+        .await;
+    kubectl(&k, &["label", "pod", "web", "app=web"]).await;
+    let ct = c.node.container("default", "web", &c.uid, "app", 0, "").await;
+    c.node.runtime.set_usage(&ct, 250_000_000, 8 << 20);
+
+    // Two scrapes after the change: a quarter of a core, 8 MiB.
+    let top =
+        kubectl_until(&k, &["top", "pod", "web"], |out| row(out, "web") == ["web", "250m", "8Mi"])
+            .await;
+    assert!(top.starts_with("NAME"), "{top}");
+    let all = kubectl(&k, &["top", "pod"]).await;
+    assert_eq!(row(&all, "web"), ["web", "250m", "8Mi"], "{all}");
+    assert!(row(&all, "pending").is_empty(), "a pod without containers has no metrics: {all}");
+    assert_eq!(row(&kubectl(&k, &["top", "pod", "-l", "app=web"]).await, "web")[1], "250m");
+    let none = kubectl(&k, &["top", "pod", "-l", "app=other"]).await;
+    assert!(!none.contains("web"), "{none}");
+    let containers = kubectl(&k, &["top", "pod", "web", "--containers"]).await;
+    assert_eq!(row(&containers, "web"), ["web", "app", "250m", "8Mi"], "{containers}");
+    let err = kubectl_fails(&k, &["top", "pod", "pending"]).await;
+    assert!(err.contains("not available") || err.contains("not found"), "{err}");
+
+    // The node: its use (this machine's, read from the kernel) against its allocatable.
+    let node = kubectl(&k, &["top", "node"]).await;
+    let cells = row(&node, "n1");
+    assert_eq!(cells.len(), 5, "{node}");
+    assert!(cells[2].ends_with('%') && cells[4].ends_with('%'), "{node}");
+    assert!(cells[1].ends_with('m') && cells[3].ends_with("Mi"), "{node}");
+
+    // The API itself: the objects metrics-server serves, their table, discovery.
+    let raw: serde_json::Value = serde_json::from_str(
+        &kubectl(&k, &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(raw["kind"], "PodMetrics");
+    assert_eq!(raw["apiVersion"], "metrics.k8s.io/v1beta1");
+    assert_eq!(raw["metadata"]["labels"]["app"], "web");
+    assert_eq!(
+        raw["containers"],
+        serde_json::json!([{"name": "app", "usage": {"cpu": "250m", "memory": "8Mi"}}])
+    );
+    assert!(raw["window"].as_str().unwrap().ends_with('s'), "{raw}");
+    let table = kubectl(&k, &["get", "podmetrics"]).await;
+    assert_eq!(row(&table, "NAME")[..4], ["NAME", "CPU", "MEMORY", "WINDOW"], "{table}");
+    assert_eq!(row(&table, "web")[..3], ["web", "250m", "8Mi"], "{table}");
+    let nodes: serde_json::Value = serde_json::from_str(
+        &kubectl(&k, &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes"]).await,
+    )
+    .unwrap();
+    assert_eq!(nodes["kind"], "NodeMetricsList");
+    assert_eq!(nodes["items"][0]["metadata"]["name"], "n1");
+    let resources = kubectl(&k, &["api-resources", "--api-group=metrics.k8s.io"]).await;
+    assert!(row(&resources, "nodes").contains(&"NodeMetrics".to_string()), "{resources}");
+    assert!(row(&resources, "pods").contains(&"PodMetrics".to_string()), "{resources}");
+    let err = kubectl_fails(&k, &["delete", "podmetrics", "web"]).await;
+    assert!(
+        err.contains("MethodNotAllowed")
+            || err.contains("not allowed")
+            || err.contains("not supported"),
+        "{err}"
+    );
+
+    // A stopped container stops being reported: the pod drops out.
+    c.node.runtime.exit_container(&ct, 0).unwrap();
+    let gone = kubectl_until(&k, &["get", "podmetrics"], |out| row(out, "web").is_empty()).await;
+    assert!(gone.contains("No resources found"), "{gone}");
+    let err = kubectl_fails(&k, &["top", "pod"]).await;
+    assert!(err.contains("metrics not available yet"), "{err}");
+}
+
+/// Marks a pod Running and Ready (no agent runs its node here) and gives it a container in
+/// the node's runtime using `nanocores` of CPU; returns the container's id.
+async fn run_pod(
+    c: &Cluster,
+    k: &Arc<Kubectl>,
+    pod: &str,
+    container: &str,
+    nanocores: u64,
+) -> String {
+    let now =
+        kubectl(k, &["get", "pod", pod, "-o", "jsonpath={.metadata.creationTimestamp}"]).await;
+    let status = format!(
+        r#"{{"status":{{"phase":"Running","startTime":"{now}","conditions":[{{"type":"Ready","status":"True","lastTransitionTime":"{now}"}}]}}}}"#
+    );
+    kubectl(k, &["patch", "pod", pod, "--subresource=status", "--type=merge", "-p", &status]).await;
+    let uid = kubectl(k, &["get", "pod", pod, "-o", "jsonpath={.metadata.uid}"]).await;
+    let id = c.node.container("default", pod, &uid, container, 0, "").await;
+    c.node.runtime.set_usage(&id, nanocores, 16 << 20);
+    id
+}
+
+fn pod_names(out: &str) -> Vec<String> {
+    out.split_whitespace().map(|p| p.trim_start_matches("pod/").to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaler_follows_the_pods_cpu() {
+    let controllers =
+        ControllerConfig { hpa_sync_period: Duration::from_secs(1), ..Default::default() };
+    let c = cluster_with(None, Some(controllers)).await;
+    let k = Arc::new(c.server.kubectl(33));
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: app\nspec:\n  selector:\n    matchLabels: {app: app}\n  template:\n    metadata:\n      labels: {app: app}\n    spec:\n      containers:\n      - name: tools\n        image: skiff.test/tools:1\n        resources:\n          requests: {cpu: 100m}\n";
+    kubectl(&k, &["create", "-f", &write_tmp(&c.node, "app.yaml", deployment)]).await;
+    let first = kubectl_until(&k, &["get", "pods", "-l", "app=app", "-o", "name"], |out| {
+        pod_names(out).len() == 1
+    })
+    .await;
+    let first = pod_names(&first).remove(0);
+    let out =
+        kubectl(&k, &["autoscale", "deployment", "app", "--cpu-percent=50", "--min=1", "--max=4"])
+            .await;
+    assert!(out.contains("autoscaled"), "{out}");
+    let hpa = kubectl(&k, &["get", "hpa", "app"]).await;
+    assert_eq!(row(&hpa, "app")[1..3], ["Deployment/app", "cpu:"], "{hpa}");
+
+    // 300m of 100m requested, against 50%: 6 replicas, limited to max(2 × 1, 4) = 4.
+    let first_id = run_pod(&c, &k, &first, "tools", 300_000_000).await;
+    kubectl_until(&k, &["get", "deployment", "app", "-o", "jsonpath={.spec.replicas}"], |out| {
+        out.trim() == "4"
+    })
+    .await;
+    let hpa = kubectl_until(&k, &["get", "hpa", "app"], |out| {
+        row(out, "app").get(3).map(String::as_str) == Some("300%/50%")
+    })
+    .await;
+    assert_eq!(row(&hpa, "app")[4..6], ["1", "4"], "{hpa}");
+    let describe = kubectl(&k, &["describe", "hpa", "app"]).await;
+    assert!(
+        describe.contains(
+            "New size: 4; reason: cpu resource utilization (percentage of request) above target"
+        ),
+        "{describe}"
+    );
+    assert!(
+        describe.contains("ScaleUpLimit") || describe.contains("TooManyReplicas"),
+        "{describe}"
+    );
+
+    // Idle pods, every one measured, and no stabilization window: back to the minimum.
+    kubectl(
+        &k,
+        &[
+            "patch",
+            "hpa",
+            "app",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"behavior":{"scaleDown":{"stabilizationWindowSeconds":0}}}}"#,
+        ],
+    )
+    .await;
+    let pods = kubectl_until(&k, &["get", "pods", "-l", "app=app", "-o", "name"], |out| {
+        pod_names(out).len() == 4
+    })
+    .await;
+    for pod in pod_names(&pods) {
+        if pod == first {
+            c.node.runtime.set_usage(&first_id, 0, 16 << 20);
+        } else {
+            run_pod(&c, &k, &pod, "tools", 0).await;
+        }
+    }
+    kubectl_until(&k, &["get", "deployment", "app", "-o", "jsonpath={.spec.replicas}"], |out| {
+        out.trim() == "1"
+    })
+    .await;
+    let describe = kubectl(&k, &["describe", "hpa", "app"]).await;
+    assert!(describe.contains("New size: 1; reason: All metrics below target"), "{describe}");
+    let status: serde_json::Value =
+        serde_json::from_str(&kubectl(&k, &["get", "hpa", "app", "-o", "json"]).await).unwrap();
+    let conditions: Vec<&str> = status["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(conditions, ["AbleToScale", "ScalingActive", "ScalingLimited"], "{status}");
+    assert!(status["status"]["lastScaleTime"].is_string(), "{status}");
 }

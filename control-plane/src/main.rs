@@ -73,6 +73,10 @@ struct Args {
     /// Authorizers: `Node,RBAC` (default) or `AlwaysAllow`.
     #[arg(long, default_value = "Node,RBAC")]
     authorization_mode: String,
+    /// How often the nodes' resource metrics are scraped for `metrics.k8s.io` (`kubectl
+    /// top`), a Go duration (metrics-server's flag).
+    #[arg(long, default_value = "15s", value_parser = positive_duration)]
+    metric_resolution: std::time::Duration,
     /// Serve plain HTTP with authentication and authorization off. Local development only.
     #[arg(long)]
     insecure_http: bool,
@@ -193,6 +197,17 @@ static MIMALLOC_OPTIONS: extern "C" fn() = {
     set_options
 };
 
+/// A Go duration (`15s`, `1m30s`) above zero.
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match skiff_control_plane::machinery::cron::go_duration_nanos(s) {
+        Some(n) if n > 0 => {
+            Ok(std::time::Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX)))
+        }
+        Some(_) => Err(format!("{s:?}: must be above zero")),
+        None => Err(format!("{s:?} is not a duration (such as 15s or 1m30s)")),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -234,6 +249,7 @@ async fn main() -> Result<()> {
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
         .with_context(|| format!("--service-node-port-range {:?}", args.service_node_port_range))?;
     config.api.node_ports = (lo, hi);
+    config.api.metric_resolution = args.metric_resolution;
     config.api.audit.path = args.audit_log_path;
     config.api.audit.level = args
         .audit_level

@@ -177,6 +177,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);
     api.spawn_bootstrap_repair(config.api.bootstrap_repair_interval);
+    api.spawn_metrics_scraper(config.api.metric_resolution);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen { addr: config.listen, source })?;

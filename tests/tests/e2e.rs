@@ -130,6 +130,8 @@ impl Cluster {
             bin_dir: Some(bin_dir()),
             ready_timeout: Duration::from_secs(120),
             log_filter: "info".into(),
+            // `kubectl top` answers after two scrapes.
+            metric_resolution: Some(Duration::from_secs(2)),
             ..Default::default()
         };
         // A run killed half-way cannot take its lab down, and its host link would hold
@@ -452,6 +454,23 @@ fn three_node_cluster_end_to_end() {
     assert!(logs.contains("serving v1"), "kubectl logs: {logs:?}");
     let host = exec(&k, &web[0].name, "cat /tmp/index.html");
     assert_eq!(host.trim(), web[0].name, "kubectl exec reads the pod's file");
+    // kubectl top: every node's and backend's use, scraped from the agents (containerd's
+    // CRI stats, the kernel's counters).
+    let top = wait_for("kubectl top pod lists the backends", Duration::from_secs(30), || {
+        let out = k.run(&["-n", NS, "top", "pod", "-l", "app=web", "--no-headers"], None);
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        web.iter().all(|p| out.contains(&p.name)).then_some(out)
+    });
+    for line in top.lines() {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert!(cells.len() == 3 && cells[1].ends_with('m') && cells[2].ends_with("Mi"), "{top}");
+    }
+    let top = wait_for("kubectl top node lists the nodes", Duration::from_secs(30), || {
+        let out = k.run(&["top", "node", "--no-headers"], None);
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        nodes.iter().all(|n| out.contains(n.as_str())).then_some(out)
+    });
+    assert!(top.lines().all(|l| l.split_whitespace().count() == 5 && l.contains('%')), "{top}");
     let svc: serde_json::Value =
         serde_json::from_str(&k.ok(&["-n", NS, "get", "svc", "web", "-o", "json"])).unwrap();
     let cluster_ip = svc["spec"]["clusterIP"].as_str().expect("clusterIP").to_string();

@@ -226,6 +226,12 @@ impl Runtime for CriRuntime {
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn list_container_stats(&self) -> Result<Vec<api::ContainerStats>> {
+        let req = self.request(api::ListContainerStatsRequest { filter: None });
+        Ok(self.runtime.clone().list_container_stats(req).await?.into_inner().stats)
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
         let req = self
             .request(api::ContainerStatusRequest { container_id: id.to_string(), verbose: false });

@@ -303,7 +303,8 @@ impl<R: Runtime> RuntimeService for Service<R> {
         &self,
         _: Request<api::ListContainerStatsRequest>,
     ) -> Rpc<api::ListContainerStatsResponse> {
-        unimplemented("ListContainerStats")
+        let stats = self.runtime.list_container_stats().await.map_err(status)?;
+        Ok(Response::new(api::ListContainerStatsResponse { stats }))
     }
 
     async fn pod_sandbox_stats(

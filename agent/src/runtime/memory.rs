@@ -47,10 +47,20 @@ struct State {
     pull_any: bool,
     sandboxes: BTreeMap<String, api::PodSandboxStatus>,
     containers: BTreeMap<String, Record>,
+    /// Resource use of containers, as set by [`MemoryRuntime::set_usage`] (none: idle).
+    usage: BTreeMap<String, Usage>,
     /// Every call, in order, as "Method id" (tests assert on what was asked of the runtime).
     calls: Vec<String>,
     /// Read-only calls (lists and statuses) by method: counted, not logged.
     reads: BTreeMap<&'static str, usize>,
+}
+
+/// A container's steady use: CPU (nanocores, since a time) and working set.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    nanocores: u64,
+    since_ms: i64,
+    working_set_bytes: u64,
 }
 
 struct Record {
@@ -150,6 +160,14 @@ impl MemoryRuntime {
             exit(&mut rec.status, code, if code == 0 { "Completed" } else { "Error" });
         }
         Ok(())
+    }
+
+    /// From now on the container uses `nanocores` of CPU (its cumulative CPU time grows by
+    /// that much per second of its samples' times, which are whole milliseconds, so a rate
+    /// over any two samples is exact) and has this working set.
+    pub fn set_usage(&self, id: &str, nanocores: u64, working_set_bytes: u64) {
+        let usage = Usage { nanocores, since_ms: now_ms(), working_set_bytes };
+        self.lock().usage.insert(id.to_string(), usage);
     }
 
     /// Every runtime call so far, as "Method id".
@@ -392,6 +410,7 @@ impl Runtime for MemoryRuntime {
         let mut s = self.lock();
         s.calls.push(format!("RemoveContainer {id}"));
         s.containers.remove(id);
+        s.usage.remove(id);
         Ok(())
     }
 
@@ -428,6 +447,42 @@ impl Runtime for MemoryRuntime {
             .ok_or_else(|| Error::not_found("container", id))
     }
 
+    async fn list_container_stats(&self) -> Result<Vec<api::ContainerStats>> {
+        let mut s = self.lock();
+        *s.reads.entry("ListContainerStats").or_default() += 1;
+        let now = now_ms();
+        let value = |value| Some(api::UInt64Value { value });
+        Ok(s.containers
+            .iter()
+            .filter(|(_, r)| r.status.state == api::ContainerState::ContainerRunning as i32)
+            .map(|(id, r)| {
+                let (cpu_ns, working_set) = s.usage.get(id).map_or((0, 0), |u| {
+                    let elapsed_ms = u64::try_from(now - u.since_ms).unwrap_or(0);
+                    (u.nanocores * elapsed_ms / 1000, u.working_set_bytes)
+                });
+                api::ContainerStats {
+                    attributes: Some(api::ContainerAttributes {
+                        id: id.clone(),
+                        metadata: r.status.metadata.clone(),
+                        labels: r.status.labels.clone(),
+                        annotations: r.status.annotations.clone(),
+                    }),
+                    cpu: Some(api::CpuUsage {
+                        timestamp: now * 1_000_000,
+                        usage_core_nano_seconds: value(cpu_ns),
+                        usage_nano_cores: None,
+                    }),
+                    memory: Some(api::MemoryUsage {
+                        timestamp: now * 1_000_000,
+                        working_set_bytes: value(working_set),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+            })
+            .collect())
+    }
+
     async fn exec_sync(
         &self,
         id: &str,
@@ -454,4 +509,11 @@ impl Runtime for MemoryRuntime {
         }
         Err(Error::Failed("the in-memory runtime has no streaming server".into()))
     }
+}
+
+/// Wall-clock milliseconds since the epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

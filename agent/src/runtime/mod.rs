@@ -131,6 +131,11 @@ pub trait Runtime: Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<api::ContainerStatus>> + Send;
 
+    /// Resource usage of every container (`RuntimeService.ListContainerStats`): cumulative
+    /// CPU time and working set, what the node's resource metrics report.
+    fn list_container_stats(&self)
+    -> impl Future<Output = Result<Vec<api::ContainerStats>>> + Send;
+
     /// Runs a command in a container and waits for it (exec probes, preStop hooks).
     fn exec_sync(
         &self,

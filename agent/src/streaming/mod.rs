@@ -1,11 +1,14 @@
-//! The agent's authenticated endpoint: container logs and exec, proxied to by skiff-server.
+//! The agent's authenticated endpoint: container logs, exec and resource metrics, for
+//! skiff-server.
 //!
 //! HTTPS on port 10250 (the kubelet's), with the kubelet's paths:
 //! - `GET /containerLogs/{ns}/{pod}/{container}?follow=&tailLines=&timestamps=&sinceSeconds=&sinceTime=&limitBytes=&previous=`
 //!   streams the container's CRI log file ([`logs`]);
 //! - `GET|POST /exec/{ns}/{pod}/{container}?command=..&stdin=&stdout=&stderr=&tty=` asks the
 //!   runtime for a streaming URL (CRI `Exec`) and proxies the upgraded connection (SPDY/3.1 or
-//!   WebSocket) to the runtime's stream server ([`exec`]).
+//!   WebSocket) to the runtime's stream server ([`exec`]);
+//! - `GET /metrics/resource`: the node's and its containers' CPU time and working set, in
+//!   the kubelet's resource metrics format ([`metrics`]), scraped for `kubectl top`.
 //!
 //! Only clients presenting a certificate signed by the cluster CA with the common name
 //! [`APISERVER_CLIENT_CN`] are served: no certificate gets 401, another name 403, a
@@ -15,6 +18,7 @@
 
 pub mod exec;
 pub mod logs;
+pub mod metrics;
 pub mod spdy;
 pub mod websocket;
 
@@ -312,6 +316,16 @@ async fn handle<R: Runtime>(
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
             let netns = state.config.runtime_netns.as_deref();
             exec::exec(&state.runtime, netns, req, &ns, &pod, &container, &query).await
+        }
+        (&Method::GET, ["metrics", "resource"]) => {
+            let scrape = metrics::scrape(&state.runtime).await;
+            let body = skiff_control_plane::machinery::resource_metrics::render(&scrape);
+            let mut resp = text(StatusCode::OK, body);
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
         }
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
         _ => text(StatusCode::NOT_FOUND, format!("404 page not found: {path}")),

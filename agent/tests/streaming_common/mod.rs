@@ -94,6 +94,9 @@ impl Runtime for ExecRuntime {
     async fn container_status(&self, id: &str) -> runtime::Result<api::ContainerStatus> {
         self.memory.container_status(id).await
     }
+    async fn list_container_stats(&self) -> runtime::Result<Vec<api::ContainerStats>> {
+        self.memory.list_container_stats().await
+    }
     async fn exec_sync(
         &self,
         id: &str,

@@ -12,6 +12,7 @@ mod discovery;
 mod handlers;
 mod health;
 mod json;
+pub mod metrics_api;
 pub mod negotiate;
 pub mod proxy;
 pub mod registry;
@@ -70,6 +71,9 @@ pub struct ApiConfig {
     /// How pods/log and pods/exec reach the agents (the apiserver's client certificate);
     /// without it those subresources answer 503.
     pub kubelet_client: Option<proxy::KubeletClient>,
+    /// How often the nodes' resource metrics are scraped for `metrics.k8s.io`
+    /// (metrics-server's `--metric-resolution`, 15 s).
+    pub metric_resolution: Duration,
     /// `--audit-log-path` / `--audit-level` (no path: no audit log).
     pub audit: audit::AuditConfig,
     /// Authentication and authorization (off by default in the library; skiff-server on).
@@ -87,6 +91,7 @@ impl Default for ApiConfig {
             compaction_interval: Duration::from_secs(300),
             bootstrap_repair_interval: Duration::from_secs(10),
             kubelet_client: None,
+            metric_resolution: Duration::from_secs(15),
             audit: audit::AuditConfig::default(),
             auth: authn::AuthConfig::default(),
         }
@@ -102,6 +107,8 @@ pub struct ApiServer {
     pub alloc: Allocators,
     pub config: ApiConfig,
     pub metrics: handlers::Metrics,
+    /// The nodes' and containers' latest readings, for `metrics.k8s.io`.
+    pub resource_metrics: metrics_api::ResourceMetrics,
     /// The admission chain every write passes.
     pub admission: admission::Chain,
     /// The audit log, when configured.
@@ -146,6 +153,7 @@ impl ApiServer {
             alloc,
             config,
             metrics: handlers::Metrics::default(),
+            resource_metrics: metrics_api::ResourceMetrics::default(),
             admission: admission::Chain::builtin(),
             audit,
             auth,

@@ -210,7 +210,7 @@ fn container_name(pod: &Value, pod_name: &str, asked: Option<&str>) -> ApiResult
 }
 
 /// The node's agent endpoint: InternalIP (else ExternalIP) and the advertised port.
-fn node_address(node: &Value) -> Option<SocketAddr> {
+pub(crate) fn node_address(node: &Value) -> Option<SocketAddr> {
     let addresses = node.pointer("/status/addresses").and_then(Value::as_array)?;
     let ip = ["InternalIP", "ExternalIP"].iter().find_map(|kind| {
         addresses.iter().find_map(|a| {
@@ -303,6 +303,28 @@ async fn logs(client: &KubeletClient, addr: SocketAddr, path: &str) -> ApiResult
     let mut out = Response::new(Body::new(resp.into_body()));
     out.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     Ok(out)
+}
+
+/// GET `path` from the agent at `addr` and read the whole answer (the resource metrics
+/// scrape); an answer other than 200 is an error with the agent's message.
+pub(crate) async fn fetch(
+    client: &KubeletClient,
+    addr: SocketAddr,
+    path: &str,
+) -> ApiResult<Bytes> {
+    let mut sender = connect(client, addr, false).await?;
+    let req = request(&Method::GET, addr, path).body(Empty::new()).map_err(ApiError::internal)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| backend_error(format!("GET {path} from the node's agent at {addr}: {e}")))?;
+    if resp.status() != StatusCode::OK {
+        return Err(agent_error(resp).await);
+    }
+    let body = resp.into_body().collect().await.map_err(|e| {
+        backend_error(format!("reading {path} from the node's agent at {addr}: {e}"))
+    })?;
+    Ok(body.to_bytes())
 }
 
 async fn upgrade(

@@ -2,8 +2,8 @@
 //! round-trip that prunes unknown fields, and its selectable fields.
 
 use k8s_openapi::api::{
-    admissionregistration, apps, batch, coordination, core, discovery, networking, policy, rbac,
-    scheduling, storage,
+    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, networking,
+    policy, rbac, scheduling, storage,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -386,6 +386,65 @@ pub fn builtin() -> Vec<ResourceType> {
                 )
             },
             normalize: normalize::<core::v1::ComponentStatus>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "autoscaling",
+                "v2",
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+                "horizontalpodautoscaler",
+                true,
+                &["hpa"],
+                &["all"],
+                &[STATUS],
+            ),
+            normalize: normalize::<autoscaling::v2::HorizontalPodAutoscaler>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+        },
+        // Read-only and not stored: the nodes' and pods' use now, scraped from the agents
+        // (apiserver::metrics_api; upstream serves these from metrics-server).
+        ResourceType {
+            desc: ResourceDesc {
+                verbs: &["get", "list"],
+                ..desc(
+                    "metrics.k8s.io",
+                    "v1beta1",
+                    "NodeMetrics",
+                    "nodes",
+                    "nodemetrics",
+                    false,
+                    &[],
+                    &[],
+                    &[],
+                )
+            },
+            normalize: normalize::<Value>(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: false,
+        },
+        ResourceType {
+            desc: ResourceDesc {
+                verbs: &["get", "list"],
+                ..desc(
+                    "metrics.k8s.io",
+                    "v1beta1",
+                    "PodMetrics",
+                    "pods",
+                    "podmetrics",
+                    true,
+                    &[],
+                    &[],
+                    &[],
+                )
+            },
+            normalize: normalize::<Value>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use super::handlers::partial_metadata;
 use super::registry::{ResourceType, str_at};
 use crate::machinery::ValueAt;
+use crate::machinery::admission::quantity::Quantity;
 
 struct Col {
     name: &'static str,
@@ -292,6 +293,56 @@ fn columns(kind: &str) -> Vec<Col> {
                 0,
                 "Limits control the maximum amount of cpu/memory that a container may use independent of contention on the node.",
             ),
+        ],
+        "HorizontalPodAutoscaler" => vec![
+            NAME,
+            col(
+                "Reference",
+                "string",
+                0,
+                "scaleTargetRef points to the target resource to scale, and is used to the pods for which metrics should be collected, as well as to actually change the replica count.",
+            ),
+            col(
+                "Targets",
+                "string",
+                0,
+                "metrics contains the specifications for which to use to calculate the desired replica count (the maximum replica count across all metrics will be used).",
+            ),
+            col(
+                "MinPods",
+                "string",
+                0,
+                "minReplicas is the lower limit for the number of replicas to which the autoscaler can scale down.",
+            ),
+            col(
+                "MaxPods",
+                "string",
+                0,
+                "maxReplicas is the upper limit for the number of replicas to which the autoscaler can scale up.",
+            ),
+            col(
+                "Replicas",
+                "string",
+                0,
+                "currentReplicas is current number of replicas of pods managed by this autoscaler, as last seen by the autoscaler.",
+            ),
+            AGE,
+        ],
+        "NodeMetrics" | "PodMetrics" => vec![
+            NAME,
+            col(
+                "CPU",
+                "string",
+                0,
+                "CPU usage of the node or pod (its containers' sum) over the window.",
+            ),
+            col(
+                "Memory",
+                "string",
+                0,
+                "Working set of the node or pod (its containers' sum) at the end of the window.",
+            ),
+            col("Window", "string", 0, "The interval the CPU usage was measured over."),
         ],
         "ComponentStatus" => vec![
             NAME,
@@ -1071,6 +1122,53 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
             }
             vec![json!(name), json!(age), json!(request.join(", ")), json!(limit.join(", "))]
         }
+        "HorizontalPodAutoscaler" => {
+            let reference = format!(
+                "{}/{}",
+                str_at(o, &["spec", "scaleTargetRef", "kind"]),
+                str_at(o, &["spec", "scaleTargetRef", "name"])
+            );
+            let min = o
+                .at(&["spec", "minReplicas"])
+                .and_then(Value::as_i64)
+                .map_or("<unset>".to_string(), |n| n.to_string());
+            let max = o.at(&["spec", "maxReplicas"]).and_then(Value::as_i64).unwrap_or(0);
+            let replicas =
+                o.at(&["status", "currentReplicas"]).and_then(Value::as_i64).unwrap_or(0);
+            vec![
+                json!(name),
+                json!(reference),
+                json!(hpa_targets(o)),
+                json!(min),
+                json!(max),
+                json!(replicas),
+                json!(age),
+            ]
+        }
+        "NodeMetrics" | "PodMetrics" => {
+            let (cpu, memory) = match o.get("usage") {
+                Some(u) => (str_at(u, &["cpu"]), str_at(u, &["memory"])),
+                None => {
+                    // A pod: its containers' sums.
+                    let sum = |r: &str| {
+                        o.get("containers").and_then(Value::as_array).map_or(0, |cs| {
+                            cs.iter()
+                                .filter_map(|c| {
+                                    Quantity::parse(&str_at(c, &["usage", r])).map(|q| q.0)
+                                })
+                                .sum::<i128>()
+                        })
+                    };
+                    let cpu = u64::try_from(sum("cpu")).unwrap_or(0);
+                    let memory = u64::try_from(sum("memory") / 1_000_000_000).unwrap_or(0);
+                    (
+                        super::metrics_api::cpu_quantity(cpu),
+                        super::metrics_api::memory_quantity(memory),
+                    )
+                }
+            };
+            vec![json!(name), json!(cpu), json!(memory), json!(str_at(o, &["window"]))]
+        }
         "ComponentStatus" => {
             // Upstream's printComponentStatus: the first Healthy condition, else Unknown.
             let healthy = o
@@ -1400,6 +1498,72 @@ fn job_cells(
         json!(i),
         json!(selector_string(o.at(&["spec", "selector"]))),
     ]
+}
+
+/// Upstream's `formatHPAMetrics`: `<current>/<target>` of the first two metrics
+/// (`cpu: 42%/80%`), `<unknown>` until the autoscaler has measured.
+fn hpa_targets(o: &Value) -> String {
+    let specs = o.at(&["spec", "metrics"]).and_then(Value::as_array).cloned().unwrap_or_default();
+    if specs.is_empty() {
+        return "<none>".into();
+    }
+    let statuses =
+        o.at(&["status", "currentMetrics"]).and_then(Value::as_array).cloned().unwrap_or_default();
+    let unknown = || "<unknown>".to_string();
+    let quantity = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let list: Vec<String> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let status = statuses.get(i);
+            let kind = str_at(spec, &["type"]);
+            let source = match kind.as_str() {
+                "Resource" => "resource",
+                "ContainerResource" => "containerResource",
+                "Pods" => "pods",
+                "Object" => "object",
+                "External" => "external",
+                _ => return "<unknown type>".to_string(),
+            };
+            let target = spec.at(&[source, "target"]);
+            let current = status.and_then(|s| s.at(&[source, "current"]));
+            let average = target.and_then(|t| t.get("averageValue"));
+            match source {
+                "resource" | "containerResource" => {
+                    let name = str_at(spec, &[source, "name"]);
+                    let (current, target) = if average.is_some() {
+                        (
+                            quantity(current.and_then(|c| c.get("averageValue")))
+                                .unwrap_or_else(unknown),
+                            quantity(average).unwrap_or_default(),
+                        )
+                    } else {
+                        let percent =
+                            |v: Option<&Value>| v.and_then(Value::as_i64).map(|p| format!("{p}%"));
+                        (
+                            percent(current.and_then(|c| c.get("averageUtilization")))
+                                .unwrap_or_else(unknown),
+                            percent(target.and_then(|t| t.get("averageUtilization")))
+                                .unwrap_or_else(|| "<auto>".into()),
+                        )
+                    };
+                    format!("{name}: {current}/{target}")
+                }
+                _ => {
+                    let field = if average.is_some() { "averageValue" } else { "value" };
+                    let current =
+                        quantity(current.and_then(|c| c.get(field))).unwrap_or_else(unknown);
+                    let target = quantity(target.and_then(|t| t.get(field))).unwrap_or_default();
+                    format!("{current}/{target}")
+                }
+            }
+        })
+        .collect();
+    if list.len() > 2 {
+        format!("{} + {} more...", list[..2].join(", "), list.len() - 2)
+    } else {
+        list.join(", ")
+    }
 }
 
 #[cfg(test)]

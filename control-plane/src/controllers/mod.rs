@@ -25,6 +25,7 @@ pub mod local_path;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod podautoscaler;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;
@@ -94,6 +95,11 @@ pub struct ControllerConfig {
     pub local_path_root: Option<std::path::PathBuf>,
     /// The image of the local-path teardown helper pods (it needs `rm`).
     pub local_path_helper_image: String,
+    /// How often the autoscalers run (`--horizontal-pod-autoscaler-sync-period`, 15 s).
+    pub hpa_sync_period: Duration,
+    /// How long a scale-down waits for the highest recommendation of the window
+    /// (`--horizontal-pod-autoscaler-downscale-stabilization`, 5 min).
+    pub hpa_downscale_stabilization: Duration,
 }
 
 /// The local-path teardown helper's image by default (k3s's is a busybox too).
@@ -115,6 +121,8 @@ impl Default for ControllerConfig {
             pod_gc_quarantine: Duration::from_secs(40),
             local_path_root: None,
             local_path_helper_image: DEFAULT_HELPER_IMAGE.into(),
+            hpa_sync_period: Duration::from_secs(15),
+            hpa_downscale_stabilization: Duration::from_secs(300),
         }
     }
 }
@@ -139,6 +147,7 @@ pub async fn run(client: Client, config: ControllerConfig) {
     tasks.spawn(podgc::run(ctx.clone()));
     tasks.spawn(disruption::run(ctx.clone()));
     tasks.spawn(resourcequota::run(ctx.clone()));
+    tasks.spawn(podautoscaler::run(ctx.clone()));
     tasks.spawn(volume::run(ctx.clone()));
     tasks.spawn(volume_protection::run(ctx.clone()));
     if let Some(root) = ctx.config.local_path_root.clone() {

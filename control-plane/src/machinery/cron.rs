@@ -182,7 +182,7 @@ fn descriptor_schedule(spec: &str) -> Result<Schedule, String> {
 }
 
 /// Go's `time.ParseDuration` (`1h30m`, `1.5h`, `-2s`, `0`), in nanoseconds.
-fn go_duration_nanos(s: &str) -> Option<i128> {
+pub fn go_duration_nanos(s: &str) -> Option<i128> {
     let (negative, mut rest) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
         Some(b'+') => (false, &s[1..]),

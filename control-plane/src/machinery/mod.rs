@@ -8,6 +8,7 @@ pub mod cron;
 pub mod openapi;
 pub mod protobuf;
 pub mod quota;
+pub mod resource_metrics;
 pub mod schema;
 pub mod strategic;
 

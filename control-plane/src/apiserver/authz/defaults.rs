@@ -98,6 +98,9 @@ fn view_rules() -> Vec<Value> {
         ),
         rule(&["networking.k8s.io"], &["ingresses", "ingresses/status", "networkpolicies"], READ),
         rule(&["policy"], &["poddisruptionbudgets", "poddisruptionbudgets/status"], READ),
+        // metrics-server's `system:aggregated-metrics-reader`, which aggregates into view,
+        // edit and admin.
+        rule(&["metrics.k8s.io"], &["pods", "nodes"], READ),
     ]
 }
 

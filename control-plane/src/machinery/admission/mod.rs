@@ -25,6 +25,7 @@
 //! Kinds not listed in `kind_info` pass through untouched and valid.
 
 mod apps;
+pub mod autoscaling;
 mod batch;
 mod core;
 mod field;
@@ -125,6 +126,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         }
         ("apps", "ControllerRevision") => k(true, Subdomain, false, false),
         ("autoscaling", "Scale") => k(true, Subdomain, false, false),
+        ("autoscaling", "HorizontalPodAutoscaler") => k(true, Subdomain, true, false),
         ("batch", "Job") => k(true, Subdomain, true, true),
         ("batch", "CronJob") => k(true, Subdomain, true, true),
         ("policy", "PodDisruptionBudget") => k(true, Subdomain, true, true),
@@ -170,6 +172,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         }
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::default_workload(gvk.kind, o),
+        ("autoscaling", "HorizontalPodAutoscaler") => autoscaling::default_hpa(o),
         ("batch", "Job") => batch::default_job(o),
         ("batch", "CronJob") => batch::default_cronjob(o),
         ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
@@ -212,6 +215,10 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("batch", "Job") => batch::prepare_job_create(o),
         ("batch", "CronJob") => {
             o.insert("status".into(), serde_json::json!({}));
+        }
+        // HorizontalPodAutoscalerStatus.desiredReplicas is not omitempty.
+        ("autoscaling", "HorizontalPodAutoscaler") => {
+            o.insert("status".into(), serde_json::json!({"desiredReplicas": 0}));
         }
         // Upstream's PDB strategy starts from an empty status (its counts are not omitempty).
         ("policy", "PodDisruptionBudget") => {
@@ -406,6 +413,9 @@ pub fn validate(
         }
         ("", _, _) => core::validate(gvk.kind, new, old),
         ("apps", _, _) => apps::validate(gvk.kind, subresource, new, old),
+        ("autoscaling", "HorizontalPodAutoscaler", _) => {
+            autoscaling::validate_hpa(subresource, new, old)
+        }
         ("batch", "Job", _) => batch::validate_job(subresource, new, old),
         ("batch", "CronJob", _) => batch::validate_cronjob(subresource, new, old),
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),

@@ -45,6 +45,7 @@ const SERVED_GROUP_VERSIONS: &[(&str, &str)] = &[
     ("", "v1"),
     ("apps", "v1"),
     ("autoscaling", "v1"),
+    ("autoscaling", "v2"),
     ("batch", "v1"),
     ("coordination.k8s.io", "v1"),
     ("discovery.k8s.io", "v1"),
@@ -63,7 +64,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
     });
     let mut generator = SchemaGenerator::new(settings);
     let g = &mut generator;
-    let kinds = vec![
+    let mut kinds = vec![
         kind::<core::v1::Namespace>(g, true),
         kind::<core::v1::Node>(g, true),
         kind::<core::v1::Pod>(g, true),
@@ -86,6 +87,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<apps::v1::StatefulSet>(g, true),
         kind::<apps::v1::ControllerRevision>(g, true),
         kind::<autoscaling::v1::Scale>(g, false),
+        kind::<autoscaling::v2::HorizontalPodAutoscaler>(g, true),
         kind::<policy::v1::Eviction>(g, false),
         kind::<policy::v1::PodDisruptionBudget>(g, true),
         kind::<batch::v1::Job>(g, true),
@@ -115,6 +117,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
 
     let mut components: BTreeMap<String, Value> =
         generator.take_definitions(false).into_iter().collect();
+    kinds.extend(metrics_types(&mut components));
 
     for k in &kinds {
         if k.list {
@@ -202,6 +205,70 @@ fn list_schema(k: &Kind) -> Value {
         "type": "object",
         "x-kubernetes-group-version-kind": [{"group": k.group, "kind": format!("{}List", k.kind), "version": k.version}]
     })
+}
+
+/// The `metrics.k8s.io/v1beta1` kinds (k8s.io/metrics' types, which k8s-openapi does not
+/// carry), as metrics-server publishes them.
+fn metrics_types(components: &mut BTreeMap<String, Value>) -> Vec<Kind> {
+    const PREFIX: &str = "io.k8s.metrics.pkg.apis.metrics.v1beta1.";
+    let meta = |what: &str| {
+        json!({
+            "$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+            "description": format!("Standard object's metadata: the {what}'s name, namespace and labels. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"),
+        })
+    };
+    let usage = json!({
+        "additionalProperties": {"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.api.resource.Quantity")},
+        "description": "The memory and CPU usage.",
+        "type": "object",
+    });
+    let common = |what: &str| {
+        json!({
+            "apiVersion": {"description": "APIVersion defines the versioned schema of this representation of an object.", "type": "string"},
+            "kind": {"description": "Kind is a string value representing the REST resource this object represents.", "type": "string"},
+            "metadata": meta(what),
+            "timestamp": {
+                "$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.apis.meta.v1.Time"),
+                "description": "The following fields define time interval from which metrics were collected from the interval [Timestamp-Window, Timestamp].",
+            },
+            "window": {"type": "string"},
+        })
+    };
+    let mut node = common("node");
+    node["usage"] = usage.clone();
+    let mut pod = common("pod");
+    pod["containers"] = json!({
+        "description": "Metrics for all containers are collected within the same time window.",
+        "items": {"$ref": format!("{REF_PREFIX}{PREFIX}ContainerMetrics")},
+        "type": "array",
+        "x-kubernetes-list-type": "atomic",
+    });
+    components.insert(
+        format!("{PREFIX}NodeMetrics"),
+        json!({"description": "NodeMetrics sets resource usage metrics of a node.",
+            "properties": node, "required": ["timestamp", "window", "usage"], "type": "object"}),
+    );
+    components.insert(
+        format!("{PREFIX}PodMetrics"),
+        json!({"description": "PodMetrics sets resource usage metrics of a pod.",
+            "properties": pod, "required": ["timestamp", "window", "containers"], "type": "object"}),
+    );
+    components.insert(
+        format!("{PREFIX}ContainerMetrics"),
+        json!({"description": "ContainerMetrics sets resource usage metrics of a container.",
+            "properties": {"name": {"description": "Container name corresponding to the one from pod.spec.containers.", "type": "string"}, "usage": usage},
+            "required": ["name", "usage"], "type": "object"}),
+    );
+    ["NodeMetrics", "PodMetrics"]
+        .into_iter()
+        .map(|kind| Kind {
+            component: format!("{PREFIX}{kind}"),
+            group: "metrics.k8s.io",
+            version: "v1beta1",
+            kind,
+            list: true,
+        })
+        .collect()
 }
 
 /// IntOrString and Quantity as upstream's v3 spells them (k8s-openapi marks them only with
