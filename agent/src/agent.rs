@@ -107,7 +107,12 @@ pub async fn start<R: Runtime + Clone>(
             config.streaming_port = server.addr().port();
             Some(server)
         }
-        None => None,
+        // No endpoint: the Node advertises none (port 0), so nothing dials it (the
+        // apiserver's resource metrics scraper skips such nodes).
+        None => {
+            config.streaming_port = 0;
+            None
+        }
     };
     let dns = match config.dns.clone() {
         Some(d) => {

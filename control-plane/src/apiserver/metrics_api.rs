@@ -166,12 +166,15 @@ pub(super) async fn scrape(server: &ApiServer) {
         .resource(nodes_rt)
         .list(&nodes_rt.prefix(), None)
         .iter()
-        .map(|o| (o.name.clone(), proxy::node_address(&o.value())))
+        .map(|o| (o.name.clone(), proxy::advertised_agent(&o.value())))
         .collect();
     let scrapes = futures::future::join_all(nodes.iter().map(|(name, addr)| {
         let client = client.clone();
         async move {
-            let addr = addr.ok_or_else(|| "no InternalIP or ExternalIP address".to_string())?;
+            let addr = addr.ok_or_else(|| {
+                "no agent endpoint advertised (an InternalIP or ExternalIP and a kubelet port)"
+                    .to_string()
+            })?;
             let body = tokio::time::timeout(
                 SCRAPE_TIMEOUT,
                 proxy::fetch(&client, addr, RESOURCE_METRICS_PATH),

@@ -209,8 +209,18 @@ fn container_name(pod: &Value, pod_name: &str, asked: Option<&str>) -> ApiResult
     }
 }
 
+/// The endpoint a node's agent advertises, only if it advertises one (a non-zero
+/// `kubeletEndpoint` port): what is dialed without a user asking (the resource metrics
+/// scrape). A simulated node advertises none, and its made-up address is never dialed.
+pub(crate) fn advertised_agent(node: &Value) -> Option<SocketAddr> {
+    node.pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .filter(|p| *p != 0)?;
+    node_address(node)
+}
+
 /// The node's agent endpoint: InternalIP (else ExternalIP) and the advertised port.
-pub(crate) fn node_address(node: &Value) -> Option<SocketAddr> {
+fn node_address(node: &Value) -> Option<SocketAddr> {
     let addresses = node.pointer("/status/addresses").and_then(Value::as_array)?;
     let ip = ["InternalIP", "ExternalIP"].iter().find_map(|kind| {
         addresses.iter().find_map(|a| {
@@ -409,5 +419,15 @@ mod tests {
             json!({"status": {"addresses": [{"type": "ExternalIP", "address": "192.0.2.1"}]}});
         assert_eq!(node_address(&node), Some("192.0.2.1:10250".parse().unwrap()));
         assert_eq!(node_address(&json!({"status": {}})), None);
+        // Only an advertised endpoint is dialed unasked.
+        assert_eq!(advertised_agent(&node), None);
+        let silent = json!({"status": {
+            "addresses": [{"type": "InternalIP", "address": "172.30.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}}});
+        assert_eq!(advertised_agent(&silent), None);
+        let node = json!({"status": {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 11250}}}});
+        assert_eq!(advertised_agent(&node), Some("127.0.0.1:11250".parse().unwrap()));
     }
 }
