@@ -612,6 +612,11 @@ async fn sync(
         let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), &ns);
         let name = hpa.name_any();
         async move {
+            // Upstream replaces the status: metrics no longer measured are cleared.
+            let mut status = serde_json::to_value(status).unwrap_or_default();
+            if let Some(s) = status.as_object_mut() {
+                s.entry("currentMetrics").or_insert(Value::Null);
+            }
             api.patch_status(
                 &name,
                 &PatchParams::default(),
