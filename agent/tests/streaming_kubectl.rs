@@ -311,7 +311,7 @@ async fn kubectl_top_reads_the_agents_resource_metrics() {
     let containers = kubectl(&k, &["top", "pod", "web", "--containers"]).await;
     assert_eq!(row(&containers, "web"), ["web", "app", "250m", "8Mi"], "{containers}");
     let err = kubectl_fails(&k, &["top", "pod", "pending"]).await;
-    assert!(err.contains("not available") || err.contains("not found"), "{err}");
+    assert!(err.contains(r#"podmetrics.metrics.k8s.io "default/pending" not found"#), "{err}");
 
     // The node: its use (this machine's, read from the kernel) against its allocatable.
     let node = kubectl(&k, &["top", "node"]).await;
@@ -470,4 +470,27 @@ async fn an_autoscaler_follows_the_pods_cpu() {
         .collect();
     assert_eq!(conditions, ["AbleToScale", "ScalingActive", "ScalingLimited"], "{status}");
     assert!(status["status"]["lastScaleTime"].is_string(), "{status}");
+
+    // A metric skiff cannot read (no custom metrics API): ScalingActive False, no rescale.
+    let custom = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: custom\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: app}\n  maxReplicas: 3\n  metrics:\n  - type: Pods\n    pods:\n      metric: {name: requests_per_second}\n      target: {type: AverageValue, averageValue: \"10\"}\n";
+    kubectl(&k, &["create", "-f", &write_tmp(&c.node, "custom.yaml", custom)]).await;
+    let active = kubectl_until(
+        &k,
+        &[
+            "get",
+            "hpa",
+            "custom",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"ScalingActive\")].reason}",
+        ],
+        |out| !out.trim().is_empty(),
+    )
+    .await;
+    assert_eq!(active.trim(), "FailedGetResourceMetric");
+    let hpa = kubectl(&k, &["get", "hpa", "custom"]).await;
+    assert_eq!(row(&hpa, "custom")[2], "<unknown>/10", "{hpa}");
+    assert_eq!(
+        kubectl(&k, &["get", "deployment", "app", "-o", "jsonpath={.spec.replicas}"]).await.trim(),
+        "1"
+    );
 }

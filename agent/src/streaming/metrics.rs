@@ -96,15 +96,15 @@ fn cgroup_cpu_seconds(stat: &str) -> Option<f64> {
         .map(|usec| usec as f64 / 1e6)
 }
 
-/// The busy time of `/proc/stat`'s `cpu` line (all but idle and iowait), in seconds (the
-/// kernel counts in USER_HZ, 100 per second on Linux).
+/// The busy time of `/proc/stat`'s `cpu` line (user, nice, system, irq, softirq: not idle,
+/// iowait, or steal, the time the hypervisor gave to others), in seconds (the kernel counts
+/// in USER_HZ, 100 per second on Linux).
 fn proc_stat_cpu_seconds(stat: &str) -> Option<f64> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let fields: Vec<u64> =
         line.split_whitespace().skip(1).map(|f| f.parse().ok()).collect::<Option<_>>()?;
     // user nice system idle iowait irq softirq steal (guest time is within user).
-    let busy: u64 =
-        fields.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|i| fields.get(*i)).sum();
     Some(busy as f64 / 100.0)
 }
 
@@ -129,7 +129,7 @@ mod tests {
     fn reads_the_kernels_counters() {
         assert_eq!(cgroup_cpu_seconds("usage_usec 2500000\nuser_usec 2000000\n"), Some(2.5));
         let stat = "cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
-        assert_eq!(proc_stat_cpu_seconds(stat), Some(1.71));
+        assert_eq!(proc_stat_cpu_seconds(stat), Some(1.63));
         let meminfo = "MemTotal:       16000 kB\nMemFree:         4000 kB\nMemAvailable:   9000 kB\nInactive(file):   2000 kB\n";
         assert_eq!(working_set(meminfo), Some(10_000 * 1024));
         assert_eq!(working_set("MemTotal: 1 kB\n"), None);

@@ -137,19 +137,29 @@ impl ResourceMetrics {
         self.lock().get(name)?.node?.rate()
     }
 
-    /// Every container with a rate, by (namespace, pod): the newest when a pod's container is
-    /// reported by two nodes (a pod recreated elsewhere, an old node not yet rescraped).
-    fn containers(&self) -> HashMap<(String, String), BTreeMap<String, Rate>> {
+    /// The pods every reported container of which has a rate (metrics-server leaves out a
+    /// pod with a container just started or restarted), by (namespace, pod); of a pod
+    /// reported by two nodes (recreated elsewhere, the old node not yet rescraped), the
+    /// newer reading.
+    fn pods(&self) -> HashMap<(String, String), BTreeMap<String, Rate>> {
         let mut out: HashMap<(String, String), BTreeMap<String, Rate>> = HashMap::new();
         for points in self.lock().values() {
+            let mut by_pod: HashMap<(&str, &str), Option<BTreeMap<String, Rate>>> = HashMap::new();
             for ((ns, pod, container), p) in &points.containers {
-                let Some(rate) = p.rate() else { continue };
-                let slot = out.entry((ns.clone(), pod.clone())).or_default();
-                match slot.get(container) {
-                    Some(r) if r.timestamp_ms >= rate.timestamp_ms => {}
-                    _ => {
-                        slot.insert(container.clone(), rate);
+                let slot = by_pod.entry((ns, pod)).or_insert_with(|| Some(BTreeMap::new()));
+                match (slot.as_mut(), p.rate()) {
+                    (Some(containers), Some(rate)) => {
+                        containers.insert(container.clone(), rate);
                     }
+                    _ => *slot = None,
+                }
+            }
+            for ((ns, pod), containers) in by_pod {
+                let Some(containers) = containers else { continue };
+                let newest = |c: &BTreeMap<String, Rate>| c.values().map(|r| r.timestamp_ms).max();
+                let key = (ns.to_string(), pod.to_string());
+                if out.get(&key).is_none_or(|seen| newest(seen) < newest(&containers)) {
+                    out.insert(key, containers);
                 }
             }
         }
@@ -236,7 +246,7 @@ pub(super) fn serve(
         None => source_rt.namespace_prefix(ns),
     };
     let objects = server.cache.resource(source_rt).list(&prefix, None);
-    let containers = (!nodes).then(|| server.resource_metrics.containers());
+    let containers = (!nodes).then(|| server.resource_metrics.pods());
     let mut items = Vec::new();
     for o in objects.iter() {
         if name.is_some_and(|n| n != o.name) {
@@ -258,12 +268,13 @@ pub(super) fn serve(
     }
     match name {
         Some(name) => {
+            // metrics-server's NotFound: `podmetrics.metrics.k8s.io "default/web"`.
             let mut obj = items.pop().ok_or_else(|| {
-                ApiError::not_found(&rt.qualified(), name).with_details(
-                    rt.group(),
-                    rt.plural(),
-                    name,
-                )
+                let (resource, shown) = match ns {
+                    Some(ns) => ("podmetrics.metrics.k8s.io", format!("{ns}/{name}")),
+                    None => ("nodemetrics.metrics.k8s.io", name.to_string()),
+                };
+                ApiError::not_found(resource, &shown).with_details(rt.group(), rt.plural(), name)
             })?;
             if let Some(o) = obj.as_object_mut() {
                 o.insert("kind".into(), json!(rt.kind()));
@@ -290,9 +301,10 @@ fn pod_metrics(
     labels: BTreeMap<String, String>,
     containers: &BTreeMap<String, Rate>,
 ) -> Value {
-    // The pod's time and window are its newest container's, as metrics-server reports them.
-    let newest = containers.values().max_by_key(|r| r.timestamp_ms).copied();
-    let (timestamp, window) = newest.map_or((0, 0), |r| (r.timestamp_ms, r.window_ms));
+    // The pod's time and window are its earliest container's, as metrics-server reports
+    // them.
+    let earliest = containers.values().min_by_key(|r| r.timestamp_ms).copied();
+    let (timestamp, window) = earliest.map_or((0, 0), |r| (r.timestamp_ms, r.window_ms));
     json!({
         "metadata": {"name": name, "namespace": ns, "creationTimestamp": super::handlers::now(),
             "labels": labels},
@@ -361,7 +373,7 @@ impl ApiServer {
                 let Some(server) = server.upgrade() else { return };
                 scrape(&server).await;
                 drop(server);
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(every.max(Duration::from_millis(100))).await;
             }
         });
     }
@@ -402,7 +414,7 @@ mod tests {
         let m = ResourceMetrics::default();
         m.record("n1", scrape(usage(100.0, 1 << 30, 10_000), &[("app", usage(1.0, 4096, 10_000))]));
         assert_eq!(m.node("n1"), None);
-        assert!(m.containers().is_empty());
+        assert!(m.pods().is_empty());
         // 15 s later: the node used 3 core-seconds (200m), the container 0.15 (10m).
         m.record(
             "n1",
@@ -418,16 +430,30 @@ mod tests {
                 window_ms: 15_000
             }
         );
-        let pods = m.containers();
+        let pods = m.pods();
         let app = pods[&("default".to_string(), "web".to_string())]["app"];
         assert_eq!((app.cpu_nanocores, app.memory_bytes), (10_000_000, 8192));
-        // A restarted container (counter back to near zero) has no rate until its next reading.
-        m.record("n1", scrape(usage(104.0, 2 << 30, 40_000), &[("app", usage(0.1, 8192, 40_000))]));
-        assert!(m.containers().is_empty());
+        // A restarted container (counter back to near zero) has no rate until its next
+        // reading, and its pod is not listed meanwhile, even with another container's rate.
+        m.record(
+            "n1",
+            scrape(
+                usage(104.0, 2 << 30, 40_000),
+                &[("app", usage(0.1, 8192, 40_000)), ("side", usage(5.0, 4096, 40_000))],
+            ),
+        );
+        m.record(
+            "n1",
+            scrape(
+                usage(104.0, 2 << 30, 41_000),
+                &[("app", usage(0.1, 8192, 40_000)), ("side", usage(5.5, 4096, 41_000))],
+            ),
+        );
+        assert!(m.pods().is_empty());
         // A reading with the same sample time refreshes memory only.
-        m.record("n1", scrape(usage(104.0, 3 << 30, 40_000), &[]));
+        m.record("n1", scrape(usage(104.0, 3 << 30, 41_000), &[]));
         assert_eq!(m.node("n1").unwrap().memory_bytes, 3 << 30);
-        assert_eq!(m.node("n1").unwrap().window_ms, 15_000);
+        assert_eq!(m.node("n1").unwrap().window_ms, 1_000);
         m.forget(|_| false);
         assert_eq!(m.node("n1"), None);
     }

@@ -27,6 +27,10 @@ use super::status::{ApiError, ApiResult};
 /// The kubelet's default port, when a Node does not advertise one.
 const DEFAULT_KUBELET_PORT: u16 = 10250;
 
+/// The most a fetched answer may hold (a node's resource metrics are a few hundred bytes
+/// per container).
+const FETCH_LIMIT: usize = 16 << 20;
+
 /// How long reaching an agent (TCP and TLS) may take.
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -215,6 +219,7 @@ fn container_name(pod: &Value, pod_name: &str, asked: Option<&str>) -> ApiResult
 pub(crate) fn advertised_agent(node: &Value) -> Option<SocketAddr> {
     node.pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
         .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
         .filter(|p| *p != 0)?;
     node_address(node)
 }
@@ -331,7 +336,8 @@ pub(crate) async fn fetch(
     if resp.status() != StatusCode::OK {
         return Err(agent_error(resp).await);
     }
-    let body = resp.into_body().collect().await.map_err(|e| {
+    let body = http_body_util::Limited::new(resp.into_body(), FETCH_LIMIT);
+    let body = body.collect().await.map_err(|e| {
         backend_error(format!("reading {path} from the node's agent at {addr}: {e}"))
     })?;
     Ok(body.to_bytes())

@@ -1554,7 +1554,12 @@ fn hpa_targets(o: &Value) -> String {
                     let current =
                         quantity(current.and_then(|c| c.get(field))).unwrap_or_else(unknown);
                     let target = quantity(target.and_then(|t| t.get(field))).unwrap_or_default();
-                    format!("{current}/{target}")
+                    // Object and External metrics averaged over the pods say so.
+                    if average.is_some() && source != "pods" {
+                        format!("{current}/{target} (avg)")
+                    } else {
+                        format!("{current}/{target}")
+                    }
                 }
             }
         })

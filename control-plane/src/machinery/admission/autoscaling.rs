@@ -36,11 +36,11 @@ pub fn default_scale_up() -> Value {
     })
 }
 
-/// The scale-down rules upstream fills in (`GenerateHPAScaleDownRules`): a 5-minute
-/// stabilization window, up to 100% per 15 s.
+/// The scale-down rules upstream fills in (`GenerateHPAScaleDownRules`): up to 100% per
+/// 15 s. The stabilization window is left unset: the controller's
+/// `--horizontal-pod-autoscaler-downscale-stabilization` (5 minutes) applies.
 pub fn default_scale_down() -> Value {
     json!({
-        "stabilizationWindowSeconds": 300,
         "selectPolicy": "Max",
         "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
     })
