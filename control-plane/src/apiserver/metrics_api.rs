@@ -385,12 +385,7 @@ mod tests {
     use crate::machinery::resource_metrics::ContainerUsage;
 
     fn usage(cpu: f64, memory: u64, ts: i64) -> Usage {
-        Usage {
-            cpu_seconds: cpu,
-            cpu_timestamp_ms: ts,
-            memory_bytes: memory,
-            memory_timestamp_ms: ts,
-        }
+        Usage::sampled_at(cpu, memory, ts)
     }
 
     fn scrape(node: Usage, containers: &[(&str, Usage)]) -> NodeScrape {

@@ -277,34 +277,16 @@ fn period_start(current: i32, history: &History, now: Timestamp, period: i32) ->
         .saturating_add(changed_within(&history.scale_downs, now, period))
 }
 
-/// The most replicas the scale-up rules allow now (upstream
-/// `calculateScaleUpLimitWithScalingRules`).
-fn scale_up_limit(current: i32, history: &History, rules: &HPAScalingRules, now: Timestamp) -> i32 {
-    let policies = rules.policies.as_deref().unwrap_or_default();
-    if rules.select_policy.as_deref() == Some("Disabled") || policies.is_empty() {
-        return current;
-    }
-    let proposals = policies.iter().map(|p| {
-        let start = period_start(current, history, now, p.period_seconds);
-        match p.type_.as_str() {
-            "Pods" => start.saturating_add(p.value),
-            _ => (f64::from(start) * (1.0 + f64::from(p.value) / 100.0)).ceil() as i32,
-        }
-    });
-    let limit = if rules.select_policy.as_deref() == Some("Min") {
-        proposals.min()
-    } else {
-        proposals.max()
-    };
-    limit.unwrap_or(current)
-}
-
-/// The fewest replicas the scale-down rules allow now.
-fn scale_down_limit(
+/// The replica count the rules of one direction allow now (upstream's
+/// `calculateScaleUpLimitWithScalingRules` and `calculateScaleDownLimitWithBehaviors`):
+/// each policy moves the count its period started from by its pods or percent; `Max`
+/// takes the policy allowing the most change, `Min` the least, `Disabled` none.
+fn scale_limit(
     current: i32,
     history: &History,
     rules: &HPAScalingRules,
     now: Timestamp,
+    up: bool,
 ) -> i32 {
     let policies = rules.policies.as_deref().unwrap_or_default();
     if rules.select_policy.as_deref() == Some("Disabled") || policies.is_empty() {
@@ -312,16 +294,15 @@ fn scale_down_limit(
     }
     let proposals = policies.iter().map(|p| {
         let start = period_start(current, history, now, p.period_seconds);
-        match p.type_.as_str() {
-            "Pods" => start.saturating_sub(p.value),
-            _ => (f64::from(start) * (1.0 - f64::from(p.value) / 100.0)) as i32,
+        match (p.type_.as_str(), up) {
+            ("Pods", true) => start.saturating_add(p.value),
+            ("Pods", false) => start.saturating_sub(p.value),
+            (_, true) => (f64::from(start) * (1.0 + f64::from(p.value) / 100.0)).ceil() as i32,
+            (_, false) => (f64::from(start) * (1.0 - f64::from(p.value) / 100.0)) as i32,
         }
     });
-    let limit = if rules.select_policy.as_deref() == Some("Min") {
-        proposals.max()
-    } else {
-        proposals.min()
-    };
+    let most_change = rules.select_policy.as_deref() != Some("Min");
+    let limit = if most_change == up { proposals.max() } else { proposals.min() };
     limit.unwrap_or(current)
 }
 
@@ -378,11 +359,11 @@ pub fn normalize(
         (false, false) => SCALE_DOWN_STABILIZED,
     };
     let (replicas, limited) = if stabilized > current {
-        let limit = scale_up_limit(current, history, &up, now).max(current);
+        let limit = scale_limit(current, history, &up, now, true).max(current);
         let (allowed, over) = if max > limit { (limit, SCALE_UP_LIMIT) } else { (max, TOO_MANY) };
         if stabilized > allowed { (allowed, over) } else { (stabilized, WITHIN_RANGE) }
     } else if stabilized < current {
-        let limit = scale_down_limit(current, history, &down, now).min(current);
+        let limit = scale_limit(current, history, &down, now, false).min(current);
         let (allowed, under) = if min < limit { (limit, SCALE_DOWN_LIMIT) } else { (min, TOO_FEW) };
         if stabilized < allowed { (allowed, under) } else { (stabilized, WITHIN_RANGE) }
     } else {

@@ -23,6 +23,18 @@ pub struct Usage {
     pub memory_timestamp_ms: i64,
 }
 
+impl Usage {
+    /// A reading whose CPU time and working set were sampled at the same time.
+    pub fn sampled_at(cpu_seconds: f64, memory_bytes: u64, timestamp_ms: i64) -> Usage {
+        Usage {
+            cpu_seconds,
+            cpu_timestamp_ms: timestamp_ms,
+            memory_bytes,
+            memory_timestamp_ms: timestamp_ms,
+        }
+    }
+}
+
 /// A container's reading.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerUsage {
@@ -305,12 +317,7 @@ mod tests {
     use super::*;
 
     fn usage(cpu: f64, memory: u64, ts: i64) -> Usage {
-        Usage {
-            cpu_seconds: cpu,
-            cpu_timestamp_ms: ts,
-            memory_bytes: memory,
-            memory_timestamp_ms: ts,
-        }
+        Usage::sampled_at(cpu, memory, ts)
     }
 
     #[test]
