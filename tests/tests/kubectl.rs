@@ -322,6 +322,25 @@ fn resource_quota(minor: u32) {
     k.ok(&["create", "service", "clusterip", "s1", "-n", "q", "--tcp=80:80"]);
     let err = k.fails(&["create", "service", "clusterip", "s2", "-n", "q", "--tcp=80:80"]);
     assert!(err.contains("exceeded quota: compute, requested: services=1"), "{err}");
+    // An update is charged what it adds: a Service turning NodePort takes a node port.
+    k.ok(&["create", "quota", "ports", "-n", "q", "--hard=services.nodeports=0"]);
+    for _ in 0..100 {
+        let quota = json(&k, &["get", "quota", "ports", "-n", "q"]);
+        if quota["status"]["used"]["services.nodeports"] == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err =
+        k.fails(&["patch", "service", "s1", "-n", "q", "-p", r#"{"spec":{"type":"NodePort"}}"#]);
+    assert!(
+        err.contains(
+            "services \"s1\" is forbidden: exceeded quota: ports, requested: services.nodeports=1, used: services.nodeports=0, limited: services.nodeports=0"
+        ),
+        "{err}"
+    );
+    let svc = json(&k, &["get", "service", "s1", "-n", "q"]);
+    assert_eq!(svc["spec"]["type"], "ClusterIP", "{svc}");
     // A deleted pod's share comes back once the controller has recounted.
     k.ok(&["delete", "pod", "a", "-n", "q", "--wait=false"]);
     let mut last = String::new();

@@ -1113,12 +1113,25 @@ async fn guaranteed_update(
                 }
             }
             Some((Change::Write(mut obj), reservation)) => {
-                if admitted
-                    && let Err(e) = plugins::validate_update(
-                        server, rt, ns, name, w.sub, &obj, &current, dry_run,
-                    )
+                let admission = if admitted {
+                    async {
+                        plugins::validate_update(
+                            server, rt, ns, name, w.sub, &obj, &current, dry_run,
+                        )
+                        .await?;
+                        // The quota last, as on create; only the main resource changes usage.
+                        // (Boxed: charging writes the quota through this function.)
+                        if w.sub.is_none() {
+                            Box::pin(quota::charge_update(server, rt, ns, &current, &obj, dry_run))
+                                .await?;
+                        }
+                        Ok::<(), ApiError>(())
+                    }
                     .await
-                {
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = admission {
                     if let Some(r) = &reservation {
                         server.alloc.release(r);
                     }

@@ -1,5 +1,6 @@
 //! The ResourceQuota admission (upstream's `ResourceQuota` plugin, the last validating
-//! step of a create): every quota of the namespace that charges the new object is checked
+//! step of a create, and of an update of a Service or a claim, charged what it adds):
+//! every quota of the namespace that charges the new object is checked
 //! and charged in its status before the object is stored, through a compare-and-swap on the
 //! quota, so concurrent creates cannot both take its last unit. As upstream, a quota
 //! restricts the resources its `status.hard` names: one the controller has not filled in
@@ -26,13 +27,53 @@ pub(super) async fn charge(
     obj: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    charge_usage(server, rt, ns, obj, |usage| usage, dry_run).await
+}
+
+/// Check and charge the quotas of `ns` for updating `old` to `new`: what the update adds
+/// (upstream's evaluators handle updates of Services, whose type may now take node ports
+/// or a load balancer, and of claims, which may grow). Less usage is given back by the
+/// controller's next recount.
+pub(super) async fn charge_update(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    old: &Value,
+    new: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    if !(rt.group().is_empty() && matches!(rt.plural(), "services" | "persistentvolumeclaims")) {
+        return Ok(());
+    }
+    let before = quota::usage(rt.group(), rt.plural(), old, &now());
+    let added = |after: Usage| -> Usage {
+        after
+            .into_iter()
+            .filter_map(|(name, q)| {
+                let delta = Quantity(q.0 - before.get(&name).map_or(0, |b| b.0));
+                (delta.0 > 0).then_some((name, delta))
+            })
+            .collect()
+    };
+    charge_usage(server, rt, ns, new, added, dry_run).await
+}
+
+/// Check and charge the quotas of `ns` for `obj`, with what `charged` makes of its usage.
+async fn charge_usage(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    obj: &Value,
+    charged: impl FnOnce(Usage) -> Usage,
+    dry_run: bool,
+) -> ApiResult<()> {
     let Some(ns) = ns else { return Ok(()) };
     let Some(quota_rt) = server.registry.find("", "v1", "resourcequotas") else { return Ok(()) };
     let quotas = server.cache.resource(quota_rt).list(&quota_rt.namespace_prefix(Some(ns)), None);
     if quotas.is_empty() {
         return Ok(());
     }
-    let usage = quota::usage(rt.group(), rt.plural(), obj, &now());
+    let usage = charged(quota::usage(rt.group(), rt.plural(), obj, &now()));
     if usage.is_empty() {
         return Ok(());
     }
