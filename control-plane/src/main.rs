@@ -41,6 +41,13 @@ struct Args {
     /// Terminated pods kept before the pod GC deletes the oldest (0 disables).
     #[arg(long, default_value_t = 12500)]
     terminated_pod_gc_threshold: usize,
+    /// How often the HorizontalPodAutoscalers are evaluated (kube-controller-manager's flag).
+    #[arg(long, default_value = "15s", value_parser = positive_duration)]
+    horizontal_pod_autoscaler_sync_period: std::time::Duration,
+    /// How long an autoscaler waits, before scaling down, for the highest recommendation of
+    /// this window (kube-controller-manager's flag).
+    #[arg(long, default_value = "5m", value_parser = nonnegative_duration)]
+    horizontal_pod_autoscaler_downscale_stabilization: std::time::Duration,
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
@@ -197,6 +204,15 @@ static MIMALLOC_OPTIONS: extern "C" fn() = {
     set_options
 };
 
+/// A Go duration (`0s`, `5m`), not negative.
+fn nonnegative_duration(s: &str) -> Result<std::time::Duration, String> {
+    match skiff_control_plane::machinery::cron::go_duration_nanos(s) {
+        Some(0) => Ok(std::time::Duration::ZERO),
+        Some(n) if n < 0 => Err(format!("{s:?}: must not be negative")),
+        _ => positive_duration(s),
+    }
+}
+
 /// A Go duration (`15s`, `1m30s`) above zero.
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
     match skiff_control_plane::machinery::cron::go_duration_nanos(s) {
@@ -266,6 +282,8 @@ async fn main() -> Result<()> {
             terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
             local_path_root: (!args.no_local_path).then_some(args.local_path_root),
             local_path_helper_image: args.local_path_helper_image,
+            hpa_sync_period: args.horizontal_pod_autoscaler_sync_period,
+            hpa_downscale_stabilization: args.horizontal_pod_autoscaler_downscale_stabilization,
             ..Default::default()
         };
         config.controllers = Some(controllers);
