@@ -47,14 +47,6 @@ struct Segment {
 }
 
 impl Segment {
-    fn try_clone(&self) -> Result<Segment> {
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| Error::backend(format!("clone handle of {}", self.path.display()), e))?;
-        Ok(Segment { file, path: self.path.clone() })
-    }
-
     fn sync(&self) -> Result<()> {
         self.file
             .sync_data()
@@ -109,22 +101,21 @@ impl Wal {
     /// Append one record holding `txns` and wait until it is on disk.
     #[cfg(test)]
     pub fn append(&mut self, txns: &[(Revision, &[u8])]) -> Result<()> {
-        let segment = self.write(txns, |(revision, events), out| {
+        self.write(txns, |(revision, events), out| {
             out.extend_from_slice(events);
             *revision
         })?;
-        self.syncer()?.sync(segment)
+        self.sync()
     }
 
     /// Write one record holding `txns` after the last one, without waiting for the disk: the
-    /// record is durable once a [`WalSync::sync`] of the returned file that started after this
-    /// call returns. `encode` appends a transaction's events to the record and returns its
-    /// revision.
+    /// record is durable once [`Wal::sync`] returns. `encode` appends a transaction's events
+    /// to the record and returns its revision.
     pub fn write<T>(
         &mut self,
         txns: &[T],
         mut encode: impl FnMut(&T, &mut Vec<u8>) -> Revision,
-    ) -> Result<usize> {
+    ) -> Result<()> {
         let record = &mut self.record;
         record.clear();
         record.extend_from_slice(&MAGIC.to_le_bytes());
@@ -148,18 +139,12 @@ impl Wal {
             .write_all_at(record, self.end)
             .map_err(|e| Error::backend(format!("append to {}", segment.path.display()), e))?;
         self.end += record.len() as u64;
-        Ok(self.current)
+        Ok(())
     }
 
-    /// A handle that makes what was written durable, for another thread.
-    pub fn syncer(&self) -> Result<WalSync> {
-        let [first, second] = &self.segments;
-        Ok(WalSync { segments: [first.try_clone()?, second.try_clone()?] })
-    }
-
-    /// The file appended to.
-    pub fn current(&self) -> usize {
-        self.current
+    /// Make every record written to the current file durable (one `fdatasync`).
+    pub fn sync(&self) -> Result<()> {
+        self.segments[self.current].sync()
     }
 
     /// Bytes appended to the current file since it was started.
@@ -172,18 +157,6 @@ impl Wal {
     pub fn switch(&mut self) {
         self.current = 1 - self.current;
         self.end = 0;
-    }
-}
-
-/// Makes the records written so far durable (`fdatasync` of a log file, from any thread).
-pub(crate) struct WalSync {
-    segments: [Segment; 2],
-}
-
-impl WalSync {
-    /// Make what was written to file `segment` (as [`Wal::write`] returned) durable.
-    pub fn sync(&self, segment: usize) -> Result<()> {
-        self.segments[segment].sync()
     }
 }
 
