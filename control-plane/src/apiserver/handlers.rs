@@ -934,7 +934,7 @@ async fn create_object(
                 }],
             ));
         }
-        plugins::validate_create(server, rt, ns, &candidate, dry_run).await?;
+        plugins::validate_create(server, rt, ns, &mut candidate, dry_run).await?;
         // Charged once: a retry under another generated name is the same object.
         if attempt == 0 {
             quota::charge(server, rt, ns, &candidate, dry_run).await?;
@@ -1064,7 +1064,7 @@ async fn guaranteed_update(
     let admitted = w.admit;
     let mut attempt = 0;
     while attempt < MAX_RETRIES {
-        let (current, rev, fresh) = match guess.take() {
+        let (mut current, rev, fresh) = match guess.take() {
             Some((current, rev)) => (current, rev, false),
             None => {
                 attempt += 1;
@@ -1084,9 +1084,17 @@ async fn guaranteed_update(
             }
             let mut desired = transform(&current)?;
             if admitted {
-                desired =
-                    plugins::admit_update(server, rt, ns, name, w.sub, desired, &current, dry_run)
-                        .await?;
+                desired = plugins::admit_update(
+                    server,
+                    rt,
+                    ns,
+                    name,
+                    w.sub,
+                    desired,
+                    &mut current,
+                    dry_run,
+                )
+                .await?;
             }
             prepare_update(server, rt, name, w, desired, &current)
         }
@@ -1116,7 +1124,14 @@ async fn guaranteed_update(
                 let admission = if admitted {
                     async {
                         plugins::validate_update(
-                            server, rt, ns, name, w.sub, &obj, &current, dry_run,
+                            server,
+                            rt,
+                            ns,
+                            name,
+                            w.sub,
+                            &mut obj,
+                            &mut current,
+                            dry_run,
                         )
                         .await?;
                         // The quota last, as on create; only the main resource changes usage.
