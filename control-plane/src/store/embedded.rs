@@ -1402,7 +1402,7 @@ impl Writer {
         let started = Instant::now();
         let outcome = match self.shared.poisoned() {
             Some(reason) => Err(Error::backend("store writer", reason)),
-            None => self.stage(&batch),
+            None => self.apply_and_log(&batch),
         };
         match outcome {
             Ok(staged) => {
@@ -1423,7 +1423,7 @@ impl Writer {
     /// Apply `batch` to the memtable, append it to the log and fsync the log. A failure
     /// part-way leaves the memtable holding what no durable log record has: it poisons the
     /// store.
-    fn stage(&mut self, batch: &[Request]) -> Result<Staged> {
+    fn apply_and_log(&mut self, batch: &[Request]) -> Result<Staged> {
         let started = Instant::now();
         let mut staged = Staged {
             outcomes: Vec::with_capacity(batch.len()),
