@@ -84,14 +84,16 @@ pub async fn resource(
         (Verb::List, None, None) => list(server, rt, ns, &query, output).await,
         (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
         (Verb::Create, None, None) => {
+            let answer = match output {
+                Output::Json => Answer::Json,
+                _ => Answer::Object,
+            };
             let (created, code, warnings) =
-                create_rendered(server, rt, ns, &query, &headers, &body).await?;
-            let resp = match (output, created.json) {
+                create_rendered(server, rt, ns, &query, &headers, &body, answer).await?;
+            let resp = match (created.json, created.obj) {
                 // The stored bytes with the resourceVersion spliced in: serialized once.
-                (Output::Json, Some(json)) => {
-                    bytes_response(StatusCode::OK, "application/json", json)
-                }
-                (output, _) => render_object(rt, created.obj, output),
+                (Some(json), None) => bytes_response(StatusCode::OK, "application/json", json),
+                (_, obj) => render_object(rt, obj.unwrap_or_default(), output),
             };
             Ok(with_warnings(resp, code, &warnings))
         }
@@ -801,14 +803,29 @@ pub async fn create(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<(Value, StatusCode, Vec<String>)> {
-    let (created, code, warnings) = create_rendered(server, rt, ns, query, headers, body).await?;
-    Ok((created.obj, code, warnings))
+    let (created, code, warnings) =
+        create_rendered(server, rt, ns, query, headers, body, Answer::Object).await?;
+    let obj = created.obj.expect("Answer::Object keeps the object");
+    Ok((obj, code, warnings))
+}
+
+/// What a create hands back to its caller.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The created object (and its stored JSON).
+    Object,
+    /// Only its stored JSON, when there is one (not on a dry run). The object is then dropped
+    /// as soon as it is encoded, before the store's write is awaited: freed on the thread that
+    /// built it, while its memory is still in cache (freeing it after the await, maybe on
+    /// another worker, was ~7% of a create's CPU).
+    Json,
 }
 
 /// A created object, and its JSON as stored with the resourceVersion spliced in (`None`
-/// on a dry run): the response body without serializing the object a second time.
+/// on a dry run): the response body without serializing the object a second time. The
+/// object is kept when [`Answer::Object`] was asked for, and on a dry run.
 struct Created {
-    obj: Value,
+    obj: Option<Value>,
     json: Option<Bytes>,
 }
 
@@ -819,12 +836,14 @@ async fn create_rendered(
     query: &Query,
     headers: &HeaderMap,
     body: &[u8],
+    answer: Answer,
 ) -> ApiResult<(Created, StatusCode, Vec<String>)> {
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
     let manager = manager(query, headers, "CreateOptions")?;
-    let created = create_object(server, rt, ns, obj, &manager, query.dry_run()?, true).await?;
+    let dry_run = query.dry_run()?;
+    let created = create_object(server, rt, ns, obj, &manager, dry_run, true, answer).await?;
     Ok((created, StatusCode::CREATED, warnings))
 }
 
@@ -849,6 +868,7 @@ fn ensure_namespace(ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
 
 /// The create path after decoding, shared by POST and apply-creates (which computed their
 /// managed fields already: `track` false).
+#[allow(clippy::too_many_arguments)]
 async fn create_object(
     server: &ApiServer,
     rt: &ResourceType,
@@ -857,6 +877,7 @@ async fn create_object(
     manager: &str,
     dry_run: bool,
     track: bool,
+    answer: Answer,
 ) -> ApiResult<Created> {
     ensure_namespace(ns, &mut obj)?;
     let g = gvk(rt);
@@ -948,21 +969,30 @@ async fn create_object(
             if let Some(r) = &reservation {
                 server.alloc.release(r);
             }
-            return Ok(Created { obj: candidate, json: None });
+            return Ok(Created { obj: Some(candidate), json: None });
         }
         let stored = encode(&candidate);
         let key = rt.key(ns, &name);
         let cache = server.cache.resource(rt);
         cache.expect(rt, &key, &stored, &candidate);
+        let mut kept = (answer == Answer::Object).then_some(candidate);
         let result = server.store.create(&key, stored.clone()).await;
         if result.is_err() {
             cache.unexpect(&stored);
         }
         match result {
             Ok(kv) => {
-                set_resource_version(&mut candidate, kv.mod_revision);
                 let json = with_resource_version(&stored, kv.mod_revision);
-                return Ok(Created { obj: candidate, json });
+                if kept.is_none() && json.is_none() {
+                    // Not reached (a created object has metadata); the caller still gets it.
+                    kept = Some(serde_json::from_slice(&stored).map_err(|e| {
+                        ApiError::internal(format!("decoding the created object: {e}"))
+                    })?);
+                }
+                if let Some(obj) = &mut kept {
+                    set_resource_version(obj, kv.mod_revision);
+                }
+                return Ok(Created { obj: kept, json });
             }
             Err(e) => {
                 if let Some(r) = &reservation {
@@ -1444,8 +1474,10 @@ async fn patch(
             if meta_str(&obj, "name").is_none() {
                 meta_mut(&mut obj).insert("name".into(), json!(name));
             }
-            let created = create_object(server, rt, ns, obj, manager, dry_run, false).await?;
-            return Ok((created.obj, StatusCode::CREATED, warnings));
+            let created =
+                create_object(server, rt, ns, obj, manager, dry_run, false, Answer::Object).await?;
+            let obj = created.obj.expect("Answer::Object keeps the object");
+            return Ok((obj, StatusCode::CREATED, warnings));
         }
         let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
         let obj = guaranteed_update(
