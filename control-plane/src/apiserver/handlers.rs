@@ -84,18 +84,10 @@ pub async fn resource(
         (Verb::List, None, None) => list(server, rt, ns, &query, output).await,
         (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
         (Verb::Create, None, None) => {
-            let answer = match output {
-                Output::Json => Answer::Json,
-                _ => Answer::Object,
-            };
+            let answer = Answer::for_output(output);
             let (created, code, warnings) =
                 create_rendered(server, rt, ns, &query, &headers, &body, answer).await?;
-            let resp = match (created.json, created.obj) {
-                // The stored bytes with the resourceVersion spliced in: serialized once.
-                (Some(json), None) => bytes_response(StatusCode::OK, "application/json", json),
-                (_, obj) => render_object(rt, obj.unwrap_or_default(), output),
-            };
-            Ok(with_warnings(resp, code, &warnings))
+            Ok(with_warnings(created.respond(rt, output), code, &warnings))
         }
         (Verb::Create, Some(name), Some("binding")) => {
             let obj = bind(server, rt, ns, name, &query, &headers, &body).await?;
@@ -106,18 +98,20 @@ pub async fn resource(
             Ok(json_response(StatusCode::CREATED, &obj))
         }
         (Verb::Update, Some(name), sub @ (None | Some("status") | Some("finalize"))) => {
-            let (obj, code, warnings) =
-                update(server, rt, ns, name, sub, &query, &headers, &body).await?;
-            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+            let answer = Answer::for_output(output);
+            let (written, code, warnings) =
+                update(server, rt, ns, name, sub, &query, &headers, &body, answer).await?;
+            Ok(with_warnings(written.respond(rt, output), code, &warnings))
         }
         (Verb::Update | Verb::Patch, Some(name), Some("scale")) => {
             let obj = scale(server, rt, ns, name, info.verb, &query, &headers, &body).await?;
             Ok(render_scale(obj, output))
         }
         (Verb::Patch, Some(name), sub @ (None | Some("status"))) => {
-            let (obj, code, warnings) =
-                patch(server, rt, ns, name, sub, &query, &headers, &body).await?;
-            Ok(with_warnings(render_object(rt, obj, output), code, &warnings))
+            let answer = Answer::for_output(output);
+            let (written, code, warnings) =
+                patch(server, rt, ns, name, sub, &query, &headers, &body, answer).await?;
+            Ok(with_warnings(written.respond(rt, output), code, &warnings))
         }
         (Verb::Delete, Some(name), None) => {
             let options = negotiate::decode_delete_options(&headers, &body)?;
@@ -805,28 +799,79 @@ pub async fn create(
 ) -> ApiResult<(Value, StatusCode, Vec<String>)> {
     let (created, code, warnings) =
         create_rendered(server, rt, ns, query, headers, body, Answer::Object).await?;
-    let obj = created.obj.expect("Answer::Object keeps the object");
-    Ok((obj, code, warnings))
+    Ok((created.object(), code, warnings))
 }
 
-/// What a create hands back to its caller.
+/// What a write (create, update, patch) hands back to its caller.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Answer {
-    /// The created object (and its stored JSON).
+    /// The written object.
     Object,
-    /// Only its stored JSON, when there is one (not on a dry run). The object is then dropped
-    /// as soon as it is encoded, before the store's write is awaited: freed on the thread that
-    /// built it, while its memory is still in cache (freeing it after the await, maybe on
-    /// another worker, was ~7% of a create's CPU).
+    /// Its JSON as stored, when it was stored (not on a dry run, nor when nothing changed).
+    /// The object is then dropped as soon as it is encoded, before the store's write is
+    /// awaited: freed on the thread that built it, while its memory is still in cache
+    /// (freeing it after the await, maybe on the other worker, was ~7% of a create's CPU).
     Json,
 }
 
-/// A created object, and its JSON as stored with the resourceVersion spliced in (`None`
-/// on a dry run): the response body without serializing the object a second time. The
-/// object is kept when [`Answer::Object`] was asked for, and on a dry run.
-struct Created {
+impl Answer {
+    /// A JSON response is the stored JSON; a Table or metadata needs the object.
+    fn for_output(output: Output) -> Self {
+        match output {
+            Output::Json => Answer::Json,
+            _ => Answer::Object,
+        }
+    }
+}
+
+/// A written object, or its JSON as stored with the resourceVersion spliced in (the
+/// response body without serializing the object a second time). The object is there when
+/// [`Answer::Object`] was asked for, and whenever there is no stored JSON.
+struct Written {
     obj: Option<Value>,
     json: Option<Bytes>,
+}
+
+impl Written {
+    fn object(self) -> Value {
+        match (self.obj, self.json) {
+            (Some(obj), _) => obj,
+            // Not reached for `Answer::Object`; the stored JSON always decodes.
+            (None, Some(json)) => serde_json::from_slice(&json).unwrap_or_default(),
+            (None, None) => Value::Null,
+        }
+    }
+
+    fn respond(self, rt: &ResourceType, output: Output) -> Response {
+        match (output, self.obj, self.json) {
+            (Output::Json, None, Some(json)) => {
+                bytes_response(StatusCode::OK, "application/json", json)
+            }
+            (output, obj, json) => render_object(rt, Written { obj, json }.object(), output),
+        }
+    }
+}
+
+/// What a write answers once `stored` is stored at `rv`: the object kept over the write, or
+/// else the stored JSON.
+fn written(kept: Option<Value>, stored: &[u8], rv: Revision) -> ApiResult<Written> {
+    let (mut obj, json) = match kept {
+        Some(obj) => (Some(obj), None),
+        None => match with_resource_version(stored, rv) {
+            Some(json) => (None, Some(json)),
+            // Not reached (a written object has metadata); the caller still gets it.
+            None => (
+                Some(serde_json::from_slice(stored).map_err(|e| {
+                    ApiError::internal(format!("decoding the written object: {e}"))
+                })?),
+                None,
+            ),
+        },
+    };
+    if let Some(obj) = &mut obj {
+        set_resource_version(obj, rv);
+    }
+    Ok(Written { obj, json })
 }
 
 async fn create_rendered(
@@ -837,7 +882,7 @@ async fn create_rendered(
     headers: &HeaderMap,
     body: &[u8],
     answer: Answer,
-) -> ApiResult<(Created, StatusCode, Vec<String>)> {
+) -> ApiResult<(Written, StatusCode, Vec<String>)> {
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
@@ -878,7 +923,7 @@ async fn create_object(
     dry_run: bool,
     track: bool,
     answer: Answer,
-) -> ApiResult<Created> {
+) -> ApiResult<Written> {
     ensure_namespace(ns, &mut obj)?;
     let g = gvk(rt);
     // Upstream's order: decode+default, the field manager, mutating admission, then system
@@ -969,31 +1014,19 @@ async fn create_object(
             if let Some(r) = &reservation {
                 server.alloc.release(r);
             }
-            return Ok(Created { obj: Some(candidate), json: None });
+            return Ok(Written { obj: Some(candidate), json: None });
         }
         let stored = encode(&candidate);
         let key = rt.key(ns, &name);
         let cache = server.cache.resource(rt);
         cache.expect(rt, &key, &stored, &candidate);
-        let mut kept = (answer == Answer::Object).then_some(candidate);
+        let kept = (answer == Answer::Object).then_some(candidate);
         let result = server.store.create(&key, stored.clone()).await;
         if result.is_err() {
             cache.unexpect(&stored);
         }
         match result {
-            Ok(kv) => {
-                let json = with_resource_version(&stored, kv.mod_revision);
-                if kept.is_none() && json.is_none() {
-                    // Not reached (a created object has metadata); the caller still gets it.
-                    kept = Some(serde_json::from_slice(&stored).map_err(|e| {
-                        ApiError::internal(format!("decoding the created object: {e}"))
-                    })?);
-                }
-                if let Some(obj) = &mut kept {
-                    set_resource_version(obj, kv.mod_revision);
-                }
-                return Ok(Created { obj: kept, json });
-            }
+            Ok(kv) => return written(kept, &stored, kv.mod_revision),
             Err(e) => {
                 if let Some(r) = &reservation {
                     server.alloc.release(r);
@@ -1041,7 +1074,8 @@ async fn update(
     query: &Query,
     headers: &HeaderMap,
     body: &[u8],
-) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    answer: Answer,
+) -> ApiResult<(Written, StatusCode, Vec<String>)> {
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let mut new = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
@@ -1049,7 +1083,7 @@ async fn update(
     check_name(&new, name, ns)?;
     let manager = manager(query, headers, "UpdateOptions")?;
     let precondition = meta_str(&new, "resourceVersion").map(str::to_string);
-    let obj = guaranteed_update(
+    let written = guaranteed_write(
         server,
         rt,
         ns,
@@ -1057,9 +1091,10 @@ async fn update(
         Writer { manager: &manager, sub, track: true, admit: true, dry_run: query.dry_run()? },
         precondition,
         |_| Ok(new.clone()),
+        answer,
     )
     .await?;
-    Ok((obj, StatusCode::OK, warnings))
+    Ok((written, StatusCode::OK, warnings))
 }
 
 /// The watch cache's copy of an object, decoded, with its revision: the first guess of a
@@ -1087,6 +1122,24 @@ async fn guaranteed_update(
     precondition: Option<String>,
     transform: impl Fn(&Value) -> ApiResult<Value>,
 ) -> ApiResult<Value> {
+    guaranteed_write(server, rt, ns, name, w, precondition, transform, Answer::Object)
+        .await
+        .map(Written::object)
+}
+
+/// [`guaranteed_update`] answering as asked: with [`Answer::Json`], the objects are dropped
+/// once the write is encoded, and a stored write answers with its JSON.
+#[allow(clippy::too_many_arguments)]
+async fn guaranteed_write(
+    server: &ApiServer,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    w: Writer<'_>,
+    precondition: Option<String>,
+    transform: impl Fn(&Value) -> ApiResult<Value>,
+    answer: Answer,
+) -> ApiResult<Written> {
     let dry_run = w.dry_run;
     let key = rt.key(ns, name);
     // A dry run reads the store, as upstream's dry-run storage does.
@@ -1135,16 +1188,17 @@ async fn guaranteed_update(
             Err(e) => return Err(e),
             Ok(change) => change,
         };
+        let unwritten = |obj| Ok(Written { obj: Some(obj), json: None });
         match change {
-            None => return Ok(current),
+            None => return unwritten(current),
             Some((Change::Remove, _)) => {
                 if dry_run {
-                    return Ok(current);
+                    return unwritten(current);
                 }
                 match server.store.delete(&key, Some(rev)).await {
                     Ok(_) => {
                         release_on_delete(server, rt, &current);
-                        return Ok(current);
+                        return unwritten(current);
                     }
                     Err(store::Error::Conflict { .. }) => continue,
                     Err(e) => return Err(store_error(rt, name, e)),
@@ -1191,22 +1245,26 @@ async fn guaranteed_update(
                     }
                     // Upstream's dry-run storage answers with the revision it read.
                     set_resource_version(&mut obj, rev);
-                    return Ok(obj);
+                    return unwritten(obj);
                 }
                 let stored = encode(&obj);
                 let cache = server.cache.resource(rt);
                 cache.expect(rt, &key, &stored, &obj);
+                // Only a Service's write needs the objects afterwards (its allocations).
+                let service = rt.kind() == "Service" && rt.group().is_empty();
+                let before = service.then_some(current);
+                let kept = (service || answer == Answer::Object).then_some(obj);
                 let result = server.store.update(&key, stored.clone(), rev).await;
                 if result.is_err() {
                     cache.unexpect(&stored);
                 }
                 match result {
                     Ok(kv) => {
-                        if rt.kind() == "Service" && rt.group().is_empty() {
-                            server.alloc.release_service(&current, Some(&obj));
+                        if let (Some(current), Some(obj)) = (&before, &kept) {
+                            server.alloc.release_service(current, Some(obj));
                         }
-                        set_resource_version(&mut obj, kv.mod_revision);
-                        return Ok(obj);
+                        let kept = kept.filter(|_| answer == Answer::Object);
+                        return written(kept, &stored, kv.mod_revision);
                     }
                     Err(store::Error::Conflict { .. } | store::Error::NotFound { .. })
                         if !fresh =>
@@ -1433,7 +1491,8 @@ async fn patch(
     query: &Query,
     headers: &HeaderMap,
     body: &[u8],
-) -> ApiResult<(Value, StatusCode, Vec<String>)> {
+    answer: Answer,
+) -> ApiResult<(Written, StatusCode, Vec<String>)> {
     if body.len() > negotiate::MAX_BODY {
         return Err(ApiError::too_large(negotiate::MAX_BODY));
     }
@@ -1475,12 +1534,11 @@ async fn patch(
                 meta_mut(&mut obj).insert("name".into(), json!(name));
             }
             let created =
-                create_object(server, rt, ns, obj, manager, dry_run, false, Answer::Object).await?;
-            let obj = created.obj.expect("Answer::Object keeps the object");
-            return Ok((obj, StatusCode::CREATED, warnings));
+                create_object(server, rt, ns, obj, manager, dry_run, false, answer).await?;
+            return Ok((created, StatusCode::CREATED, warnings));
         }
         let precondition = meta_str(&applied, "resourceVersion").map(str::to_string);
-        let obj = guaranteed_update(
+        let written = guaranteed_write(
             server,
             rt,
             ns,
@@ -1488,9 +1546,10 @@ async fn patch(
             Writer { manager, sub, track: false, admit: true, dry_run },
             precondition,
             |live| apply_to(Some(live)),
+            answer,
         )
         .await;
-        return obj.map(|o| (o, StatusCode::OK, warnings));
+        return written.map(|w| (w, StatusCode::OK, warnings));
     }
 
     let patch_value = match body_type {
@@ -1509,7 +1568,7 @@ async fn patch(
     };
     // The unknown fields of the attempt that was written (a retry patches anew).
     let unknown = std::sync::Mutex::new(Vec::new());
-    let obj = guaranteed_update(
+    let written = guaranteed_write(
         server,
         rt,
         ns,
@@ -1526,10 +1585,11 @@ async fn patch(
             check_name(&obj, name, ns)?;
             Ok(obj)
         },
+        answer,
     )
     .await?;
     let warnings = unknown.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-    Ok((obj, StatusCode::OK, warnings))
+    Ok((written, StatusCode::OK, warnings))
 }
 
 /// Upstream's `checkName`: the object an update or patch writes may not be renamed, nor

@@ -221,24 +221,41 @@ impl RawClient {
         Ok(send)
     }
 
-    /// POST `body` to `path`; the status must be 201 Created.
-    async fn create(&self, conn: &mut Conn, path: &str, body: Bytes) -> Result<()> {
+    /// Send one request of `load`; its status must be the one the load expects.
+    async fn send(&self, conn: &mut Conn, load: &Load, path: &str, body: Bytes) -> Result<()> {
         use http_body_util::BodyExt;
         conn.ready().await?;
-        let req = http::Request::post(path)
+        let (method, content_type, expect) = match load {
+            Load::Create => (http::Method::POST, "application/json", http::StatusCode::CREATED),
+            Load::Patch { .. } => {
+                (http::Method::PATCH, "application/merge-patch+json", http::StatusCode::OK)
+            }
+        };
+        let req = http::Request::builder()
+            .method(&method)
+            .uri(path)
             .header(http::header::HOST, &self.authority)
-            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_TYPE, content_type)
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::USER_AGENT, "skiff-bench/1")
             .body(http_body_util::Full::new(body))?;
         let resp = conn.send_request(req).await?;
         let status = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
-        if status != http::StatusCode::CREATED {
-            bail!("POST {path}: {status}: {}", String::from_utf8_lossy(&body));
+        if status != expect {
+            bail!("{method} {path}: {status}: {}", String::from_utf8_lossy(&body));
         }
         Ok(())
     }
+}
+
+/// What a load run sends.
+#[derive(Clone, Copy)]
+enum Load {
+    /// `POST` a new pod `p-<i>`.
+    Create,
+    /// A JSON merge patch of an annotation of pod `p-<i mod pods>` (the pods exist).
+    Patch { pods: usize },
 }
 
 /// CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
@@ -279,24 +296,37 @@ async fn creates(
     total: usize,
     concurrency: usize,
 ) -> Result<CreateRun> {
+    run_load(client, server_pid, ns, total, concurrency, Load::Create).await
+}
+
+/// `total` requests of `load` in `ns` with `concurrency` clients, as [`creates`] runs them.
+async fn run_load(
+    client: &Arc<RawClient>,
+    server_pid: Option<u32>,
+    ns: &str,
+    total: usize,
+    concurrency: usize,
+    load: Load,
+) -> Result<CreateRun> {
     let (client, ns) = (client.clone(), ns.to_owned());
     let load = std::thread::Builder::new().name("bench-load".into()).spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(creates_on_this_thread(client, server_pid, ns, total, concurrency))
+            .block_on(load_on_this_thread(client, server_pid, ns, total, concurrency, load))
     })?;
     tokio::task::spawn_blocking(move || load.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the load thread panicked"))?
 }
 
-async fn creates_on_this_thread(
+async fn load_on_this_thread(
     client: Arc<RawClient>,
     server_pid: Option<u32>,
     ns: String,
     total: usize,
     concurrency: usize,
+    load: Load,
 ) -> Result<CreateRun> {
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
@@ -323,11 +353,20 @@ async fn creates_on_this_thread(
                 if i >= total {
                     return Ok::<(), anyhow::Error>(());
                 }
-                let body = Bytes::from(format!("{head}p-{i}{tail}"));
-                client
-                    .create(&mut conn, &path, body)
-                    .await
-                    .with_context(|| format!("creating pod {i}"))?;
+                match load {
+                    Load::Create => {
+                        let body = Bytes::from(format!("{head}p-{i}{tail}"));
+                        client.send(&mut conn, &load, &path, body).await
+                    }
+                    Load::Patch { pods } => {
+                        let body = format!(
+                            r#"{{"metadata":{{"annotations":{{"skiff.dev/bench":"{i}"}}}}}}"#
+                        );
+                        let pod = format!("{path}/p-{}", i % pods);
+                        client.send(&mut conn, &load, &pod, Bytes::from(body)).await
+                    }
+                }
+                .with_context(|| format!("request {i}"))?;
             }
         }));
     }
@@ -629,6 +668,14 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
         "ms",
         format!("target < 50 ({:.2}x)", p99 / 50.0),
     );
+    // Writes to existing objects: an annotation patched on the 7,000 pods of the 10k run.
+    let patches = run_load(&raw, pid, "bench64", 20_000, 64, Load::Patch { pods: 7_000 }).await?;
+    record(
+        "apiserver merge patches/s, 64 clients",
+        patches.per_sec,
+        "ops/s",
+        patches.note().replace("CPU/create", "CPU/patch"),
+    );
     create_ns(&client, "bench100k").await?;
     let c = creates(&raw, pid, "bench100k", 90_000, 64).await?;
     record("apiserver creates/s, 64 clients (to 100k)", c.per_sec, "ops/s", c.note());
@@ -782,23 +829,37 @@ const HEADLINE_CREATES: usize = 20_000;
 
 /// `count` creates with 64 clients against a fresh server (and data directory) of `bin`.
 async fn fresh_server_creates(bin: &Path, count: usize) -> Result<CreateRun> {
+    fresh_server_run(bin, count, Load::Create).await
+}
+
+/// `count` requests of `load` with 64 clients against a fresh server (whose pods a patch
+/// load creates first).
+async fn fresh_server_run(bin: &Path, count: usize, load: Load) -> Result<CreateRun> {
     let server = start_server(bin).await?;
     let client = client(&server.kubeconfig).await?;
     let raw = Arc::new(RawClient::new(&server.kubeconfig)?);
     create_ns(&client, "creates").await?;
-    creates(&raw, Some(server.child.id()), "creates", count, 64).await
+    let pid = Some(server.child.id());
+    if let Load::Patch { pods } = load {
+        creates(&raw, pid, "creates", pods, 64).await?;
+    }
+    run_load(&raw, pid, "creates", count, 64, load).await
 }
 
 /// Two server builds, `pairs` alternating runs of `count` creates with 64 clients each, a
 /// fresh server (and data directory) per run. On a VM whose speed swings between minutes, a
 /// single run of each says little; alternating pairs see the same swings, so the number of
 /// pairs won and the mean ratio are what to read.
-async fn compare(a: &Path, b: &Path, pairs: usize, count: usize) -> Result<()> {
+async fn compare(a: &Path, b: &Path, pairs: usize, count: usize, load: Load) -> Result<()> {
     let (mut sum_a, mut sum_b, mut wins, mut ratios) = (0.0, 0.0, 0, Vec::new());
-    println!("{:<6} {:>12} {:>12} {:>8}", "pair", "A creates/s", "B creates/s", "B/A");
+    let op = match load {
+        Load::Create => "creates",
+        Load::Patch { .. } => "patches",
+    };
+    println!("{:<6} {:>12} {:>12} {:>8}", "pair", format!("A {op}/s"), format!("B {op}/s"), "B/A");
     for pair in 1..=pairs {
         let (ra, rb) =
-            (fresh_server_creates(a, count).await?, fresh_server_creates(b, count).await?);
+            (fresh_server_run(a, count, load).await?, fresh_server_run(b, count, load).await?);
         let ratio = rb.per_sec / ra.per_sec;
         println!("{pair:<6} {:>12.0} {:>12.0} {ratio:>8.3}", ra.per_sec, rb.per_sec);
         sum_a += ra.per_sec;
@@ -860,10 +921,10 @@ async fn main() -> Result<()> {
             );
             Ok(())
         }
-        // Two builds against each other: compare <server A> <server B> [<pairs>] [<count>]
+        // Two builds against each other:
+        // compare <server A> <server B> [<pairs>] [<count>] [create|patch]
         Some("compare") => {
-            let usage =
-                "usage: skiff-bench compare <skiff-server A> <skiff-server B> [pairs] [count]";
+            let usage = "usage: skiff-bench compare <skiff-server A> <skiff-server B> [pairs] [count] [create|patch]";
             let a = PathBuf::from(args.get(2).context(usage)?);
             let b = PathBuf::from(args.get(3).context(usage)?);
             let pairs: usize = args.get(4).map(String::as_str).unwrap_or("6").parse()?;
@@ -871,7 +932,12 @@ async fn main() -> Result<()> {
             if pairs == 0 {
                 bail!("{usage}: at least one pair");
             }
-            compare(&a, &b, pairs, count).await
+            let load = match args.get(6).map(String::as_str).unwrap_or("create") {
+                "create" => Load::Create,
+                "patch" => Load::Patch { pods: 2_000 },
+                other => bail!("{usage}: not a load: {other}"),
+            };
+            compare(&a, &b, pairs, count, load).await
         }
         Some("scheduler") => {
             let bin = PathBuf::from(
