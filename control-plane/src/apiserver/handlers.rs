@@ -824,30 +824,29 @@ impl Answer {
     }
 }
 
-/// A written object, or its JSON as stored with the resourceVersion spliced in (the
-/// response body without serializing the object a second time). The object is there when
-/// [`Answer::Object`] was asked for, and whenever there is no stored JSON.
-struct Written {
-    obj: Option<Value>,
-    json: Option<Bytes>,
+/// What a write answers with: the object ([`Answer::Object`], a dry run, nothing written),
+/// or its JSON as stored with the resourceVersion spliced in (the response body without
+/// serializing the object a second time).
+enum Written {
+    Object(Value),
+    Json(Bytes),
 }
 
 impl Written {
     fn object(self) -> Value {
-        match (self.obj, self.json) {
-            (Some(obj), _) => obj,
+        match self {
+            Written::Object(obj) => obj,
             // Not reached for `Answer::Object`; the stored JSON always decodes.
-            (None, Some(json)) => serde_json::from_slice(&json).unwrap_or_default(),
-            (None, None) => Value::Null,
+            Written::Json(json) => serde_json::from_slice(&json).unwrap_or_default(),
         }
     }
 
     fn respond(self, rt: &ResourceType, output: Output) -> Response {
-        match (output, self.obj, self.json) {
-            (Output::Json, None, Some(json)) => {
+        match (self, output) {
+            (Written::Json(json), Output::Json) => {
                 bytes_response(StatusCode::OK, "application/json", json)
             }
-            (output, obj, json) => render_object(rt, Written { obj, json }.object(), output),
+            (written, output) => render_object(rt, written.object(), output),
         }
     }
 }
@@ -855,23 +854,17 @@ impl Written {
 /// What a write answers once `stored` is stored at `rv`: the object kept over the write, or
 /// else the stored JSON.
 fn written(kept: Option<Value>, stored: &[u8], rv: Revision) -> ApiResult<Written> {
-    let (mut obj, json) = match kept {
-        Some(obj) => (Some(obj), None),
+    let mut obj = match kept {
+        Some(obj) => obj,
         None => match with_resource_version(stored, rv) {
-            Some(json) => (None, Some(json)),
+            Some(json) => return Ok(Written::Json(json)),
             // Not reached (a written object has metadata); the caller still gets it.
-            None => (
-                Some(serde_json::from_slice(stored).map_err(|e| {
-                    ApiError::internal(format!("decoding the written object: {e}"))
-                })?),
-                None,
-            ),
+            None => serde_json::from_slice(stored)
+                .map_err(|e| ApiError::internal(format!("decoding the written object: {e}")))?,
         },
     };
-    if let Some(obj) = &mut obj {
-        set_resource_version(obj, rv);
-    }
-    Ok(Written { obj, json })
+    set_resource_version(&mut obj, rv);
+    Ok(Written::Object(obj))
 }
 
 async fn create_rendered(
@@ -1014,7 +1007,7 @@ async fn create_object(
             if let Some(r) = &reservation {
                 server.alloc.release(r);
             }
-            return Ok(Written { obj: Some(candidate), json: None });
+            return Ok(Written::Object(candidate));
         }
         let stored = encode(&candidate);
         let key = rt.key(ns, &name);
@@ -1188,7 +1181,7 @@ async fn guaranteed_write(
             Err(e) => return Err(e),
             Ok(change) => change,
         };
-        let unwritten = |obj| Ok(Written { obj: Some(obj), json: None });
+        let unwritten = |obj| Ok(Written::Object(obj));
         match change {
             None => return unwritten(current),
             Some((Change::Remove, _)) => {

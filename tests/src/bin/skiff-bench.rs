@@ -273,13 +273,18 @@ struct CreateRun {
 
 impl CreateRun {
     fn note(&self) -> String {
+        self.note_per("create")
+    }
+
+    /// The CPU figures, per request of the run's kind (`op`).
+    fn note_per(&self, op: &str) -> String {
         match self.server_cpu_us {
             Some(s) => format!(
-                "CPU/create: server {s:.0} us, client {:.0} us ({:.0}% of the run's CPU)",
+                "CPU/{op}: server {s:.0} us, client {:.0} us ({:.0}% of the run's CPU)",
                 self.client_cpu_us,
                 self.client_cpu_us / (self.client_cpu_us + s) * 100.0
             ),
-            None => format!("client CPU/create {:.0} us", self.client_cpu_us),
+            None => format!("client CPU/{op} {:.0} us", self.client_cpu_us),
         }
     }
 }
@@ -674,7 +679,7 @@ async fn apiserver(server_bin: &Path, out_dir: &Path) -> Result<()> {
         "apiserver merge patches/s, 64 clients",
         patches.per_sec,
         "ops/s",
-        patches.note().replace("CPU/create", "CPU/patch"),
+        patches.note_per("patch"),
     );
     create_ns(&client, "bench100k").await?;
     let c = creates(&raw, pid, "bench100k", 90_000, 64).await?;
