@@ -10,3 +10,5 @@ pub mod pki;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod supervisor;
+pub mod time;

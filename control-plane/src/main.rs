@@ -48,6 +48,10 @@ struct Args {
     /// this window (kube-controller-manager's flag).
     #[arg(long, default_value = "5m", value_parser = nonnegative_duration)]
     horizontal_pod_autoscaler_downscale_stabilization: std::time::Duration,
+    /// Client connections open at once; more are refused with a log line (default: what the
+    /// open-file limit allows, less a reserve).
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// Serve the API only: no in-process scheduler and controllers.
     #[arg(long)]
     no_controllers: bool,
@@ -250,12 +254,19 @@ async fn main() -> Result<()> {
         "AlwaysAllow" => AuthorizationMode::AlwaysAllow,
         other => anyhow::bail!("--authorization-mode {other:?}: expected Node,RBAC or AlwaysAllow"),
     };
+    let open_files = server::raise_open_file_limit();
     let mut config = ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
         advertise_address: args.advertise_address,
         ..Default::default()
     };
+    config.connections.max_connections = args.max_connections;
+    tracing::info!(
+        open_files,
+        max_connections = config.connections.max_connections(),
+        "connection limits"
+    );
     config.api.service_cidr = Cidr::parse(&args.service_cluster_ip_range).with_context(|| {
         format!("--service-cluster-ip-range {:?}", args.service_cluster_ip_range)
     })?;
@@ -306,6 +317,23 @@ async fn main() -> Result<()> {
         running.addr,
         running.kubeconfig.display()
     );
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-    Ok(())
+    tokio::select! {
+        signal = tokio::signal::ctrl_c() => signal.context("waiting for Ctrl-C"),
+        reason = store_failure(running.api.store.clone()) => {
+            // Writes would fail until the store is reopened (a full disk, an I/O error):
+            // exit, so that the supervisor (systemd's Restart=always) starts a fresh process,
+            // which replays the log and serves again once the disk is usable.
+            anyhow::bail!("the store cannot write until it is reopened ({reason}): exiting so that skiff-server is restarted")
+        }
+    }
+}
+
+/// Resolves with the reason once the store needs reopening (checked every second).
+async fn store_failure(store: skiff_control_plane::store::DynStore) -> String {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if let Some(reason) = store.needs_reopen() {
+            return reason;
+        }
+    }
 }

@@ -48,6 +48,71 @@ pub struct ServerConfig {
     /// Encryption at rest of Secrets with one AES-GCM key (`--encryption-key-file`).
     pub encryption_key_file: Option<PathBuf>,
     pub auth: AuthOptions,
+    pub connections: ConnectionLimits,
+}
+
+/// What a connection may cost before it has proven to be a client: the bounds that keep
+/// connections which never finish their TLS handshake or request head from holding file
+/// descriptors for ever.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// A TLS handshake not finished within this is dropped (10 s, Go's `http.Server`
+    /// `TLSHandshakeTimeout` default for clients, enough for any real one).
+    pub tls_handshake_timeout: Duration,
+    /// The head of a request (the first after the handshake, and each next one on an
+    /// HTTP/1 connection) must arrive within this (32 s, kube-apiserver's
+    /// `ReadHeaderTimeout`).
+    pub request_header_timeout: Duration,
+    /// Connections open at once; more are refused with a log line. `None`: what the
+    /// process's open-file limit allows, less a reserve for the store and logs.
+    pub max_connections: Option<usize>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            tls_handshake_timeout: Duration::from_secs(10),
+            request_header_timeout: Duration::from_secs(32),
+            max_connections: None,
+        }
+    }
+}
+
+/// File descriptors kept for everything but client connections (store files, logs,
+/// connections to agents and etcd).
+const FD_RESERVE: u64 = 512;
+
+impl ConnectionLimits {
+    /// The connection limit in effect.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections.unwrap_or_else(|| {
+            let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map(|(soft, _)| soft)
+                .unwrap_or(1024);
+            usize::try_from(soft.saturating_sub(FD_RESERVE).clamp(64, 1 << 20)).unwrap_or(64)
+        })
+    }
+}
+
+/// Raise the soft open-file limit to the hard one (a server holds a descriptor per
+/// connection; the usual soft default of 1024 is a few hundred idle clients). Returns the
+/// limit in effect.
+pub fn raise_open_file_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!(error = %e, soft, hard, "raising the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the open-file limit");
+            1024
+        }
+    }
 }
 
 /// Authentication and authorization options of skiff-server.
@@ -85,6 +150,7 @@ impl Default for ServerConfig {
             encryption_provider_config: None,
             encryption_key_file: None,
             auth: AuthOptions::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -196,6 +262,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         }
         let client = api.client_as("kube-controller-manager");
         let id = identity.clone();
+        let health = api.components.clone();
         tokio::spawn(async move {
             crate::leader::run_leading(
                 client.clone(),
@@ -203,7 +270,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                 "kube-controller-manager",
                 &id,
                 Default::default(),
-                || crate::controllers::run(client.clone(), cc.clone()),
+                || crate::controllers::run(client.clone(), cc.clone(), health.clone()),
             )
             .await
         });
@@ -211,6 +278,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     if let Some(sc) = config.scheduler.clone() {
         let client = api.client_as("kube-scheduler");
         let id = identity.clone();
+        let health = api.components.clone();
         tokio::spawn(async move {
             crate::leader::run_leading(
                 client.clone(),
@@ -218,7 +286,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                 "kube-scheduler",
                 &id,
                 Default::default(),
-                || crate::scheduler::run(client.clone(), sc.clone()),
+                || {
+                    let (client, sc) = (client.clone(), sc.clone());
+                    crate::supervisor::supervise(
+                        "scheduler",
+                        health.clone(),
+                        Default::default(),
+                        move || crate::scheduler::run(client.clone(), sc.clone()),
+                    )
+                },
             )
             .await
         });
@@ -234,27 +310,44 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     }
     pki.write_admin_kubeconfig(&kubeconfig, &format!("https://{host}:{}", addr.port()))?;
     let acceptor = TlsAcceptor::from(Arc::new(pki.server_config()?));
+    let limits = config.connections;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections()));
     tokio::spawn(async move {
+        let mut refusals = Refusals::default();
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
+                    // EMFILE/ENFILE among others: back off instead of spinning.
                     tracing::warn!(error = %e, "accepting a connection");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                refusals.refused(peer, limits.max_connections());
+                drop(tcp);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let router = router.clone();
             tokio::spawn(async move {
-                let tls = match acceptor.accept(tcp).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                };
+                let _slot = slot;
+                let tls =
+                    match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(t)) => t,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
                 // rustls verified the chain against the cluster CA; the leaf names the user.
                 let cert = PeerCert(
                     tls.get_ref()
@@ -263,9 +356,12 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                         .and_then(|c| c.first())
                         .and_then(|c| apiserver::authn::user_from_cert(c.as_ref())),
                 );
+                let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let seen_by_service = seen.clone();
                 let service = TowerToHyperService::new(
                     tower::ServiceBuilder::new()
                         .map_request(move |mut req: http::Request<hyper::body::Incoming>| {
+                            seen_by_service.store(true, std::sync::atomic::Ordering::Relaxed);
                             req.extensions_mut().insert(cert.clone());
                             // The peer's address for the audit log's sourceIPs.
                             req.extensions_mut().insert(apiserver::audit::PeerAddr(peer));
@@ -273,13 +369,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                         })
                         .service(router),
                 );
-                let mut builder = auto::Builder::new(TokioExecutor::new());
-                builder.http2().max_concurrent_streams(1000);
-                if let Err(e) =
-                    builder.serve_connection_with_upgrades(TokioIo::new(tls), service).await
-                {
-                    tracing::debug!(%peer, error = %e, "connection ended");
-                }
+                serve_connection(TokioIo::new(tls), service, &limits, &seen, peer).await;
             });
         }
     });
@@ -380,6 +470,76 @@ fn write_insecure_kubeconfig(path: &std::path::Path, server: &str) -> Result<(),
     );
     std::fs::write(path, cfg)
         .map_err(|source| Error::Pki(pki::Error::Io { path: path.to_path_buf(), source }))
+}
+
+/// Serve one connection (HTTP/1 or HTTP/2), closing it if no request head has arrived
+/// within the header timeout (hyper's own HTTP/1 timeout covers the later ones; HTTP/2
+/// peers that stop answering pings are dropped too).
+async fn serve_connection<I, S>(
+    io: I,
+    service: S,
+    limits: &ConnectionLimits,
+    seen: &std::sync::atomic::AtomicBool,
+    peer: SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<axum::body::Body>,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use hyper_util::rt::TokioTimer;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.request_header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(1000)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    let first_request = async {
+        tokio::time::sleep(limits.request_header_timeout).await;
+        if seen.load(std::sync::atomic::Ordering::Relaxed) {
+            futures::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        ended = conn => {
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+        }
+        () = first_request => tracing::debug!(%peer, "no request head in time; closing"),
+    }
+}
+
+/// Connections refused at the limit: one warning at the first, then at most one every
+/// 10 s with the count since.
+#[derive(Default)]
+struct Refusals {
+    since_warning: u64,
+    warned: Option<std::time::Instant>,
+}
+
+impl Refusals {
+    fn refused(&mut self, peer: SocketAddr, limit: usize) {
+        self.since_warning += 1;
+        if self.warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(
+                %peer,
+                limit,
+                refused = self.since_warning,
+                "connection limit reached: refusing new connections (raise --max-connections or the open-file limit)"
+            );
+            self.warned = Some(std::time::Instant::now());
+            self.since_warning = 0;
+        }
+    }
 }
 
 fn serve_plain(listener: TcpListener, router: axum::Router) {

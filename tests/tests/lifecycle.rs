@@ -70,7 +70,7 @@ async fn cluster_with(sim: SimulateConfig) -> Cluster {
         root_ca_pem: Some("test CA\n".into()),
         ..Default::default()
     };
-    let controllers = tokio::spawn(controllers::run(client.clone(), config));
+    let controllers = tokio::spawn(controllers::run(client.clone(), config, Default::default()));
     Cluster { _api: api, client, sim, controllers }
 }
 

@@ -60,7 +60,12 @@ impl LogOptions {
                     if n <= 0 {
                         return Err(bad("sinceSeconds"));
                     }
-                    opts.since = Some(now - chrono::Duration::seconds(n));
+                    // Further back than time goes is "from the start".
+                    opts.since = Some(
+                        chrono::TimeDelta::try_seconds(n)
+                            .and_then(|d| now.checked_sub_signed(d))
+                            .unwrap_or(DateTime::<Utc>::MIN_UTC),
+                    );
                 }
                 "sinceTime" => {
                     let t = DateTime::parse_from_rfc3339(v).map_err(|_| bad("sinceTime"))?;

@@ -29,7 +29,7 @@ use super::{
 };
 use crate::machinery::ValueAt;
 use crate::machinery::admission::{self, Gvk, Operation};
-use crate::machinery::{apply, schema, strategic};
+use crate::machinery::{apply, jsonpatch, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
 
 mod eviction;
@@ -1612,17 +1612,8 @@ fn apply_patch_body(
     let mut doc = current.clone();
     match body_type {
         BodyType::JsonPatch => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
-                ApiError::bad_request(format!(
-                    "the server rejected our request due to an error in our request: {e}"
-                ))
-            })?;
-            json_patch::patch(&mut doc, &ops).map_err(|e| {
-                ApiError::invalid(
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                    vec![],
-                )
-            })?;
+            let ops = jsonpatch::decode(patch).map_err(json_patch_error)?;
+            jsonpatch::apply(&mut doc, &ops).map_err(json_patch_error)?;
             Ok(doc)
         }
         BodyType::MergePatch => {
@@ -1643,6 +1634,21 @@ fn apply_patch_body(
                 }
             }),
         _ => Err(ApiError::unsupported_media_type(&negotiate::PATCH_MEDIA_TYPES)),
+    }
+}
+
+/// Upstream's answers to a JSON patch: 413 for too many operations, 400 for one that is
+/// not a patch, 422 for one that does not apply or copies too much.
+fn json_patch_error(e: jsonpatch::Error) -> ApiError {
+    let message = format!("the server rejected our request due to an error in our request: {e}");
+    match e {
+        jsonpatch::Error::TooManyOperations(_) => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", e.to_string())
+        }
+        jsonpatch::Error::Decode(_) => ApiError::bad_request(message),
+        jsonpatch::Error::CopyTooLarge { .. } | jsonpatch::Error::Apply(_) => {
+            ApiError::invalid(message, vec![])
+        }
     }
 }
 
@@ -1695,10 +1701,12 @@ async fn delete(
             .get("dryRun")
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(|v| v == "All"));
+    // Upstream: a negative grace period is taken as 1 s on the delete path.
     let grace_override = match query.int("gracePeriodSeconds")? {
         Some(g) => Some(g),
-        None => options.get("gracePeriodSeconds").and_then(Value::as_i64),
-    };
+        None => grace_in_options(options)?,
+    }
+    .map(|g| if g < 0 { 1 } else { g });
     let propagation = query
         .get("propagationPolicy")
         .map(str::to_string)
@@ -1825,7 +1833,7 @@ async fn delete(
                                 .and_then(Value::as_i64)
                                 .unwrap_or(i64::MAX))
                 {
-                    let when = chrono::Utc::now() + chrono::Duration::seconds(grace);
+                    let when = crate::time::chrono_add_secs(chrono::Utc::now(), grace);
                     meta.insert(
                         "deletionTimestamp".into(),
                         json!(when.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
@@ -1874,6 +1882,19 @@ async fn delete(
         }
     }
     Err(ApiError::conflict(&rt.qualified(), name, "too many concurrent writes; please retry"))
+}
+
+/// `gracePeriodSeconds` of a DeleteOptions body: an integer, or refused (a float or a
+/// number past int64 is not silently dropped).
+fn grace_in_options(options: &Value) -> ApiResult<Option<i64>> {
+    match options.get("gracePeriodSeconds") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_i64().map(Some).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "DeleteOptions.gracePeriodSeconds: invalid value {v}: must be a 64-bit integer"
+            ))
+        }),
+    }
 }
 
 async fn delete_collection(
@@ -2002,9 +2023,8 @@ async fn scale(
                 let mut doc = current_scale.clone();
                 match body_type {
                     BodyType::JsonPatch => {
-                        let ops: json_patch::Patch = serde_json::from_value(p.clone())
-                            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                        json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::invalid(e.to_string(), vec![]))?;
+                        let ops = jsonpatch::decode(p).map_err(json_patch_error)?;
+                        jsonpatch::apply(&mut doc, &ops).map_err(json_patch_error)?;
                     }
                     _ => json_patch::merge(&mut doc, p),
                 }
@@ -2202,6 +2222,30 @@ impl Metrics {
                 .set(server.cache.resource(rt).len() as i64);
         }
         registry.register("apiserver_storage_objects", "Objects stored per resource", objects);
+        type ByComponent = Family<Vec<(String, String)>, prometheus_client::metrics::gauge::Gauge>;
+        let (restarts, panics, failing) =
+            (ByComponent::default(), ByComponent::default(), ByComponent::default());
+        for c in server.components.statuses() {
+            let labels = vec![("component".to_string(), c.name.to_string())];
+            restarts.get_or_create(&labels).set(c.restarts as i64);
+            panics.get_or_create(&labels).set(c.reconcile_panics as i64);
+            failing.get_or_create(&labels).set(i64::from(c.failing.is_some()));
+        }
+        registry.register(
+            "skiff_component_restarts",
+            "Restarts of a supervised component (controller, scheduler) after it stopped or panicked",
+            restarts,
+        );
+        registry.register(
+            "skiff_component_reconcile_panics",
+            "Panics caught in one reconcile of a supervised component",
+            panics,
+        );
+        registry.register(
+            "skiff_component_failing",
+            "1 while a supervised component counts as failing (as its health check reports)",
+            failing,
+        );
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             return ApiError::internal("encoding metrics").into_response_inner();

@@ -1,6 +1,8 @@
 //! `/healthz`, `/livez` and `/readyz` as upstream's `healthz` package serves them.
 //! - Named checks: `ping` and `log` (the server answers), `etcd` (the store can serve; for
-//!   the embedded store, that it is not poisoned by a failed write).
+//!   the embedded store, that it is not poisoned by a failed write), and one
+//!   `controller-<name>` per supervised component running in this server (each controller,
+//!   the scheduler), failing while it recently stopped or panicked.
 //! - `?verbose` lists one line per check; `?exclude=NAME` (repeatable) skips one.
 //! - `/<endpoint>/<check>` runs one check alone: `ok`, or 500 with the reason.
 //! - A failing check makes the endpoint answer 500 with every check listed, reasons withheld
@@ -34,18 +36,45 @@ pub async fn serve(server: &ApiServer, path: &str, query: Option<&str>) -> Optio
     }
     Some(match check {
         None | Some("") => all(server, endpoint, query).await,
-        Some(name) if CHECKS.contains(&name) => match run(server, name).await {
-            Ok(()) => text(StatusCode::OK, "ok".into()),
-            Err(reason) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("internal server error: {reason}\n"),
-            ),
-        },
+        Some(name) if check_names(server, endpoint).iter().any(|c| c == name) => {
+            match run(server, name).await {
+                Ok(()) => text(StatusCode::OK, "ok".into()),
+                Err(reason) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("internal server error: {reason}\n"),
+                ),
+            }
+        }
         Some(_) => ApiError::path_not_found().into_response(),
     })
 }
 
+/// The prefix of a supervised component's check.
+const COMPONENT_CHECK: &str = "controller-";
+
+/// Every check of `endpoint`, in the order they are listed. The components' checks are
+/// not liveness checks: restarting the server would not mend a controller.
+fn check_names(server: &ApiServer, endpoint: &str) -> Vec<String> {
+    let mut names: Vec<String> = CHECKS.iter().map(|c| c.to_string()).collect();
+    if endpoint == "livez" {
+        return names;
+    }
+    names.extend(
+        server.components.statuses().iter().map(|c| format!("{COMPONENT_CHECK}{}", c.name)),
+    );
+    names
+}
+
 async fn run(server: &ApiServer, name: &str) -> Result<(), String> {
+    if let Some(component) = name.strip_prefix(COMPONENT_CHECK) {
+        return match server.components.statuses().into_iter().find(|c| c.name == component) {
+            Some(c) => match c.failing {
+                Some(reason) => Err(reason),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        };
+    }
     if name != "etcd" {
         return Ok(());
     }
@@ -65,7 +94,8 @@ async fn all(server: &ApiServer, endpoint: &str, query: Option<&str>) -> Respons
     let (verbose, mut excluded) = options(query);
     let mut lines = String::new();
     let mut failed = Vec::new();
-    for name in CHECKS {
+    for name in check_names(server, endpoint) {
+        let name = name.as_str();
         if excluded.remove(name) {
             lines.push_str(&format!("[+]{name} excluded: ok\n"));
             continue;
@@ -75,7 +105,7 @@ async fn all(server: &ApiServer, endpoint: &str, query: Option<&str>) -> Respons
             Err(reason) => {
                 lines.push_str(&format!("[-]{name} failed: reason withheld\n"));
                 tracing::warn!(check = name, %reason, "{endpoint} check failed");
-                failed.push(name);
+                failed.push(name.to_string());
             }
         }
     }

@@ -114,6 +114,11 @@ pub struct ApiServer {
     /// The audit log, when configured.
     pub audit: Option<audit::AuditLog>,
     pub auth: authn::Auth,
+    /// The supervised components running beside the apiserver (controllers, scheduler):
+    /// their failures show in /healthz, /readyz and /metrics.
+    pub components: Arc<crate::supervisor::ComponentHealth>,
+    /// Permits for requests with large bodies (see `HEAVY_BODY`).
+    pub heavy: tokio::sync::Semaphore,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +162,8 @@ impl ApiServer {
             admission: admission::Chain::builtin(),
             audit,
             auth,
+            components: Arc::default(),
+            heavy: tokio::sync::Semaphore::new(heavy_permits()),
         });
         server.repair_allocations();
         server.bootstrap().await?;
@@ -304,6 +311,16 @@ impl ApiServer {
     }
 }
 
+/// A request body above this size counts as heavy (see [`ApiServer::heavy`]).
+const HEAVY_BODY: usize = 64 * 1024;
+
+/// How many heavy requests may run at once: all workers but one.
+fn heavy_permits() -> usize {
+    let workers =
+        tokio::runtime::Handle::try_current().map(|h| h.metrics().num_workers()).unwrap_or(1);
+    workers.saturating_sub(1).max(1)
+}
+
 async fn dispatch(State(server): State<Arc<ApiServer>>, req: Request) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
@@ -391,6 +408,17 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
                 Method::GET | Method::HEAD => Bytes::new(),
                 _ => read_body(body).await?,
             };
+            // A large body costs CPU in proportion (decoding, validation, encoding) without
+            // an await between: at most workers - 1 of them run at once, so one worker is
+            // always free for everything else (health checks among them). The others wait
+            // here without holding a worker, and are dropped unstarted if their client goes.
+            let _heavy =
+                match body.len() > HEAVY_BODY {
+                    true => Some(server.heavy.acquire().await.map_err(|_| {
+                        ApiError::service_unavailable("the server is shutting down")
+                    })?),
+                    false => None,
+                };
             handlers::resource(server, info, query, parts.headers, body).await
         }
         None => Err(ApiError::path_not_found()),

@@ -145,13 +145,149 @@ pub fn decode_json(body: &[u8]) -> ApiResult<Value> {
         .map_err(|e| ApiError::bad_request(format!("error decoding request body as JSON: {e}")))
 }
 
+/// The deepest nesting a body may have: the decoders' own recursion limit (serde_json's
+/// and serde_yaml_ng's, 128), so nothing they would accept is refused.
+pub const MAX_DEPTH: usize = 128;
+
 pub fn decode_yaml(body: &[u8]) -> ApiResult<Value> {
     // JSON is YAML; try the strict and fast path first.
-    if let Ok(v) = serde_json::from_slice(body) {
-        return Ok(v);
+    match serde_json::from_slice(body) {
+        Ok(v) => return Ok(v),
+        // Too deep as JSON is too deep as YAML: don't hand it to the YAML parser.
+        Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
+            return Err(ApiError::bad_request(format!("error decoding request body: {e}")));
+        }
+        Err(_) => {}
+    }
+    // The YAML scanner's cost per token grows with the flow nesting around it (quadratic in
+    // the depth: 200 KB of `{a: ` took 14 s): refuse deep flow nesting first, in one pass.
+    if yaml_flow_depth_exceeds(body, MAX_DEPTH) {
+        return Err(ApiError::bad_request(format!(
+            "error decoding request body as YAML: flow collections nested deeper than {MAX_DEPTH}"
+        )));
     }
     serde_yaml_ng::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body as YAML: {e}")))
+}
+
+/// Whether the YAML text nests flow collections (`[...]`, `{...}`) deeper than `limit`, by
+/// one pass over its bytes that follows YAML's lexical rules closely enough for real
+/// manifests: brackets inside quoted scalars, comments, block scalars (`|`, `>`) and block
+/// plain scalars (`key: a[0]`) are content, not structure.
+fn yaml_flow_depth_exceeds(text: &[u8], limit: usize) -> bool {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        /// Before a token: indicators, a collection, a scalar may start here.
+        Token,
+        /// Inside a plain scalar.
+        Plain,
+        Double,
+        Single,
+        Comment,
+    }
+    let blank = |c: u8| matches!(c, b' ' | b'\t' | b'\r' | b'\n');
+    let mut depth = 0usize;
+    let mut mode = Mode::Token;
+    // Block scalar content: lines indented deeper than this are skipped.
+    let mut block_scalar: Option<usize> = None;
+    let mut line_indent = 0usize;
+    let mut at_line_start = true;
+    let mut i = 0;
+    while i < text.len() {
+        let c = text[i];
+        let next = text.get(i + 1).copied().unwrap_or(b'\n');
+        if at_line_start {
+            let indent = text[i..].iter().take_while(|&&b| b == b' ').count();
+            let rest = text.get(i + indent).copied().unwrap_or(b'\n');
+            if let Some(parent) = block_scalar {
+                if indent > parent || rest == b'\n' || rest == b'\r' {
+                    // Skip the line.
+                    i += text[i..]
+                        .iter()
+                        .position(|&b| b == b'\n')
+                        .map_or(text.len() - i, |p| p + 1);
+                    continue;
+                }
+                block_scalar = None;
+            }
+            line_indent = indent;
+            at_line_start = false;
+            if depth == 0 && matches!(mode, Mode::Plain | Mode::Comment) {
+                mode = Mode::Token;
+            }
+            i += indent;
+            continue;
+        }
+        if c == b'\n' {
+            at_line_start = true;
+            if mode == Mode::Comment {
+                mode = Mode::Token;
+            }
+            i += 1;
+            continue;
+        }
+        match mode {
+            Mode::Comment => {}
+            Mode::Double => match c {
+                b'\\' => i += 1,
+                b'"' => mode = Mode::Plain,
+                _ => {}
+            },
+            Mode::Single => {
+                if c == b'\'' {
+                    if next == b'\'' {
+                        i += 1;
+                    } else {
+                        mode = Mode::Plain;
+                    }
+                }
+            }
+            Mode::Token | Mode::Plain => {
+                let flow = depth > 0;
+                let token = mode == Mode::Token;
+                match c {
+                    b'#' if token || (i > 0 && blank(text[i - 1])) => mode = Mode::Comment,
+                    b'[' | b'{' if token || flow => {
+                        depth += 1;
+                        if depth > limit {
+                            return true;
+                        }
+                        mode = Mode::Token;
+                    }
+                    b']' | b'}' if flow => {
+                        depth -= 1;
+                        mode = Mode::Plain;
+                    }
+                    b',' if flow => mode = Mode::Token,
+                    b':' if blank(next)
+                        || (flow && matches!(next, b',' | b'[' | b']' | b'{' | b'}')) =>
+                    {
+                        mode = Mode::Token
+                    }
+                    b'"' if token => mode = Mode::Double,
+                    b'\'' if token => mode = Mode::Single,
+                    b'|' | b'>' if token && !flow => {
+                        block_scalar = Some(line_indent);
+                        mode = Mode::Comment;
+                    }
+                    b'-' | b'?' if token && blank(next) => {}
+                    b'&' | b'*' | b'!' if token => {
+                        // An anchor, alias or tag: up to the next blank.
+                        while i + 1 < text.len()
+                            && !blank(text[i + 1])
+                            && !(flow && matches!(text[i + 1], b',' | b'[' | b']' | b'{' | b'}'))
+                        {
+                            i += 1;
+                        }
+                    }
+                    _ if blank(c) => {}
+                    _ => mode = Mode::Plain,
+                }
+            }
+        }
+        i += 1;
+    }
+    false
 }
 
 #[cfg(test)]
@@ -178,6 +314,47 @@ mod tests {
             accept("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"),
             Output::Metadata("v1")
         );
+    }
+
+    #[test]
+    fn deep_flow_nesting_is_refused_before_parsing() {
+        let deep =
+            |open: &str, close: &str, n: usize| format!("{}{}", open.repeat(n), close.repeat(n));
+        for body in [
+            deep("[", "]", 100_000),
+            deep("{a: ", "}", 40_000),
+            format!("a: {}", deep("[", "]", 40_000)),
+        ] {
+            let started = std::time::Instant::now();
+            let e = decode_yaml(body.as_bytes()).unwrap_err();
+            assert_eq!(e.code, 400, "{}", e.message);
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(2),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        // At the limit it is the parser's to decide; brackets that are content do not count.
+        assert!(!yaml_flow_depth_exceeds(deep("[", "]", MAX_DEPTH).as_bytes(), MAX_DEPTH));
+        assert!(yaml_flow_depth_exceeds(deep("[", "]", MAX_DEPTH + 1).as_bytes(), MAX_DEPTH));
+        let content = format!(
+            "a: x[0]{}\nb: \"{}\"\nc: '{}'\n# {}\nd: |\n  {}\n  {}\ne: [1, {{f: \"]]]\"}}, 'it''s']\n",
+            "[".repeat(200),
+            "[".repeat(200),
+            "{".repeat(200),
+            "[".repeat(200),
+            "{".repeat(200),
+            "[".repeat(200),
+        );
+        assert!(
+            !yaml_flow_depth_exceeds(content.as_bytes(), MAX_DEPTH),
+            "content is not structure"
+        );
+        let v = decode_yaml(content.as_bytes()).expect("decodes");
+        assert_eq!(v["e"][2], "it's");
+        // A string cannot close what it did not open.
+        let sneaky = format!("{}\"{}\"{}", "[".repeat(100), "]".repeat(100), "[".repeat(100));
+        assert!(yaml_flow_depth_exceeds(sneaky.as_bytes(), MAX_DEPTH));
     }
 
     #[test]

@@ -59,6 +59,52 @@ pub const FORWARDED_RESPONSE: &[&str] = &[
 const LOG_PARAMS: &[&str] =
     &["follow", "previous", "timestamps", "tailLines", "sinceSeconds", "sinceTime", "limitBytes"];
 
+/// Upstream's `ValidatePodLogOptions`: integers in range (tailLines >= 0, limitBytes and
+/// sinceSeconds > 0), at most one of sinceSeconds and sinceTime.
+fn validate_log_options(query: &Query, name: &str) -> ApiResult<()> {
+    use crate::apiserver::status::Cause;
+    let mut causes = Vec::new();
+    let mut check = |field: &str, min: i64, msg: &str| -> ApiResult<()> {
+        if let Some(v) = query.int(field)?
+            && v < min
+        {
+            causes.push(Cause {
+                reason: "FieldValueInvalid".into(),
+                message: format!("Invalid value: {v}: {msg}"),
+                field: field.into(),
+            });
+        }
+        Ok(())
+    };
+    check("tailLines", 0, "must be greater than or equal to 0")?;
+    check("limitBytes", 1, "must be greater than 0")?;
+    check("sinceSeconds", 1, "must be greater than 0")?;
+    if query.has("sinceSeconds") && query.has("sinceTime") {
+        causes.push(Cause {
+            reason: "FieldValueForbidden".into(),
+            message: "Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified"
+                .into(),
+            field: String::new(),
+        });
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = causes
+        .iter()
+        .map(|c| {
+            if c.field.is_empty() {
+                c.message.clone()
+            } else {
+                format!("{}: {}", c.field, c.message)
+            }
+        })
+        .collect();
+    let msg = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+    Err(ApiError::invalid(format!("PodLogOptions \"{name}\" is invalid: {msg}"), causes)
+        .with_details("", "PodLogOptions", name))
+}
+
 /// Exec options passed through to the agent.
 const EXEC_PARAMS: &[&str] = &["command", "stdin", "stdout", "stderr", "tty"];
 
@@ -116,6 +162,9 @@ pub async fn serve(
             "this apiserver has no client certificate for the agents' streaming endpoints",
         ));
     };
+    if sub == "log" {
+        validate_log_options(&query, name)?;
+    }
     let pod = get(server, "pods", Some(ns), name).await?;
     let container = container_name(&pod, name, query.get("container"))?;
     let node_name = str_at(&pod, &["spec", "nodeName"]);

@@ -278,6 +278,13 @@ impl From<crate::store::Error> for ApiError {
                 ApiError::too_large_resource_version(requested, current)
             }
             S::Closed => ApiError::service_unavailable("storage is closed"),
+            // Not retriable and the client's doing: a 413 (upstream answers etcd's refusal
+            // with a 500, kubernetes#112152), in etcd's words.
+            S::TooLarge { .. } => ApiError::new(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                e.to_string(),
+            ),
             other => ApiError::internal(other),
         }
     }

@@ -52,8 +52,9 @@ pub async fn serve(
         }
     };
     let bookmarks = query.flag("allowWatchBookmarks");
+    // Any positive timeout is taken (a deadline past the runtime's range is "never").
     let timeout = match query.int("timeoutSeconds")? {
-        Some(s) if s > 0 => Duration::from_secs(s as u64),
+        Some(s) if s > 0 => Duration::from_secs(s.unsigned_abs()),
         _ => server.config.default_watch_timeout,
     };
     // A watch from a revision the cache has not reached yet waits for it.
@@ -113,6 +114,14 @@ pub async fn serve(
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     Ok(resp)
+}
+
+/// `now + timeout`, or the far future when that is past what an `Instant` holds.
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    // A century is "never" for a watch; tokio's own far future is about 30 years.
+    now.checked_add(timeout.min(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now + Duration::from_secs(86_400 * 365))
 }
 
 struct Encoder {
@@ -203,7 +212,7 @@ impl WatchTask {
         tx: mpsc::Sender<Bytes>,
     ) {
         let _ = self.encoder.table_rt;
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         let mut first = true;
         let mut last_rv: Revision = 0;
         for ev in &backlog {
@@ -269,7 +278,7 @@ impl WatchTask {
         tx: mpsc::Sender<Bytes>,
     ) {
         use futures::StreamExt;
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         let mut first = true;
         let mut last_rv: Revision = 0;
         let mut ticker = tokio::time::interval(self.bookmark_interval);

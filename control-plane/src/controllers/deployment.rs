@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -665,7 +665,7 @@ impl Reconcile {
             && c.reason.as_deref() != Some("ProgressDeadlineExceeded")
         {
             let last = c.last_update_time.as_ref().map(|t| t.0).unwrap_or(now);
-            let due = last + SignedDuration::from_secs(i64::from(deadline));
+            let due = crate::time::add_secs(last, i64::from(deadline));
             if due <= now {
                 let msg = format!("ReplicaSet \"{new_name}\" has timed out progressing.");
                 set_condition(

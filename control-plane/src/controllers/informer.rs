@@ -19,6 +19,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
+use crate::supervisor::{ReconcileError, catch_reconcile};
+
 /// What a watch saw.
 pub enum Change<'a, K> {
     Applied(&'a K),
@@ -38,16 +40,32 @@ where
     R: Resource<DynamicType = ()> + 'static,
     F: FnMut(Change<'_, K>) -> Vec<ObjectRef<R>> + Send + 'static,
 {
+    informer_with_store(api, cfg, tx, move |change, _| map(change))
+}
+
+/// [`informer`] whose mapper also sees the store (already holding the change).
+pub fn informer_with_store<K, R, F>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    tx: UnboundedSender<ObjectRef<R>>,
+    mut map: F,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Resource<DynamicType = ()> + 'static,
+    F: FnMut(Change<'_, K>, &Store<K>) -> Vec<ObjectRef<R>> + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, cfg)).default_backoff();
+    let store = reader.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             let refs = match &ev {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                    map(Change::Applied(o))
+                    map(Change::Applied(o), &store)
                 }
-                Ok(watcher::Event::Delete(o)) => map(Change::Deleted(o)),
+                Ok(watcher::Event::Delete(o)) => map(Change::Deleted(o), &store),
                 Ok(_) => Vec::new(),
                 Err(e) => {
                     tracing::debug!(error = %e, kind = %K::kind(&()), "watch error");
@@ -113,7 +131,7 @@ impl WorkloadCtx {
 /// Runs a kube-runtime `Controller` (its `owns`/`watches` already wired) until the future is
 /// dropped, with what every workload controller does around `reconcile`: a `reconcile` span
 /// naming the object, its retry count reset on success, a warning and exponential backoff
-/// ([`Retries`]) on failure.
+/// ([`Retries`]) on failure, a panic included (it fails that object only).
 pub async fn run_controller<K, E, F, Fut>(
     controller: kube::runtime::Controller<K>,
     ctx: Arc<WorkloadCtx>,
@@ -132,14 +150,19 @@ pub async fn run_controller<K, E, F, Fut>(
                 let span = tracing::info_span!("reconcile", kind = %kind, object = %key);
                 let reconciled = reconcile(obj, ctx.clone()).instrument(span);
                 async move {
-                    let out = reconciled.await;
+                    let out = catch_reconcile(
+                        async { reconciled.await.map_err(ReconcileError::Failed) },
+                        &key,
+                        |m| Err(ReconcileError::Panicked(m)),
+                    )
+                    .await;
                     if out.is_ok() {
                         ctx.retries.succeeded(&key);
                     }
                     out
                 }
             },
-            |obj: Arc<K>, error: &E, ctx: Arc<WorkloadCtx>| {
+            |obj: Arc<K>, error: &ReconcileError<E>, ctx: Arc<WorkloadCtx>| {
                 let key = object_key(obj.as_ref());
                 tracing::warn!(object = %key, error = %error, "reconcile failed");
                 ctx.retries.failed(&key)
@@ -178,14 +201,19 @@ pub async fn run_applier<K, Ctx, Fut, E>(
         let retries = r2.clone();
         Box::pin(async move {
             let span = tracing::debug_span!("reconcile", controller = name, object = %key);
-            let out = fut.instrument(span).await;
+            let out = catch_reconcile(
+                async { fut.instrument(span).await.map_err(ReconcileError::Failed) },
+                &key,
+                |m| Err(ReconcileError::Panicked(m)),
+            )
+            .await;
             if out.is_ok() {
                 retries.succeeded(&key);
             }
             out
         })
     };
-    let error_policy = move |obj: Arc<K>, err: &E, _ctx: Arc<Ctx>| {
+    let error_policy = move |obj: Arc<K>, err: &ReconcileError<E>, _ctx: Arc<Ctx>| {
         let key = object_key(obj.as_ref());
         tracing::warn!(controller = name, object = %key, error = %err, "reconcile failed");
         retries.failed(&key)

@@ -28,7 +28,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
@@ -400,8 +400,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         let Some(ttl) = spec.ttl_seconds_after_finished else {
             return Ok(Action::await_change());
         };
-        let at = c.last_transition_time.as_ref().map(|t| t.0).unwrap_or(now)
-            + SignedDuration::from_secs(i64::from(ttl));
+        let finished_at = c.last_transition_time.as_ref().map(|t| t.0).unwrap_or(now);
+        let at = crate::time::add_secs(finished_at, i64::from(ttl));
         if at > now {
             let wait = u64::try_from(now.duration_until(at).as_secs()).unwrap_or(0) + 1;
             return Ok(Action::requeue(Duration::from_secs(wait)));
@@ -535,10 +535,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         status.start_time = Some(Time(now));
     }
     let start = status.start_time.as_ref().map(|t| t.0);
-    let deadline_at = spec
-        .active_deadline_seconds
-        .zip(start)
-        .map(|(s, start)| start + SignedDuration::from_secs(s));
+    let deadline_at =
+        spec.active_deadline_seconds.zip(start).map(|(s, start)| crate::time::add_secs(start, s));
     let deadline_passed = deadline_at.is_some_and(|d| d <= now);
 
     let target_reached = condition(&status, "FailureTarget").is_some()
@@ -826,7 +824,7 @@ mod tests {
     #[test]
     fn failed_pods_are_replaced_after_an_exponential_backoff() {
         let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
-        let at = |s: i64| t0 + SignedDuration::from_secs(s);
+        let at = |s: i64| t0 + k8s_openapi::jiff::SignedDuration::from_secs(s);
         let pod = |phase: &str, finished: i64| -> Pod {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "p", "creationTimestamp": t0.to_string()},

@@ -3,11 +3,15 @@
 //! talks to the apiserver in memory, out of process it is a normal client. None of them
 //! touches the store.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 
+use crate::supervisor::{self, ComponentHealth, Supervision};
+
+pub mod clusterrole_aggregation;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
@@ -100,6 +104,8 @@ pub struct ControllerConfig {
     /// How long a scale-down waits for the highest recommendation of the window
     /// (`--horizontal-pod-autoscaler-downscale-stabilization`, 5 min).
     pub hpa_downscale_stabilization: Duration,
+    /// How a stopped or panicking controller is restarted.
+    pub supervision: Supervision,
 }
 
 /// The local-path teardown helper's image by default (k3s's is a busybox too).
@@ -123,6 +129,7 @@ impl Default for ControllerConfig {
             local_path_helper_image: DEFAULT_HELPER_IMAGE.into(),
             hpa_sync_period: Duration::from_secs(15),
             hpa_downscale_stabilization: Duration::from_secs(300),
+            supervision: Supervision::default(),
         }
     }
 }
@@ -134,51 +141,86 @@ pub struct Context {
     pub config: ControllerConfig,
 }
 
-/// Run every controller until the future is dropped.
-pub async fn run(client: Client, config: ControllerConfig) {
-    let ctx = Arc::new(Context { client, config });
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(run_workloads(ctx.clone()));
-    tasks.spawn(endpointslice::run(ctx.clone()));
-    tasks.spawn(node_lifecycle::run(ctx.clone()));
-    tasks.spawn(namespace::run(ctx.clone()));
-    tasks.spawn(serviceaccount::run(ctx.clone()));
-    tasks.spawn(event_ttl::run(ctx.clone()));
-    tasks.spawn(podgc::run(ctx.clone()));
-    tasks.spawn(disruption::run(ctx.clone()));
-    tasks.spawn(resourcequota::run(ctx.clone()));
-    tasks.spawn(podautoscaler::run(ctx.clone()));
-    tasks.spawn(volume::run(ctx.clone()));
-    tasks.spawn(volume_protection::run(ctx.clone()));
-    if let Some(root) = ctx.config.local_path_root.clone() {
-        tasks.spawn(local_path::run(ctx.clone(), root));
+/// Starts each controller as its own supervised component (see [`crate::supervisor`]).
+struct Controllers<'a> {
+    tasks: tokio::task::JoinSet<()>,
+    ctx: &'a Arc<Context>,
+    health: &'a Arc<ComponentHealth>,
+}
+
+impl Controllers<'_> {
+    fn spawn<F, Fut>(&mut self, name: &'static str, run: F)
+    where
+        F: Fn(Arc<Context>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let ctx = self.ctx.clone();
+        let supervision = ctx.config.supervision;
+        self.tasks.spawn(supervisor::supervise(
+            name,
+            self.health.clone(),
+            supervision,
+            move || run(ctx.clone()),
+        ));
     }
-    let gc = ctx.clone();
-    tasks.spawn(async move {
-        if let Err(e) = garbage_collector::run(gc).await {
+
+    /// The workload controllers (ReplicaSet, ReplicationController, Deployment, DaemonSet,
+    /// Job, CronJob, StatefulSet).
+    fn spawn_workloads(&mut self) {
+        self.spawn("replicaset", replicaset::run);
+        self.spawn("replicationcontroller", replicaset::run_replication_controllers);
+        self.spawn("deployment", deployment::run);
+        self.spawn("daemonset", daemonset::run);
+        self.spawn("job", job::run);
+        self.spawn("cronjob", cronjob::run);
+        self.spawn("statefulset", statefulset::run);
+    }
+
+    /// Until the future is dropped (supervised components never end).
+    async fn run(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+        futures::future::pending::<()>().await;
+    }
+}
+
+/// Run every controller, each supervised, their failures recorded in `health`, until the
+/// future is dropped.
+pub async fn run(client: Client, config: ControllerConfig, health: Arc<ComponentHealth>) {
+    let ctx = Arc::new(Context { client, config });
+    let mut c = Controllers { tasks: tokio::task::JoinSet::new(), ctx: &ctx, health: &health };
+    c.spawn_workloads();
+    c.spawn("endpointslice", endpointslice::run);
+    c.spawn("node-lifecycle", node_lifecycle::run);
+    c.spawn("namespace", namespace::run);
+    c.spawn("serviceaccount", serviceaccount::run);
+    c.spawn("event-ttl", event_ttl::run);
+    c.spawn("podgc", podgc::run);
+    c.spawn("disruption", disruption::run);
+    c.spawn("resourcequota", resourcequota::run);
+    c.spawn("horizontal-pod-autoscaler", podautoscaler::run);
+    c.spawn("persistentvolume-binder", volume::run);
+    c.spawn("volume-protection", volume_protection::run);
+    c.spawn("clusterrole-aggregation", clusterrole_aggregation::run);
+    if let Some(root) = ctx.config.local_path_root.clone() {
+        c.spawn("local-path-provisioner", move |ctx| local_path::run(ctx, root.clone()));
+    }
+    c.spawn("garbage-collector", |ctx| async move {
+        if let Err(e) = garbage_collector::run(ctx).await {
             tracing::error!(error = %e, "garbage collector stopped");
         }
     });
-    let ipam = ctx.clone();
-    tasks.spawn(async move {
-        if let Err(e) = node_ipam::run(ipam).await {
+    c.spawn("node-ipam", |ctx| async move {
+        if let Err(e) = node_ipam::run(ctx).await {
             tracing::error!(error = %e, "node IPAM controller stopped");
         }
     });
-    while tasks.join_next().await.is_some() {}
-    futures::future::pending::<()>().await;
+    c.run().await;
 }
 
-/// The workload controllers (ReplicaSet, ReplicationController, Deployment, DaemonSet,
-/// Job, CronJob, StatefulSet), until the future is dropped.
+/// The workload controllers alone, each supervised, until the future is dropped.
 pub async fn run_workloads(ctx: Arc<Context>) {
-    tokio::join!(
-        replicaset::run(ctx.clone()),
-        replicaset::run_replication_controllers(ctx.clone()),
-        deployment::run(ctx.clone()),
-        daemonset::run(ctx.clone()),
-        job::run(ctx.clone()),
-        cronjob::run(ctx.clone()),
-        statefulset::run(ctx.clone()),
-    );
+    let health = Arc::new(ComponentHealth::default());
+    let mut c = Controllers { tasks: tokio::task::JoinSet::new(), ctx: &ctx, health: &health };
+    c.spawn_workloads();
+    c.run().await;
 }

@@ -265,7 +265,7 @@ fn rules(given: Option<&HPAScalingRules>, defaults: Value) -> HPAScalingRules {
 
 /// Sum of the changes within `period` seconds before `now`.
 fn changed_within(events: &[Timed], now: Timestamp, period: i32) -> i32 {
-    let since = now - SignedDuration::from_secs(i64::from(period));
+    let since = crate::time::sub_secs(now, i64::from(period));
     events.iter().filter(|e| e.at > since).fold(0i32, |sum, e| sum.saturating_add(e.value))
 }
 
@@ -390,9 +390,9 @@ fn window_bounds(
     down: i32,
 ) -> (i32, i32) {
     let longest = i64::from(up.max(down));
-    history.recommendations.retain(|r| r.at > now - SignedDuration::from_secs(longest));
+    history.recommendations.retain(|r| r.at > crate::time::sub_secs(now, longest));
     let within = |window: i32| {
-        let since = now - SignedDuration::from_secs(i64::from(window));
+        let since = crate::time::sub_secs(now, i64::from(window));
         history.recommendations.iter().filter(move |r| r.at > since).map(|r| r.value)
     };
     let up_to = within(up).chain([proposed]).min().unwrap_or(proposed);
@@ -533,18 +533,17 @@ fn cpu_unready(pod: &Pod, metric: Option<&Value>, now: Timestamp) -> bool {
         return true;
     };
     let transition = ready.last_transition_time.as_ref().map(|t| t.0).unwrap_or(start.0);
-    let after = |d: Duration| start.0 + SignedDuration::try_from(d).unwrap_or_default();
+    let after = |d: Duration| crate::time::add_std(start.0, d);
     let starting = after(CPU_INITIALIZATION_PERIOD) > now;
     if starting {
         let window_start = metric.and_then(|m| {
             let at = m.get("timestamp")?.as_str()?.parse::<Timestamp>().ok()?;
             let window = go_duration_nanos(m.get("window")?.as_str()?)?;
-            Some(at - SignedDuration::from_nanos(i64::try_from(window).ok()?))
+            Some(crate::time::add(at, -SignedDuration::from_nanos(i64::try_from(window).ok()?)))
         });
         ready.status == "False" || window_start.is_some_and(|w| w < transition)
     } else {
-        let never_ready = transition
-            < start.0 + SignedDuration::try_from(INITIAL_READINESS_DELAY).unwrap_or_default();
+        let never_ready = transition < crate::time::add_std(start.0, INITIAL_READINESS_DELAY);
         ready.status == "False" && never_ready
     }
 }
@@ -811,7 +810,7 @@ async fn sync(
         }
     }
     // Rescales older than the longest policy period are no longer needed.
-    let keep = now - SignedDuration::from_secs(1800);
+    let keep = crate::time::sub_secs(now, 1800);
     history.scale_ups.retain(|e| e.at > keep);
     history.scale_downs.retain(|e| e.at > keep);
     let status =

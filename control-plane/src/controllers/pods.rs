@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -60,11 +60,14 @@ pub fn now() -> Timestamp {
         std::sync::OnceLock::new();
     let (wall, mono) = *ANCHOR.get_or_init(|| (Timestamp::now(), std::time::Instant::now()));
     let t = tokio::time::Instant::now().into_std();
-    let d = match t.checked_duration_since(mono) {
-        Some(ahead) => SignedDuration::try_from(ahead).unwrap_or(SignedDuration::ZERO),
-        None => -SignedDuration::try_from(mono.duration_since(t)).unwrap_or(SignedDuration::ZERO),
-    };
-    wall + d
+    match t.checked_duration_since(mono) {
+        Some(ahead) => crate::time::add_std(wall, ahead),
+        None => crate::time::add(
+            wall,
+            -k8s_openapi::jiff::SignedDuration::try_from(mono.duration_since(t))
+                .unwrap_or_default(),
+        ),
+    }
 }
 
 /// Whether `labels` satisfy `selector` (matchLabels and matchExpressions, as
@@ -133,7 +136,7 @@ pub fn is_available(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> bool {
         None => false,
         Some(_) if min_ready_seconds <= 0 => true,
         Some(None) => false,
-        Some(Some(since)) => since + SignedDuration::from_secs(i64::from(min_ready_seconds)) <= now,
+        Some(Some(since)) => crate::time::add_secs(since, i64::from(min_ready_seconds)) <= now,
     }
 }
 
@@ -144,7 +147,7 @@ pub fn until_available(
     now: Timestamp,
 ) -> Option<std::time::Duration> {
     let since = ready_since(pod)??;
-    let at = since + SignedDuration::from_secs(i64::from(min_ready_seconds));
+    let at = crate::time::add_secs(since, i64::from(min_ready_seconds));
     (at > now).then(|| {
         std::time::Duration::from_secs((now.duration_until(at).as_secs() + 1).max(1) as u64)
     })

@@ -5,9 +5,11 @@
 pub mod admission;
 pub mod apply;
 pub mod cron;
+pub mod jsonpatch;
 pub mod openapi;
 pub mod protobuf;
 pub mod quota;
+pub mod rbac;
 pub mod resource_metrics;
 pub mod schema;
 pub mod strategic;

@@ -1049,6 +1049,7 @@ impl Store for EmbeddedStore {
             return Ok(Vec::new());
         }
         super::check_distinct_keys(&ops)?;
+        super::check_request_size(&ops)?;
         let (reply, answer) = oneshot::channel();
         self.requests.send(Request::Txn { ops, reply }).await.map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
@@ -1056,6 +1057,10 @@ impl Store for EmbeddedStore {
 
     async fn current_revision(&self) -> Result<Revision> {
         Ok(self.shared.revision.load(Ordering::Acquire))
+    }
+
+    fn needs_reopen(&self) -> Option<String> {
+        self.shared.poisoned()
     }
 
     /// Unhealthy once poisoned (writes fail until the store is reopened) or closed.

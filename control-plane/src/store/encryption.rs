@@ -323,6 +323,10 @@ impl Store for EncryptedStore {
         self.inner.current_revision().await
     }
 
+    fn needs_reopen(&self) -> Option<String> {
+        self.inner.needs_reopen()
+    }
+
     async fn check_health(&self) -> Result<()> {
         self.inner.check_health().await
     }

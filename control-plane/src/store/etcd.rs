@@ -371,7 +371,14 @@ impl Store for EtcdStore {
             async move { kv.txn(txn).await }
         })
         .await
-        .map_err(|e| map_error("etcd txn", e))?;
+        .map_err(|e| match e {
+            // etcd's ErrGRPCRequestTooLarge (its --max-request-bytes).
+            etcd_client::Error::GRpcStatus(s) if s.message().contains("request is too large") => {
+                let size = ops.iter().map(|op| op.key().len() + op.value_len()).sum();
+                Error::TooLarge { size, limit: super::MAX_REQUEST_BYTES }
+            }
+            e => map_error("etcd txn", e),
+        })?;
         let revision = header_revision(response.header())?;
         let responses = response.op_responses();
         if responses.len() != ops.len() {

@@ -68,6 +68,7 @@ impl Store for MemoryStore {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
+        super::check_request_size(&ops)?;
         let mut s = self.lock();
         // Check every precondition before changing anything.
         for op in &ops {

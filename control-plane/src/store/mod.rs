@@ -114,6 +114,10 @@ pub enum Error {
     /// The transaction itself is malformed (e.g. names one key twice); nothing was applied.
     #[error("invalid transaction: {reason}")]
     InvalidTxn { reason: String },
+    /// The transaction writes more than a request may carry ([`MAX_REQUEST_BYTES`], etcd's
+    /// `--max-request-bytes`); nothing was applied. etcd's own words.
+    #[error("etcdserver: request is too large")]
+    TooLarge { size: usize, limit: usize },
 }
 
 impl Error {
@@ -128,6 +132,14 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl TxnOp {
+    /// The bytes of the value it writes (0 for a delete).
+    pub fn value_len(&self) -> usize {
+        match self {
+            TxnOp::Create { value, .. } | TxnOp::Update { value, .. } => value.len(),
+            TxnOp::Delete { .. } => 0,
+        }
+    }
+
     /// The key this operation writes.
     pub fn key(&self) -> &str {
         match self {
@@ -136,6 +148,21 @@ impl TxnOp {
             }
         }
     }
+}
+
+/// The most a transaction may write, keys and values together: etcd's default
+/// `--max-request-bytes` (1.5 MiB), which the embedded store enforces too, so an object
+/// that one backend stores the other does as well.
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
+/// Refuse a transaction writing more than [`MAX_REQUEST_BYTES`] (the embedded store; etcd
+/// refuses it itself).
+pub(crate) fn check_request_size(ops: &[TxnOp]) -> Result<()> {
+    let size: usize = ops.iter().map(|op| op.key().len() + op.value_len()).sum();
+    if size > MAX_REQUEST_BYTES {
+        return Err(Error::TooLarge { size, limit: MAX_REQUEST_BYTES });
+    }
+    Ok(())
 }
 
 /// Refuse a transaction naming one key twice (both backends, so they behave alike).
@@ -186,6 +213,13 @@ pub trait Store: Send + Sync + 'static {
     /// why not. Default: the current revision can be read.
     async fn check_health(&self) -> Result<()> {
         self.current_revision().await.map(|_| ())
+    }
+
+    /// `Some(why)` once the store can no longer write until it is reopened (the embedded
+    /// store after a failed log write, fsync or checkpoint, a full disk among the causes):
+    /// the process should exit so that its supervisor restarts it, which replays the log.
+    fn needs_reopen(&self) -> Option<String> {
+        None
     }
 
     /// Whether a live watch event carries the very `Bytes` its write was given (no copy, no

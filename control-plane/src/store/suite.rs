@@ -264,6 +264,28 @@ pub(crate) async fn txn_is_atomic(store: DynStore) {
 }
 
 /// Writes a fixed history and returns the events it must produce.
+/// A write over [`super::MAX_REQUEST_BYTES`] is refused whole, as etcd refuses it, and
+/// takes no revision; one just under it is stored.
+pub(crate) async fn oversized_writes_are_refused(store: DynStore) {
+    let rev = store.current_revision().await.unwrap();
+    let big = Bytes::from(vec![b'x'; super::MAX_REQUEST_BYTES + 1]);
+    match store.create("/big", big.clone()).await {
+        Err(Error::TooLarge { limit, .. }) => assert_eq!(limit, super::MAX_REQUEST_BYTES),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let small = store.create("/small", b("s")).await.unwrap();
+    match store.update("/small", big, small.mod_revision).await {
+        Err(Error::TooLarge { .. }) => {}
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(store.current_revision().await.unwrap(), rev + 1, "only /small took a revision");
+    assert_eq!(store.get("/big").await.unwrap(), None);
+    // Under the limit with room for etcd's own framing of the request.
+    let fits = Bytes::from(vec![b'y'; super::MAX_REQUEST_BYTES - 4096]);
+    store.update("/small", fits.clone(), small.mod_revision).await.unwrap();
+    assert_eq!(store.get("/small").await.unwrap().unwrap().value, fits);
+}
+
 async fn write_history(
     store: &dyn Store,
 ) -> (Revision, Vec<(EventKind, Revision, String, String, Option<String>)>) {
@@ -485,6 +507,7 @@ macro_rules! store_suite {
             case!(update_is_compare_and_swap);
             case!(delete_with_and_without_precondition);
             case!(txn_is_atomic);
+            case!(oversized_writes_are_refused);
             case!(watch_replays_history_then_live);
             case!(watch_filters_by_prefix);
             case!(watch_from_future_revision_fails);

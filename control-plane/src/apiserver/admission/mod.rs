@@ -225,6 +225,7 @@ impl Chain {
             ],
             validating: vec![
                 Box::new(NodeRestriction),
+                Box::new(super::authz::escalation::RbacEscalation),
                 Box::new(LimitRanger),
                 Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),

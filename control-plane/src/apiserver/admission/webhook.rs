@@ -25,6 +25,7 @@ use crate::apiserver::ApiServer;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::user::UserInfo;
 use crate::machinery::admission::selector_matches;
+use crate::machinery::jsonpatch;
 
 /// Largest AdmissionReview response read (upstream caps webhook responses similarly).
 const MAX_RESPONSE: usize = 3 * 1024 * 1024;
@@ -436,11 +437,11 @@ fn apply_patch(hook: &Hook, req: &mut AdmissionRequest, response: &Value) -> Api
     let raw = base64::engine::general_purpose::STANDARD
         .decode(patch)
         .map_err(|e| fail(Error::Patch(Box::new(e))))?;
-    let ops: json_patch::Patch =
-        serde_json::from_slice(&raw).map_err(|e| fail(Error::Patch(Box::new(e))))?;
+    let ops: Value = serde_json::from_slice(&raw).map_err(|e| fail(Error::Patch(Box::new(e))))?;
+    let ops = jsonpatch::decode(&ops).map_err(|e| fail(Error::Patch(Box::new(e))))?;
     let Some(obj) = req.object.as_mut() else { return Ok(()) };
     let mut patched = obj.clone();
-    json_patch::patch(&mut patched, &ops).map_err(|e| fail(Error::Patch(Box::new(e))))?;
+    jsonpatch::apply(&mut patched, &ops).map_err(|e| fail(Error::Patch(Box::new(e))))?;
     *obj = patched;
     req.patched = true;
     Ok(())

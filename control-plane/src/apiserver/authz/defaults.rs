@@ -1,6 +1,6 @@
 //! The default ClusterRoles and ClusterRoleBindings created at start (upstream's bootstrap
-//! policy, trimmed to the resources skiff serves): cluster-admin, admin, edit, view, the
-//! discovery roles, and the roles of the scheduler, controller manager, proxy, nodes and
+//! policy, trimmed to the resources skiff serves): cluster-admin, admin, edit and view
+//! (aggregated from the `system:aggregate-to-*` roles, as upstream), the discovery roles, and the roles of the scheduler, controller manager, proxy, nodes and
 //! bootstrappers. Existing objects are left as they are (an administrator's edits win).
 
 use bytes::Bytes;
@@ -104,9 +104,9 @@ fn view_rules() -> Vec<Value> {
     ]
 }
 
+/// What edit adds to view.
 fn edit_rules() -> Vec<Value> {
-    let mut rules = view_rules();
-    rules.extend([
+    vec![
         rule(
             &[""],
             &[
@@ -150,17 +150,55 @@ fn edit_rules() -> Vec<Value> {
         rule(&["networking.k8s.io"], &["ingresses", "networkpolicies"], WRITE),
         rule(&["policy"], &["poddisruptionbudgets"], WRITE),
         rule(&["coordination.k8s.io"], &["leases"], WRITE),
-    ]);
-    rules
+    ]
 }
 
+/// What admin adds to edit.
 fn admin_rules() -> Vec<Value> {
-    let mut rules = edit_rules();
-    rules.extend([
+    vec![
         rule(&["rbac.authorization.k8s.io"], &["roles", "rolebindings"], WRITE),
         rule(&["authorization.k8s.io"], &["localsubjectaccessreviews"], &["create"]),
-    ]);
-    rules
+    ]
+}
+
+const AGGREGATE_TO: &str = "rbac.authorization.k8s.io/aggregate-to-";
+
+/// A ClusterRole labelled to aggregate into `into` (`aggregate-to-<into>: "true"`).
+fn labelled(mut role: Value, into: &str) -> Value {
+    role["metadata"]["labels"][format!("{AGGREGATE_TO}{into}")] = json!("true");
+    role
+}
+
+/// A ClusterRole whose rules are those of the roles labelled `aggregate-to-<name>`.
+fn aggregated(name: &str) -> Value {
+    let mut r = role(name, Vec::new());
+    r["aggregationRule"] = json!({"clusterRoleSelectors": [
+        {"matchLabels": {format!("{AGGREGATE_TO}{name}"): "true"}}
+    ]});
+    r
+}
+
+/// Upstream's user-facing roles: `admin`, `edit` and `view` aggregate the
+/// `system:aggregate-to-*` roles and each other (edit into admin, view into edit), so a
+/// ClusterRole labelled `rbac.authorization.k8s.io/aggregate-to-edit` (an operator's, for
+/// its custom resources) extends edit and admin. Their rules are computed here too, so a
+/// server without the aggregation controller still grants them.
+fn user_facing_roles() -> Vec<Value> {
+    let mut roles = vec![
+        aggregated("admin"),
+        labelled(aggregated("edit"), "admin"),
+        labelled(aggregated("view"), "edit"),
+        labelled(role("system:aggregate-to-admin", admin_rules()), "admin"),
+        labelled(role("system:aggregate-to-edit", edit_rules()), "edit"),
+        labelled(role("system:aggregate-to-view", view_rules()), "view"),
+    ];
+    let mut typed: Vec<k8s_openapi::api::rbac::v1::ClusterRole> =
+        roles.iter().filter_map(|r| serde_json::from_value(r.clone()).ok()).collect();
+    crate::machinery::rbac::aggregate_all(&mut typed);
+    for (value, typed) in roles.iter_mut().zip(&typed) {
+        value["rules"] = json!(typed.rules.clone().unwrap_or_default());
+    }
+    roles
 }
 
 /// The default ClusterRoles and ClusterRoleBindings.
@@ -179,12 +217,12 @@ pub fn objects() -> Vec<Value> {
         "/openapi/*",
     ];
     let public_paths = &["/healthz", "/livez", "/readyz", "/version", "/version/"];
-    vec![
+    let mut objects = vec![
         role("cluster-admin", vec![rule(&["*"], &["*"], &["*"]), urls(&["*"], &["*"])]),
         binding("cluster-admin", "cluster-admin", &[("Group", "system:masters")]),
-        role("admin", admin_rules()),
-        role("edit", edit_rules()),
-        role("view", view_rules()),
+    ];
+    objects.extend(user_facing_roles());
+    objects.extend([
         role("system:discovery", vec![urls(discovery_paths, &["get"])]),
         binding("system:discovery", "system:discovery", &[("Group", "system:authenticated")]),
         role(
@@ -295,7 +333,8 @@ pub fn objects() -> Vec<Value> {
             "system:node-bootstrapper",
             &[("Group", "system:bootstrappers")],
         ),
-    ]
+    ]);
+    objects
 }
 
 /// Create the default policy objects that do not exist yet.

@@ -3,8 +3,12 @@
 //! endpoints owned by auth (access reviews, TokenRequest, the node join exchange).
 
 pub mod defaults;
+pub mod escalation;
 pub mod node;
 pub mod rbac;
+
+/// The API group of Roles, ClusterRoles and their bindings.
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 use std::collections::BTreeMap;
 

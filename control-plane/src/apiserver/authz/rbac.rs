@@ -9,12 +9,10 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use serde_json::{Value, json};
 
-use super::{Attributes, Decision};
+use super::{Attributes, Decision, RBAC_GROUP as RBAC};
 use crate::apiserver::ApiServer;
 use crate::apiserver::user::{UserInfo, names};
 use crate::store::Revision;
-
-const RBAC: &str = "rbac.authorization.k8s.io";
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Subject {
@@ -161,6 +159,35 @@ impl RbacCache {
             }
         }
         out
+    }
+
+    /// Every rule that applies to `user` in `namespace` ("": its cluster-wide rules), as
+    /// upstream's `RulesFor` (what escalation checks compare against).
+    pub fn rules_of(
+        &self,
+        server: &ApiServer,
+        user: &UserInfo,
+        namespace: &str,
+    ) -> Vec<PolicyRule> {
+        let snap = self.current(server);
+        Self::applicable(&snap, user, namespace).iter().flat_map(|r| r.iter().cloned()).collect()
+    }
+
+    /// The rules of the role `name` (`plural` "roles" in `namespace`, or "clusterroles");
+    /// `None` when it does not exist (upstream `GetRoleReferenceRules`).
+    pub fn role_rules(
+        &self,
+        server: &ApiServer,
+        namespace: &str,
+        plural: &str,
+        name: &str,
+    ) -> Option<Vec<PolicyRule>> {
+        let snap = self.current(server);
+        let rules = match plural {
+            "roles" => snap.roles.get(&(namespace.to_string(), name.to_string())),
+            _ => snap.cluster_roles.get(name),
+        };
+        rules.map(|r| r.as_ref().clone())
     }
 
     pub fn authorize(&self, server: &ApiServer, a: &Attributes) -> Decision {
