@@ -25,24 +25,22 @@ pub fn add_std(t: Timestamp, d: std::time::Duration) -> Timestamp {
     add(t, SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
 }
 
+/// The last second an API time may name: jiff's (and so k8s-openapi's, which every kube-rs
+/// client decodes times with) latest, 9999-12-30T22:00:00Z.
+const LAST_API_SECOND: i64 = 253_402_207_200;
+/// The first: -9999-01-02T01:59:59Z.
+const FIRST_API_SECOND: i64 = -377_705_023_201;
+
 /// `now + secs` seconds on the chrono clock the apiserver writes timestamps with, clamped
-/// to the last second RFC 3339 can write (9999-12-31T23:59:59Z) and the first (year 0).
+/// to the range every client can read back ([`LAST_API_SECOND`]).
 pub fn chrono_add_secs(
     now: chrono::DateTime<chrono::Utc>,
     secs: i64,
 ) -> chrono::DateTime<chrono::Utc> {
-    use chrono::TimeZone;
-    let last = chrono::Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).single();
-    let first = chrono::Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).single();
-    let bound = if secs < 0 { first } else { last };
-    let added = chrono::TimeDelta::try_seconds(secs).and_then(|d| now.checked_add_signed(d));
-    match (added, bound) {
-        (Some(t), Some(last)) if secs >= 0 => t.min(last),
-        (Some(t), Some(first)) => t.max(first),
-        (Some(t), None) => t,
-        (None, Some(b)) => b,
-        (None, None) => now,
-    }
+    let t = now.timestamp().saturating_add(secs).clamp(FIRST_API_SECOND, LAST_API_SECOND);
+    let nanos =
+        if t == now.timestamp().saturating_add(secs) { now.timestamp_subsec_nanos() } else { 0 };
+    chrono::DateTime::from_timestamp(t, nanos).unwrap_or(now)
 }
 
 #[cfg(test)]
@@ -58,8 +56,13 @@ mod tests {
         assert_eq!(sub_secs(Timestamp::MIN, i64::MIN), Timestamp::MAX);
         assert_eq!(add_std(late, std::time::Duration::MAX), Timestamp::MAX);
         let now = chrono::Utc::now();
-        assert_eq!(chrono_add_secs(now, i64::MAX).to_rfc3339(), "9999-12-31T23:59:59+00:00");
-        assert_eq!(chrono_add_secs(now, 10_i64.pow(13)).to_rfc3339(), "9999-12-31T23:59:59+00:00");
+        assert_eq!(chrono_add_secs(now, i64::MAX).to_rfc3339(), "9999-12-30T22:00:00+00:00");
+        assert_eq!(chrono_add_secs(now, 10_i64.pow(13)).to_rfc3339(), "9999-12-30T22:00:00+00:00");
+        assert_eq!(
+            chrono_add_secs(now, 10_i64.pow(13)).timestamp(),
+            Timestamp::MAX.as_second(),
+            "what jiff can read back"
+        );
         assert_eq!(chrono_add_secs(now, 30), now + chrono::TimeDelta::seconds(30));
     }
 }

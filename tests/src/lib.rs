@@ -206,6 +206,31 @@ impl Kubectl {
     }
 }
 
+/// The debug skiff-server binary the end-to-end tests start as a process of its own
+/// (`cargo xtask test` builds it first).
+pub fn server_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("debug/skiff-server");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build --bins`; `cargo xtask test` does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A kube-rs client from a kubeconfig file.
+pub async fn client_from(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
 /// The workspace root (for tests that run project files such as the Python suite).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()

@@ -2,7 +2,7 @@
 //! from its last resourceVersion after the restart.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,20 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use skiff_tests::workspace_root;
-
-fn server_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("debug/skiff-server");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first (`cargo build --bins`; `cargo xtask test` does)",
-        bin.display()
-    );
-    bin
-}
+use skiff_tests::server_binary;
 
 struct Server(Child);
 
@@ -161,5 +148,4 @@ async fn kill_9_loses_no_acknowledged_write() {
         }
     }
     drop(server);
-    let _ = workspace_root();
 }

@@ -152,3 +152,45 @@ fn text(code: StatusCode, body: String) -> Response {
     headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    async fn body(r: Response) -> (u16, String) {
+        let code = r.status().as_u16();
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.expect("body");
+        (code, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_failing_component_fails_healthz_and_readyz_not_livez() {
+        let server = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver");
+        server.components.register("job", &Default::default());
+        let (code, text) =
+            body(serve(&server, "/readyz", Some("verbose")).await.expect("readyz")).await;
+        assert_eq!(code, 200);
+        assert!(text.contains("[+]controller-job ok"), "{text}");
+        server.components.reconcile_panicked("job", "reconcile of ns/j panicked: overflow".into());
+        for endpoint in ["/healthz", "/readyz"] {
+            let (code, text) = body(serve(&server, endpoint, None).await.expect("served")).await;
+            assert_eq!(code, 500, "{endpoint}: {text}");
+            assert!(text.contains("[-]controller-job failed: reason withheld"), "{text}");
+        }
+        let (code, text) =
+            body(serve(&server, "/healthz/controller-job", None).await.expect("one check")).await;
+        assert_eq!(code, 500);
+        assert!(text.contains("overflow"), "the single check says why: {text}");
+        let (code, _) = body(serve(&server, "/livez", None).await.expect("livez")).await;
+        assert_eq!(code, 200, "a controller's failure is not the server's");
+        let metrics = server.metrics.render(&server);
+        let (_, text) = body(metrics).await;
+        assert!(text.contains("skiff_component_failing{component=\"job\"} 1"), "{text}");
+        assert!(text.contains("skiff_component_reconcile_panics{component=\"job\"} 1"), "{text}");
+    }
+}

@@ -157,14 +157,14 @@ pub async fn serve(
         }
         _ => return Err(ApiError::method_not_allowed(parts.method.as_str())),
     }
+    if sub == "log" {
+        validate_log_options(&query, name)?;
+    }
     let Some(client) = server.config.kubelet_client.clone() else {
         return Err(ApiError::service_unavailable(
             "this apiserver has no client certificate for the agents' streaming endpoints",
         ));
     };
-    if sub == "log" {
-        validate_log_options(&query, name)?;
-    }
     let pod = get(server, "pods", Some(ns), name).await?;
     let container = container_name(&pod, name, query.get("container"))?;
     let node_name = str_at(&pod, &["spec", "nodeName"]);

@@ -1,5 +1,8 @@
 //! API semantics over real HTTPS with kube-rs' raw requests: concurrency, selectors,
-//! paging, watch ordering/bookmarks/initial events, deletion, dry run, bad input.
+//! paging, watch ordering/bookmarks/initial events, deletion, dry run, bad input; and in
+//! `hostile`, the requests that once broke skiff.
+
+mod hostile;
 
 use std::time::Duration;
 
