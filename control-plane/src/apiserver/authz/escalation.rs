@@ -357,24 +357,14 @@ fn compact_string(r: &PolicyRule) -> String {
 }
 
 /// Whether `obj` (a ClusterRole) has an aggregation rule.
-pub fn has_aggregation_rule(obj: &Value) -> bool {
+fn has_aggregation_rule(obj: &Value) -> bool {
     obj.at(&["aggregationRule"]).is_some_and(|a| !a.is_null())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rule(verbs: &[&str], groups: &[&str], resources: &[&str], names: &[&str]) -> PolicyRule {
-        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        PolicyRule {
-            verbs: v(verbs),
-            api_groups: Some(v(groups)),
-            resources: Some(v(resources)),
-            resource_names: (!names.is_empty()).then(|| v(names)),
-            non_resource_urls: None,
-        }
-    }
+    use crate::apiserver::authz::rbac::tests::rule;
 
     fn urls(verbs: &[&str], urls: &[&str]) -> PolicyRule {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();

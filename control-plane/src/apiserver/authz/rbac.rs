@@ -271,7 +271,7 @@ pub fn rule_allows(r: &PolicyRule, a: &Attributes) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn attrs(verb: &str, group: &str, resource: &str, sub: &str, name: &str) -> Attributes {
@@ -290,7 +290,13 @@ mod tests {
         }
     }
 
-    fn rule(verbs: &[&str], groups: &[&str], resources: &[&str], names: &[&str]) -> PolicyRule {
+    /// A resource rule (also the escalation tests').
+    pub(in crate::apiserver::authz) fn rule(
+        verbs: &[&str],
+        groups: &[&str],
+        resources: &[&str],
+        names: &[&str],
+    ) -> PolicyRule {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         PolicyRule {
             verbs: v(verbs),
