@@ -172,7 +172,7 @@ async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> 
             let dir = args.root_dir.join("pki");
             joined = dir.join("kubelet.kubeconfig");
             if !joined.exists() {
-                skiff_control_plane::join::bootstrap(server, token, &node_name, &dir)
+                skiff_core::join::bootstrap(server, token, &node_name, &dir)
                     .await
                     .with_context(|| format!("joining {server} with the bootstrap token"))?;
                 tracing::info!(kubeconfig = %joined.display(), "joined the cluster");

@@ -3,12 +3,9 @@
 
 pub mod apiserver;
 pub mod controllers;
-pub mod join;
 pub mod leader;
 pub mod machinery;
 pub mod pki;
 pub mod scheduler;
 pub mod server;
 pub mod store;
-pub mod supervisor;
-pub mod time;

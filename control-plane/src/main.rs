@@ -210,7 +210,7 @@ static MIMALLOC_OPTIONS: extern "C" fn() = {
 
 /// A Go duration (`0s`, `5m`), not negative.
 fn nonnegative_duration(s: &str) -> Result<std::time::Duration, String> {
-    match skiff_control_plane::machinery::cron::go_duration_nanos(s) {
+    match skiff_core::cron::go_duration_nanos(s) {
         Some(0) => Ok(std::time::Duration::ZERO),
         Some(n) if n < 0 => Err(format!("{s:?}: must not be negative")),
         _ => positive_duration(s),
@@ -219,7 +219,7 @@ fn nonnegative_duration(s: &str) -> Result<std::time::Duration, String> {
 
 /// A Go duration (`15s`, `1m30s`) above zero.
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
-    match skiff_control_plane::machinery::cron::go_duration_nanos(s) {
+    match skiff_core::cron::go_duration_nanos(s) {
         Some(n) if n > 0 => {
             Ok(std::time::Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX)))
         }
@@ -242,12 +242,10 @@ async fn main() -> Result<()> {
     if let Some(Command::Token { command: TokenCommand::Create { kubeconfig, ttl } }) = args.command
     {
         let kubeconfig = kubeconfig.unwrap_or_else(|| args.data_dir.join("admin.kubeconfig"));
-        let token = skiff_control_plane::join::create_token(
-            &kubeconfig,
-            std::time::Duration::from_secs(ttl),
-        )
-        .await
-        .context("creating a join token")?;
+        let token =
+            skiff_core::join::create_token(&kubeconfig, std::time::Duration::from_secs(ttl))
+                .await
+                .context("creating a join token")?;
         println!("{token}");
         return Ok(());
     }

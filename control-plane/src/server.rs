@@ -288,7 +288,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                 Default::default(),
                 || {
                     let (client, sc) = (client.clone(), sc.clone());
-                    crate::supervisor::supervise(
+                    skiff_core::supervisor::supervise(
                         "scheduler",
                         health.clone(),
                         Default::default(),

@@ -475,7 +475,7 @@ fn join_token_single_use() {
     let server = start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let token = rt
-        .block_on(skiff_control_plane::join::create_token(
+        .block_on(skiff_core::join::create_token(
             &server.kubeconfig,
             std::time::Duration::from_secs(600),
         ))
@@ -497,7 +497,7 @@ fn join_token_single_use() {
     // Joining yields a node identity.
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = rt
-        .block_on(skiff_control_plane::join::bootstrap(&server.url(), &token, "n3", dir.path()))
+        .block_on(skiff_core::join::bootstrap(&server.url(), &token, "n3", dir.path()))
         .expect("joining with the token");
     let node = Kubectl::new(33, &kubeconfig);
     node.ok(&["get", "nodes"]);
@@ -505,7 +505,7 @@ fn join_token_single_use() {
     assert_eq!(can_i(&node, &["patch", "nodes/n3"]), "yes");
     assert_eq!(can_i(&node, &["patch", "nodes/n1"]), "no");
     // ...once.
-    let again = rt.block_on(skiff_control_plane::join::bootstrap(
+    let again = rt.block_on(skiff_core::join::bootstrap(
         &server.url(),
         &token,
         "n4",

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{
     DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Pod, Volume,
 };
 use kube::ResourceExt;
-use skiff_control_plane::scheduler::labels::terms_match;
-use skiff_control_plane::scheduler::volumes::required_terms;
+use skiff_core::labels::terms_match;
+use skiff_core::volumes::required_terms;
 
 use super::containers::{ConfigError, EnvSources, field_value};
 use crate::config::AgentConfig;

@@ -22,9 +22,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use skiff_control_plane::apiserver::proxy::{
-    FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades,
-};
+use skiff_core::streaming::{FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades};
 
 use super::{Body, find_containers, logs::parse_bool, spdy, text, websocket};
 use crate::runtime::{Runtime, api};

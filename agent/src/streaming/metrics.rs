@@ -1,6 +1,6 @@
 //! `GET /metrics/resource`: the node's and its containers' CPU time and working set, in the
 //! kubelet's resource metrics format
-//! ([`skiff_control_plane::machinery::resource_metrics`]), which the apiserver scrapes for
+//! ([`skiff_core::resource_metrics`]), which the apiserver scrapes for
 //! `metrics.k8s.io` (`kubectl top`).
 //!
 //! Containers' readings come from the runtime (CRI `ListContainerStats`); the node's from
@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use skiff_control_plane::machinery::resource_metrics::{ContainerUsage, NodeScrape, Usage};
+use skiff_core::resource_metrics::{ContainerUsage, NodeScrape, Usage};
 
 use crate::runtime::{self, Runtime, api};
 

@@ -319,7 +319,7 @@ async fn handle<R: Runtime>(
         }
         (&Method::GET, ["metrics", "resource"]) => {
             let scrape = metrics::scrape(&state.runtime).await;
-            let body = skiff_control_plane::machinery::resource_metrics::render(&scrape);
+            let body = skiff_core::resource_metrics::render(&scrape);
             let mut resp = text(StatusCode::OK, body);
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,

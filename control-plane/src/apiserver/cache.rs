@@ -14,9 +14,9 @@ use tokio::sync::{broadcast, watch};
 
 use super::registry::{Registry, ResourceType};
 use super::selectors::Labels;
-use crate::machinery::MemberName;
-use crate::machinery::ValueAt;
 use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
+use skiff_core::json::MemberName;
+use skiff_core::json::ValueAt;
 
 /// Live events buffered per watcher before it is cut off as too slow (and sent a 410 that
 /// makes it list again), for the resources written in bursts: every pod of a rollout or a

@@ -98,7 +98,7 @@ fn lease_health(lease: &str, obj: &Value, now: DateTime<Utc>) -> Result<(), Stri
         .map(|t| t.with_timezone(&Utc));
     let duration = spec.get("leaseDurationSeconds").and_then(Value::as_i64).unwrap_or(0);
     match renewed {
-        Some(at) if crate::time::chrono_add_secs(at, duration) >= now => Ok(()),
+        Some(at) if skiff_core::time::chrono_add_secs(at, duration) >= now => Ok(()),
         Some(at) => Err(format!(
             "{holder} last renewed the kube-system/{lease} Lease at {}, more than {duration}s ago",
             at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

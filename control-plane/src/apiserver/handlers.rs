@@ -27,10 +27,10 @@ use super::{
     ApiServer, admission as plugins, bytes_response, componentstatus, json_response, metrics_api,
     watch,
 };
-use crate::machinery::ValueAt;
 use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, jsonpatch, schema, strategic};
 use crate::store::{self, KeyValue, Revision, StoreExt};
+use skiff_core::json::ValueAt;
 
 mod eviction;
 mod quota;
@@ -1833,7 +1833,7 @@ async fn delete(
                                 .and_then(Value::as_i64)
                                 .unwrap_or(i64::MAX))
                 {
-                    let when = crate::time::chrono_add_secs(chrono::Utc::now(), grace);
+                    let when = skiff_core::time::chrono_add_secs(chrono::Utc::now(), grace);
                     meta.insert(
                         "deletionTimestamp".into(),
                         json!(when.format("%Y-%m-%dT%H:%M:%SZ").to_string()),

@@ -26,8 +26,8 @@ use super::request::{Query, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
 use super::{ApiServer, proxy};
-use crate::machinery::admission::quantity;
-use crate::machinery::resource_metrics::{self, NodeScrape, Usage};
+use skiff_core::quantity;
+use skiff_core::resource_metrics::{self, NodeScrape, Usage};
 
 pub const GROUP: &str = "metrics.k8s.io";
 
@@ -382,7 +382,7 @@ impl ApiServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machinery::resource_metrics::ContainerUsage;
+    use skiff_core::resource_metrics::ContainerUsage;
 
     fn usage(cpu: f64, memory: u64, ts: i64) -> Usage {
         Usage::sampled_at(cpu, memory, ts)

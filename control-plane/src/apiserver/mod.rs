@@ -116,7 +116,7 @@ pub struct ApiServer {
     pub auth: authn::Auth,
     /// The supervised components running beside the apiserver (controllers, scheduler):
     /// their failures show in /healthz, /readyz and /metrics.
-    pub components: Arc<crate::supervisor::ComponentHealth>,
+    pub components: Arc<skiff_core::supervisor::ComponentHealth>,
     /// Permits for requests with large bodies (see `HEAVY_BODY`).
     pub heavy: tokio::sync::Semaphore,
 }

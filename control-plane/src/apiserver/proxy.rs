@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
@@ -23,6 +23,7 @@ use super::ApiServer;
 use super::registry::str_at;
 use super::request::{Query, RequestInfo};
 use super::status::{ApiError, ApiResult};
+use skiff_core::streaming::{FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades};
 
 /// The kubelet's default port, when a Node does not advertise one.
 const DEFAULT_KUBELET_PORT: u16 = 10250;
@@ -33,27 +34,6 @@ const FETCH_LIMIT: usize = 16 << 20;
 
 /// How long reaching an agent (TCP and TLS) may take.
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Upgrade request headers the agent (and behind it the runtime's stream server) needs;
-/// the agent forwards the same to the runtime.
-pub const FORWARDED_REQUEST: &[&str] = &[
-    "connection",
-    "upgrade",
-    "x-stream-protocol-version",
-    "sec-websocket-key",
-    "sec-websocket-version",
-    "sec-websocket-protocol",
-    "origin",
-];
-
-/// Upgrade response headers that go back to the client.
-pub const FORWARDED_RESPONSE: &[&str] = &[
-    "connection",
-    "upgrade",
-    "x-stream-protocol-version",
-    "sec-websocket-accept",
-    "sec-websocket-protocol",
-];
 
 /// Log options passed through to the agent.
 const LOG_PARAMS: &[&str] =
@@ -415,36 +395,6 @@ async fn upgrade(
     copy_headers(resp.headers(), out.headers_mut(), FORWARDED_RESPONSE);
     splice_upgrades(on_upgrade, hyper::upgrade::on(&mut resp));
     Ok(out)
-}
-
-/// Once both the client's and the upstream's connection have switched protocols, splices
-/// them on a task of its own until either ends. The agent splices its exec upgrades to the
-/// runtime's stream server the same way.
-pub fn splice_upgrades(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    tokio::spawn(async move {
-        let (client, upstream) = match tokio::join!(client, upstream) {
-            (Ok(c), Ok(u)) => (c, u),
-            (c, u) => {
-                tracing::debug!(client = ?c.err(), upstream = ?u.err(), "exec upgrade failed");
-                return;
-            }
-        };
-        let mut client = TokioIo::new(client);
-        let mut upstream = TokioIo::new(upstream);
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            tracing::debug!(error = %e, "exec stream ended");
-        }
-    });
-}
-
-/// Copies every value of the headers `names` from `from` to `to`.
-pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, names: &[&'static str]) {
-    for name in names {
-        let name = HeaderName::from_static(name);
-        for v in from.get_all(&name) {
-            to.append(name.clone(), v.clone());
-        }
-    }
 }
 
 #[cfg(test)]

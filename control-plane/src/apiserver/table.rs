@@ -5,8 +5,8 @@ use serde_json::{Value, json};
 
 use super::handlers::partial_metadata;
 use super::registry::{ResourceType, str_at};
-use crate::machinery::ValueAt;
-use crate::machinery::admission::quantity::Quantity;
+use skiff_core::json::ValueAt;
+use skiff_core::quantity::Quantity;
 
 struct Col {
     name: &'static str,

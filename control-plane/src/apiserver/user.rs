@@ -12,20 +12,7 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// Well-known users and groups (upstream names).
-pub mod names {
-    pub const ANONYMOUS: &str = "system:anonymous";
-    pub const UNAUTHENTICATED: &str = "system:unauthenticated";
-    pub const AUTHENTICATED: &str = "system:authenticated";
-    pub const MASTERS: &str = "system:masters";
-    pub const NODES: &str = "system:nodes";
-    pub const NODE_PREFIX: &str = "system:node:";
-    pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
-    pub const SERVICE_ACCOUNTS: &str = "system:serviceaccounts";
-    pub const BOOTSTRAPPERS: &str = "system:bootstrappers";
-    /// The identity of in-process components calling through `ApiServer::client()`.
-    pub const APISERVER: &str = "system:apiserver";
-}
+pub use skiff_core::names;
 
 impl UserInfo {
     pub fn new(name: impl Into<String>, groups: &[&str]) -> Self {

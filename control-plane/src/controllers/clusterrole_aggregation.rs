@@ -1,6 +1,6 @@
 //! The ClusterRole aggregation controller (upstream `clusterrole-aggregation`): the rules
 //! of a ClusterRole with an `aggregationRule` are kept equal to the rules of the
-//! ClusterRoles it selects ([`crate::machinery::rbac::aggregated_rules`]). Any ClusterRole
+//! ClusterRoles it selects ([`skiff_core::rbac::aggregated_rules`]). Any ClusterRole
 //! change re-queues every aggregated one, since a label or a rule anywhere may change what
 //! they gather, and aggregated roles may select each other.
 
@@ -60,7 +60,7 @@ async fn reconcile(
     all: &[ClusterRole],
     ctx: &Context,
 ) -> Result<Action, Error> {
-    let Some(rules) = crate::machinery::rbac::aggregated_rules(role, all) else {
+    let Some(rules) = skiff_core::rbac::aggregated_rules(role, all) else {
         return Ok(Action::await_change());
     };
     if role.rules.as_deref().unwrap_or_default() == rules.as_slice() {

@@ -19,10 +19,10 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
-use crate::machinery::cron::Schedule;
+use skiff_core::cron::Schedule;
+use skiff_core::events::EventType;
 
 /// The annotation a Job gets with the time it was scheduled for (RFC 3339, in the
 /// CronJob's time zone).

@@ -25,12 +25,12 @@ use kube::runtime::watcher;
 
 use super::Context;
 use super::deployment::scaled_value;
-use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
-use crate::scheduler::labels;
+use skiff_core::events::EventType;
+use skiff_core::labels;
 
 /// Errors of one DaemonSet reconcile.
 #[derive(Debug, thiserror::Error)]

@@ -21,10 +21,10 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::Context;
-use super::events::EventType;
 use super::hash::{self, POD_TEMPLATE_HASH};
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
+use skiff_core::events::EventType;
 
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
 pub const REVISION_HISTORY: &str = "deployment.kubernetes.io/revision-history";
@@ -665,7 +665,7 @@ impl Reconcile {
             && c.reason.as_deref() != Some("ProgressDeadlineExceeded")
         {
             let last = c.last_update_time.as_ref().map(|t| t.0).unwrap_or(now);
-            let due = crate::time::add_secs(last, i64::from(deadline));
+            let due = skiff_core::time::add_secs(last, i64::from(deadline));
             if due <= now {
                 let msg = format!("ReplicaSet \"{new_name}\" has timed out progressing.");
                 set_condition(

@@ -23,9 +23,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
+use skiff_core::events::EventType;
 
 /// Upstream's `DeletionTimeout`: how long an evicted pod may take to be deleted before the
 /// budget counts it again.

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
-use crate::supervisor::{ReconcileError, catch_reconcile};
+use skiff_core::supervisor::{ReconcileError, catch_reconcile};
 
 /// What a watch saw.
 pub enum Change<'a, K> {
@@ -112,7 +112,7 @@ impl Retries {
 /// recorder and per-object retries.
 pub struct WorkloadCtx {
     pub client: kube::Client,
-    pub recorder: super::events::EventRecorder,
+    pub recorder: skiff_core::events::EventRecorder,
     /// Per-object exponential backoff after failed reconciles.
     pub retries: Retries,
 }
@@ -121,7 +121,7 @@ impl WorkloadCtx {
     /// A context whose events come from `component` (e.g. `deployment-controller`).
     pub fn new(client: kube::Client, component: &str) -> Arc<WorkloadCtx> {
         Arc::new(WorkloadCtx {
-            recorder: super::events::EventRecorder::new(client.clone(), component),
+            recorder: skiff_core::events::EventRecorder::new(client.clone(), component),
             retries: Retries::default(),
             client,
         })

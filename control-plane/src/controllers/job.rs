@@ -35,9 +35,9 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
+use skiff_core::events::EventType;
 
 /// Errors of one Job reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -401,7 +401,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             return Ok(Action::await_change());
         };
         let finished_at = c.last_transition_time.as_ref().map(|t| t.0).unwrap_or(now);
-        let at = crate::time::add_secs(finished_at, i64::from(ttl));
+        let at = skiff_core::time::add_secs(finished_at, i64::from(ttl));
         if at > now {
             let wait = u64::try_from(now.duration_until(at).as_secs()).unwrap_or(0) + 1;
             return Ok(Action::requeue(Duration::from_secs(wait)));
@@ -535,8 +535,10 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         status.start_time = Some(Time(now));
     }
     let start = status.start_time.as_ref().map(|t| t.0);
-    let deadline_at =
-        spec.active_deadline_seconds.zip(start).map(|(s, start)| crate::time::add_secs(start, s));
+    let deadline_at = spec
+        .active_deadline_seconds
+        .zip(start)
+        .map(|(s, start)| skiff_core::time::add_secs(start, s));
     let deadline_passed = deadline_at.is_some_and(|d| d <= now);
 
     let target_reached = condition(&status, "FailureTarget").is_some()

@@ -24,14 +24,11 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::volume::{Error, api_err};
+use skiff_core::events::EventType;
+pub use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, unsupported};
 
-/// The provisioner name classes name to be served here.
-pub const PROVISIONER: &str = "skiff.dev/local-path";
-/// The node the scheduler chose for a claim's first pod.
-pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Who provisioned a volume (upstream's annotation; the binder leaves the deletion of such
 /// volumes to their provisioner).
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
@@ -163,22 +160,6 @@ fn volume_for(
             "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
                          "namespace": ns, "name": name, "uid": uid},
         },
-    })
-}
-
-/// Why the provisioner cannot serve `pvc` (its ProvisioningFailed message), if it cannot:
-/// it gives single-node access to a directory. The scheduler keeps such a claim's pods
-/// pending with the same words.
-pub fn unsupported(pvc: &PersistentVolumeClaim) -> Option<String> {
-    let spec = pvc.spec.as_ref()?;
-    if spec.volume_mode.as_deref() == Some("Block") {
-        return Some("skiff.dev/local-path provides Filesystem volumes only".into());
-    }
-    let modes = spec.access_modes.as_deref().unwrap_or_default();
-    modes.iter().find(|m| !matches!(m.as_str(), "ReadWriteOnce" | "ReadWriteOncePod")).map(|m| {
-        format!(
-            "skiff.dev/local-path does not support access mode {m}: only ReadWriteOnce and ReadWriteOncePod"
-        )
     })
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kube::Client;
 
-use crate::supervisor::{self, ComponentHealth, Supervision};
+use skiff_core::supervisor::{self, ComponentHealth, Supervision};
 
 pub mod clusterrole_aggregation;
 pub mod cronjob;
@@ -18,8 +18,9 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
+#[cfg(test)]
+mod event_recorder_tests;
 pub mod event_ttl;
-pub mod events;
 pub mod garbage_collector;
 pub mod hash;
 pub mod history;
@@ -43,7 +44,7 @@ pub mod volume_protection;
 #[cfg(test)]
 mod workload_tests;
 
-use crate::apiserver::alloc::Cidr;
+use skiff_core::cidr::Cidr;
 
 /// A count for a status field upstream's Go type leaves out when zero (`omitempty` on a
 /// plain integer): `None` for 0, so the status compares equal to what is stored.

@@ -15,9 +15,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
 use super::informer::{Change, informer};
-use crate::apiserver::alloc::Cidr;
+use skiff_core::cidr::Cidr;
+use skiff_core::events::{EventRecorder, EventType};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

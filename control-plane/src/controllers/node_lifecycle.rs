@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Context;
-use super::events::{EventRecorder, EventType};
 use super::informer::{Change, informer};
+use skiff_core::events::{EventRecorder, EventType};
 
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";

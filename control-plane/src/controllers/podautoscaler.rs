@@ -32,10 +32,10 @@ use kube::api::{
 use serde_json::{Value, json};
 
 use super::Context;
-use super::events::{EventRecorder as Recorder, EventType};
 use crate::machinery::admission::autoscaling::{default_scale_down, default_scale_up};
-use crate::machinery::admission::quantity::{self, Quantity};
-use crate::machinery::cron::go_duration_nanos;
+use skiff_core::cron::go_duration_nanos;
+use skiff_core::events::{EventRecorder as Recorder, EventType};
+use skiff_core::quantity::{self, Quantity};
 
 /// Utilization changes within this fraction of the target do not rescale
 /// (`--horizontal-pod-autoscaler-tolerance`).
@@ -265,7 +265,7 @@ fn rules(given: Option<&HPAScalingRules>, defaults: Value) -> HPAScalingRules {
 
 /// Sum of the changes within `period` seconds before `now`.
 fn changed_within(events: &[Timed], now: Timestamp, period: i32) -> i32 {
-    let since = crate::time::sub_secs(now, i64::from(period));
+    let since = skiff_core::time::sub_secs(now, i64::from(period));
     events.iter().filter(|e| e.at > since).fold(0i32, |sum, e| sum.saturating_add(e.value))
 }
 
@@ -390,9 +390,9 @@ fn window_bounds(
     down: i32,
 ) -> (i32, i32) {
     let longest = i64::from(up.max(down));
-    history.recommendations.retain(|r| r.at > crate::time::sub_secs(now, longest));
+    history.recommendations.retain(|r| r.at > skiff_core::time::sub_secs(now, longest));
     let within = |window: i32| {
-        let since = crate::time::sub_secs(now, i64::from(window));
+        let since = skiff_core::time::sub_secs(now, i64::from(window));
         history.recommendations.iter().filter(move |r| r.at > since).map(|r| r.value)
     };
     let up_to = within(up).chain([proposed]).min().unwrap_or(proposed);
@@ -533,17 +533,20 @@ fn cpu_unready(pod: &Pod, metric: Option<&Value>, now: Timestamp) -> bool {
         return true;
     };
     let transition = ready.last_transition_time.as_ref().map(|t| t.0).unwrap_or(start.0);
-    let after = |d: Duration| crate::time::add_std(start.0, d);
+    let after = |d: Duration| skiff_core::time::add_std(start.0, d);
     let starting = after(CPU_INITIALIZATION_PERIOD) > now;
     if starting {
         let window_start = metric.and_then(|m| {
             let at = m.get("timestamp")?.as_str()?.parse::<Timestamp>().ok()?;
             let window = go_duration_nanos(m.get("window")?.as_str()?)?;
-            Some(crate::time::add(at, -SignedDuration::from_nanos(i64::try_from(window).ok()?)))
+            Some(skiff_core::time::add(
+                at,
+                -SignedDuration::from_nanos(i64::try_from(window).ok()?),
+            ))
         });
         ready.status == "False" || window_start.is_some_and(|w| w < transition)
     } else {
-        let never_ready = transition < crate::time::add_std(start.0, INITIAL_READINESS_DELAY);
+        let never_ready = transition < skiff_core::time::add_std(start.0, INITIAL_READINESS_DELAY);
         ready.status == "False" && never_ready
     }
 }
@@ -810,7 +813,7 @@ async fn sync(
         }
     }
     // Rescales older than the longest policy period are no longer needed.
-    let keep = crate::time::sub_secs(now, 1800);
+    let keep = skiff_core::time::sub_secs(now, 1800);
     history.scale_ups.retain(|e| e.at > keep);
     history.scale_downs.retain(|e| e.at > keep);
     let status =

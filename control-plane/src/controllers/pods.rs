@@ -61,8 +61,8 @@ pub fn now() -> Timestamp {
     let (wall, mono) = *ANCHOR.get_or_init(|| (Timestamp::now(), std::time::Instant::now()));
     let t = tokio::time::Instant::now().into_std();
     match t.checked_duration_since(mono) {
-        Some(ahead) => crate::time::add_std(wall, ahead),
-        None => crate::time::add(
+        Some(ahead) => skiff_core::time::add_std(wall, ahead),
+        None => skiff_core::time::add(
             wall,
             -k8s_openapi::jiff::SignedDuration::try_from(mono.duration_since(t))
                 .unwrap_or_default(),
@@ -77,7 +77,7 @@ pub fn selector_matches(
     selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
 ) -> bool {
-    selector.is_some_and(|sel| crate::machinery::admission::selector_matches(sel, labels))
+    selector.is_some_and(|sel| skiff_core::labels::label_selector_matches(sel, labels))
 }
 
 /// The controller ownerReference of an object, if any.
@@ -136,7 +136,7 @@ pub fn is_available(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> bool {
         None => false,
         Some(_) if min_ready_seconds <= 0 => true,
         Some(None) => false,
-        Some(Some(since)) => crate::time::add_secs(since, i64::from(min_ready_seconds)) <= now,
+        Some(Some(since)) => skiff_core::time::add_secs(since, i64::from(min_ready_seconds)) <= now,
     }
 }
 
@@ -147,7 +147,7 @@ pub fn until_available(
     now: Timestamp,
 ) -> Option<std::time::Duration> {
     let since = ready_since(pod)??;
-    let at = crate::time::add_secs(since, i64::from(min_ready_seconds));
+    let at = skiff_core::time::add_secs(since, i64::from(min_ready_seconds));
     (at > now).then(|| {
         std::time::Duration::from_secs((now.duration_until(at).as_secs() + 1).max(1) as u64)
     })

@@ -16,9 +16,9 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
+use skiff_core::events::EventType;
 
 /// Errors of one ReplicaSet reconcile.
 #[derive(Debug, thiserror::Error)]

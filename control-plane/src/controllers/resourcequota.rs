@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use super::Context;
 use super::pods;
 use crate::apiserver::registry::Registry;
-use crate::machinery::admission::quantity::Quantity;
-use crate::machinery::quota::{self, Usage};
+use skiff_core::quantity::Quantity;
+use skiff_core::quota::{self, Usage};
 
 /// Upstream's full resync period of quotas.
 const RESYNC: Duration = Duration::from_secs(300);

@@ -35,11 +35,11 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::Context;
-use super::events::EventType;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods::{self, PodName};
+use skiff_core::events::EventType;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";

@@ -23,10 +23,10 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::Context;
-use super::events::EventType;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
 use crate::scheduler::resources::parse_quantity;
+use skiff_core::events::EventType;
 
 /// How often a pending claim looks for a volume again (upstream's resync period).
 const PENDING_RESYNC: Duration = Duration::from_secs(15);

@@ -19,7 +19,7 @@ use serde_json::json;
 use super::Context;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::volume::Error;
-use crate::apiserver::admission::{PV_PROTECTION, PVC_PROTECTION};
+use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
 
 /// Run both controllers until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {

@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 
-use super::labels::{Labels, labels_of};
 use super::resources::{Resources, node_allocatable, pod_requests};
+use skiff_core::labels::{Labels, labels_of};
 
 /// `namespace/name`.
 pub type PodKey = String;

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::cache::{Cache, NodeInfo, PodInfo};
-use super::labels::{Labels, selector_matches, terms_match, tolerated};
 use super::resources::Resources;
+use skiff_core::labels::{Labels, selector_matches, terms_match, tolerated};
 
 /// Why a node does not fit, worded as upstream's plugins word it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

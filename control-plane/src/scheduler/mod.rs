@@ -9,7 +9,6 @@
 
 pub mod cache;
 pub mod filters;
-pub mod labels;
 pub mod preemption;
 pub mod queue;
 pub mod resources;
@@ -35,11 +34,11 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info_span, warn};
 
-use crate::controllers::events::{EventRecorder, EventType, WriteOptions};
 use cache::{Cache, PodInfo, PodKey};
 use filters::{PodState, Reason, filter, fit_error_message};
 use queue::SchedulingQueue;
 use resources::Resources;
+use skiff_core::events::{EventRecorder, EventType, WriteOptions};
 use volumes::VolumeCache;
 use watched::WatchedPod;
 

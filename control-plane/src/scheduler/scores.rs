@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::cache::{Cache, NodeInfo};
 use super::filters::{PodState, term_selects};
-use super::labels::{term_matches, tolerated};
+use skiff_core::labels::{term_matches, tolerated};
 
 pub const MAX_SCORE: i64 = 100;
 

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-use crate::controllers::local_path::{PROVISIONER, SELECTED_NODE, unsupported};
+use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, required_terms, unsupported};
 
 use super::cache::PodInfo;
 
@@ -79,13 +79,6 @@ fn on_node(node: &str) -> Vec<NodeSelectorTerm> {
         }]),
         match_fields: None,
     }]
-}
-
-/// A volume's required node affinity terms (none: any node), as the scheduler and the
-/// node agent check them.
-pub fn required_terms(pv: &PersistentVolume) -> &[NodeSelectorTerm] {
-    let required = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()?.required.as_ref());
-    required.map_or(&[], |r| r.node_selector_terms.as_slice())
 }
 
 fn claim_key(ns: &str, name: &str) -> String {

@@ -18,7 +18,7 @@ use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDes
 use serde::de::{DeserializeSeed, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::machinery::MemberName;
+use skiff_core::json::MemberName;
 
 /// A [`Pod`] whose managed fields and volumes other than claims were skipped while
 /// decoding (the rest is as sent).

@@ -9,8 +9,8 @@ use serde_json::{Map, Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
-use crate::machinery::ValueAt;
-use crate::machinery::admission::quantity::{Quantity, canonical};
+use skiff_core::json::ValueAt;
+use skiff_core::quantity::{Quantity, canonical};
 
 const ANNOTATION: &str = "kubernetes.io/limit-ranger";
 
@@ -202,7 +202,7 @@ fn pod_totals(pod: &Value, which: &str) -> Amounts {
     total
         .into_iter()
         .map(|(k, q)| {
-            let shown = crate::machinery::quota::format(&k, q);
+            let shown = skiff_core::quota::format(&k, q);
             (k, q, shown)
         })
         .collect()

@@ -26,13 +26,13 @@ pub use self::namespace::NamespaceLifecycle;
 pub use self::noderestriction::NodeRestriction;
 pub use self::priority::Priority;
 pub use self::serviceaccount::ServiceAccount;
-pub use self::storage_protection::{PV_PROTECTION, PVC_PROTECTION, StorageObjectInUseProtection};
+pub use self::storage_protection::StorageObjectInUseProtection;
 pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
 use super::ApiServer;
 use super::registry::ResourceType;
 use super::status::ApiResult;
 use super::user::{UserInfo, names};
-use crate::machinery::ValueAt;
+use skiff_core::json::ValueAt;
 
 tokio::task_local! {
     /// The user of the request being served (set by the dispatcher for the request's task).

@@ -11,7 +11,7 @@ use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::user::{UserInfo, names};
-use crate::machinery::ValueAt;
+use skiff_core::json::ValueAt;
 
 /// Labels only an administrator may set on a Node.
 pub const RESTRICTED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/";

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
-use crate::machinery::ValueAt;
+use skiff_core::json::ValueAt;
 
 /// Where the token volume is mounted (upstream `DefaultAPITokenMountPath`).
 pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -11,8 +11,7 @@ use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
 
-pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
-pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
 
 pub struct StorageObjectInUseProtection;
 

@@ -13,7 +13,7 @@ use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::user::{UserInfo, names};
 use crate::store::StoreExt;
 
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub use skiff_core::join::KUBELET_CLIENT_SIGNER;
 /// Validity of node client certificates (upstream's default signing duration: one year).
 const VALID_DAYS: i64 = 365;
 

@@ -2,6 +2,9 @@
 //! CSV format) and bootstrap join tokens (`<id>.<secret>`, Secrets of type
 //! `bootstrap.kubernetes.io/token` in kube-system).
 
+pub use skiff_core::join::{
+    BOOTSTRAP_SECRET_PREFIX, BOOTSTRAP_SECRET_TYPE, new_bootstrap_token, parse_bootstrap,
+};
 use std::path::Path;
 
 use base64::Engine;
@@ -83,18 +86,6 @@ fn csv_fields(line: &str) -> Vec<String> {
     fields
 }
 
-/// `<6 [a-z0-9]>.<16 [a-z0-9]>`: a bootstrap token's id and secret.
-pub fn parse_bootstrap(token: &str) -> Option<(&str, &str)> {
-    let (id, secret) = token.split_once('.')?;
-    let ok = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    (ok(id, 6) && ok(secret, 16)).then_some((id, secret))
-}
-
-pub const BOOTSTRAP_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
-pub const BOOTSTRAP_SECRET_PREFIX: &str = "bootstrap-token-";
-
 /// A string field of a Secret, from `data` (base64) or `stringData`.
 fn secret_field(secret: &Value, key: &str) -> Option<String> {
     if let Some(v) = secret.pointer(&format!("/data/{key}")).and_then(Value::as_str) {
@@ -153,37 +144,6 @@ pub fn authenticate_bootstrap(server: &ApiServer, id: &str, secret: &str) -> Opt
         );
     }
     Some(UserInfo { name: format!("system:bootstrap:{id}"), groups, ..Default::default() })
-}
-
-/// A fresh random bootstrap token and the Secret that makes it valid for `ttl`.
-pub fn new_bootstrap_token(ttl: std::time::Duration) -> (String, Value) {
-    use ring::rand::SecureRandom;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let rng = ring::rand::SystemRandom::new();
-    let mut buf = [0u8; 22];
-    // SystemRandom only fails when the OS has no entropy source at all.
-    if rng.fill(&mut buf).is_err() {
-        buf.iter_mut().enumerate().for_each(|(i, b)| *b = uuid::Uuid::new_v4().as_bytes()[i % 16]);
-    }
-    let s: String = buf.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
-    let (id, secret) = s.split_at(6);
-    let expiration = (chrono::Utc::now()
-        + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::hours(24)))
-    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let obj = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": format!("{BOOTSTRAP_SECRET_PREFIX}{id}"), "namespace": "kube-system"},
-        "type": BOOTSTRAP_SECRET_TYPE,
-        "stringData": {
-            "token-id": id,
-            "token-secret": secret,
-            "expiration": expiration,
-            "usage-bootstrap-authentication": "true",
-            "description": "skiff join token (single use: node client certificate)",
-        }
-    });
-    (format!("{id}.{secret}"), obj)
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ fn user_facing_roles() -> Vec<Value> {
     ];
     let mut typed: Vec<k8s_openapi::api::rbac::v1::ClusterRole> =
         roles.iter().filter_map(|r| serde_json::from_value(r.clone()).ok()).collect();
-    crate::machinery::rbac::aggregate_all(&mut typed);
+    skiff_core::rbac::aggregate_all(&mut typed);
     for (value, typed) in roles.iter_mut().zip(&typed) {
         value["rules"] = json!(typed.rules.clone().unwrap_or_default());
     }

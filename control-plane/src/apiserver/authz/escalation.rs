@@ -21,7 +21,7 @@ use crate::apiserver::admission::{AdmissionRequest, Operation, Resource, Validat
 use crate::apiserver::authn::AuthorizationMode;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::user::{UserInfo, names};
-use crate::machinery::ValueAt;
+use skiff_core::json::ValueAt;
 
 /// The validating step that refuses escalating RBAC writes.
 pub struct RbacEscalation;

@@ -133,7 +133,7 @@ pub fn decide(server: &ApiServer, a: &Attributes) -> Decision {
         && a.resource == "configmaps"
         && a.subresource.is_empty()
         && a.namespace == "kube-public"
-        && a.name == crate::join::CLUSTER_INFO
+        && a.name == skiff_core::join::CLUSTER_INFO
     {
         return Decision::Allow;
     }

@@ -12,8 +12,8 @@ use super::{ApiServer, CACHE_WAIT, Query, ResourceType, Writer};
 use super::{delete, get_object, guaranteed_update, meta_str, now};
 use crate::apiserver::negotiate;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::machinery::ValueAt;
 use crate::store::Revision;
+use skiff_core::json::ValueAt;
 
 /// Upstream's `EvictionsRetry` steps: how often an eviction reads the pod and its budget
 /// again after a conflicting write.
@@ -242,7 +242,7 @@ async fn budgets_of(
             let selector = pdb.at(&["spec", "selector"]).filter(|s| !s.is_null());
             selector
                 .and_then(|s| serde_json::from_value(s.clone()).ok())
-                .is_some_and(|s| crate::machinery::admission::selector_matches(&s, &labels))
+                .is_some_and(|s| skiff_core::labels::label_selector_matches(&s, &labels))
         })
         .collect())
 }

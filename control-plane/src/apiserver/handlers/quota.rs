@@ -13,9 +13,9 @@ use super::{Writer, guaranteed_update, now};
 use crate::apiserver::ApiServer;
 use crate::apiserver::registry::ResourceType;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::machinery::ValueAt;
-use crate::machinery::admission::quantity::Quantity;
-use crate::machinery::quota::{self, Usage};
+use skiff_core::json::ValueAt;
+use skiff_core::quantity::Quantity;
+use skiff_core::quota::{self, Usage};
 
 const MANAGER: &str = "kube-apiserver";
 

@@ -16,9 +16,9 @@ use super::field::{ErrorList, FieldError, Path, go_string_map, json_value};
 use super::meta::{self, FIELD_IMMUTABLE, NEGATIVE, nonnegative};
 use super::names;
 use super::pod;
-use super::quantity;
 use super::value::{self, Obj, default, default_ptr, ensure};
 use super::{Gvk, typed, validate_meta};
+use skiff_core::quantity;
 
 // ---------------------------------------------------------------------------------------
 // Defaulting
@@ -296,14 +296,16 @@ pub fn validate(kind: &str, sub: Option<&str>, new: &Value, old: Option<&Value>)
             let tlabels = spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
             let empty_labels = Default::default();
             let sel = selector_if_present(new, &spec.selector);
-            if !sel.is_some_and(|s| meta::selector_matches(s, tlabels.unwrap_or(&empty_labels))) {
+            if !sel.is_some_and(|s| {
+                skiff_core::labels::label_selector_matches(s, tlabels.unwrap_or(&empty_labels))
+            }) {
                 errs.push(FieldError::invalid(
                     &sp.child("template").child("metadata").child("labels"),
                     go_string_map(tlabels),
                     "`selector` does not match template `labels`",
                 ));
             }
-            if meta::selector_is_empty(&spec.selector) {
+            if skiff_core::labels::selector_is_empty(&spec.selector) {
                 errs.push(FieldError::invalid(
                     &sp.child("selector"),
                     json_value(&spec.selector),
@@ -417,7 +419,7 @@ fn validate_selector(sel: Option<&LabelSelector>, what: &str, path: &Path, errs:
         None => errs.push(FieldError::required(path, "")),
         Some(sel) => {
             errs.extend(meta::validate_label_selector(sel, path));
-            if meta::selector_is_empty(sel) {
+            if skiff_core::labels::selector_is_empty(sel) {
                 errs.push(FieldError::invalid(
                     path,
                     json_value(sel),
@@ -452,7 +454,8 @@ fn template_for_replica_set(
     let empty = Default::default();
     // A missing selector selects nothing (upstream `labels.Nothing()`), an empty one all.
     let matches = sel.is_some_and(|s| {
-        meta::selector_is_empty(s) || meta::selector_matches(s, labels.unwrap_or(&empty))
+        skiff_core::labels::selector_is_empty(s)
+            || skiff_core::labels::label_selector_matches(s, labels.unwrap_or(&empty))
     });
     if !matches {
         errs.push(FieldError::invalid(
@@ -672,7 +675,8 @@ fn validate_sts_spec(
     let labels = t.metadata.as_ref().and_then(|m| m.labels.as_ref());
     let empty = Default::default();
     let matches = sel.is_some_and(|s| {
-        meta::selector_is_empty(s) || meta::selector_matches(s, labels.unwrap_or(&empty))
+        skiff_core::labels::selector_is_empty(s)
+            || skiff_core::labels::label_selector_matches(s, labels.unwrap_or(&empty))
     });
     if !matches {
         errs.push(FieldError::invalid(

@@ -5,6 +5,7 @@ use k8s_openapi::api::autoscaling::v2::{
     HPAScalingRules, HorizontalPodAutoscaler, MetricSpec, MetricTarget,
 };
 use serde_json::{Value, json};
+pub use skiff_core::autoscaling::{default_scale_down, default_scale_up};
 
 use super::field::{ErrorList, FieldError, Path};
 use super::meta::nonnegative;
@@ -22,29 +23,6 @@ const SELECT_POLICIES: &[&str] = &["Disabled", "Max", "Min"];
 /// Longest stabilization window and policy period upstream allows.
 const MAX_STABILIZATION_WINDOW: i32 = 3600;
 const MAX_PERIOD: i32 = 1800;
-
-/// The scale-up rules upstream fills in (`GenerateHPAScaleUpRules`): no stabilization,
-/// the larger of 4 pods or 100% per 15 s.
-pub fn default_scale_up() -> Value {
-    json!({
-        "stabilizationWindowSeconds": 0,
-        "selectPolicy": "Max",
-        "policies": [
-            {"type": "Pods", "value": 4, "periodSeconds": 15},
-            {"type": "Percent", "value": 100, "periodSeconds": 15},
-        ],
-    })
-}
-
-/// The scale-down rules upstream fills in (`GenerateHPAScaleDownRules`): up to 100% per
-/// 15 s. The stabilization window is left unset: the controller's
-/// `--horizontal-pod-autoscaler-downscale-stabilization` (5 minutes) applies.
-pub fn default_scale_down() -> Value {
-    json!({
-        "selectPolicy": "Max",
-        "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
-    })
-}
 
 /// `SetDefaults_HorizontalPodAutoscaler`: minReplicas 1, an 80% CPU utilization target
 /// when no metric is given, and a given `behavior`'s missing rules and fields.
@@ -235,7 +213,7 @@ fn validate_target(t: &MetricTarget, p: &Path, errs: &mut ErrorList) {
     }
     for (field, q) in [("averageValue", &t.average_value), ("value", &t.value)] {
         if let Some(q) = q
-            && super::quantity::Quantity::parse(&q.0).is_none_or(|v| v.0 <= 0)
+            && skiff_core::quantity::Quantity::parse(&q.0).is_none_or(|v| v.0 <= 0)
         {
             errs.push(FieldError::invalid(&p.child(field), q.0.as_str(), "must be positive"));
         }

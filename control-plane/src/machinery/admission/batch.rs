@@ -283,7 +283,7 @@ fn validate_job_spec(spec: &JobSpec, sp: &Path, with_selector: bool, errs: &mut 
         Some(sel) => {
             errs.extend(meta::validate_label_selector(sel, &sp.child("selector")));
             let empty = Default::default();
-            if !meta::selector_matches(sel, tlabels.unwrap_or(&empty)) {
+            if !skiff_core::labels::label_selector_matches(sel, tlabels.unwrap_or(&empty)) {
                 errs.push(FieldError::invalid(
                     &sp.child("template").child("metadata").child("labels"),
                     go_string_map(tlabels),
@@ -606,7 +606,7 @@ fn validate_generated_selector(job: &Job, require_prefixed: bool, errs: &mut Err
             Some(_) => {}
         }
     }
-    if !meta::selector_matches(sel, &expected) {
+    if !skiff_core::labels::label_selector_matches(sel, &expected) {
         errs.push(FieldError::invalid(
             &Path::root("spec").child("selector"),
             json_value(sel),
@@ -663,7 +663,7 @@ pub fn validate_cronjob(sub: Option<&str>, new: &Value, old: Option<&Value>) -> 
     if spec.schedule.is_empty() {
         errs.push(FieldError::required(&sp.child("schedule"), ""));
     } else {
-        if let Err(e) = crate::machinery::cron::Schedule::parse(&spec.schedule) {
+        if let Err(e) = skiff_core::cron::Schedule::parse(&spec.schedule) {
             errs.push(FieldError::invalid(&sp.child("schedule"), spec.schedule.as_str(), e));
         }
         // Schedules stored with TZ before the timeZone field keep it.

@@ -15,9 +15,9 @@ use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value}
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
 use super::pod::{validate_protocol, validate_taint_effect};
-use super::quantity;
 use super::value::{self, Obj, default, each, ensure};
 use super::{Gvk, typed, validate_meta};
+use skiff_core::quantity;
 
 /// Upstream `MaxSecretSize` (also the ConfigMap limit).
 pub const MAX_SECRET_SIZE: usize = 1024 * 1024;

@@ -276,26 +276,3 @@ pub fn validate_label_selector(sel: &LabelSelector, path: &Path) -> ErrorList {
     }
     errs
 }
-
-/// Whether a label selector selects the given labels (empty selector selects everything).
-pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let ml_ok = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
-    ml_ok
-        && sel.match_expressions.iter().flatten().all(|req| {
-            let values = req.values.as_deref().unwrap_or_default();
-            let have = labels.get(&req.key);
-            match req.operator.as_str() {
-                "In" => have.is_some_and(|h| values.contains(h)),
-                "NotIn" => have.is_none_or(|h| !values.contains(h)),
-                "Exists" => have.is_some(),
-                "DoesNotExist" => have.is_none(),
-                _ => false,
-            }
-        })
-}
-
-/// Whether a selector has no requirements at all.
-pub fn selector_is_empty(sel: &LabelSelector) -> bool {
-    sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && sel.match_expressions.as_ref().is_none_or(|m| m.is_empty())
-}

@@ -35,7 +35,6 @@ mod networking;
 mod other;
 mod pod;
 mod policy;
-pub mod quantity;
 mod scheduling;
 mod service;
 mod storage;
@@ -46,10 +45,8 @@ use serde_json::Value;
 
 pub use field::{FieldError, FieldErrorKind, Path, aggregate};
 use meta::NameRule;
-/// The one label-selector matcher, shared by the controllers and the scheduler.
-pub use meta::selector_matches;
 pub use other::SYSTEM_PRIORITY_CLASSES;
-pub use quantity::canonical as canonical_quantity;
+pub use skiff_core::quantity::canonical as canonical_quantity;
 
 /// The kind of the object handed to admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,52 +302,7 @@ pub fn prepare_for_update(
     Prepared { spec_changed }
 }
 
-/// The status fields of these kinds that upstream's Go types serialize with `omitempty`
-/// from a plain integer: a zero is never stored or served.
-pub const OMITTED_ZERO_STATUS: &[(&str, &str, &[&str])] = &[
-    (
-        "apps",
-        "Deployment",
-        &[
-            "observedGeneration",
-            "replicas",
-            "updatedReplicas",
-            "readyReplicas",
-            "availableReplicas",
-            "unavailableReplicas",
-        ],
-    ),
-    (
-        "apps",
-        "ReplicaSet",
-        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
-    ),
-    (
-        "apps",
-        "StatefulSet",
-        &["observedGeneration", "readyReplicas", "currentReplicas", "updatedReplicas"],
-    ),
-    (
-        "apps",
-        "DaemonSet",
-        &["observedGeneration", "updatedNumberScheduled", "numberAvailable", "numberUnavailable"],
-    ),
-    ("batch", "Job", &["active", "succeeded", "failed"]),
-    ("policy", "PodDisruptionBudget", &["observedGeneration"]),
-    (
-        "",
-        "ReplicationController",
-        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
-    ),
-];
-
-/// The status counts of `group`/`kind` in [`OMITTED_ZERO_STATUS`].
-pub fn omitted_zero_status(group: &str, kind: &str) -> &'static [&'static str] {
-    OMITTED_ZERO_STATUS
-        .iter()
-        .find(|(g, k, _)| *g == group && *k == kind)
-        .map_or(&[], |(_, _, fields)| fields)
-}
+pub use skiff_core::status::{OMITTED_ZERO_STATUS, omitted_zero_status};
 
 /// Drop what upstream's types would not serialize: empty strings, maps and lists in
 /// `metadata` (every ObjectMeta field is `omitempty`; numbers there are pointers and stay),

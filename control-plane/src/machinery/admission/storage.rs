@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use super::field::{ErrorList, FieldError, Path, json_value};
 use super::meta::{self, FIELD_IMMUTABLE};
 use super::names;
-use super::quantity::{self, Quantity};
 use super::value::{Obj, default, ensure};
 use super::{Gvk, typed_pair, validate_meta};
+use skiff_core::quantity::{self, Quantity};
 
 pub const ACCESS_MODES: &[&str] =
     &["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];

@@ -17,7 +17,7 @@ pub fn aggregated_rules(role: &ClusterRole, all: &[ClusterRole]) -> Option<Vec<P
         .filter(|r| r.metadata.name.as_deref().unwrap_or_default() != name)
         .filter(|r| {
             let labels = r.metadata.labels.as_ref().unwrap_or(&no_labels);
-            selectors.iter().any(|s| super::admission::selector_matches(s, labels))
+            selectors.iter().any(|s| crate::labels::label_selector_matches(s, labels))
         })
         .collect();
     selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));

@@ -15,9 +15,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::apiserver::authn::join::KUBELET_CLIENT_SIGNER;
-use crate::apiserver::authn::tokens;
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0:?} is not a bootstrap token (<6 chars>.<16 chars>, lowercase alphanumerics)")]
@@ -108,9 +105,8 @@ pub async fn create_token(admin_kubeconfig: &Path, ttl: Duration) -> Result<Stri
         .ok_or_else(|| Error::ClusterInfo("the admin kubeconfig names no cluster".into()))?;
     let server = cluster.server.clone().unwrap_or_default();
     let ca = cluster.certificate_authority_data.clone().unwrap_or_default();
-    let (token, secret) = tokens::new_bootstrap_token(ttl);
-    let (id, _) =
-        tokens::parse_bootstrap(&token).ok_or_else(|| Error::TokenFormat(token.clone()))?;
+    let (token, secret) = new_bootstrap_token(ttl);
+    let (id, _) = parse_bootstrap(&token).ok_or_else(|| Error::TokenFormat(token.clone()))?;
     let secret: Secret = serde_json::from_value(secret)
         .map_err(|e| Error::ClusterInfo(format!("building the token Secret: {e}")))?;
     Api::<Secret>::namespaced(client.clone(), "kube-system")
@@ -142,7 +138,7 @@ pub async fn bootstrap(
     node_name: &str,
     dir: &Path,
 ) -> Result<PathBuf, Error> {
-    let (id, _) = tokens::parse_bootstrap(token).ok_or_else(|| Error::TokenFormat(token.into()))?;
+    let (id, _) = parse_bootstrap(token).ok_or_else(|| Error::TokenFormat(token.into()))?;
     let url: http::Uri =
         server_url.parse().map_err(|e| Error::ClusterInfo(format!("server URL: {e}")))?;
     // 1. cluster-info, anonymously and without TLS verification: the JWS authenticates it.
@@ -160,13 +156,13 @@ pub async fn bootstrap(
     if !verify_jws(token, id, kubeconfig, jws) {
         return Err(Error::BadSignature);
     }
-    let parsed: Value = serde_yaml_ng::from_str(kubeconfig)
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
         .map_err(|e| Error::ClusterInfo(format!("parsing its kubeconfig: {e}")))?;
     let ca_b64 = parsed
-        .pointer("/clusters/0/cluster/certificate-authority-data")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::ClusterInfo("no certificate-authority-data".into()))?
-        .to_string();
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref()?.certificate_authority_data.clone())
+        .ok_or_else(|| Error::ClusterInfo("no certificate-authority-data".into()))?;
     // 2. A key and a CSR for system:node:<name>.
     let key = rcgen::KeyPair::generate().map_err(Error::Key)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(Error::Key)?;
@@ -231,6 +227,52 @@ fn write_private(path: &Path, content: &str) -> Result<(), Error> {
         .open(path)
         .map_err(err)?;
     f.write_all(content.as_bytes()).map_err(err)
+}
+
+/// The signer of node client certificates (upstream's name).
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// `<6 [a-z0-9]>.<16 [a-z0-9]>`: a bootstrap token's id and secret.
+pub fn parse_bootstrap(token: &str) -> Option<(&str, &str)> {
+    let (id, secret) = token.split_once('.')?;
+    let ok = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    (ok(id, 6) && ok(secret, 16)).then_some((id, secret))
+}
+
+pub const BOOTSTRAP_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+pub const BOOTSTRAP_SECRET_PREFIX: &str = "bootstrap-token-";
+
+/// A fresh random bootstrap token and the Secret that makes it valid for `ttl`.
+pub fn new_bootstrap_token(ttl: std::time::Duration) -> (String, Value) {
+    use ring::rand::SecureRandom;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let rng = ring::rand::SystemRandom::new();
+    let mut buf = [0u8; 22];
+    // SystemRandom only fails when the OS has no entropy source at all.
+    if rng.fill(&mut buf).is_err() {
+        buf.iter_mut().enumerate().for_each(|(i, b)| *b = uuid::Uuid::new_v4().as_bytes()[i % 16]);
+    }
+    let s: String = buf.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
+    let (id, secret) = s.split_at(6);
+    let expiration = (chrono::Utc::now()
+        + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::hours(24)))
+    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let obj = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": format!("{BOOTSTRAP_SECRET_PREFIX}{id}"), "namespace": "kube-system"},
+        "type": BOOTSTRAP_SECRET_TYPE,
+        "stringData": {
+            "token-id": id,
+            "token-secret": secret,
+            "expiration": expiration,
+            "usage-bootstrap-authentication": "true",
+            "description": "skiff join token (single use: node client certificate)",
+        }
+    });
+    (format!("{id}.{secret}"), obj)
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::ValueAt;
-use super::admission::quantity::{Quantity, canonical};
+use crate::json::ValueAt;
+use crate::quantity::{Quantity, canonical};
 
 /// Resource name → amount, as a quota's `hard` and `used` hold them.
 pub type Usage = BTreeMap<String, Quantity>;

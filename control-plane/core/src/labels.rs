@@ -1,6 +1,7 @@
-//! Selector matching of the scheduler: label selectors (matchLabels/matchExpressions),
-//! node selector terms (matchExpressions incl. Gt/Lt, matchFields on metadata.name) and
-//! taint tolerations, as upstream's `labels`, `nodeaffinity` and `v1helper` packages.
+//! Selector matching shared by every component: label selectors (matchLabels and
+//! matchExpressions), node selector terms (matchExpressions incl. Gt/Lt, matchFields on
+//! metadata.name) and taint tolerations, as upstream's `labels`, `nodeaffinity` and
+//! `v1helper` packages.
 
 use std::collections::BTreeMap;
 
@@ -17,10 +18,34 @@ pub fn labels_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMe
     meta.labels.as_ref().unwrap_or(&EMPTY)
 }
 
+/// Whether a label selector selects the given labels, as `metav1.LabelSelectorAsSelector`
+/// (matchLabels and matchExpressions; an empty selector selects everything).
+pub fn label_selector_matches(sel: &LabelSelector, labels: &Labels) -> bool {
+    let ml_ok = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    ml_ok
+        && sel.match_expressions.iter().flatten().all(|req| {
+            let values = req.values.as_deref().unwrap_or_default();
+            let have = labels.get(&req.key);
+            match req.operator.as_str() {
+                "In" => have.is_some_and(|h| values.contains(h)),
+                "NotIn" => have.is_none_or(|h| !values.contains(h)),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                _ => false,
+            }
+        })
+}
+
+/// Whether a selector has no requirements at all.
+pub fn selector_is_empty(sel: &LabelSelector) -> bool {
+    sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && sel.match_expressions.as_ref().is_none_or(|m| m.is_empty())
+}
+
 /// A metav1 LabelSelector against labels. An empty selector matches everything; as in
 /// upstream's pod affinity, `None` matches nothing.
 pub fn selector_matches(selector: Option<&LabelSelector>, labels: &Labels) -> bool {
-    selector.is_some_and(|sel| crate::machinery::admission::selector_matches(sel, labels))
+    selector.is_some_and(|sel| label_selector_matches(sel, labels))
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
