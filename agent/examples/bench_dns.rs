@@ -23,7 +23,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use skiff_agent::dns::{self, DnsConfig};
 use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 use tokio::net::UdpSocket;
 
 const CLIENTS: usize = 32;

@@ -712,7 +712,7 @@ mod tests {
     #[tokio::test]
     async fn registers_heartbeats_and_restores_ready() {
         let api = skiff_control_plane::apiserver::ApiServer::start(
-            Arc::new(skiff_control_plane::store::memory::MemoryStore::new()),
+            Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )
         .await

@@ -496,7 +496,7 @@ pub async fn seed_namespace(client: &kube::Client, namespace: &str) {
 pub async fn apiserver() -> (std::sync::Arc<skiff_control_plane::apiserver::ApiServer>, kube::Client)
 {
     use skiff_control_plane::apiserver::ApiServer;
-    use skiff_control_plane::store::memory::MemoryStore;
+    use skiff_store::memory::MemoryStore;
     let api = ApiServer::start(std::sync::Arc::new(MemoryStore::new()), Default::default())
         .await
         .expect("apiserver");

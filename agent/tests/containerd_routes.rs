@@ -15,7 +15,7 @@ use skiff_agent::network;
 use skiff_agent::runtime::{Runtime, api};
 use skiff_agent::testing::{Lab, NodeRig, NodeRigConfig};
 use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 fn node(name: &str, cidr: &str, ip: &str) -> Node {
     Node {

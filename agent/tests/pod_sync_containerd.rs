@@ -22,7 +22,7 @@ use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::{POD_UID_LABEL, Runtime, api};
 use skiff_agent::testing::{NodeRig, NodeRigConfig};
 use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 const NODE: &str = "ctr-node";
 

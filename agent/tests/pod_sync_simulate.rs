@@ -8,7 +8,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use skiff_agent::simulate::{self, SIMULATED_LABEL, SimulateConfig};
 use skiff_control_plane::apiserver::ApiServer;
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 #[tokio::test]
 async fn simulated_nodes_register_and_run_their_pods() {

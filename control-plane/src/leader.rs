@@ -258,7 +258,7 @@ mod tests {
 
     use super::*;
     use crate::apiserver::ApiServer;
-    use crate::store::memory::MemoryStore;
+    use skiff_store::memory::MemoryStore;
 
     async fn api() -> Arc<ApiServer> {
         ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.unwrap()

@@ -8,4 +8,3 @@ pub mod machinery;
 pub mod pki;
 pub mod scheduler;
 pub mod server;
-pub mod store;

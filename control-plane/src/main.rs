@@ -329,7 +329,7 @@ async fn main() -> Result<()> {
 }
 
 /// Resolves with the reason once the store needs reopening (checked every second).
-async fn store_failure(store: skiff_control_plane::store::DynStore) -> String {
+async fn store_failure(store: skiff_store::DynStore) -> String {
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         if let Some(reason) = store.needs_reopen() {

@@ -14,7 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::apiserver::authn::{AuthConfig, PeerCert};
 use crate::apiserver::{self, ApiConfig, ApiServer};
 use crate::pki::{self, Pki};
-use crate::store::DynStore;
+use skiff_store::DynStore;
 
 /// Which store backs the apiserver.
 #[derive(Debug, Clone)]
@@ -158,9 +158,9 @@ impl Default for ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("opening the store")]
-    Store(#[source] crate::store::Error),
+    Store(#[source] skiff_store::Error),
     #[error("loading the encryption configuration")]
-    Encryption(#[source] crate::store::encryption::Error),
+    Encryption(#[source] skiff_store::encryption::Error),
     #[error("setting up the PKI")]
     Pki(#[from] pki::Error),
     #[error("loading the token file")]
@@ -183,7 +183,7 @@ pub struct Running {
 }
 
 pub async fn open_store(config: &ServerConfig) -> Result<DynStore, Error> {
-    use crate::store::encryption::{EncryptedStore, EncryptionConfig};
+    use skiff_store::encryption::{EncryptedStore, EncryptionConfig};
     let encryption = match (&config.encryption_provider_config, &config.encryption_key_file) {
         (Some(path), _) => Some(EncryptionConfig::from_file(path).map_err(Error::Encryption)?),
         (None, Some(path)) => {
@@ -205,19 +205,18 @@ async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
             // redb's page cache stays small: reads are served from the watch cache, writes
             // reach redb only at checkpoints, and the cache would otherwise grow to 32 MiB
             // with the data (4 MiB holds the B-tree's branch pages at 100k pods).
-            let store_config =
-                crate::store::embedded::EmbeddedConfig::default().cache_size(4 << 20);
+            let store_config = skiff_store::embedded::EmbeddedConfig::default().cache_size(4 << 20);
             // Opening replays the write-ahead log: blocking work, off the async workers.
             let store = tokio::task::spawn_blocking(move || {
-                crate::store::embedded::EmbeddedStore::open_with(&dir, store_config)
+                skiff_store::embedded::EmbeddedStore::open_with(&dir, store_config)
             })
             .await
-            .map_err(|e| Error::Store(crate::store::Error::backend("opening the store", e)))?
+            .map_err(|e| Error::Store(skiff_store::Error::backend("opening the store", e)))?
             .map_err(Error::Store)?;
             Ok(Arc::new(store))
         }
         StoreConfig::Etcd { endpoints, prefix } => {
-            let store = crate::store::etcd::EtcdStore::connect(endpoints, prefix)
+            let store = skiff_store::etcd::EtcdStore::connect(endpoints, prefix)
                 .await
                 .map_err(Error::Store)?;
             Ok(Arc::new(store))

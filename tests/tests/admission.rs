@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use skiff_control_plane::apiserver::audit::{AuditConfig, Level};
 use skiff_control_plane::server::ServerConfig;
-use skiff_control_plane::store::Store;
+use skiff_store::Store;
 use skiff_tests::TestServer;
 
 const KUBECTL: u32 = 33;
@@ -308,7 +308,7 @@ fn raw_value(data_dir: &Path, key: &str) -> Vec<u8> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let store = loop {
-        match skiff_control_plane::store::embedded::EmbeddedStore::open(&data_dir.join("store")) {
+        match skiff_store::embedded::EmbeddedStore::open(&data_dir.join("store")) {
             Ok(s) => break s,
             Err(e) if std::time::Instant::now() < deadline => {
                 let _ = e;
@@ -341,8 +341,7 @@ fn secrets_are_encrypted_at_rest_and_still_readable() {
     {
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let store = skiff_control_plane::store::embedded::EmbeddedStore::open(&data.join("store"))
-            .expect("store");
+        let store = skiff_store::embedded::EmbeddedStore::open(&data.join("store")).expect("store");
         let old = json!({
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": "old", "namespace": "default",
@@ -350,7 +349,7 @@ fn secrets_are_encrypted_at_rest_and_still_readable() {
                          "creationTimestamp": "2026-01-01T00:00:00Z"},
             "data": {"p": b64(plain_secret)},
         });
-        rt.block_on(skiff_control_plane::store::StoreExt::create(
+        rt.block_on(skiff_store::StoreExt::create(
             &store,
             "/registry/core/secrets/default/old",
             Bytes::from(old.to_string()),

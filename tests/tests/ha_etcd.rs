@@ -9,7 +9,7 @@ use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use skiff_control_plane::server::{ServerConfig, StoreConfig};
-use skiff_control_plane::store::testing::EtcdCluster;
+use skiff_store::testing::EtcdCluster;
 use skiff_tests::TestServer;
 
 async fn client(server: &TestServer) -> Client {

@@ -144,7 +144,7 @@ async fn too_old_resource_version_is_410_then_relist_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_client_over_the_tower_service() {
-    let store = std::sync::Arc::new(skiff_control_plane::store::memory::MemoryStore::new());
+    let store = std::sync::Arc::new(skiff_store::memory::MemoryStore::new());
     let api = skiff_control_plane::apiserver::ApiServer::start(store, Default::default())
         .await
         .expect("apiserver");

@@ -14,7 +14,7 @@ use skiff_agent::simulate::{self, SimulateConfig, Simulation};
 use skiff_control_plane::apiserver::ApiServer;
 use skiff_control_plane::controllers::{self, ControllerConfig};
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 async fn wait_for<F, Fut>(what: &str, f: F)
 where

@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use skiff_control_plane::apiserver::ApiServer;
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
-use skiff_control_plane::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 struct Rig {
     _api: Arc<ApiServer>,

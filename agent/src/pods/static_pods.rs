@@ -133,7 +133,7 @@ mod tests {
     #[tokio::test]
     async fn manifests_become_mirror_pods_and_go_away_with_their_file() {
         let api = skiff_control_plane::apiserver::ApiServer::start(
-            Arc::new(skiff_control_plane::store::memory::MemoryStore::new()),
+            Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )
         .await

@@ -344,7 +344,7 @@ mod tests {
     #[tokio::test]
     async fn volumes_are_materialised() {
         let api = skiff_control_plane::apiserver::ApiServer::start(
-            Arc::new(skiff_control_plane::store::memory::MemoryStore::new()),
+            Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )
         .await

@@ -14,9 +14,9 @@ use tokio::sync::{broadcast, watch};
 
 use super::registry::{Registry, ResourceType};
 use super::selectors::Labels;
-use crate::store::{self, DynStore, EventKind, KeyValue, Revision};
 use skiff_core::json::MemberName;
 use skiff_core::json::ValueAt;
+use skiff_store::{self as store, DynStore, EventKind, KeyValue, Revision};
 
 /// Live events buffered per watcher before it is cut off as too slow (and sent a 410 that
 /// makes it list again), for the resources written in bursts: every pod of a rollout or a
@@ -837,7 +837,7 @@ mod tests {
         use http::{Method, StatusCode};
 
         use crate::apiserver::{ApiServer, testing};
-        use crate::store::memory::MemoryStore;
+        use skiff_store::memory::MemoryStore;
 
         let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
             .await

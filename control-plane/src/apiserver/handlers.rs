@@ -29,8 +29,8 @@ use super::{
 };
 use crate::machinery::admission::{self, Gvk, Operation};
 use crate::machinery::{apply, jsonpatch, schema, strategic};
-use crate::store::{self, KeyValue, Revision, StoreExt};
 use skiff_core::json::ValueAt;
+use skiff_store::{self as store, KeyValue, Revision, StoreExt};
 
 mod eviction;
 mod quota;
@@ -2392,41 +2392,41 @@ mod tests {
 
     /// A store that counts its single-key reads.
     struct CountingGets {
-        inner: crate::store::memory::MemoryStore,
+        inner: skiff_store::memory::MemoryStore,
         gets: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
-    impl crate::store::Store for CountingGets {
-        async fn get(&self, key: &str) -> crate::store::Result<Option<crate::store::KeyValue>> {
+    impl skiff_store::Store for CountingGets {
+        async fn get(&self, key: &str) -> skiff_store::Result<Option<skiff_store::KeyValue>> {
             self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.inner.get(key).await
         }
-        async fn list(&self, prefix: &str) -> crate::store::Result<crate::store::ListResult> {
+        async fn list(&self, prefix: &str) -> skiff_store::Result<skiff_store::ListResult> {
             self.inner.list(prefix).await
         }
         async fn txn(
             &self,
-            ops: Vec<crate::store::TxnOp>,
-        ) -> crate::store::Result<Vec<crate::store::TxnResult>> {
+            ops: Vec<skiff_store::TxnOp>,
+        ) -> skiff_store::Result<Vec<skiff_store::TxnResult>> {
             self.inner.txn(ops).await
         }
-        async fn current_revision(&self) -> crate::store::Result<crate::store::Revision> {
+        async fn current_revision(&self) -> skiff_store::Result<skiff_store::Revision> {
             self.inner.current_revision().await
         }
         async fn watch(
             &self,
             prefix: &str,
-            after: crate::store::Revision,
-        ) -> crate::store::Result<
-            futures::stream::BoxStream<'static, crate::store::Result<crate::store::Event>>,
+            after: skiff_store::Revision,
+        ) -> skiff_store::Result<
+            futures::stream::BoxStream<'static, skiff_store::Result<skiff_store::Event>>,
         > {
             self.inner.watch(prefix, after).await
         }
-        async fn compact(&self, revision: crate::store::Revision) -> crate::store::Result<()> {
+        async fn compact(&self, revision: skiff_store::Revision) -> skiff_store::Result<()> {
             self.inner.compact(revision).await
         }
-        async fn compacted_revision(&self) -> crate::store::Result<crate::store::Revision> {
+        async fn compacted_revision(&self) -> skiff_store::Result<skiff_store::Revision> {
             self.inner.compacted_revision().await
         }
     }
@@ -2444,8 +2444,8 @@ mod tests {
         use serde_json::Value;
 
         use crate::apiserver::{ApiServer, testing};
-        use crate::store::StoreExt;
-        use crate::store::memory::MemoryStore;
+        use skiff_store::StoreExt;
+        use skiff_store::memory::MemoryStore;
 
         let store = Arc::new(CountingGets { inner: MemoryStore::new(), gets: Default::default() });
         let gets = || store.gets.load(std::sync::atomic::Ordering::SeqCst);

@@ -158,7 +158,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::store::memory::MemoryStore;
+    use skiff_store::memory::MemoryStore;
 
     async fn body(r: Response) -> (u16, String) {
         let code = r.status().as_u16();

@@ -42,7 +42,7 @@ use self::registry::Registry;
 use self::request::{Query, Route};
 use self::status::ApiError;
 use crate::machinery::openapi::OpenApiDocs;
-use crate::store::DynStore;
+use skiff_store::DynStore;
 
 /// The Kubernetes version skiff reports (kubectl's dispatcher picks its binary by the minor).
 pub const KUBE_VERSION: (&str, &str) = ("1", "33");
@@ -124,7 +124,7 @@ pub struct ApiServer {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("loading the watch cache")]
-    Cache(#[source] crate::store::Error),
+    Cache(#[source] skiff_store::Error),
     #[error("building the OpenAPI documents")]
     OpenApi(#[source] crate::machinery::openapi::Error),
     #[error("opening the audit log")]

@@ -174,8 +174,8 @@ impl ApiError {
     /// Upstream's `NewTooLargeResourceVersionError`: a read or watch from a revision the
     /// server has not reached. client-go's reflector recognizes it by its cause and relists.
     pub fn too_large_resource_version(
-        requested: crate::store::Revision,
-        current: crate::store::Revision,
+        requested: skiff_store::Revision,
+        current: skiff_store::Revision,
     ) -> Self {
         let mut e = ApiError::timeout(format!(
             "Timeout: Too large resource version: {requested}, current: {current}"
@@ -267,9 +267,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::store::Error> for ApiError {
-    fn from(e: crate::store::Error) -> Self {
-        use crate::store::Error as S;
+impl From<skiff_store::Error> for ApiError {
+    fn from(e: skiff_store::Error) -> Self {
+        use skiff_store::Error as S;
         match e {
             S::Compacted { requested, compacted } => {
                 ApiError::gone(format!("too old resource version: {requested} ({compacted})"))

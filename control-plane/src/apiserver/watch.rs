@@ -20,7 +20,7 @@ use super::registry::ResourceType;
 use super::request::Query;
 use super::status::{ApiError, ApiResult};
 use super::table;
-use crate::store::Revision;
+use skiff_store::Revision;
 
 pub async fn serve(
     server: &Arc<ApiServer>,
@@ -274,7 +274,7 @@ impl WatchTask {
     /// than the watch cache holds).
     async fn run_from_store(
         self,
-        mut events: futures::stream::BoxStream<'static, crate::store::Result<crate::store::Event>>,
+        mut events: futures::stream::BoxStream<'static, skiff_store::Result<skiff_store::Event>>,
         tx: mpsc::Sender<Bytes>,
     ) {
         use futures::StreamExt;
@@ -313,9 +313,9 @@ impl WatchTask {
 }
 
 /// A store event as the cache would have recorded it.
-fn store_event(rt: &ResourceType, ev: crate::store::Event) -> Option<CacheEvent> {
+fn store_event(rt: &ResourceType, ev: skiff_store::Event) -> Option<CacheEvent> {
     use super::cache::cached_object;
-    use crate::store::EventKind;
+    use skiff_store::EventKind;
     let (kind, obj, prev) = match ev.kind {
         EventKind::Put => {
             let prev =

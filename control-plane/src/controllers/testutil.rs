@@ -8,7 +8,7 @@ use kube::Client;
 use serde_json::json;
 
 use crate::apiserver::ApiServer;
-use crate::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 pub async fn api() -> (Arc<ApiServer>, Client) {
     let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::{Context, ControllerConfig, pods};
 use crate::apiserver::ApiServer;
-use crate::store::memory::MemoryStore;
+use skiff_store::memory::MemoryStore;
 
 /// Of paused time: long enough for the Job backoff (10 s, 20 s, ...).
 const TIMEOUT: Duration = Duration::from_secs(120);

@@ -20,7 +20,7 @@ use futures::{AsyncBufReadExt, StreamExt};
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
-use skiff_control_plane::store::StoreExt;
+use skiff_store::StoreExt;
 
 #[path = "bench_scheduler/mod.rs"]
 mod bench_scheduler;
@@ -542,7 +542,7 @@ async fn watch_latency(
 /// The floor: single-key creates straight into the embedded store, same concurrency.
 async fn store_creates(concurrency: usize, total: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(skiff_control_plane::store::embedded::EmbeddedStore::open(dir.path())?);
+    let store = Arc::new(skiff_store::embedded::EmbeddedStore::open(dir.path())?);
     let value = Bytes::from(pod("default", "x", None));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();

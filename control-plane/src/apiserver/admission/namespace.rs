@@ -12,8 +12,8 @@ use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
 use crate::apiserver::ApiServer;
 use crate::apiserver::cache::{CachedObject, set_resource_version};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::store::Revision;
 use skiff_core::json::ValueAt;
+use skiff_store::Revision;
 
 /// How long creates in a namespace deleted through this apiserver look it up in the store
 /// instead of the watch cache (upstream's `forceLiveLookupTTL`).

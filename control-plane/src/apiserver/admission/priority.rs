@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::ApiResult;
-use crate::store::Revision;
 use skiff_core::json::ValueAt;
+use skiff_store::Revision;
 
 /// The plugin, with the PriorityClasses it last read: every pod create consults them, so
 /// they are parsed once per change of the kind rather than once per pod.

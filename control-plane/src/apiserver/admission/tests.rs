@@ -254,7 +254,7 @@ mod through_router {
 
     use crate::apiserver::ApiServer;
     use crate::apiserver::user::UserInfo;
-    use crate::store::memory::MemoryStore;
+    use skiff_store::memory::MemoryStore;
 
     async fn server() -> Arc<ApiServer> {
         ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.expect("apiserver")

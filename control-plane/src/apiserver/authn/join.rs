@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::user::{UserInfo, names};
-use crate::store::StoreExt;
+use skiff_store::StoreExt;
 
 pub use skiff_core::join::KUBELET_CLIENT_SIGNER;
 /// Validity of node client certificates (upstream's default signing duration: one year).

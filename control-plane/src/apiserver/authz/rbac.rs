@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{Attributes, Decision, RBAC_GROUP as RBAC};
 use crate::apiserver::ApiServer;
 use crate::apiserver::user::{UserInfo, names};
-use crate::store::Revision;
+use skiff_store::Revision;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Subject {

@@ -12,8 +12,8 @@ use super::{ApiServer, CACHE_WAIT, Query, ResourceType, Writer};
 use super::{delete, get_object, guaranteed_update, meta_str, now};
 use crate::apiserver::negotiate;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::store::Revision;
 use skiff_core::json::ValueAt;
+use skiff_store::Revision;
 
 /// Upstream's `EvictionsRetry` steps: how often an eviction reads the pod and its budget
 /// again after a conflicting write.

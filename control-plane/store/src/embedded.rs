@@ -2512,11 +2512,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::{DynStore, StoreExt, bench};
+    use crate::{DynStore, StoreExt, bench};
 
     const CHILD_DIR: &str = "SKIFF_STORE_CRASH_CHILD_DIR";
     const CHILD_ROUND: &str = "SKIFF_STORE_CRASH_CHILD_ROUND";
-    const CHILD_TEST: &str = "store::embedded::tests::crash_writer_child";
+    const CHILD_TEST: &str = "embedded::tests::crash_writer_child";
 
     fn crash_value(key: &str) -> Bytes {
         // Values of varying size (a few bytes to ~2 KB) so commits span several pages.

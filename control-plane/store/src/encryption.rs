@@ -360,8 +360,8 @@ impl Store for EncryptedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreExt;
-    use crate::store::memory::MemoryStore;
+    use crate::StoreExt;
+    use crate::memory::MemoryStore;
 
     const KEY32: &str = "c2tpZmYtdGVzdC1rZXktMzItYnl0ZXMtbG9uZy4uLi4="; // 32 bytes
 

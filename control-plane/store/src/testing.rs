@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use skiff_control_plane::store::{etcd::EtcdStore, testing::EtcdCluster};
+//! use skiff_store::{etcd::EtcdStore, testing::EtcdCluster};
 //! let mut cluster = EtcdCluster::start(3).await?;
 //! let store = EtcdStore::connect(&cluster.endpoints(), "/skiff").await?;
 //! cluster.kill(0); // SIGKILL one member; the other two keep the quorum

@@ -1,4 +1,6 @@
-//! The storage layer: a key-value store with MVCC revisions, the only state the apiserver keeps.
+//! The storage layer: a key-value store with MVCC revisions, the only state the apiserver
+//! keeps. It knows keys, values and revisions, nothing of Kubernetes objects: it may not
+//! import the API machinery, the apiserver or anything above them.
 //!
 //! Semantics follow etcd v3 so the two backends are interchangeable:
 //! - every successful write transaction gets the next store revision; all operations of one
