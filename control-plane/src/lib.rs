@@ -4,7 +4,6 @@
 pub mod apiserver;
 pub mod controllers;
 pub mod leader;
-pub mod machinery;
 pub mod pki;
 pub mod scheduler;
 pub mod server;

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::status::{ApiError, ApiResult};
 use super::{ApiServer, json_response};
-use crate::machinery::ResourceDesc;
+use skiff_machinery::ResourceDesc;
 
 /// Which aggregated discovery version the client accepts, if any (first preference wins).
 fn aggregated(headers: &HeaderMap) -> Option<&'static str> {

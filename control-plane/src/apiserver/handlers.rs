@@ -27,9 +27,9 @@ use super::{
     ApiServer, admission as plugins, bytes_response, componentstatus, json_response, metrics_api,
     watch,
 };
-use crate::machinery::admission::{self, Gvk, Operation};
-use crate::machinery::{apply, jsonpatch, schema, strategic};
 use skiff_core::json::ValueAt;
+use skiff_machinery::admission::{self, Gvk, Operation};
+use skiff_machinery::{apply, jsonpatch, schema, strategic};
 use skiff_store::{self as store, KeyValue, Revision, StoreExt};
 
 mod eviction;

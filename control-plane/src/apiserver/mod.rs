@@ -41,7 +41,7 @@ use self::cache::WatchCache;
 use self::registry::Registry;
 use self::request::{Query, Route};
 use self::status::ApiError;
-use crate::machinery::openapi::OpenApiDocs;
+use skiff_machinery::openapi::OpenApiDocs;
 use skiff_store::DynStore;
 
 /// The Kubernetes version skiff reports (kubectl's dispatcher picks its binary by the minor).
@@ -126,7 +126,7 @@ pub enum Error {
     #[error("loading the watch cache")]
     Cache(#[source] skiff_store::Error),
     #[error("building the OpenAPI documents")]
-    OpenApi(#[source] crate::machinery::openapi::Error),
+    OpenApi(#[source] skiff_machinery::openapi::Error),
     #[error("opening the audit log")]
     Audit(#[source] audit::Error),
     #[error("creating system object {name}")]
@@ -187,7 +187,7 @@ impl ApiServer {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
             self.ensure("", "namespaces", None, ns, obj).await?;
         }
-        for (name, value, description) in crate::machinery::admission::SYSTEM_PRIORITY_CLASSES {
+        for (name, value, description) in skiff_machinery::admission::SYSTEM_PRIORITY_CLASSES {
             let obj = json!({
                 "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": name}, "value": value, "description": description,
@@ -451,7 +451,7 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
 }
 
 fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
-    use crate::machinery::openapi::{V2_PROTOBUF_ACCEPT, V2_PROTOBUF_CONTENT_TYPE};
+    use skiff_machinery::openapi::{V2_PROTOBUF_ACCEPT, V2_PROTOBUF_CONTENT_TYPE};
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     let wants_proto = accept
         .split(',')

@@ -4,7 +4,7 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use super::status::{ApiError, ApiResult};
-use crate::machinery::protobuf;
+use skiff_machinery::protobuf;
 
 /// Largest accepted request body (upstream's limit is 3 MiB).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::machinery::{ResourceDesc, SubresourceDesc};
 use skiff_core::json::ValueAt;
+use skiff_machinery::{ResourceDesc, SubresourceDesc};
 
 /// A served kind and what the generic handlers need to know about it.
 pub struct ResourceType {

@@ -770,7 +770,7 @@ fn or_unset(s: String) -> String {
 /// A quantity as upstream's `Quantity.String()` prints it (canonical form; "0" unset).
 fn quantity_cell(q: Option<&Value>) -> String {
     let q = q.and_then(Value::as_str).unwrap_or("0");
-    crate::machinery::admission::canonical_quantity(q).unwrap_or_else(|| q.to_string())
+    skiff_machinery::admission::canonical_quantity(q).unwrap_or_else(|| q.to_string())
 }
 
 /// `GetAccessModesAsString`: the short names in a fixed order, each once.

@@ -57,7 +57,7 @@ pub fn omit_zero(n: i32) -> Option<i32> {
 pub fn status_patch(status: &impl serde::Serialize, group: &str, kind: &str) -> serde_json::Value {
     let mut status = serde_json::to_value(status).unwrap_or_default();
     if let Some(s) = status.as_object_mut() {
-        for field in crate::machinery::admission::omitted_zero_status(group, kind) {
+        for field in skiff_machinery::admission::omitted_zero_status(group, kind) {
             s.entry(*field).or_insert(serde_json::Value::Null);
         }
     }

@@ -24,8 +24,8 @@ use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlu
 use crate::apiserver::ApiServer;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::user::UserInfo;
-use crate::machinery::jsonpatch;
 use skiff_core::labels::label_selector_matches as selector_matches;
+use skiff_machinery::jsonpatch;
 
 /// Largest AdmissionReview response read (upstream caps webhook responses similarly).
 const MAX_RESPONSE: usize = 3 * 1024 * 1024;

@@ -357,7 +357,7 @@ impl Special {
 /// A request body in JSON, or in protobuf (kubectl's clientset sends built-in types so):
 /// the review and TokenRequest kinds are decoded with their k8s-pb types.
 pub fn parse_body(body: &Bytes, kind: &str) -> ApiResult<Value> {
-    if crate::machinery::protobuf::is_protobuf(body) {
+    if skiff_machinery::protobuf::is_protobuf(body) {
         return decode_protobuf(body)
             .map_err(|e| ApiError::bad_request(format!("decoding the {kind}: {e}")));
     }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::machinery::schema::Schemas;
+use crate::schema::Schemas;
 
 /// Components decoded by hand-written code in `protobuf.rs`, not through the table.
 const SPECIAL: &[&str] = &[
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     fn field_table_is_current() {
         let rendered = super::render();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/machinery/protobuf/fields.rs");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/protobuf/fields.rs");
         if std::env::var_os("SKIFF_REGENERATE_PB_FIELDS").is_some() {
             std::fs::write(path, &rendered).expect("write fields.rs");
             return;

@@ -621,7 +621,7 @@ mod tests {
 
     use super::test_schemas::{kind, schemas};
     use super::*;
-    use crate::machinery::schema::Schemas;
+    use crate::schema::Schemas;
 
     const T1: &str = "2026-01-01T00:00:01Z";
     const T2: &str = "2026-01-01T00:00:02Z";

@@ -947,7 +947,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Value {
-        let path = format!("{}/src/machinery/protobuf/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/src/protobuf/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
         let body = std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
         decode_request(&body).unwrap_or_else(|e| panic!("decode {name}: {e}"))
     }

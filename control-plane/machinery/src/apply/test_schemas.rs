@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::machinery::schema::{FieldSchema, Schemas};
+use crate::schema::{FieldSchema, Schemas};
 
 fn r(name: &str) -> Value {
     json!({ "allOf": [{ "$ref": format!("#/components/schemas/{name}") }], "default": {} })

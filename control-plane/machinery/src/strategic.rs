@@ -681,7 +681,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::machinery::apply::test_schemas::{kind, schemas};
+    use crate::apply::test_schemas::{kind, schemas};
 
     fn deployment() -> Value {
         json!({

@@ -1,6 +1,9 @@
 //! API machinery shared by the apiserver's handlers: OpenAPI schemas and documents,
-//! protobuf request bodies, strategic merge patch, server-side apply and managed fields,
-//! and admission (defaulting and validation) for the built-in kinds.
+//! protobuf request bodies, JSON and strategic merge patches, server-side apply and managed
+//! fields, and admission (defaulting and validation) for the built-in kinds.
+//!
+//! Pure functions over objects: it may use the core crate, never the store, the apiserver
+//! (requests, responses, authorization) or anything above them.
 
 pub mod admission;
 pub mod apply;

@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::fieldpath::{FieldSet, Node};
-use crate::machinery::schema::FieldSchema;
+use crate::schema::FieldSchema;
 
 pub(crate) type Schema<'a> = Option<FieldSchema<'a>>;
 
@@ -814,8 +814,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::machinery::apply::test_schemas::{kind, schemas};
-    use crate::machinery::schema::Schemas;
+    use crate::apply::test_schemas::{kind, schemas};
+    use crate::schema::Schemas;
 
     fn keyed_list_schemas() -> Schemas {
         let mut c = BTreeMap::new();
