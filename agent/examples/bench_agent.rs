@@ -29,7 +29,7 @@ use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::memory::MemoryRuntime;
 use skiff_agent::runtime::{Result as RtResult, Runtime, api};
 use skiff_agent::testing::{NodeRig, NodeRigConfig};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 struct Args {

@@ -22,7 +22,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use skiff_agent::dns::{self, DnsConfig};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 use tokio::net::UdpSocket;
 

@@ -711,7 +711,7 @@ mod tests {
 
     #[tokio::test]
     async fn registers_heartbeats_and_restores_ready() {
-        let api = skiff_control_plane::apiserver::ApiServer::start(
+        let api = skiff_apiserver::ApiServer::start(
             Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )

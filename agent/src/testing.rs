@@ -493,9 +493,8 @@ pub async fn seed_namespace(client: &kube::Client, namespace: &str) {
 
 /// An in-process apiserver over the in-memory store, and a client of it, with the `default`
 /// namespace seeded ([`seed_namespace`]): what the pod sync tests run the agent against.
-pub async fn apiserver() -> (std::sync::Arc<skiff_control_plane::apiserver::ApiServer>, kube::Client)
-{
-    use skiff_control_plane::apiserver::ApiServer;
+pub async fn apiserver() -> (std::sync::Arc<skiff_apiserver::ApiServer>, kube::Client) {
+    use skiff_apiserver::ApiServer;
     use skiff_store::memory::MemoryStore;
     let api = ApiServer::start(std::sync::Arc::new(MemoryStore::new()), Default::default())
         .await

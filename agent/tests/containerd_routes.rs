@@ -14,7 +14,7 @@ use skiff_agent::images::TOOLS_IMAGE;
 use skiff_agent::network;
 use skiff_agent::runtime::{Runtime, api};
 use skiff_agent::testing::{Lab, NodeRig, NodeRigConfig};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 fn node(name: &str, cidr: &str, ip: &str) -> Node {

@@ -13,8 +13,8 @@ use hickory_net::udp::UdpClientStream;
 use hickory_proto::op::{Message, Query};
 use hickory_proto::rr::{DNSClass, Name, RecordType};
 use skiff_agent::dns::{self, DEFAULT_DNS_ADDRESS, DNS_LINK, DnsConfig};
+use skiff_apiserver::ApiServer;
 use skiff_cni::netns::{NetNs, run_in};
-use skiff_control_plane::apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 /// A named network namespace, deleted on drop (with everything in it).

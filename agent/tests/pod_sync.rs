@@ -15,7 +15,7 @@ use skiff_agent::agent::{self, AgentHandle};
 use skiff_agent::config::AgentConfig;
 use skiff_agent::runtime::memory::{Behavior, MemoryRuntime};
 use skiff_agent::runtime::{POD_UID_LABEL, api};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 
 const NODE: &str = "node-1";
 
@@ -589,8 +589,7 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
 async fn agent_serves_dns_and_streaming_and_publishes_the_streaming_port() {
     let (_api, client) = skiff_agent::testing::apiserver().await;
     let dir = tempfile::tempdir().expect("tmp");
-    let pki =
-        skiff_control_plane::pki::Pki::load_or_create(&dir.path().join("pki"), &[]).expect("pki");
+    let pki = skiff_apiserver::pki::Pki::load_or_create(&dir.path().join("pki"), &[]).expect("pki");
     let mut c = config(dir.path());
     let ca = skiff_agent::streaming::StreamingConfig::ca_from_pem(&pki.ca_cert_pem).expect("ca");
     let mut s = skiff_agent::streaming::StreamingConfig::new(ca);

@@ -21,7 +21,7 @@ use skiff_agent::images::TOOLS_IMAGE;
 use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::{POD_UID_LABEL, Runtime, api};
 use skiff_agent::testing::{NodeRig, NodeRigConfig};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 const NODE: &str = "ctr-node";

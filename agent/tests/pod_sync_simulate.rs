@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use skiff_agent::simulate::{self, SIMULATED_LABEL, SimulateConfig};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 #[tokio::test]

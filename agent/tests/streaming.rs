@@ -98,7 +98,7 @@ async fn only_the_apiserver_is_served() {
 
     // The right name from another CA: the handshake fails.
     let other = tempfile::tempdir().expect("tmp");
-    let other_pki = skiff_control_plane::pki::Pki::load_or_create(other.path(), &[]).expect("pki");
+    let other_pki = skiff_apiserver::pki::Pki::load_or_create(other.path(), &[]).expect("pki");
     let other_client = other_pki.kubelet_client_config().expect("tls");
     let err = try_get(&other_client, node.addr(), path).await.expect_err("foreign CA accepted");
     assert!(err.contains("TLS") || err.contains("alert") || err.contains("certificate"), "{err}");
@@ -109,7 +109,7 @@ async fn only_the_apiserver_is_served() {
 
 #[test]
 fn the_allowed_name_is_the_apiservers() {
-    assert_eq!(streaming::APISERVER_CLIENT_CN, skiff_control_plane::pki::KUBELET_CLIENT_CN);
+    assert_eq!(streaming::APISERVER_CLIENT_CN, skiff_apiserver::pki::KUBELET_CLIENT_CN);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use skiff_agent::images::TOOLS_IMAGE;
 use skiff_agent::runtime::{CONTAINER_NAME_LABEL, Runtime, api};
 use skiff_agent::streaming::{self, StreamingConfig};
 use skiff_agent::testing::{NodeRig, NodeRigConfig};
-use skiff_control_plane::pki::Pki;
+use skiff_apiserver::pki::Pki;
 use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 

@@ -257,7 +257,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::apiserver::ApiServer;
+    use skiff_apiserver::ApiServer;
     use skiff_store::memory::MemoryStore;
 
     async fn api() -> Arc<ApiServer> {

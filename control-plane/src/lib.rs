@@ -1,9 +1,7 @@
 //! skiff control plane: the Kubernetes-compatible apiserver, its store, and (later) the
 //! scheduler and controllers, all of which talk only through the API.
 
-pub mod apiserver;
 pub mod controllers;
 pub mod leader;
-pub mod pki;
 pub mod scheduler;
 pub mod server;

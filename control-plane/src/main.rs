@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use skiff_control_plane::apiserver::alloc::Cidr;
-use skiff_control_plane::apiserver::authn::AuthorizationMode;
+use skiff_apiserver::alloc::Cidr;
+use skiff_apiserver::authn::AuthorizationMode;
 use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::scheduler::SchedulerConfig;
 use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};

@@ -11,9 +11,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::apiserver::authn::{AuthConfig, PeerCert};
-use crate::apiserver::{self, ApiConfig, ApiServer};
-use crate::pki::{self, Pki};
+use skiff_apiserver::authn::{AuthConfig, PeerCert};
+use skiff_apiserver::pki::{self, Pki};
+use skiff_apiserver::{self as apiserver, ApiConfig, ApiServer};
 use skiff_store::DynStore;
 
 /// Which store backs the apiserver.

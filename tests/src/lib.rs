@@ -80,9 +80,8 @@ impl TestServer {
     }
 
     /// The server's PKI (CA, keys) from its data dir.
-    pub fn pki(&self) -> skiff_control_plane::pki::Pki {
-        skiff_control_plane::pki::Pki::load_or_create(self.dir.path(), &[])
-            .expect("loading the PKI")
+    pub fn pki(&self) -> skiff_apiserver::pki::Pki {
+        skiff_apiserver::pki::Pki::load_or_create(self.dir.path(), &[]).expect("loading the PKI")
     }
 
     /// A kubeconfig (written into the data dir as `<file>`) authenticating with a client

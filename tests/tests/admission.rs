@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use skiff_control_plane::apiserver::audit::{AuditConfig, Level};
+use skiff_apiserver::audit::{AuditConfig, Level};
 use skiff_control_plane::server::ServerConfig;
 use skiff_store::Store;
 use skiff_tests::TestServer;

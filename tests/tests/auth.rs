@@ -4,9 +4,7 @@
 
 use std::path::Path;
 
-use skiff_control_plane::apiserver::authn::serviceaccount::{
-    self, Claims, KubernetesClaims, ObjectRef,
-};
+use skiff_apiserver::authn::serviceaccount::{self, Claims, KubernetesClaims, ObjectRef};
 use skiff_control_plane::server::ServerConfig;
 use skiff_tests::{Kubectl, TestServer};
 

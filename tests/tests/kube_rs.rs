@@ -145,9 +145,8 @@ async fn too_old_resource_version_is_410_then_relist_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_client_over_the_tower_service() {
     let store = std::sync::Arc::new(skiff_store::memory::MemoryStore::new());
-    let api = skiff_control_plane::apiserver::ApiServer::start(store, Default::default())
-        .await
-        .expect("apiserver");
+    let api =
+        skiff_apiserver::ApiServer::start(store, Default::default()).await.expect("apiserver");
     let client = api.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     cms.create(&PostParams::default(), &cm("in-memory")).await.expect("create");

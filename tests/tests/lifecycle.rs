@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_agent::simulate::{self, SimulateConfig, Simulation};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_control_plane::controllers::{self, ControllerConfig};
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
 use skiff_store::memory::MemoryStore;

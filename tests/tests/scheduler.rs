@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-use skiff_control_plane::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_control_plane::scheduler::{self, SchedulerConfig};
 use skiff_store::memory::MemoryStore;
 

@@ -132,7 +132,7 @@ mod tests {
 
     #[tokio::test]
     async fn manifests_become_mirror_pods_and_go_away_with_their_file() {
-        let api = skiff_control_plane::apiserver::ApiServer::start(
+        let api = skiff_apiserver::ApiServer::start(
             Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )

@@ -343,7 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn volumes_are_materialised() {
-        let api = skiff_control_plane::apiserver::ApiServer::start(
+        let api = skiff_apiserver::ApiServer::start(
             Arc::new(skiff_store::memory::MemoryStore::new()),
             Default::default(),
         )

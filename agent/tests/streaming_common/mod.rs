@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObjec
 use skiff_agent::runtime::memory::MemoryRuntime;
 use skiff_agent::runtime::{self, Runtime, api};
 use skiff_agent::streaming::{self, StreamingConfig, StreamingServer};
-use skiff_control_plane::pki::Pki;
+use skiff_apiserver::pki::Pki;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Restart 0 of a container: a partial line joined across stdout/stderr entries.

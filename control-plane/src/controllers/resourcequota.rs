@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::Context;
 use super::pods;
-use crate::apiserver::registry::Registry;
+use skiff_apiserver::registry::Registry;
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use serde_json::json;
 
-use crate::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 pub async fn api() -> (Arc<ApiServer>, Client) {

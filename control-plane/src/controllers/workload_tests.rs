@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::{Context, ControllerConfig, pods};
-use crate::apiserver::ApiServer;
+use skiff_apiserver::ApiServer;
 use skiff_store::memory::MemoryStore;
 
 /// Of paused time: long enough for the Job backoff (10 s, 20 s, ...).

@@ -188,7 +188,7 @@ impl RawClient {
         let authority = url.authority().context("server URL without host")?.to_string();
         let addr: std::net::SocketAddr = authority.parse().context("server address")?;
         let data_dir = kubeconfig.parent().context("data dir")?;
-        let pki = skiff_control_plane::pki::Pki::load_or_create(data_dir, &[])?;
+        let pki = skiff_apiserver::pki::Pki::load_or_create(data_dir, &[])?;
         let mut roots = rustls::RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(pki.ca_cert_pem.as_bytes()) {
             roots.add(ca?)?;
@@ -397,7 +397,7 @@ async fn load_on_this_thread(
 async fn transport_floor(total: usize, concurrency: usize) -> Result<CreateRun> {
     use http_body_util::BodyExt;
     let dir = tempfile::tempdir()?;
-    let pki = skiff_control_plane::pki::Pki::load_or_create(dir.path(), &[])?;
+    let pki = skiff_apiserver::pki::Pki::load_or_create(dir.path(), &[])?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
@@ -761,7 +761,7 @@ async fn auth_fixture(server: &ServerProcess) -> Result<Client> {
     )
     .await?;
     let data_dir = server.kubeconfig.parent().context("data dir")?;
-    let pki = skiff_control_plane::pki::Pki::load_or_create(data_dir, &[])?;
+    let pki = skiff_apiserver::pki::Pki::load_or_create(data_dir, &[])?;
     let (cert, key) = pki.issue_client("bench-user", &["bench-group"])?;
     let kc = Kubeconfig::read_from(&server.kubeconfig)?;
     let url = kc

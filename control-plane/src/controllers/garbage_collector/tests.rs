@@ -14,8 +14,7 @@ fn cm(name: &str, owner: Option<(&ConfigMap, bool)>) -> ConfigMap {
     serde_json::from_value(v).expect("configmap")
 }
 
-async fn start() -> (Arc<crate::apiserver::ApiServer>, Api<ConfigMap>, tokio::task::JoinHandle<()>)
-{
+async fn start() -> (Arc<skiff_apiserver::ApiServer>, Api<ConfigMap>, tokio::task::JoinHandle<()>) {
     let (server, client) = api().await;
     let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
     let gc = tokio::spawn(async move {

@@ -1,5 +1,10 @@
-//! The Kubernetes-compatible HTTP apiserver: routing, discovery, OpenAPI, the resource
-//! verbs over the store, and watches served from the watch cache.
+//! The Kubernetes-compatible HTTP apiserver: routing, discovery, OpenAPI, authentication,
+//! authorization and admission, the resource verbs over the store, watches served from the
+//! watch cache, and the cluster PKI it serves and signs with.
+//!
+//! It builds on the store, the API machinery and the core crate, and may not import the
+//! scheduler, the controllers or `skiff-server`'s wiring: those reach it only through the
+//! API (in one process, over [`ApiServer::client`]).
 
 pub mod admission;
 pub mod alloc;
@@ -14,6 +19,7 @@ mod health;
 mod json;
 pub mod metrics_api;
 pub mod negotiate;
+pub mod pki;
 pub mod proxy;
 pub mod registry;
 pub mod request;

@@ -42,7 +42,7 @@ const LOG_PARAMS: &[&str] =
 /// Upstream's `ValidatePodLogOptions`: integers in range (tailLines >= 0, limitBytes and
 /// sinceSeconds > 0), at most one of sinceSeconds and sinceTime.
 fn validate_log_options(query: &Query, name: &str) -> ApiResult<()> {
-    use crate::apiserver::status::Cause;
+    use crate::status::Cause;
     let mut causes = Vec::new();
     let mut check = |field: &str, min: i64, msg: &str| -> ApiResult<()> {
         if let Some(v) = query.int(field)?

@@ -6,8 +6,8 @@ use super::noderestriction::admit_node_request;
 use super::serviceaccount::{TOKEN_MOUNT_PATH, mount_token};
 use super::webhook::{review, rule_matches};
 use super::{AdmissionRequest, Operation};
-use crate::apiserver::registry::Registry;
-use crate::apiserver::user::{UserInfo, names};
+use crate::registry::Registry;
+use crate::user::{UserInfo, names};
 
 fn node_user(name: &str) -> UserInfo {
     UserInfo::new(format!("system:node:{name}"), &[names::NODES, names::AUTHENTICATED])
@@ -35,7 +35,7 @@ fn pod(node: &str) -> Value {
     json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}})
 }
 
-fn denied(r: crate::apiserver::status::ApiResult<()>) -> String {
+fn denied(r: crate::status::ApiResult<()>) -> String {
     match r {
         Ok(()) => panic!("expected a denial"),
         Err(e) => {
@@ -252,15 +252,15 @@ mod through_router {
     use http::{Method, StatusCode};
     use serde_json::json;
 
-    use crate::apiserver::ApiServer;
-    use crate::apiserver::user::UserInfo;
+    use crate::ApiServer;
+    use crate::user::UserInfo;
     use skiff_store::memory::MemoryStore;
 
     async fn server() -> Arc<ApiServer> {
         ApiServer::start(Arc::new(MemoryStore::new()), Default::default()).await.expect("apiserver")
     }
 
-    use crate::apiserver::testing::call;
+    use crate::testing::call;
 
     fn node_user(name: &str) -> UserInfo {
         super::node_user(name)

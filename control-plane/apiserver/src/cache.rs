@@ -836,7 +836,7 @@ mod tests {
     async fn writes_are_indexed_from_the_request() {
         use http::{Method, StatusCode};
 
-        use crate::apiserver::{ApiServer, testing};
+        use crate::{ApiServer, testing};
         use skiff_store::memory::MemoryStore;
 
         let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())

@@ -10,8 +10,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use serde_json::{Value, json};
 
 use super::{Attributes, Decision, RBAC_GROUP as RBAC};
-use crate::apiserver::ApiServer;
-use crate::apiserver::user::{UserInfo, names};
+use crate::ApiServer;
+use crate::user::{UserInfo, names};
 use skiff_store::Revision;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -291,7 +291,7 @@ pub(super) mod tests {
     }
 
     /// A resource rule (also the escalation tests').
-    pub(in crate::apiserver::authz) fn rule(
+    pub(in crate::authz) fn rule(
         verbs: &[&str],
         groups: &[&str],
         resources: &[&str],

@@ -21,9 +21,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin, labels_of};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::user::UserInfo;
+use crate::ApiServer;
+use crate::status::{ApiError, ApiResult};
+use crate::user::UserInfo;
 use skiff_core::labels::label_selector_matches as selector_matches;
 use skiff_machinery::jsonpatch;
 

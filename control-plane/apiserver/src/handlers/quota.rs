@@ -10,9 +10,9 @@
 use serde_json::Value;
 
 use super::{Writer, guaranteed_update, now};
-use crate::apiserver::ApiServer;
-use crate::apiserver::registry::ResourceType;
-use crate::apiserver::status::{ApiError, ApiResult};
+use crate::ApiServer;
+use crate::registry::ResourceType;
+use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};
@@ -198,7 +198,7 @@ impl Subject<'_> {
     }
 
     fn forbidden(&self, why: String) -> ApiError {
-        crate::apiserver::admission::forbidden(self.group, self.resource, self.name, why)
+        crate::admission::forbidden(self.group, self.resource, self.name, why)
     }
 }
 

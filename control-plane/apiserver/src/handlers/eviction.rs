@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::{ApiServer, CACHE_WAIT, Query, ResourceType, Writer};
 use super::{delete, get_object, guaranteed_update, meta_str, now};
-use crate::apiserver::negotiate;
-use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::negotiate;
+use crate::status::{ApiError, ApiResult, Cause};
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
 
@@ -76,7 +76,7 @@ pub(super) async fn evict(
             query_dry
         }
     };
-    crate::apiserver::admission::admit_subresource_create(
+    crate::admission::admit_subresource_create(
         server, rt, ns, name, "eviction", &eviction, dry_run,
     )
     .await?;

@@ -16,11 +16,11 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef};
 use serde_json::Value;
 
 use super::{Attributes, Decision, RBAC_GROUP};
-use crate::apiserver::ApiServer;
-use crate::apiserver::admission::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
-use crate::apiserver::authn::AuthorizationMode;
-use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::user::{UserInfo, names};
+use crate::ApiServer;
+use crate::admission::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
+use crate::authn::AuthorizationMode;
+use crate::status::{ApiError, ApiResult};
+use crate::user::{UserInfo, names};
 use skiff_core::json::ValueAt;
 
 /// The validating step that refuses escalating RBAC writes.
@@ -364,7 +364,7 @@ fn has_aggregation_rule(obj: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::authz::rbac::tests::rule;
+    use crate::authz::rbac::tests::rule;
 
     fn urls(verbs: &[&str], urls: &[&str]) -> PolicyRule {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::ApiResult;
+use crate::ApiServer;
+use crate::status::ApiResult;
 
 use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
 

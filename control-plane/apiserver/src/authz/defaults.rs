@@ -7,9 +7,9 @@ use bytes::Bytes;
 use http::{HeaderValue, header};
 use serde_json::{Value, json};
 
-use crate::apiserver::ApiServer;
-use crate::apiserver::request::Query;
-use crate::apiserver::status::ApiError;
+use crate::ApiServer;
+use crate::request::Query;
+use crate::status::ApiError;
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] =
@@ -355,7 +355,7 @@ pub async fn ensure(server: &ApiServer) -> Result<(), (String, ApiError)> {
             continue;
         }
         let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
-        match crate::apiserver::handlers::create(server, rt, None, &query, &headers, &body).await {
+        match crate::handlers::create(server, rt, None, &query, &headers, &body).await {
             Ok(_) => {}
             Err(e) if e.reason == "AlreadyExists" => {}
             Err(e) => return Err((name, e)),

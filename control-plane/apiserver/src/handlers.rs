@@ -2278,7 +2278,7 @@ mod tests {
     #[test]
     fn unknown_fields_are_found_whether_or_not_the_walk_is_skipped() {
         use super::{BodyType, FieldValidation, decode_for};
-        use crate::apiserver::registry::Registry;
+        use crate::registry::Registry;
 
         let registry = Registry::new();
         // Read-only resources (componentstatuses, metrics) never decode a body.
@@ -2350,7 +2350,7 @@ mod tests {
     #[test]
     fn bound_json_is_the_general_paths_binding() {
         use super::{bound_json, encode, scheduled_status};
-        use crate::apiserver::cache::with_resource_version;
+        use crate::cache::with_resource_version;
 
         let stored = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "\u{e9}\"x"},
@@ -2443,7 +2443,7 @@ mod tests {
         use http::{Method, StatusCode};
         use serde_json::Value;
 
-        use crate::apiserver::{ApiServer, testing};
+        use crate::{ApiServer, testing};
         use skiff_store::StoreExt;
         use skiff_store::memory::MemoryStore;
 

@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::ApiResult;
+use crate::ApiServer;
+use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::{Quantity, canonical};
 

@@ -8,9 +8,9 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::user::{UserInfo, names};
+use crate::ApiServer;
+use crate::status::{ApiError, ApiResult};
+use crate::user::{UserInfo, names};
 use skiff_store::StoreExt;
 
 pub use skiff_core::join::KUBELET_CLIENT_SIGNER;

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::ApiResult;
+use crate::ApiServer;
+use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 
 /// Where the token volume is mounted (upstream `DefaultAPITokenMountPath`).

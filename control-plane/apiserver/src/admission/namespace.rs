@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::apiserver::ApiServer;
-use crate::apiserver::cache::{CachedObject, set_resource_version};
-use crate::apiserver::status::{ApiError, ApiResult};
+use crate::ApiServer;
+use crate::cache::{CachedObject, set_resource_version};
+use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
 

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::ApiResult;
+use crate::ApiServer;
+use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
 

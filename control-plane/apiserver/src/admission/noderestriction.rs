@@ -8,9 +8,9 @@ use serde_json::Value;
 
 use super::serviceaccount::MIRROR_POD_ANNOTATION;
 use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
-use crate::apiserver::ApiServer;
-use crate::apiserver::status::ApiResult;
-use crate::apiserver::user::{UserInfo, names};
+use crate::ApiServer;
+use crate::status::ApiResult;
+use crate::user::{UserInfo, names};
 use skiff_core::json::ValueAt;
 
 /// Labels only an administrator may set on a Node.

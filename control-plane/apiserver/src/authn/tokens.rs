@@ -11,8 +11,8 @@ use base64::Engine;
 use serde_json::Value;
 
 use super::Error;
-use crate::apiserver::ApiServer;
-use crate::apiserver::user::{UserInfo, names};
+use crate::ApiServer;
+use crate::user::{UserInfo, names};
 
 /// One line of the token file: `token,user,uid[,"group1,group2"]`.
 #[derive(Debug, Clone)]

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Attributes, Decision};
-use crate::apiserver::ApiServer;
-use crate::apiserver::cache::CachedObject;
+use crate::ApiServer;
+use crate::cache::CachedObject;
 
 fn deny(node: &str, why: &str) -> Decision {
     Decision::Deny(format!("node '{node}' {why}"))
