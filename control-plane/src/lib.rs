@@ -3,5 +3,4 @@
 
 pub mod controllers;
 pub mod leader;
-pub mod scheduler;
 pub mod server;

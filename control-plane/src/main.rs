@@ -7,8 +7,8 @@ use clap::Parser;
 use skiff_apiserver::alloc::Cidr;
 use skiff_apiserver::authn::AuthorizationMode;
 use skiff_control_plane::controllers::ControllerConfig;
-use skiff_control_plane::scheduler::SchedulerConfig;
 use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};
+use skiff_scheduler::SchedulerConfig;
 
 #[derive(Parser)]
 #[command(name = "skiff-server", about = "skiff control plane: a Kubernetes-compatible apiserver")]

@@ -38,7 +38,7 @@ pub struct ServerConfig {
     /// library default, what the API tests use; the skiff-server binary turns it on).
     pub controllers: Option<crate::controllers::ControllerConfig>,
     /// Run the scheduler in process while holding the `kube-scheduler` Lease.
-    pub scheduler: Option<crate::scheduler::SchedulerConfig>,
+    pub scheduler: Option<skiff_scheduler::SchedulerConfig>,
     /// `--advertise-address`: the address the `kubernetes` Service's endpoints name. By
     /// default the listen address, or when that is unspecified the host's address on the
     /// interface of its default route (as upstream's `ChooseHostInterface`).
@@ -291,7 +291,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                         "scheduler",
                         health.clone(),
                         Default::default(),
-                        move || crate::scheduler::run(client.clone(), sc.clone()),
+                        move || skiff_scheduler::run(client.clone(), sc.clone()),
                     )
                 },
             )

@@ -8,8 +8,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use skiff_agent::simulate::{self, SimulateConfig};
 use skiff_control_plane::controllers::ControllerConfig;
-use skiff_control_plane::scheduler::SchedulerConfig;
 use skiff_control_plane::server::ServerConfig;
+use skiff_scheduler::SchedulerConfig;
 use skiff_tests::TestServer;
 
 const APP: &str = r#"

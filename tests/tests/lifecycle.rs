@@ -13,7 +13,7 @@ use serde_json::json;
 use skiff_agent::simulate::{self, SimulateConfig, Simulation};
 use skiff_apiserver::ApiServer;
 use skiff_control_plane::controllers::{self, ControllerConfig};
-use skiff_control_plane::scheduler::{self, SchedulerConfig};
+use skiff_scheduler::{self as scheduler, SchedulerConfig};
 use skiff_store::memory::MemoryStore;
 
 async fn wait_for<F, Fut>(what: &str, f: F)

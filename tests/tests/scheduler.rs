@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use skiff_apiserver::ApiServer;
-use skiff_control_plane::scheduler::{self, SchedulerConfig};
+use skiff_scheduler::{self as scheduler, SchedulerConfig};
 use skiff_store::memory::MemoryStore;
 
 struct Rig {

@@ -10,43 +10,15 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::node::Allocatable;
 
-/// Parses a CPU quantity to millicores ("1", "250m", "0.5").
+/// A CPU quantity in millicores, rounded up (upstream's `MilliValue`), by the parser the
+/// scheduler uses too; negative or malformed: none.
 pub fn cpu_millis(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
-    if let Some(m) = s.strip_suffix('m') {
-        return m.parse::<f64>().ok().map(|v| v.ceil() as u64);
-    }
-    parse_decimal(s).map(|v| (v * 1000.0).ceil() as u64)
+    skiff_core::quantity::Quantity::of(q).and_then(|q| u64::try_from(q.milli_value()).ok())
 }
 
-/// Parses a memory quantity to bytes ("128Mi", "1G", "1e3", "512").
+/// A memory quantity in bytes, rounded up (upstream's `Value`); negative or malformed: none.
 pub fn bytes(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
-    const SUFFIXES: &[(&str, f64)] = &[
-        ("Ki", 1024.0),
-        ("Mi", 1048576.0),
-        ("Gi", 1073741824.0),
-        ("Ti", 1099511627776.0),
-        ("Pi", 1125899906842624.0),
-        ("Ei", 1152921504606846976.0),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-        ("E", 1e18),
-        ("m", 1e-3),
-    ];
-    for (suffix, mult) in SUFFIXES {
-        if let Some(n) = s.strip_suffix(suffix) {
-            return n.parse::<f64>().ok().map(|v| (v * mult).ceil() as u64);
-        }
-    }
-    parse_decimal(s).map(|v| v.ceil() as u64)
-}
-
-fn parse_decimal(s: &str) -> Option<f64> {
-    s.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
+    skiff_core::quantity::Quantity::of(q).and_then(|q| u64::try_from(q.value()).ok())
 }
 
 /// A container's (cpu millis, memory bytes) request; a limit stands in for a missing

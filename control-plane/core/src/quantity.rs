@@ -208,14 +208,58 @@ impl Quantity {
         self.0 < 0
     }
 
+    /// A quantity as the API types carry it (`k8s_openapi`'s string form).
+    pub fn of(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<Quantity> {
+        Quantity::parse(&q.0)
+    }
+
+    /// Milli-units, rounded up (towards +inf), as upstream's `ScaledValue(Milli)`.
+    pub fn milli(self) -> i128 {
+        ceil_div(self.0, 1_000_000)
+    }
+
+    /// Upstream's `MilliValue()`: [`Quantity::milli`] in an `i64` (saturating).
+    pub fn milli_value(self) -> i64 {
+        saturate(self.milli())
+    }
+
+    /// Upstream's `Value()`: whole units rounded up, in an `i64` (saturating).
+    pub fn value(self) -> i64 {
+        saturate(ceil_div(self.0, NANO))
+    }
+
     pub fn saturating_add(self, o: Quantity) -> Quantity {
         Quantity(self.0.saturating_add(o.0))
     }
 }
 
+fn ceil_div(n: i128, d: i128) -> i128 {
+    n.div_euclid(d) + i128::from(n.rem_euclid(d) != 0)
+}
+
+fn saturate(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Quantity, canonical};
+
+    #[test]
+    fn scaled_values_round_up_as_upstream() {
+        let mv = |s| Quantity::parse(s).map(Quantity::milli_value);
+        let v = |s| Quantity::parse(s).map(Quantity::value);
+        assert_eq!(mv("2.007"), Some(2007));
+        assert_eq!(mv("100m"), Some(100));
+        assert_eq!(mv("0.1m"), Some(1), "rounds up");
+        assert_eq!(mv("1.0001"), Some(1001), "rounds up");
+        assert_eq!(mv("-1.0001"), Some(-1000), "towards +inf");
+        assert_eq!(v("1.5"), Some(2));
+        assert_eq!(v("128Mi"), Some(128 << 20));
+        assert_eq!(v("1e3"), Some(1000));
+        assert_eq!(v("12E"), Some(i64::MAX), "12e18 saturates");
+        assert_eq!(mv("9Ei"), Some(i64::MAX), "saturates");
+    }
 
     #[test]
     fn canonical_forms_match_upstream() {

@@ -453,8 +453,7 @@ fn pod_metrics_resource() -> ApiResource {
 
 /// Milli-units of a quantity, rounded up (upstream's `MilliValue`).
 fn milli(q: &str) -> Option<i128> {
-    let nano = Quantity::parse(q)?.0;
-    Some(nano.div_euclid(1_000_000) + i128::from(nano.rem_euclid(1_000_000) != 0))
+    Quantity::parse(q).map(Quantity::milli)
 }
 
 /// The resource and container a metric reads, and its target.

@@ -25,8 +25,8 @@ use serde_json::json;
 use super::Context;
 use super::informer::{WorkloadCtx as Ctx, run_controller};
 use super::pods;
-use crate::scheduler::resources::parse_quantity;
 use skiff_core::events::EventType;
+use skiff_core::quantity::Quantity;
 
 /// How often a pending claim looks for a volume again (upstream's resync period).
 const PENDING_RESYNC: Duration = Duration::from_secs(15);
@@ -140,7 +140,7 @@ fn volume_class(pv: &PersistentVolume) -> String {
 }
 
 fn storage_bytes(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> i64 {
-    q.and_then(|q| parse_quantity(&q.0, 1)).unwrap_or(0)
+    q.and_then(Quantity::of).map_or(0, Quantity::value)
 }
 
 fn requested_bytes(pvc: &PersistentVolumeClaim) -> i64 {

@@ -35,7 +35,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_agent::simulate::{self, SimulateConfig};
-use skiff_control_plane::scheduler::{self, SchedulerConfig};
+use skiff_scheduler::{self as scheduler, SchedulerConfig};
 
 use super::{client, percentile, start_server};
 

@@ -212,8 +212,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::scheduler::cache::PodInfo;
-    use crate::scheduler::filters::tests::{node, pod};
+    use crate::cache::PodInfo;
+    use crate::filters::tests::{node, pod};
 
     fn cache(
         nodes: Vec<k8s_openapi::api::core::v1::Node>,

@@ -1,11 +1,11 @@
 //! Resource arithmetic of the scheduler: quantities parsed once into integers (cpu in
-//! millicores, memory in bytes), pod requests (containers summed, init containers maxed,
+//! millicores, memory in bytes, by the one exact parser of `skiff_core::quantity`), pod requests (containers summed, init containers maxed,
 //! overhead added, as upstream's `resource.PodRequests`) and node allocatable.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use skiff_core::quantity::Quantity;
 
 /// Requests used for scoring a container that requests nothing (upstream
 /// `DefaultMilliCPURequest` 100m and `DefaultMemoryRequest` 200 MiB), so that pods without
@@ -40,51 +40,19 @@ impl Resources {
     }
 }
 
-/// Parse a Kubernetes quantity ("100m", "1.5", "128Mi", "1G", "2e3") scaled by `scale`
-/// (1000 for millicores, 1 for bytes), rounding up as upstream's `MilliValue`/`Value` do.
-pub fn parse_quantity(q: &str, scale: i64) -> Option<i64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    let scaled = value * mult * scale as f64;
-    // Guard float noise ("0.1" * 1000 = 100.00000000000001) before rounding up.
-    Some((scaled - 1e-9).ceil() as i64)
-}
-
-fn from_map(map: Option<&BTreeMap<String, Quantity>>) -> Resources {
+fn from_map(
+    map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> Resources {
     let mut r = Resources::default();
     if let Some(map) = map {
         if let Some(q) = map.get("cpu") {
-            r.milli_cpu = parse_quantity(&q.0, 1000).unwrap_or(0);
+            r.milli_cpu = Quantity::of(q).map_or(0, Quantity::milli_value);
         }
         if let Some(q) = map.get("memory") {
-            r.memory = parse_quantity(&q.0, 1).unwrap_or(0);
+            r.memory = Quantity::of(q).map_or(0, Quantity::value);
         }
         if let Some(q) = map.get("pods") {
-            r.pods = parse_quantity(&q.0, 1).unwrap_or(0);
+            r.pods = Quantity::of(q).map_or(0, Quantity::value);
         }
     }
     r
@@ -128,19 +96,6 @@ pub fn node_allocatable(node: &Node) -> Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantities() {
-        assert_eq!(parse_quantity("100m", 1000), Some(100));
-        assert_eq!(parse_quantity("1", 1000), Some(1000));
-        assert_eq!(parse_quantity("0.1", 1000), Some(100));
-        assert_eq!(parse_quantity("1.5", 1000), Some(1500));
-        assert_eq!(parse_quantity("128Mi", 1), Some(128 * 1024 * 1024));
-        assert_eq!(parse_quantity("1G", 1), Some(1_000_000_000));
-        assert_eq!(parse_quantity("2e3", 1), Some(2000));
-        assert_eq!(parse_quantity("110", 1), Some(110));
-        assert_eq!(parse_quantity("1x", 1), None);
-    }
 
     #[test]
     fn pod_requests_sum_containers_max_init() {

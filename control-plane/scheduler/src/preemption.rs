@@ -100,7 +100,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::scheduler::filters::tests::{node, pod};
+    use crate::filters::tests::{node, pod};
 
     fn req(
         name: &str,

@@ -6,6 +6,9 @@
 //! and binds it concurrently (bounded). Pods that fit nowhere may preempt lower-priority
 //! pods, get `PodScheduled=False` and a `FailedScheduling` event, and wait for a cluster
 //! event in the queue.
+//!
+//! It depends on kube-rs and the core crate only: it sees the apiserver through the API,
+//! never by calling its modules.
 
 pub mod cache;
 pub mod filters;
@@ -803,7 +806,7 @@ async fn select_node(
     let mut written = Vec::with_capacity(claims.len());
     for (claim, rv) in claims {
         let patch = json!({"metadata": {"resourceVersion": rv,
-            "annotations": {crate::controllers::local_path::SELECTED_NODE: node}}});
+            "annotations": {skiff_core::volumes::SELECTED_NODE: node}}});
         let patched = api.patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await;
         let patched = patched.map_err(|source| Error::SelectNode {
             claim: format!("{}/{claim}", pod.namespace),

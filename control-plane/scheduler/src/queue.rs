@@ -233,7 +233,7 @@ impl SchedulingQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::filters::tests::pod;
+    use crate::filters::tests::pod;
     use serde_json::json;
 
     fn info(name: &str, priority: i32) -> Arc<PodInfo> {
