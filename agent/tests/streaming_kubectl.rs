@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::server::ServerConfig;
+use skiff_controllers::ControllerConfig;
 use skiff_tests::{Kubectl, TestServer};
 use streaming_common::*;
 use tokio::io::AsyncWriteExt;

@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use skiff_apiserver::alloc::Cidr;
 use skiff_apiserver::authn::AuthorizationMode;
-use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};
+use skiff_controllers::ControllerConfig;
 use skiff_scheduler::SchedulerConfig;
 
 #[derive(Parser)]
@@ -64,7 +64,7 @@ struct Args {
     no_local_path: bool,
     /// The image of the pods that remove a deleted local-path volume's directory on its
     /// node (it needs `rm`).
-    #[arg(long, default_value = skiff_control_plane::controllers::DEFAULT_HELPER_IMAGE)]
+    #[arg(long, default_value = skiff_controllers::DEFAULT_HELPER_IMAGE)]
     local_path_helper_image: String,
     /// Write the audit log (JSON lines, audit.k8s.io/v1 Events) here.
     #[arg(long)]

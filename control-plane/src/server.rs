@@ -36,7 +36,7 @@ pub struct ServerConfig {
     /// Run the controllers in process (over the apiserver's in-memory client), while this
     /// server holds the `kube-controller-manager` Lease. `None` keeps a bare apiserver (the
     /// library default, what the API tests use; the skiff-server binary turns it on).
-    pub controllers: Option<crate::controllers::ControllerConfig>,
+    pub controllers: Option<skiff_controllers::ControllerConfig>,
     /// Run the scheduler in process while holding the `kube-scheduler` Lease.
     pub scheduler: Option<skiff_scheduler::SchedulerConfig>,
     /// `--advertise-address`: the address the `kubernetes` Service's endpoints name. By
@@ -269,7 +269,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                 "kube-controller-manager",
                 &id,
                 Default::default(),
-                || crate::controllers::run(client.clone(), cc.clone(), health.clone()),
+                || skiff_controllers::run(client.clone(), cc.clone(), health.clone()),
             )
             .await
         });

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use skiff_agent::simulate::{self, SimulateConfig};
-use skiff_control_plane::controllers::ControllerConfig;
 use skiff_control_plane::server::ServerConfig;
+use skiff_controllers::ControllerConfig;
 use skiff_scheduler::SchedulerConfig;
 use skiff_tests::TestServer;
 

@@ -126,7 +126,7 @@ fn lease_holder(lease: &k8s_openapi::api::coordination::v1::Lease) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_and_failover_when_it_is_killed() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use skiff_control_plane::controllers::ControllerConfig;
+    use skiff_controllers::ControllerConfig;
     use skiff_scheduler::SchedulerConfig;
 
     let etcd = EtcdCluster::start(1).await.expect("etcd (Debian's etcd-server)");

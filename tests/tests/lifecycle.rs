@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_agent::simulate::{self, SimulateConfig, Simulation};
 use skiff_apiserver::ApiServer;
-use skiff_control_plane::controllers::{self, ControllerConfig};
+use skiff_controllers::{self as controllers, ControllerConfig};
 use skiff_scheduler::{self as scheduler, SchedulerConfig};
 use skiff_store::memory::MemoryStore;
 

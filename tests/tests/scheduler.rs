@@ -543,9 +543,7 @@ async fn claims_must_be_bound_and_local_volumes_pick_the_node() {
 async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     use k8s_openapi::api::storage::v1::StorageClass;
-    use skiff_control_plane::controllers::{
-        Context, ControllerConfig, local_path, volume, volume_protection,
-    };
+    use skiff_controllers::{Context, ControllerConfig, local_path, volume, volume_protection};
     let r = rig().await;
     for n in ["n1", "n2", "n3"] {
         node(&r.client, n, "4", json!({})).await;

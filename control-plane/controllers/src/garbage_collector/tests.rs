@@ -2,8 +2,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 
 use super::*;
-use crate::controllers::ControllerConfig;
-use crate::controllers::testutil::{api, wait_for};
+use crate::ControllerConfig;
+use crate::testutil::{api, wait_for};
 
 fn cm(name: &str, owner: Option<(&ConfigMap, bool)>) -> ConfigMap {
     let mut v = json!({"metadata": {"name": name, "namespace": "default"}, "data": {"k": "v"}});

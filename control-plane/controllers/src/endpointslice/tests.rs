@@ -5,8 +5,8 @@ use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 use super::*;
-use crate::controllers::testutil::{api, pod, ready_nodes, report_running, wait_for};
-use crate::controllers::{ControllerConfig, endpoints};
+use crate::testutil::{api, pod, ready_nodes, report_running, wait_for};
+use crate::{ControllerConfig, endpoints};
 
 fn svc(target: serde_json::Value) -> Service {
     serde_json::from_value(json!({

@@ -9,8 +9,8 @@
 //!   terminal or starts terminating (replenishment);
 //! - every five minutes, and on start.
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, LazyLock};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -26,7 +26,6 @@ use tokio::sync::mpsc;
 
 use super::Context;
 use super::pods;
-use skiff_apiserver::registry::Registry;
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};
 
@@ -34,8 +33,6 @@ use skiff_core::quota::{self, Usage};
 const RESYNC: Duration = Duration::from_secs(300);
 /// How long a failed recount waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(5);
-
-static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -110,6 +107,7 @@ pub async fn run(ctx: Arc<Context>) {
             }
         }
     });
+    let served = Served::default();
     while let Some(first) = rx.recv().await {
         // Everything queued meanwhile, once each.
         let mut batch = vec![first];
@@ -123,7 +121,7 @@ pub async fn run(ctx: Arc<Context>) {
                 if !seen.insert(key.clone()) {
                     continue;
                 }
-                if let Err(error) = recount(&client, &rq).await {
+                if let Err(error) = recount(&client, &served, &rq).await {
                     tracing::warn!(quota = %format!("{}/{}", key.0, key.1), error = %error, "recounting quota failed");
                     let tx = tx.clone();
                     tokio::spawn(async move {
@@ -198,7 +196,7 @@ fn quotas_of(store: &Store<ResourceQuota>, work: &Work) -> Vec<Arc<ResourceQuota
 }
 
 /// Count what the quota's namespace holds and write it as the quota's status.
-async fn recount(client: &kube::Client, rq: &ResourceQuota) -> Result<(), Error> {
+async fn recount(client: &kube::Client, served: &Served, rq: &ResourceQuota) -> Result<(), Error> {
     let ns = rq.namespace().unwrap_or_default();
     let name = rq.name_any();
     let spec = serde_json::to_value(rq.spec.clone().unwrap_or_default()).unwrap_or_default();
@@ -207,7 +205,7 @@ async fn recount(client: &kube::Client, rq: &ResourceQuota) -> Result<(), Error>
     let kinds: BTreeSet<(&str, &str)> = hard.keys().filter_map(|k| quota::counted_by(k)).collect();
     let now = pods::now().to_string();
     for (group, resource) in &kinds {
-        for obj in list(client, &ns, group, resource).await? {
+        for obj in list(client, served, &ns, group, resource).await? {
             if !quota::scopes_match(&spec, group, resource, &obj) {
                 continue;
             }
@@ -234,30 +232,47 @@ async fn recount(client: &kube::Client, rq: &ResourceQuota) -> Result<(), Error>
     Ok(())
 }
 
-/// The objects of `group`/`resource` in `ns`, as JSON; none for a resource not served.
+/// The namespaced resources the apiserver serves, by (group, plural), as discovery found
+/// them; a resource not found yet is looked up again (a CRD may have come since).
+#[derive(Default)]
+struct Served(Mutex<HashMap<(String, String), ApiResource>>);
+
+impl Served {
+    async fn find(&self, client: &kube::Client, group: &str, plural: &str) -> Option<ApiResource> {
+        let key = (group.to_string(), plural.to_string());
+        if let Some(ar) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Some(ar.clone());
+        }
+        let found = kube::discovery::oneshot::group(client, group).await.ok()?;
+        let (ar, caps) =
+            found.recommended_resources().into_iter().find(|(ar, _)| ar.plural == plural)?;
+        if caps.scope != kube::discovery::Scope::Namespaced {
+            return None;
+        }
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ar.clone());
+        Some(ar)
+    }
+}
+
+/// The objects of `group`/`resource` in `ns`, as JSON; none for a resource not served (or
+/// not namespaced).
 async fn list(
     client: &kube::Client,
+    served: &Served,
     ns: &str,
     group: &str,
     resource: &str,
 ) -> Result<Vec<Value>, Error> {
-    let Some(rt) = REGISTRY.all().iter().find(|t| t.group() == group && t.plural() == resource)
-    else {
+    let Some(ar) = served.find(client, group, resource).await else {
         return Ok(Vec::new());
-    };
-    if !rt.desc.namespaced {
-        return Ok(Vec::new());
-    }
-    let ar = ApiResource {
-        group: group.to_string(),
-        version: rt.desc.version.to_string(),
-        api_version: rt.desc.api_version(),
-        kind: rt.kind().to_string(),
-        plural: resource.to_string(),
     };
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
     let list = api.list(&ListParams::default()).await.map_err(|source| Error::List {
-        resource: rt.qualified(),
+        resource: if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        },
         namespace: ns.to_string(),
         source,
     })?;

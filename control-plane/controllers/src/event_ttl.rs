@@ -78,7 +78,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controllers::testutil::api;
+    use crate::testutil::api;
 
     fn event(name: &str, last: &str) -> Event {
         serde_json::from_value(json!({

@@ -102,8 +102,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controllers::ControllerConfig;
-    use crate::controllers::testutil::{api, wait_for};
+    use crate::ControllerConfig;
+    use crate::testutil::{api, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_namespace_gets_a_default_service_account() {

@@ -344,8 +344,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controllers::ControllerConfig;
-    use crate::controllers::testutil::{api, pod, report_running, wait_for};
+    use crate::ControllerConfig;
+    use crate::testutil::{api, pod, report_running, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn namespace_deletion_cascades_then_removes_the_namespace() {

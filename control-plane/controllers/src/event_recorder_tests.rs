@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use skiff_core::events::*;
 
-use crate::controllers::testutil::{api, pod, wait_for};
+use crate::testutil::{api, pod, wait_for};
 
 #[tokio::test(start_paused = true)]
 async fn recorder_writes_one_event_with_a_count() {

@@ -235,7 +235,7 @@ fn set_trigger(meta: &mut ObjectMeta, when: &str) {
 }
 
 pub(crate) fn now_rfc3339() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 pub(crate) fn pod_ready(pod: &Pod) -> bool {

@@ -32,10 +32,10 @@ use kube::api::{
 use serde_json::{Value, json};
 
 use super::Context;
+use skiff_core::autoscaling::{default_scale_down, default_scale_up};
 use skiff_core::cron::go_duration_nanos;
 use skiff_core::events::{EventRecorder as Recorder, EventType};
 use skiff_core::quantity::{self, Quantity};
-use skiff_machinery::admission::autoscaling::{default_scale_down, default_scale_up};
 
 /// Utilization changes within this fraction of the target do not rescale
 /// (`--horizontal-pod-autoscaler-tolerance`).

@@ -2,6 +2,9 @@
 //! queue → level-triggered `reconcile`) over a kube-rs `Client`; in skiff-server that client
 //! talks to the apiserver in memory, out of process it is a normal client. None of them
 //! touches the store.
+//!
+//! It depends on kube-rs and the core crate only: never on the store, the API machinery or
+//! the apiserver, which its tests alone use (to run against the apiserver in memory).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -57,7 +60,7 @@ pub fn omit_zero(n: i32) -> Option<i32> {
 pub fn status_patch(status: &impl serde::Serialize, group: &str, kind: &str) -> serde_json::Value {
     let mut status = serde_json::to_value(status).unwrap_or_default();
     if let Some(s) = status.as_object_mut() {
-        for field in skiff_machinery::admission::omitted_zero_status(group, kind) {
+        for field in skiff_core::status::omitted_zero_status(group, kind) {
             s.entry(*field).or_insert(serde_json::Value::Null);
         }
     }

@@ -269,8 +269,8 @@ impl Gc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::ControllerConfig;
-    use crate::controllers::testutil::{api, pod, wait_for};
+    use crate::ControllerConfig;
+    use crate::testutil::{api, pod, wait_for};
     use kube::api::PostParams;
 
     fn p(name: &str, node: &str, phase: &str, terminating: bool, created: i64) -> Arc<Pod> {
