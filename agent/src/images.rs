@@ -76,7 +76,7 @@ pub enum Error {
     ImportTimeout { archive: PathBuf, timeout: Duration },
 }
 
-/// `skiff-agent images ...`
+/// `skiff-lab images ...`
 #[derive(Debug, clap::Subcommand)]
 pub enum ImagesCommand {
     /// Imports an OCI archive into containerd's k8s.io namespace.
@@ -224,7 +224,7 @@ fn oci_archive(name: &str, layer: &[u8], cmd: &[&str]) -> Result<Vec<u8>> {
         "os": "linux",
         "config": {"Env": [PATH_ENV], "Cmd": cmd, "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
-        "history": [{"created_by": "skiff-agent images build (busybox-static)"}],
+        "history": [{"created_by": "skiff-lab images build (busybox-static)"}],
     }))
     .unwrap_or_default();
     let config_digest = sha256_hex(&config);

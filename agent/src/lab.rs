@@ -1,4 +1,4 @@
-//! A whole skiff cluster on one machine (`skiff-agent lab up|down|status`): the rig behind
+//! A whole skiff cluster on one machine (`skiff-lab up|down|status`): the rig behind
 //! `cargo xtask up` and the end-to-end tests.
 //!
 //! Layout, the same for one node or many:
@@ -965,7 +965,7 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `skiff-agent lab ...`.
+/// `skiff-lab ...`.
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
     /// Bring a lab up (server, N nodes with containerd and agents) and wait until Ready.

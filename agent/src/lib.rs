@@ -8,16 +8,24 @@
 //! apiserver; the runtime and the kernel are its only other partners.
 
 pub mod agent;
+pub mod cgroups;
 pub mod config;
-pub mod containerd;
 pub mod dns;
-pub mod images;
-pub mod lab;
 pub mod network;
 pub mod node;
 pub mod pods;
 pub mod runtime;
-pub mod simulate;
 pub mod streaming;
+
+// Test and lab tooling, never in a shipped build: containerd instances of their own, the
+// busybox test images, the one-machine lab (`skiff-lab`), simulated nodes, the node rig.
+#[cfg(feature = "testing")]
+pub mod containerd;
+#[cfg(feature = "testing")]
+pub mod images;
+#[cfg(feature = "testing")]
+pub mod lab;
+#[cfg(feature = "testing")]
+pub mod simulate;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -5,52 +5,29 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use skiff_agent::agent;
 use skiff_agent::config::{self, AgentConfig};
 use skiff_agent::runtime::cri::CriRuntime;
-use skiff_agent::{agent, images, lab, simulate};
 
 #[derive(Debug, Parser)]
-#[command(name = "skiff-agent", version, about = "skiff's node agent")]
+#[command(
+    name = "skiff-agent",
+    version,
+    about = "skiff's node agent: joins a cluster and runs its node's pods"
+)]
 struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
     #[command(flatten)]
     run: RunArgs,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Test images: import an OCI archive, build the busybox test images.
-    #[command(subcommand)]
-    Images(images::ImagesCommand),
-    /// A whole cluster on this machine in network namespaces (`cargo xtask up`, e2e tests).
-    #[command(subcommand)]
-    Lab(lab::LabCommand),
-    /// N simulated nodes in this process: the real agent code over the in-memory runtime.
-    Simulate {
-        /// Number of nodes.
-        #[arg(long, default_value_t = 3)]
-        nodes: usize,
-        /// Node name prefix (`<prefix>-<i>`).
-        #[arg(long, default_value = "sim-node")]
-        prefix: String,
-        /// CPU millicores of each node.
-        #[arg(long, default_value_t = 4000)]
-        cpu_millis: u64,
-        /// Memory of each node, in MiB.
-        #[arg(long, default_value_t = 16384)]
-        memory_mib: u64,
-    },
 }
 
 #[derive(Debug, Args)]
 struct RunArgs {
     /// kubeconfig of the agent's identity.
-    #[arg(long, global = true)]
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// apiserver URL, with --token (join token exchange: "Control plane III").
+    /// apiserver URL, with --token: join the cluster with a bootstrap token.
     #[arg(long)]
     server: Option<String>,
     /// Join token minted by skiff-server.
@@ -267,48 +244,27 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Images(cmd)) => images::run_command(cmd).await,
-        Some(Command::Lab(cmd)) => lab::run_command(cmd).await,
-        Some(Command::Simulate { nodes, prefix, cpu_millis, memory_mib }) => {
-            let (client, _) = client(&cli.run).await?;
-            let cfg = simulate::SimulateConfig {
-                nodes,
-                prefix,
-                cpu_millis,
-                memory_bytes: memory_mib << 20,
-                ..Default::default()
-            };
-            let sim = simulate::start(client, cfg).await?;
-            tracing::info!(nodes = sim.nodes.len(), "simulated nodes running; Ctrl-C stops them");
-            tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-            Ok(())
-        }
-        None => {
-            let (client, kube_config) = client(&cli.run).await?;
-            let config = agent_config(&cli.run, &kube_config)?;
-            let runtime =
-                CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
-                    format!("connecting to containerd at {}", config.containerd_socket.display())
-                })?;
-            let proxy = proxy_config(&cli.run, &config).map(|pc| {
-                let client = client.clone();
-                tokio::spawn(async move {
-                    loop {
-                        match skiff_proxy::daemon::run(client.clone(), pc.clone()).await {
-                            Ok(()) => tracing::warn!("proxy ended; restarting"),
-                            Err(e) => tracing::error!(error = ?e, "proxy"),
-                        }
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                    }
-                })
-            });
-            let _proxy = proxy.map(|h| h.abort_handle());
-            tokio::select! {
-                r = agent::run(client, config, runtime) => r.context("skiff-agent")?,
-                _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),
+    let (client, kube_config) = client(&cli.run).await?;
+    let config = agent_config(&cli.run, &kube_config)?;
+    let runtime = CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
+        format!("connecting to containerd at {}", config.containerd_socket.display())
+    })?;
+    let proxy = proxy_config(&cli.run, &config).map(|pc| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                match skiff_proxy::daemon::run(client.clone(), pc.clone()).await {
+                    Ok(()) => tracing::warn!("proxy ended; restarting"),
+                    Err(e) => tracing::error!(error = ?e, "proxy"),
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            Ok(())
-        }
+        })
+    });
+    let _proxy = proxy.map(|h| h.abort_handle());
+    tokio::select! {
+        r = agent::run(client, config, runtime) => r.context("skiff-agent")?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),
     }
+    Ok(())
 }

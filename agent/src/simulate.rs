@@ -1,4 +1,4 @@
-//! `skiff-agent simulate --nodes N`: N nodes in one process with the real agent code over the in-memory runtime.
+//! `skiff-lab simulate --nodes N`: N nodes in one process with the real agent code over the in-memory runtime.
 //!
 //! Every simulated node is a full agent ([`crate::agent::start`]): Node registration, Lease
 //! heartbeat, status reports, the pod watch, per-pod workers, admission, probes, graceful

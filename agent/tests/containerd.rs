@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use skiff_agent::containerd::cgroup_mounts;
+use skiff_agent::cgroups::cgroup_mounts;
 use skiff_agent::images::{PAUSE_IMAGE, TOOLS_IMAGE};
 use skiff_agent::runtime::cri::CriRuntime;
 use skiff_agent::runtime::{CONTAINER_NAME_LABEL, Runtime, api};

@@ -405,7 +405,7 @@ async fn bad_input_absent_image_invalid_command_and_an_unrunnable_pod() {
 
 /// `<hierarchy>/<parent>/pod<uid>` in every cgroup hierarchy.
 fn pod_cgroup_dirs(parent: &str, uid: &str) -> Vec<std::path::PathBuf> {
-    skiff_agent::containerd::cgroup_mounts()
+    skiff_agent::cgroups::cgroup_mounts()
         .expect("cgroup mounts")
         .into_iter()
         .map(|m| m.join(parent.trim_start_matches('/')).join(format!("pod{uid}")))

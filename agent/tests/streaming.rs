@@ -2,12 +2,10 @@
 //! in-memory runtime reports the containers and their log paths), exec proxying to a fake
 //! stream server, and client authentication (only the apiserver's certificate is served).
 
-mod streaming_common;
-
 use std::time::Duration;
 
 use skiff_agent::streaming;
-use streaming_common::*;
+use skiff_agent::testing::streaming::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_with_the_kubelet_options() {

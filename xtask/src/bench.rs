@@ -105,11 +105,13 @@ fn agent(root: &Path) -> Result<()> {
     run(&mut cmd)
 }
 
-/// Release builds of skiff-server and the bench driver, then the driver against the server.
+/// `dist` builds (fat LTO) of skiff-server and the bench driver, then the driver against the
+/// server.
 fn apiserver(root: &Path) -> Result<()> {
     run(cargo().current_dir(root).args([
         "build",
-        "--release",
+        "--profile",
+        "dist",
         "-p",
         "skiff-control-plane",
         "-p",
@@ -122,7 +124,7 @@ fn apiserver(root: &Path) -> Result<()> {
     // Where cargo put them (CARGO_TARGET_DIR when set, as the builds above honour it).
     let target = std::env::var("CARGO_TARGET_DIR")
         .map_or_else(|_| root.join("target"), Into::into)
-        .join("release");
+        .join("dist");
     run(Command::new(target.join("skiff-bench"))
         .arg("apiserver")
         .arg(target.join("skiff-server"))

@@ -2,9 +2,9 @@
 //!
 //! The lab itself (lab bridge in its own namespace, one namespace per node with its own
 //! containerd and skiff-agent hosting the proxy, skiff-server on the host's lab address) is
-//! `skiff_agent::lab`, driven through `skiff-agent lab up|down`: xtask does not link the
-//! agent (it installs protoc, which the agent needs to build). The end-to-end tests use the
-//! same code.
+//! `skiff_agent::lab`, driven through `skiff-lab up|down` (the agent's development binary,
+//! built with its `testing` feature): xtask does not link the agent (it installs protoc,
+//! which the agent needs to build). The end-to-end tests use the same code.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,9 +24,10 @@ fn release_dir(root: &Path) -> PathBuf {
         .join("release")
 }
 
-/// Release builds of every binary the lab runs (the proxy's build script builds and embeds
-/// the eBPF object with the pinned toolchain).
+/// Release builds of every binary the lab runs, and of `skiff-lab` (the proxy's build
+/// script builds and embeds the eBPF object with the pinned toolchain).
 pub fn build(root: &Path) -> Result<PathBuf> {
+    let started = std::time::Instant::now();
     run(cargo().current_dir(root).args([
         "build",
         "--release",
@@ -38,9 +39,12 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         "skiff-cni",
         "-p",
         "skiff-proxy",
+        "--features",
+        "skiff-agent/testing",
         "--bins",
     ]))?;
     crate::ebpf::build_ebpf(root, true)?;
+    eprintln!("xtask: release build took {:.0?}", started.elapsed());
     Ok(release_dir(root))
 }
 
@@ -50,11 +54,10 @@ pub fn up(root: &Path, nodes: usize) -> Result<()> {
     crate::setup::all(root)?;
     let bin = build(root)?;
     // The test images (also built into each node by the lab; here for `ctr import` by hand).
-    run(Command::new(bin.join("skiff-agent"))
+    run(Command::new(bin.join("skiff-lab"))
         .args(["images", "build"])
         .arg(bin.parent().unwrap_or(&bin).join("images")))?;
-    run(Command::new(bin.join("skiff-agent")).args([
-        "lab",
+    run(Command::new(bin.join("skiff-lab")).args([
         "up",
         "--nodes",
         &nodes.to_string(),
@@ -80,7 +83,7 @@ pub fn up(root: &Path, nodes: usize) -> Result<()> {
 pub fn down(root: &Path) -> Result<()> {
     let agent = ["release", "debug"]
         .iter()
-        .map(|p| release_dir(root).with_file_name(p).join("skiff-agent"))
+        .map(|p| release_dir(root).with_file_name(p).join("skiff-lab"))
         .find(|p| p.is_file());
     let agent = match agent {
         Some(a) => a,
@@ -90,17 +93,19 @@ pub fn down(root: &Path) -> Result<()> {
                 "--release",
                 "-p",
                 "skiff-agent",
+                "--features",
+                "testing",
                 "--bin",
-                "skiff-agent",
+                "skiff-lab",
             ]))?;
-            release_dir(root).join("skiff-agent")
+            release_dir(root).join("skiff-lab")
         }
         None => {
             eprintln!("xtask: no lab in {LAB_DIR}");
             return Ok(());
         }
     };
-    run(Command::new(agent).args(["lab", "down", "--dir", LAB_DIR]))?;
+    run(Command::new(agent).args(["down", "--dir", LAB_DIR]))?;
     eprintln!("xtask: the lab is down ({LAB_DIR} and {SERVER_DIR} removed)");
     Ok(())
 }

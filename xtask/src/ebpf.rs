@@ -35,9 +35,8 @@ fn ebpf_cargo(root: &Path, subcommand: &str, target_dir: &Path) -> Command {
         // Stable 1.95 with the nightly-only -Z build-std (DESIGN.md "Pinned toolchain").
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags())
-        // The workspace's release profile asks for fat LTO in one codegen unit for the host
-        // binaries; bpf-linker links the object's bitcode itself, and the verifier-checked
-        // object stays built as it always was (cargo's release defaults).
+        // bpf-linker links the object's bitcode itself: the verifier-checked object is
+        // built with cargo's release defaults, whatever the workspace's profiles say.
         .env("CARGO_PROFILE_RELEASE_LTO", "false")
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16");
     // Set by an outer cargo (build script, clippy): they must not leak into this build.

@@ -1,8 +1,8 @@
 //! `cargo xtask images`: the busybox test images (skiff.test/pause:1, skiff.test/tools:1) as
 //! OCI archives under `<target>/images/`.
 //!
-//! The archive builder lives in skiff-agent (`skiff_agent::images`, also behind
-//! `skiff-agent images build`); xtask runs that binary instead of linking the library,
+//! The archive builder lives in skiff-agent's testing side (`skiff_agent::images`, behind
+//! `skiff-lab images build`); xtask runs that binary instead of linking the library,
 //! so xtask itself keeps building without protoc and the agent's dependency tree (it is
 //! what installs protoc on a fresh machine).
 
@@ -20,7 +20,8 @@ pub fn build(root: &Path, out: Option<PathBuf>) -> Result<PathBuf> {
     let out = out.unwrap_or_else(|| target.join("images"));
     run(cargo()
         .current_dir(root)
-        .args(["run", "-q", "-p", "skiff-agent", "--bin", "skiff-agent", "--", "images", "build"])
+        .args(["run", "-q", "-p", "skiff-agent", "--features", "testing", "--bin", "skiff-lab"])
+        .args(["--", "images", "build"])
         .arg(&out))?;
     Ok(out)
 }

@@ -53,7 +53,7 @@ enum Cmd {
         install: bool,
     },
     /// Build the busybox test images (skiff.test/pause:1, skiff.test/tools:1) as OCI
-    /// archives into target/images/ (import: skiff-agent images import FILE).
+    /// archives into target/images/ (import: skiff-lab images import FILE).
     Images {
         /// Output directory instead of target/images.
         #[arg(long)]
@@ -121,7 +121,9 @@ fn test(root: &Path) -> Result<()> {
     lint(root)?;
     setup::python_venv(root)?;
     // Build the binaries first: the end-to-end tests start them from target/debug.
+    let started = std::time::Instant::now();
     run(cargo().current_dir(root).args(["build", "--workspace", "--bins"]))?;
+    eprintln!("xtask: build took {:.0?}", started.elapsed());
     run(cargo().current_dir(root).args(["test", "--workspace", "--no-fail-fast"]))?;
     Ok(())
 }

@@ -45,7 +45,7 @@ pub fn remove_orphan_cgroups(config: &crate::config::AgentConfig, live: &HashSet
     if parent.is_empty() {
         return 0;
     }
-    let mounts = match crate::containerd::cgroup_mounts() {
+    let mounts = match crate::cgroups::cgroup_mounts() {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "listing cgroup hierarchies");

@@ -1,4 +1,5 @@
-//! Pod sync: each pod bound to this node is a state machine driven over a runtime.
+//! Pod sync: each pod bound to this node has a level-triggered worker driving it over a
+//! runtime (not a typed state machine: each pass observes and takes the next steps).
 //!
 //! [`PodSync`] watches the pods with `spec.nodeName=<node>` (kube-runtime's watcher and
 //! reflector), admits new pods against the node's allocatable ([`admit`]), and feeds each

@@ -206,7 +206,7 @@ pub fn remove_pod_cgroups(config: &crate::config::AgentConfig, uid: &str) -> usi
     if dir.is_empty() {
         return 0;
     }
-    match crate::containerd::remove_cgroup_dirs(&dir) {
+    match crate::cgroups::remove_cgroup_dirs(&dir) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(uid, error = %e, "removing the pod's cgroup directories");

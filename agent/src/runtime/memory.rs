@@ -131,7 +131,7 @@ impl MemoryRuntime {
         self.lock().pullable.insert(name.to_string(), ());
     }
 
-    /// Makes every image pullable (the hollow nodes of `skiff-agent simulate`).
+    /// Makes every image pullable (the hollow nodes of `skiff-lab simulate`).
     pub fn set_pull_any(&self, any: bool) {
         self.lock().pull_any = any;
     }

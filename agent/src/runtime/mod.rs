@@ -3,7 +3,7 @@
 //!
 //! Two implementations: [`cri::CriRuntime`] talks to containerd's CRI socket over tonic,
 //! [`memory::MemoryRuntime`] keeps sandboxes and containers in memory (unit tests, and the
-//! hollow nodes of `skiff-agent simulate`). [`fake_cri`] serves any [`Runtime`] as a CRI
+//! hollow nodes of `skiff-lab simulate`). [`fake_cri`] serves any [`Runtime`] as a CRI
 //! gRPC server, so the CRI client path is tested without containerd.
 //!
 //! The trait uses CRI types on purpose: the real implementation stays a thin pass-through,
@@ -14,7 +14,9 @@ use std::future::Future;
 pub use k8s_cri::v1 as api;
 
 pub mod cri;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake_cri;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 
 /// Label the agent puts on every sandbox and container: the pod's UID (adoption after a

@@ -15,7 +15,7 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 
 use super::Context;
-use super::informer::{informer_with_store, run_applier};
+use super::informer::{Change, informer_with_store, run_applier};
 
 /// The field manager of the rules it writes (upstream's name).
 const MANAGER: &str = "clusterrole-aggregation-controller";
@@ -37,14 +37,21 @@ pub async fn run(ctx: Arc<Context>) {
         Api::<ClusterRole>::all(ctx.client.clone()),
         watcher::Config::default(),
         tx,
-        // Every change may alter what any aggregated role gathers.
-        |_change, store: &Store<ClusterRole>| {
-            store
+        // Every change may alter what any aggregated role gathers. During the first list
+        // the store is filled only at its end: each aggregated role listed is queued itself.
+        |change, store: &Store<ClusterRole>| {
+            let mut refs: Vec<ObjectRef<ClusterRole>> = store
                 .state()
                 .iter()
                 .filter(|r| r.aggregation_rule.is_some())
                 .map(|r| ObjectRef::from_obj(r.as_ref()))
-                .collect()
+                .collect();
+            if let Change::Applied(role) = change
+                && role.aggregation_rule.is_some()
+            {
+                refs.push(ObjectRef::from_obj(role));
+            }
+            refs
         },
     );
     let reader = store.clone();

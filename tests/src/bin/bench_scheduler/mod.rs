@@ -330,7 +330,7 @@ async fn start_binder(kubeconfig: &Path, binder: Binder) -> Result<OwnRuntime> {
     Ok(own)
 }
 
-/// `SKIFF_BENCH_SIMNODES`: the nodes are `skiff-agent simulate` nodes (the real agent over
+/// `SKIFF_BENCH_SIMNODES`: the nodes are `skiff-lab simulate` nodes (the real agent over
 /// its in-memory runtime: Lease heartbeats, bound pods run and reported Running, more
 /// writes per pod) on a runtime of their own.
 async fn start_simnodes(kubeconfig: &Path) -> Result<OwnRuntime> {

@@ -2,17 +2,15 @@
 //! proxies pods/log and pods/exec to this agent's streaming endpoint (a Node object points
 //! at it on loopback), with the real kubectl 1.27 and 1.33 binaries.
 
-mod streaming_common;
-
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use skiff_agent::testing::streaming::*;
 use skiff_control_plane::server::ServerConfig;
 use skiff_controllers::ControllerConfig;
 use skiff_tests::{Kubectl, TestServer};
-use streaming_common::*;
 use tokio::io::AsyncWriteExt;
 
 async fn kubectl(k: &Arc<Kubectl>, args: &[&str]) -> String {
@@ -139,7 +137,7 @@ async fn kubectl_logs_through_the_apiserver() {
 
     // A restart: --previous shows restart 0, the default the new instance.
     c.node.runtime.exit_container(&ct, 1).unwrap();
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+    let now = jiff::Timestamp::now().to_string();
     let ct1 = c
         .node
         .container("default", "web", &c.uid, "app", 1, &format!("{now} stdout F again\n"))

@@ -17,6 +17,8 @@
 //! every hierarchy, deletes the namespace and removes the directory. Nothing is routed off
 //! the machine: the namespace has no link but `lo` and the pods' veths.
 
+pub mod streaming;
+
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

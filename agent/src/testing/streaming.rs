@@ -1,20 +1,20 @@
-//! Shared rig of the streaming tests: an agent streaming endpoint over the in-memory runtime
-//! with fabricated containers and CRI log files, TLS clients with and without the
-//! apiserver's certificate, and a fake runtime stream server for exec.
-#![allow(dead_code)]
+//! Shared rig of the streaming tests (this crate's and the workspace's): an agent streaming
+//! endpoint over the in-memory runtime with fabricated containers and CRI log files, TLS
+//! clients with and without the apiserver's certificate, and a fake runtime stream server
+//! for exec.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::runtime::memory::MemoryRuntime;
+use crate::runtime::{self, Runtime, api};
+use crate::streaming::{self, StreamingConfig, StreamingServer};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
-use skiff_agent::runtime::memory::MemoryRuntime;
-use skiff_agent::runtime::{self, Runtime, api};
-use skiff_agent::streaming::{self, StreamingConfig, StreamingServer};
 use skiff_apiserver::pki::Pki;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
