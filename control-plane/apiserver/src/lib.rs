@@ -17,11 +17,14 @@ mod discovery;
 mod handlers;
 mod health;
 mod json;
+mod list_options;
+mod metrics;
 pub mod metrics_api;
 pub mod negotiate;
 pub mod pki;
 pub mod proxy;
 pub mod registry;
+mod render;
 pub mod request;
 pub mod selectors;
 pub mod status;
@@ -112,7 +115,7 @@ pub struct ApiServer {
     pub openapi: OpenApiDocs,
     pub alloc: Allocators,
     pub config: ApiConfig,
-    pub metrics: handlers::Metrics,
+    pub metrics: metrics::Metrics,
     /// The nodes' and containers' latest readings, for `metrics.k8s.io`.
     pub resource_metrics: metrics_api::ResourceMetrics,
     /// The admission chain every write passes.
@@ -163,7 +166,7 @@ impl ApiServer {
             openapi,
             alloc,
             config,
-            metrics: handlers::Metrics::default(),
+            metrics: metrics::Metrics::default(),
             resource_metrics: metrics_api::ResourceMetrics::default(),
             admission: admission::Chain::builtin(),
             audit,
@@ -232,12 +235,12 @@ impl ApiServer {
         let mut headers = http::HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let result = handlers::create(
-            self,
-            rt,
-            ns,
-            &Query::parse(Some("fieldManager=skiff-server")),
-            &headers,
-            &body,
+            request::Target { server: self, rt, ns },
+            request::Input {
+                query: &Query::parse(Some("fieldManager=skiff-server")),
+                headers: &headers,
+                body: &body,
+            },
         )
         .await;
         match result {

@@ -19,9 +19,9 @@ use std::time::Duration;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::handlers::{render_list, render_object};
 use super::negotiate::Output;
 use super::registry::ResourceType;
+use super::render::{render_list, render_object};
 use super::request::{Query, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
@@ -288,7 +288,7 @@ pub(super) fn serve(
 
 fn node_metrics(name: &str, labels: BTreeMap<String, String>, rate: Rate) -> Value {
     json!({
-        "metadata": {"name": name, "creationTimestamp": super::handlers::now(), "labels": labels},
+        "metadata": {"name": name, "creationTimestamp": skiff_core::time::now_rfc3339(), "labels": labels},
         "timestamp": time(rate.timestamp_ms),
         "window": go_duration(rate.window_ms),
         "usage": usage(rate),
@@ -306,7 +306,7 @@ fn pod_metrics(
     let earliest = containers.values().min_by_key(|r| r.timestamp_ms).copied();
     let (timestamp, window) = earliest.map_or((0, 0), |r| (r.timestamp_ms, r.window_ms));
     json!({
-        "metadata": {"name": name, "namespace": ns, "creationTimestamp": super::handlers::now(),
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": skiff_core::time::now_rfc3339(),
             "labels": labels},
         "timestamp": time(timestamp),
         "window": go_duration(window),

@@ -207,7 +207,8 @@ const EVICTION: SubresourceDesc = SubresourceDesc {
     verbs: &["create"],
 };
 
-#[allow(clippy::too_many_arguments)]
+/// A read-write resource without short names, categories or subresources (the
+/// `with_*` methods add them).
 const fn desc(
     group: &'static str,
     version: &'static str,
@@ -215,9 +216,6 @@ const fn desc(
     plural: &'static str,
     singular: &'static str,
     namespaced: bool,
-    short_names: &'static [&'static str],
-    categories: &'static [&'static str],
-    subresources: &'static [SubresourceDesc],
 ) -> ResourceDesc {
     ResourceDesc {
         group,
@@ -227,9 +225,9 @@ const fn desc(
         singular,
         namespaced,
         verbs: RW,
-        short_names,
-        categories,
-        subresources,
+        short_names: &[],
+        categories: &[],
+        subresources: &[],
     }
 }
 
@@ -240,17 +238,9 @@ pub fn builtin() -> Vec<ResourceType> {
         ResourceType {
             desc: ResourceDesc {
                 verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
-                ..desc(
-                    "",
-                    "v1",
-                    "Namespace",
-                    "namespaces",
-                    "namespace",
-                    false,
-                    &["ns"],
-                    &[],
-                    &[STATUS, FINALIZE],
-                )
+                ..desc("", "v1", "Namespace", "namespaces", "namespace", false)
+                    .with_short_names(&["ns"])
+                    .with_subresources(&[STATUS, FINALIZE])
             },
             normalize: normalize::<core::v1::Namespace>(),
             fields: &["status.phase"],
@@ -258,24 +248,19 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: true,
         },
         ResourceType {
-            desc: desc("", "v1", "Node", "nodes", "node", false, &["no"], &[], &[STATUS]),
+            desc: desc("", "v1", "Node", "nodes", "node", false)
+                .with_short_names(&["no"])
+                .with_subresources(&[STATUS]),
             normalize: normalize::<core::v1::Node>(),
             fields: &["spec.unschedulable"],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "",
-                "v1",
-                "Pod",
-                "pods",
-                "pod",
-                true,
-                &["po"],
-                all,
-                &[STATUS, BINDING, EVICTION],
-            ),
+            desc: desc("", "v1", "Pod", "pods", "pod", true)
+                .with_short_names(&["po"])
+                .with_categories(all)
+                .with_subresources(&[STATUS, BINDING, EVICTION]),
             normalize: normalize_in_one_pass::<core::v1::Pod>(),
             fields: &[
                 "spec.nodeName",
@@ -291,79 +276,58 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: true,
         },
         ResourceType {
-            desc: desc("", "v1", "Service", "services", "service", true, &["svc"], all, &[STATUS]),
+            desc: desc("", "v1", "Service", "services", "service", true)
+                .with_short_names(&["svc"])
+                .with_categories(all)
+                .with_subresources(&[STATUS]),
             normalize: normalize::<core::v1::Service>(),
             fields: &[],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
-            desc: desc("", "v1", "Endpoints", "endpoints", "endpoints", true, &["ep"], &[], &[]),
+            desc: desc("", "v1", "Endpoints", "endpoints", "endpoints", true)
+                .with_short_names(&["ep"]),
             normalize: normalize::<core::v1::Endpoints>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
-            desc: desc("", "v1", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], &[]),
+            desc: desc("", "v1", "ConfigMap", "configmaps", "configmap", true)
+                .with_short_names(&["cm"]),
             normalize: normalize::<core::v1::ConfigMap>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
-            desc: desc("", "v1", "Secret", "secrets", "secret", true, &[], &[], &[]),
+            desc: desc("", "v1", "Secret", "secrets", "secret", true),
             normalize: normalize::<core::v1::Secret>(),
             fields: &["type"],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
-            desc: desc(
-                "",
-                "v1",
-                "ServiceAccount",
-                "serviceaccounts",
-                "serviceaccount",
-                true,
-                &["sa"],
-                &[],
-                &[],
-            ),
+            desc: desc("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true)
+                .with_short_names(&["sa"]),
             normalize: normalize::<core::v1::ServiceAccount>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
-            desc: desc(
-                "",
-                "v1",
-                "ResourceQuota",
-                "resourcequotas",
-                "resourcequota",
-                true,
-                &["quota"],
-                &[],
-                &[STATUS],
-            ),
+            desc: desc("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true)
+                .with_short_names(&["quota"])
+                .with_subresources(&[STATUS]),
             normalize: normalize::<core::v1::ResourceQuota>(),
             fields: &[],
             tracks_generation: false,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "",
-                "v1",
-                "LimitRange",
-                "limitranges",
-                "limitrange",
-                true,
-                &["limits"],
-                &[],
-                &[],
-            ),
+            desc: desc("", "v1", "LimitRange", "limitranges", "limitrange", true)
+                .with_short_names(&["limits"]),
             normalize: normalize::<core::v1::LimitRange>(),
             fields: &[],
             tracks_generation: false,
@@ -374,17 +338,8 @@ pub fn builtin() -> Vec<ResourceType> {
         ResourceType {
             desc: ResourceDesc {
                 verbs: &["get", "list"],
-                ..desc(
-                    "",
-                    "v1",
-                    "ComponentStatus",
-                    "componentstatuses",
-                    "componentstatus",
-                    false,
-                    &["cs"],
-                    &[],
-                    &[],
-                )
+                ..desc("", "v1", "ComponentStatus", "componentstatuses", "componentstatus", false)
+                    .with_short_names(&["cs"])
             },
             normalize: normalize::<core::v1::ComponentStatus>(),
             fields: &[],
@@ -399,10 +354,10 @@ pub fn builtin() -> Vec<ResourceType> {
                 "horizontalpodautoscalers",
                 "horizontalpodautoscaler",
                 true,
-                &["hpa"],
-                &["all"],
-                &[STATUS],
-            ),
+            )
+            .with_short_names(&["hpa"])
+            .with_categories(&["all"])
+            .with_subresources(&[STATUS]),
             normalize: normalize::<autoscaling::v2::HorizontalPodAutoscaler>(),
             fields: &[],
             tracks_generation: false,
@@ -413,17 +368,7 @@ pub fn builtin() -> Vec<ResourceType> {
         ResourceType {
             desc: ResourceDesc {
                 verbs: &["get", "list"],
-                ..desc(
-                    "metrics.k8s.io",
-                    "v1beta1",
-                    "NodeMetrics",
-                    "nodes",
-                    "nodemetrics",
-                    false,
-                    &[],
-                    &[],
-                    &[],
-                )
+                ..desc("metrics.k8s.io", "v1beta1", "NodeMetrics", "nodes", "nodemetrics", false)
             },
             normalize: normalize::<Value>(),
             fields: &[],
@@ -433,17 +378,7 @@ pub fn builtin() -> Vec<ResourceType> {
         ResourceType {
             desc: ResourceDesc {
                 verbs: &["get", "list"],
-                ..desc(
-                    "metrics.k8s.io",
-                    "v1beta1",
-                    "PodMetrics",
-                    "pods",
-                    "podmetrics",
-                    true,
-                    &[],
-                    &[],
-                    &[],
-                )
+                ..desc("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", "podmetrics", true)
             },
             normalize: normalize::<Value>(),
             fields: &[],
@@ -451,7 +386,7 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: false,
         },
         ResourceType {
-            desc: desc("", "v1", "Event", "events", "event", true, &["ev"], &[], &[]),
+            desc: desc("", "v1", "Event", "events", "event", true).with_short_names(&["ev"]),
             normalize: normalize::<core::v1::Event>(),
             fields: &[
                 "involvedObject.kind",
@@ -477,10 +412,9 @@ pub fn builtin() -> Vec<ResourceType> {
                 "persistentvolumes",
                 "persistentvolume",
                 false,
-                &["pv"],
-                &[],
-                &[STATUS],
-            ),
+            )
+            .with_short_names(&["pv"])
+            .with_subresources(&[STATUS]),
             normalize: normalize::<core::v1::PersistentVolume>(),
             fields: &[],
             tracks_generation: false,
@@ -494,10 +428,9 @@ pub fn builtin() -> Vec<ResourceType> {
                 "persistentvolumeclaims",
                 "persistentvolumeclaim",
                 true,
-                &["pvc"],
-                &[],
-                &[STATUS],
-            ),
+            )
+            .with_short_names(&["pvc"])
+            .with_subresources(&[STATUS]),
             normalize: normalize::<core::v1::PersistentVolumeClaim>(),
             fields: &[],
             tracks_generation: false,
@@ -511,78 +444,50 @@ pub fn builtin() -> Vec<ResourceType> {
                 "replicationcontrollers",
                 "replicationcontroller",
                 true,
-                &["rc"],
-                all,
-                &[STATUS, SCALE],
-            ),
+            )
+            .with_short_names(&["rc"])
+            .with_categories(all)
+            .with_subresources(&[STATUS, SCALE]),
             normalize: normalize::<core::v1::ReplicationController>(),
             fields: &["status.replicas"],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "apps",
-                "v1",
-                "Deployment",
-                "deployments",
-                "deployment",
-                true,
-                &["deploy"],
-                all,
-                &[STATUS, SCALE],
-            ),
+            desc: desc("apps", "v1", "Deployment", "deployments", "deployment", true)
+                .with_short_names(&["deploy"])
+                .with_categories(all)
+                .with_subresources(&[STATUS, SCALE]),
             normalize: normalize::<apps::v1::Deployment>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "apps",
-                "v1",
-                "ReplicaSet",
-                "replicasets",
-                "replicaset",
-                true,
-                &["rs"],
-                all,
-                &[STATUS, SCALE],
-            ),
+            desc: desc("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true)
+                .with_short_names(&["rs"])
+                .with_categories(all)
+                .with_subresources(&[STATUS, SCALE]),
             normalize: normalize::<apps::v1::ReplicaSet>(),
             fields: &["status.replicas"],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "apps",
-                "v1",
-                "DaemonSet",
-                "daemonsets",
-                "daemonset",
-                true,
-                &["ds"],
-                all,
-                &[STATUS],
-            ),
+            desc: desc("apps", "v1", "DaemonSet", "daemonsets", "daemonset", true)
+                .with_short_names(&["ds"])
+                .with_categories(all)
+                .with_subresources(&[STATUS]),
             normalize: normalize::<apps::v1::DaemonSet>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "apps",
-                "v1",
-                "StatefulSet",
-                "statefulsets",
-                "statefulset",
-                true,
-                &["sts"],
-                all,
-                &[STATUS, SCALE],
-            ),
+            desc: desc("apps", "v1", "StatefulSet", "statefulsets", "statefulset", true)
+                .with_short_names(&["sts"])
+                .with_categories(all)
+                .with_subresources(&[STATUS, SCALE]),
             normalize: normalize::<apps::v1::StatefulSet>(),
             fields: &[],
             tracks_generation: true,
@@ -596,9 +501,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "controllerrevisions",
                 "controllerrevision",
                 true,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<apps::v1::ControllerRevision>(),
             fields: &[],
@@ -606,24 +508,19 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: false,
         },
         ResourceType {
-            desc: desc("batch", "v1", "Job", "jobs", "job", true, &[], all, &[STATUS]),
+            desc: desc("batch", "v1", "Job", "jobs", "job", true)
+                .with_categories(all)
+                .with_subresources(&[STATUS]),
             normalize: normalize::<batch::v1::Job>(),
             fields: &["status.successful"],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "batch",
-                "v1",
-                "CronJob",
-                "cronjobs",
-                "cronjob",
-                true,
-                &["cj"],
-                all,
-                &[STATUS],
-            ),
+            desc: desc("batch", "v1", "CronJob", "cronjobs", "cronjob", true)
+                .with_short_names(&["cj"])
+                .with_categories(all)
+                .with_subresources(&[STATUS]),
             normalize: normalize::<batch::v1::CronJob>(),
             fields: &[],
             tracks_generation: true,
@@ -637,27 +534,18 @@ pub fn builtin() -> Vec<ResourceType> {
                 "poddisruptionbudgets",
                 "poddisruptionbudget",
                 true,
-                &["pdb"],
-                &[],
-                &[STATUS],
-            ),
+            )
+            .with_short_names(&["pdb"])
+            .with_subresources(&[STATUS]),
             normalize: normalize::<policy::v1::PodDisruptionBudget>(),
             fields: &[],
             tracks_generation: true,
             has_status: true,
         },
         ResourceType {
-            desc: desc(
-                "networking.k8s.io",
-                "v1",
-                "Ingress",
-                "ingresses",
-                "ingress",
-                true,
-                &["ing"],
-                &[],
-                &[STATUS],
-            ),
+            desc: desc("networking.k8s.io", "v1", "Ingress", "ingresses", "ingress", true)
+                .with_short_names(&["ing"])
+                .with_subresources(&[STATUS]),
             normalize: normalize::<networking::v1::Ingress>(),
             fields: &[],
             tracks_generation: true,
@@ -671,9 +559,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "ingressclasses",
                 "ingressclass",
                 false,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<networking::v1::IngressClass>(),
             fields: &[],
@@ -688,10 +573,8 @@ pub fn builtin() -> Vec<ResourceType> {
                 "storageclasses",
                 "storageclass",
                 false,
-                &["sc"],
-                &[],
-                &[],
-            ),
+            )
+            .with_short_names(&["sc"]),
             normalize: normalize::<storage::v1::StorageClass>(),
             fields: &[],
             tracks_generation: false,
@@ -705,9 +588,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "endpointslices",
                 "endpointslice",
                 true,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<discovery::v1::EndpointSlice>(),
             fields: &["addressType"],
@@ -715,34 +595,14 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: false,
         },
         ResourceType {
-            desc: desc(
-                "coordination.k8s.io",
-                "v1",
-                "Lease",
-                "leases",
-                "lease",
-                true,
-                &[],
-                &[],
-                &[],
-            ),
+            desc: desc("coordination.k8s.io", "v1", "Lease", "leases", "lease", true),
             normalize: normalize::<coordination::v1::Lease>(),
             fields: &[],
             tracks_generation: false,
             has_status: false,
         },
         ResourceType {
-            desc: desc(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "Role",
-                "roles",
-                "role",
-                true,
-                &[],
-                &[],
-                &[],
-            ),
+            desc: desc("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true),
             normalize: normalize::<rbac::v1::Role>(),
             fields: &[],
             tracks_generation: false,
@@ -756,9 +616,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "clusterroles",
                 "clusterrole",
                 false,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<rbac::v1::ClusterRole>(),
             fields: &[],
@@ -773,9 +630,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "rolebindings",
                 "rolebinding",
                 true,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<rbac::v1::RoleBinding>(),
             fields: &[],
@@ -790,9 +644,6 @@ pub fn builtin() -> Vec<ResourceType> {
                 "clusterrolebindings",
                 "clusterrolebinding",
                 false,
-                &[],
-                &[],
-                &[],
             ),
             normalize: normalize::<rbac::v1::ClusterRoleBinding>(),
             fields: &[],
@@ -807,10 +658,8 @@ pub fn builtin() -> Vec<ResourceType> {
                 "mutatingwebhookconfigurations",
                 "mutatingwebhookconfiguration",
                 false,
-                &[],
-                &["api-extensions"],
-                &[],
-            ),
+            )
+            .with_categories(&["api-extensions"]),
             normalize: normalize::<admissionregistration::v1::MutatingWebhookConfiguration>(),
             fields: &[],
             tracks_generation: false,
@@ -824,10 +673,8 @@ pub fn builtin() -> Vec<ResourceType> {
                 "validatingwebhookconfigurations",
                 "validatingwebhookconfiguration",
                 false,
-                &[],
-                &["api-extensions"],
-                &[],
-            ),
+            )
+            .with_categories(&["api-extensions"]),
             normalize: normalize::<admissionregistration::v1::ValidatingWebhookConfiguration>(),
             fields: &[],
             tracks_generation: false,
@@ -841,10 +688,8 @@ pub fn builtin() -> Vec<ResourceType> {
                 "priorityclasses",
                 "priorityclass",
                 false,
-                &["pc"],
-                &[],
-                &[],
-            ),
+            )
+            .with_short_names(&["pc"]),
             normalize: normalize::<scheduling::v1::PriorityClass>(),
             fields: &[],
             tracks_generation: false,

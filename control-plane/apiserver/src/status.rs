@@ -301,6 +301,27 @@ pub fn success_status(group: &str, kind: &str, name: &str, uid: &str) -> Value {
     })
 }
 
+/// Upstream's `NewInvalid` for `kind`.`group` `name`.
+pub(crate) fn invalid_of(
+    kind: &str,
+    group: &str,
+    name: &str,
+    errs: Vec<skiff_machinery::admission::FieldError>,
+) -> ApiError {
+    let message = skiff_machinery::admission::invalid_message(kind, group, name, &errs);
+    let causes = errs
+        .iter()
+        .map(|e| Cause {
+            reason: e.reason().to_string(),
+            // Upstream's `ErrorBody()`: the field is its own member, and clients (kubectl)
+            // print it before the message.
+            message: e.body(),
+            field: e.field.clone(),
+        })
+        .collect();
+    ApiError::invalid(message, causes).with_details(group, kind, name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

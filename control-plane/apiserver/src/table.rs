@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use super::handlers::partial_metadata;
 use super::registry::{ResourceType, str_at};
+use super::render::partial_metadata;
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::Quantity;
 

@@ -14,9 +14,10 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::ApiServer;
 use super::cache::{CacheEvent, EventType, WatchStartError};
-use super::handlers::{Filter, partial_metadata};
+use super::list_options::Filter;
 use super::negotiate::Output;
 use super::registry::ResourceType;
+use super::render::partial_metadata;
 use super::request::Query;
 use super::status::{ApiError, ApiResult};
 use super::table;
@@ -30,7 +31,7 @@ pub async fn serve(
     query: &Query,
     output: Output,
 ) -> ApiResult<Response> {
-    super::handlers::validate_list_options(query, true)?;
+    super::list_options::validate_list_options(query, true)?;
     let mut filter = Filter::from_query(rt, ns, query)?;
     if let Some(name) = name {
         // The legacy /watch/<resource>/<name> form watches one object.

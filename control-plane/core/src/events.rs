@@ -109,21 +109,29 @@ pub struct Correlator {
     seq: u64,
 }
 
+/// Who reports an event, about which object: the correlator's keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    /// The reporting component (`scheduler`, `kubelet`).
+    pub component: &'a str,
+    pub namespace: &'a str,
+    /// The object's uid, or its kind/name when it has none.
+    pub object: &'a str,
+    /// What a created Event is named after (the object's name).
+    pub base: &'a str,
+}
+
 impl Correlator {
-    /// Decide what to write for an event about `object` (uid, or name when it has none) in
-    /// `namespace`, named after `base` when created.
-    #[allow(clippy::too_many_arguments)]
+    /// Decide what to write for an event about `subject`.
     pub fn correlate(
         &mut self,
-        component: &str,
-        namespace: &str,
-        object: &str,
-        base: &str,
+        subject: Subject<'_>,
         kind: EventType,
         reason: &str,
         message: &str,
         now: Instant,
     ) -> Outcome {
+        let Subject { component, namespace, object, base } = subject;
         self.prune(now);
         // Aggregation: the 10th distinct message within the window switches to the
         // combined event.
@@ -333,16 +341,13 @@ impl EventRecorder {
             .unwrap_or_else(|| format!("{}/{base}", reference.kind.as_deref().unwrap_or_default()));
         let outcome = {
             let mut c = self.sink.correlator.lock().unwrap_or_else(|e| e.into_inner());
-            c.correlate(
-                &self.sink.component,
-                &namespace,
-                &object,
-                &base,
-                kind,
-                reason,
-                message,
-                Instant::now(),
-            )
+            let subject = Subject {
+                component: &self.sink.component,
+                namespace: &namespace,
+                object: &object,
+                base: &base,
+            };
+            c.correlate(subject, kind, reason, message, Instant::now())
         };
         if outcome == Outcome::Skip {
             return;
@@ -449,7 +454,8 @@ mod tests {
     use super::*;
 
     fn rec(c: &mut Correlator, object: &str, reason: &str, message: &str, now: Instant) -> Outcome {
-        c.correlate("sched", "ns", object, "p", EventType::Warning, reason, message, now)
+        let subject = Subject { component: "sched", namespace: "ns", object, base: "p" };
+        c.correlate(subject, EventType::Warning, reason, message, now)
     }
 
     #[tokio::test(start_paused = true)]

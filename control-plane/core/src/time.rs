@@ -43,6 +43,24 @@ pub fn chrono_add_secs(
     chrono::DateTime::from_timestamp(t, nanos).unwrap_or(now)
 }
 
+/// The time now as the API writes it: RFC 3339 in UTC, whole seconds
+/// (`2026-12-02T01:00:00Z`). Formatted once per second, not for every write that stamps a
+/// time.
+pub fn now_rfc3339() -> String {
+    static LAST: std::sync::Mutex<(i64, String)> = std::sync::Mutex::new((i64::MIN, String::new()));
+    let t = Timestamp::now();
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.0 != t.as_second() {
+        *last = (t.as_second(), rfc3339_seconds(t));
+    }
+    last.1.clone()
+}
+
+/// `t` as the API writes times: RFC 3339 in UTC, whole seconds.
+pub fn rfc3339_seconds(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +82,13 @@ mod tests {
             "what jiff can read back"
         );
         assert_eq!(chrono_add_secs(now, 30), now + chrono::TimeDelta::seconds(30));
+    }
+
+    #[test]
+    fn api_times_are_whole_seconds_in_utc() {
+        let t: Timestamp = "2026-12-02T01:02:03.456+02:00".parse().expect("time");
+        assert_eq!(rfc3339_seconds(t), "2026-12-01T23:02:03Z");
+        let now = now_rfc3339();
+        assert!(now.ends_with('Z') && now.len() == 20, "{now}");
     }
 }

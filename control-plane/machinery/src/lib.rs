@@ -46,6 +46,24 @@ pub struct SubresourceDesc {
 }
 
 impl ResourceDesc {
+    /// These short names (`kubectl get po`).
+    pub const fn with_short_names(mut self, names: &'static [&'static str]) -> Self {
+        self.short_names = names;
+        self
+    }
+
+    /// These categories (`kubectl get all`).
+    pub const fn with_categories(mut self, categories: &'static [&'static str]) -> Self {
+        self.categories = categories;
+        self
+    }
+
+    /// These subresources.
+    pub const fn with_subresources(mut self, subresources: &'static [SubresourceDesc]) -> Self {
+        self.subresources = subresources;
+        self
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.to_string()

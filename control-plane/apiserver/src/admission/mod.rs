@@ -32,6 +32,7 @@ use super::ApiServer;
 use super::registry::ResourceType;
 use super::status::ApiResult;
 use super::user::{UserInfo, names};
+use crate::request::Target;
 use skiff_core::json::ValueAt;
 
 tokio::task_local! {
@@ -329,13 +330,8 @@ fn renormalize(rt: &ResourceType, req: &AdmissionRequest, obj: Value) -> ApiResu
 }
 
 /// Create, mutating phase (after decoding and defaulting): the admitted object.
-pub async fn admit_create(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    obj: Value,
-    dry_run: bool,
-) -> ApiResult<Value> {
+pub async fn admit_create(t: Target<'_>, obj: Value, dry_run: bool) -> ApiResult<Value> {
+    let Target { server, rt, ns } = t;
     let user = current_user();
     if !server.admission.mutates(server, Operation::Create, resource(rt, None), &user) {
         return Ok(obj);
@@ -350,13 +346,8 @@ pub async fn admit_create(
 }
 
 /// Create, validating phase (after the kind's validation, name generated).
-pub async fn validate_create(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    obj: &mut Value,
-    dry_run: bool,
-) -> ApiResult<()> {
+pub async fn validate_create(t: Target<'_>, obj: &mut Value, dry_run: bool) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
     let user = current_user();
     if !server.admission.validates(server, Operation::Create, resource(rt, None), &user) {
         return Ok(());
@@ -381,17 +372,15 @@ fn give_back(obj: &mut Value, lent: &mut Option<Value>) {
 }
 
 /// Update (main resource or a subresource), mutating phase: the admitted new object.
-#[allow(clippy::too_many_arguments)]
 pub async fn admit_update(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     name: &str,
     sub: Option<&str>,
     new: Value,
     old: &mut Value,
     dry_run: bool,
 ) -> ApiResult<Value> {
+    let Target { server, rt, ns } = t;
     let user = current_user();
     if !server.admission.mutates(server, Operation::Update, resource(rt, sub), &user) {
         return Ok(new);
@@ -410,17 +399,15 @@ pub async fn admit_update(
 }
 
 /// Update, validating phase.
-#[allow(clippy::too_many_arguments)]
 pub async fn validate_update(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     name: &str,
     sub: Option<&str>,
     new: &mut Value,
     old: &mut Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
     let user = current_user();
     if !server.admission.validates(server, Operation::Update, resource(rt, sub), &user) {
         return Ok(());
@@ -439,14 +426,13 @@ pub async fn validate_update(
 
 /// A subresource create (pods/binding): both phases over the subresource's body.
 pub async fn admit_subresource_create(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     name: &str,
     sub: &str,
     body: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
     let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
     req.name = name.to_string();
     req.subresource = Some(sub.to_string());
@@ -458,13 +444,12 @@ pub async fn admit_subresource_create(
 
 /// Delete: both phases with the current object as oldObject.
 pub async fn admit_delete(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     name: &str,
     current: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
     let user = current_user();
     let r = resource(rt, None);
     if !server.admission.mutates(server, Operation::Delete, r, &user)

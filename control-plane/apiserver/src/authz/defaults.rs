@@ -355,7 +355,12 @@ pub async fn ensure(server: &ApiServer) -> Result<(), (String, ApiError)> {
             continue;
         }
         let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
-        match crate::handlers::create(server, rt, None, &query, &headers, &body).await {
+        match crate::handlers::create(
+            crate::request::Target { server, rt, ns: None },
+            crate::request::Input { query: &query, headers: &headers, body: &body },
+        )
+        .await
+        {
             Ok(_) => {}
             Err(e) if e.reason == "AlreadyExists" => {}
             Err(e) => return Err((name, e)),

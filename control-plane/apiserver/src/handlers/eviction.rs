@@ -8,9 +8,16 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{ApiServer, CACHE_WAIT, Query, ResourceType, Writer};
-use super::{delete, get_object, guaranteed_update, meta_str, now};
+use super::CACHE_WAIT;
+use super::delete::delete;
+use super::meta_str;
+use super::read::get_object;
+use super::update::{Writer, guaranteed_update};
+use crate::ApiServer;
 use crate::negotiate;
+use crate::registry::ResourceType;
+use crate::request::Query;
+use crate::request::{Input, Target};
 use crate::status::{ApiError, ApiResult, Cause};
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
@@ -33,15 +40,9 @@ fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 }
 
-pub(super) async fn evict(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    name: &str,
-    query: &Query,
-    headers: &http::HeaderMap,
-    body: &[u8],
-) -> ApiResult<Value> {
+pub(super) async fn evict(t: Target<'_>, name: &str, input: Input<'_>) -> ApiResult<Value> {
+    let Target { server, ns, .. } = t;
+    let Input { query, headers, body } = input;
     let eviction = negotiate::decode_object(negotiate::body_type(headers)?, body)?;
     if let Some(kind) = eviction.get("kind").and_then(Value::as_str)
         && kind != "Eviction"
@@ -76,10 +77,7 @@ pub(super) async fn evict(
             query_dry
         }
     };
-    crate::admission::admit_subresource_create(
-        server, rt, ns, name, "eviction", &eviction, dry_run,
-    )
-    .await?;
+    crate::admission::admit_subresource_create(t, name, "eviction", &eviction, dry_run).await?;
     let mut options = match eviction.get("deleteOptions") {
         Some(Value::Object(o)) => Value::Object(o.clone()),
         _ => json!({}),
@@ -94,7 +92,7 @@ pub(super) async fn evict(
     let mut attempt = 0;
     let (pod, pod_rev) = loop {
         attempt += 1;
-        let (pod, rev) = get_object(server, rt, ns, name).await?;
+        let (pod, rev) = get_object(t, name).await?;
         if !disrupted_already(&pod) {
             break (pod, rev);
         }
@@ -102,7 +100,7 @@ pub(super) async fn evict(
         if !terminal_or_terminating(&pod) && !user_rv {
             set_precondition_rv(&mut opts, rev);
         }
-        match mark_and_delete(server, rt, ns, name, query, opts, dry_run).await {
+        match mark_and_delete(t, name, query, opts, dry_run).await {
             Err(e) if e.code == StatusCode::CONFLICT && !user_rv && attempt < EVICTION_RETRIES => {}
             done => return done.map(|()| success()),
         }
@@ -121,7 +119,7 @@ pub(super) async fn evict(
         ));
     }
     let Some(budget) = budgets.pop() else {
-        mark_and_delete(server, rt, ns, name, query, options, dry_run).await?;
+        mark_and_delete(t, name, query, options, dry_run).await?;
         return Ok(success());
     };
     let pdb_name = meta_str(&budget, "name").unwrap_or_default().to_string();
@@ -136,7 +134,7 @@ pub(super) async fn evict(
         if always || (healthy >= desired && desired > 0) {
             let mut opts = options;
             set_precondition_rv(&mut opts, pod_rev);
-            return match mark_and_delete(server, rt, ns, name, query, opts, dry_run).await {
+            return match mark_and_delete(t, name, query, opts, dry_run).await {
                 // The pod changed (it may have become ready): the client tries again.
                 Err(e) if e.code == StatusCode::CONFLICT && !user_rv => Err(too_many_requests(
                     10,
@@ -158,27 +156,28 @@ pub(super) async fn evict(
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let charged = charge(&budget, name, &now())?;
+        let charged = charge(&budget, name, &skiff_core::time::now_rfc3339())?;
         if dry_run {
             break;
         }
         let w =
             Writer { manager: MANAGER, sub: Some("status"), track: true, admit: false, dry_run };
-        let written = guaranteed_update(server, pdb_rt, ns, &pdb_name, w, Some(rev), |current| {
-            let mut next = current.clone();
-            next["status"] = charged["status"].clone();
-            Ok(next)
-        })
-        .await;
+        let written =
+            guaranteed_update(Target { rt: pdb_rt, ..t }, &pdb_name, w, Some(rev), |current| {
+                let mut next = current.clone();
+                next["status"] = charged["status"].clone();
+                Ok(next)
+            })
+            .await;
         match written {
             Ok(_) => break,
             Err(e) if e.code == StatusCode::CONFLICT && attempt < EVICTION_RETRIES => {
-                budget = get_object(server, pdb_rt, ns, &pdb_name).await?.0;
+                budget = get_object(Target { rt: pdb_rt, ..t }, &pdb_name).await?.0;
             }
             Err(e) => return Err(e),
         }
     }
-    mark_and_delete(server, rt, ns, name, query, options, dry_run).await?;
+    mark_and_delete(t, name, query, options, dry_run).await?;
     Ok(success())
 }
 
@@ -338,9 +337,7 @@ fn too_many_requests(retry_after: u32, cause: String) -> ApiError {
 /// precondition is checked against the pod before the condition and moved to the revision
 /// the condition wrote.
 async fn mark_and_delete(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     name: &str,
     query: &Query,
     mut options: Value,
@@ -348,9 +345,9 @@ async fn mark_and_delete(
 ) -> ApiResult<()> {
     if !dry_run {
         let precondition = precondition_rv(&options).map(str::to_string);
-        let stamp = now();
+        let stamp = skiff_core::time::now_rfc3339();
         let w = Writer { manager: "", sub: Some("status"), track: false, admit: false, dry_run };
-        let marked = guaranteed_update(server, rt, ns, name, w, precondition.clone(), |pod| {
+        let marked = guaranteed_update(t, name, w, precondition.clone(), |pod| {
             let mut next = pod.clone();
             add_disruption_target(&mut next, &stamp);
             Ok(next)
@@ -362,7 +359,7 @@ async fn mark_and_delete(
             options["preconditions"]["resourceVersion"] = json!(rv);
         }
     }
-    delete(server, rt, ns, name, query, &options, false).await.map(|_| ())
+    delete(t, name, query, &options, false).await.map(|_| ())
 }
 
 /// Upstream's `UpdatePodCondition` with `DisruptionTarget=True` (`EvictionByEvictionAPI`):

@@ -9,9 +9,8 @@
 
 use serde_json::Value;
 
-use super::{Writer, guaranteed_update, now};
-use crate::ApiServer;
-use crate::registry::ResourceType;
+use super::update::{Writer, guaranteed_update};
+use crate::request::Target;
 use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::Quantity;
@@ -20,14 +19,8 @@ use skiff_core::quota::{self, Usage};
 const MANAGER: &str = "kube-apiserver";
 
 /// Check and charge the quotas of `ns` for creating `obj`.
-pub(super) async fn charge(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    obj: &Value,
-    dry_run: bool,
-) -> ApiResult<()> {
-    charge_usage(server, rt, ns, obj, |usage| usage, dry_run).await
+pub(super) async fn charge(t: Target<'_>, obj: &Value, dry_run: bool) -> ApiResult<()> {
+    charge_usage(t, obj, |usage| usage, dry_run).await
 }
 
 /// Check and charge the quotas of `ns` for updating `old` to `new`: what the update adds
@@ -35,17 +28,16 @@ pub(super) async fn charge(
 /// or a load balancer, and of claims, which may grow). Less usage is given back by the
 /// controller's next recount.
 pub(super) async fn charge_update(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     old: &Value,
     new: &Value,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let Target { rt, .. } = t;
     if !(rt.group().is_empty() && matches!(rt.plural(), "services" | "persistentvolumeclaims")) {
         return Ok(());
     }
-    let before = quota::usage(rt.group(), rt.plural(), old, &now());
+    let before = quota::usage(rt.group(), rt.plural(), old, &skiff_core::time::now_rfc3339());
     let added = |after: Usage| -> Usage {
         after
             .into_iter()
@@ -55,25 +47,25 @@ pub(super) async fn charge_update(
             })
             .collect()
     };
-    charge_usage(server, rt, ns, new, added, dry_run).await
+    charge_usage(t, new, added, dry_run).await
 }
 
 /// Check and charge the quotas of `ns` for `obj`, with what `charged` makes of its usage.
 async fn charge_usage(
-    server: &ApiServer,
-    rt: &ResourceType,
-    ns: Option<&str>,
+    t: Target<'_>,
     obj: &Value,
     charged: impl FnOnce(Usage) -> Usage,
     dry_run: bool,
 ) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
     let Some(ns) = ns else { return Ok(()) };
     let Some(quota_rt) = server.registry.find("", "v1", "resourcequotas") else { return Ok(()) };
     let quotas = server.cache.resource(quota_rt).list(&quota_rt.namespace_prefix(Some(ns)), None);
     if quotas.is_empty() {
         return Ok(());
     }
-    let usage = charged(quota::usage(rt.group(), rt.plural(), obj, &now()));
+    let usage =
+        charged(quota::usage(rt.group(), rt.plural(), obj, &skiff_core::time::now_rfc3339()));
     if usage.is_empty() {
         return Ok(());
     }
@@ -100,9 +92,13 @@ async fn charge_usage(
         let name = quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
         let w =
             Writer { manager: MANAGER, sub: Some("status"), track: false, admit: false, dry_run };
-        let written = guaranteed_update(server, quota_rt, Some(ns), name, w, None, |current| {
-            Ok(subject.charged(current)?.unwrap_or_else(|| current.clone()))
-        })
+        let written = guaranteed_update(
+            Target { server, rt: quota_rt, ns: Some(ns) },
+            name,
+            w,
+            None,
+            |current| Ok(subject.charged(current)?.unwrap_or_else(|| current.clone())),
+        )
         .await;
         match written {
             // Deleted meanwhile: nothing to charge.
