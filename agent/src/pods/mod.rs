@@ -3,7 +3,7 @@
 //!
 //! [`PodSync`] watches the pods with `spec.nodeName=<node>` (kube-runtime's watcher and
 //! reflector), admits new pods against the node's allocatable ([`admit`]), and feeds each
-//! pod UID's latest object to its own worker task. A worker is level-triggered: every pass
+//! pod UID's latest object to its own worker task ([`worker`]). A worker is level-triggered: every pass
 //! observes the runtime (sandboxes and containers found by the pod-uid label), takes the
 //! steps that move it towards the spec ([`sync`]: sandbox, images, init containers in order,
 //! containers, probes, restarts with back-off; [`termination`] once deletion started) and
@@ -45,6 +45,7 @@ pub mod status;
 pub mod sync;
 pub mod termination;
 pub mod volumes;
+pub mod worker;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -284,7 +285,7 @@ impl<R: Runtime + Clone> PodSync<R> {
             }
         }
         let (tx, rx) = watch::channel(Some(Arc::new(pod)));
-        let task = tokio::spawn(sync::worker(self.ctx.clone(), uid.clone(), rx));
+        let task = tokio::spawn(worker::worker(self.ctx.clone(), uid.clone(), rx));
         workers.insert(uid, Worker { tx, task });
     }
 }

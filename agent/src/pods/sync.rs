@@ -1,111 +1,32 @@
-//! One pass of a pod worker and the worker loop: observe the runtime, take the steps
-//! towards the spec (sandbox → images → init containers in order → containers → probes →
-//! restarts with back-off), write the status when it changed.
+//! One pass of a pod worker: observe the runtime, take the steps towards the spec (sandbox →
+//! images → init containers in order → containers → probes → restarts with back-off), write
+//! the status when it changed. The worker's loop and its state between passes are
+//! [`super::worker`]'s.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::backoff::{Backoff, should_restart};
 use super::containers::{ConfigError, EnvSources, container_config, mounts, resolve_env};
-use super::images::{PullBackoff, PullPolicy, ensure_image, pull_policy};
+use super::images::{PullPolicy, ensure_image, pull_policy};
 use super::probes::ProbeTracker;
 use super::sandbox::sandbox_config;
-use super::status::{self, Knowledge, Observed, is_exited, is_running};
+use super::status::{self, Observed, is_exited, is_running};
+use super::worker::{Step, WorkerState};
 use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
 use crate::config::AgentConfig;
 use crate::runtime::{Runtime, api};
-
-/// What a worker remembers about its pod between passes (lost on agent restart, which only
-/// resets back-offs and probe counters).
-#[derive(Debug, Default)]
-pub struct WorkerState {
-    crash: HashMap<String, Backoff>,
-    /// Exits already counted into the back-off (container ids).
-    counted: HashSet<String>,
-    pulls: PullBackoff,
-    probes: HashMap<String, ProbeTracker>,
-    know: Knowledge,
-    last_written: Option<PodStatus>,
-    /// When the deletion of the pod was first seen (the grace period counts from here).
-    pub(super) deleting_since: Option<Instant>,
-    /// When the pod's projected ServiceAccount tokens are written again.
-    token_refresh_at: Option<Instant>,
-    /// Whether this worker decided yet about tokens written before it started (an agent
-    /// restart): those are refreshed at once, their age is unknown.
-    tokens_checked: bool,
-}
-
-/// The outcome of a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Run again after this long (or earlier, on a new object).
-    Wait(Duration),
-    /// The pod is gone: the worker ends.
-    Done,
-}
-
-/// The worker of one pod UID: passes until the pod is gone.
-pub async fn worker<R: Runtime + Clone>(
-    ctx: Arc<PodContext<R>>,
-    uid: String,
-    mut rx: watch::Receiver<Option<Arc<Pod>>>,
-) {
-    let mut st = WorkerState::default();
-    let woken = ctx.cache.subscribe(&uid);
-    let _forget = Forget(&ctx.cache, &uid);
-    loop {
-        let pod = rx.borrow_and_update().clone();
-        let Some(pod) = pod else {
-            termination::remove_pod(&ctx, &uid, 0).await;
-            return;
-        };
-        let span = tracing::debug_span!("pod_sync", pod = %key(&pod), uid = %uid);
-        let _enter = span.enter();
-        drop(_enter);
-        let wait = match sync_pod(&ctx, &pod, &mut st).await {
-            Ok(Step::Done) => return,
-            Ok(Step::Wait(d)) => d,
-            Err(e) => {
-                tracing::warn!(pod = %key(&pod), error = %e, "pod sync");
-                // What the cache says may be what failed: the next pass asks the runtime.
-                ctx.cache.invalidate(&uid);
-                ctx.config.pod_relist.max(Duration::from_millis(100))
-            }
-        };
-        tokio::select! {
-            changed = rx.changed() => if changed.is_err() { return },
-            _ = woken.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
-        }
-    }
-}
-
-/// Drops the worker's pod from the runtime cache when the worker ends (or is aborted).
-struct Forget<'a>(&'a super::relist::RuntimeCache, &'a str);
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        self.0.forget(self.1);
-    }
-}
 
 fn rt_err<'a>(
     call: &'static str,
     pod: &'a str,
 ) -> impl FnOnce(crate::runtime::Error) -> Error + 'a {
     move |source| Error::Runtime { call, pod: pod.to_string(), source }
-}
-
-/// What the runtime has for pod `uid`, asked directly (workers go through the cache).
-pub async fn observe<R: Runtime>(runtime: &R, uid: &str) -> Result<Observed> {
-    super::relist::observe_direct(runtime, uid).await
 }
 
 /// The pod's own context for one pass.

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::probes::http_get;
 use super::status::is_running;
-use super::sync::{Step, WorkerState, observe};
+use super::worker::{Step, WorkerState, observe};
 use super::{Error, PodContext, Result, key, volumes};
 use crate::runtime::{POD_UID_LABEL, Runtime};
 
