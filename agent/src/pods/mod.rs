@@ -3,9 +3,9 @@
 //!
 //! [`PodSync`] watches the pods with `spec.nodeName=<node>` (kube-runtime's watcher and
 //! reflector), admits new pods against the node's allocatable ([`admit`]), and feeds each
-//! pod UID's latest object to its own worker task ([`worker`]). A worker is level-triggered: every pass
-//! observes the runtime (sandboxes and containers found by the pod-uid label), takes the
-//! steps that move it towards the spec ([`sync`]: sandbox, images, init containers in order,
+//! pod UID's latest object to its own worker task ([`worker`]). A worker is level-triggered:
+//! every pass observes the runtime (sandboxes and containers found by the pod-uid label),
+//! takes the steps that move it towards the spec ([`sync`]: sandbox, images, init containers in order,
 //! containers, probes, restarts with back-off; [`termination`] once deletion started) and
 //! writes the status only when it changed ([`status`]). Workers read the runtime through a
 //! node-wide cache ([`relist`], the kubelet's PLEG: two list calls per `pod_relist` for the
