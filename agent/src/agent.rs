@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::Client;
+use skiff_core::informers::{Informer, Informers};
 use tokio::task::JoinHandle;
 
 use crate::config::{AgentConfig, NetworkGlue};
@@ -93,6 +93,17 @@ pub async fn start<R: Runtime + Clone>(
     config: AgentConfig,
     runtime: R,
 ) -> Result<AgentHandle> {
+    start_with(Informers::new(client), config, runtime).await
+}
+
+/// [`start`] over the process's shared informers (the binary hands the same ones to the
+/// proxy): one watch of each kind for the node's DNS, routes, Node and proxy.
+pub async fn start_with<R: Runtime + Clone>(
+    informers: Arc<Informers>,
+    config: AgentConfig,
+    runtime: R,
+) -> Result<AgentHandle> {
+    let client = informers.client().clone();
     if config.node_name.is_empty() {
         return Err(Error::NoNodeName);
     }
@@ -125,14 +136,15 @@ pub async fn start<R: Runtime + Clone>(
                     }
                 }
             }
-            Some(crate::dns::serve(client.clone(), d).await.map_err(Error::Dns)?)
+            Some(crate::dns::serve_with(informers.clone(), d).await.map_err(Error::Dns)?)
         }
         None => None,
     };
     let config = Arc::new(config);
     let node = NodeAgent::register(client.clone(), config.clone(), &runtime_version)
         .await
-        .map_err(Error::Node)?;
+        .map_err(Error::Node)?
+        .sharing(informers.clone(), routes_all_nodes(&config));
     let allocatable = node.allocatable();
     let ctx = Arc::new(PodContext {
         client: client.clone(),
@@ -154,7 +166,7 @@ pub async fn start<R: Runtime + Clone>(
     let network = config
         .network
         .clone()
-        .map(|glue| tokio::spawn(network_glue(client.clone(), config.node_name.clone(), glue)));
+        .map(|glue| tokio::spawn(network_glue(informers.clone(), config.node_name.clone(), glue)));
     let pods = tokio::spawn(PodSync::new(ctx, allocatable).run());
     Ok(AgentHandle {
         node_name: config.node_name.clone(),
@@ -169,13 +181,20 @@ pub async fn start<R: Runtime + Clone>(
 
 /// The node's network glue: plugins installed, the conflist written once the node has a
 /// podCIDR (node IPAM assigns it after registration), then the route sync.
-async fn network_glue(client: Client, node_name: String, glue: NetworkGlue) {
+/// Whether the process watches every Node (for the routes to other nodes' pods).
+fn routes_all_nodes(config: &AgentConfig) -> bool {
+    config.network.as_ref().is_some_and(|glue| glue.routes.is_some())
+}
+
+async fn network_glue(informers: Arc<Informers>, node_name: String, glue: NetworkGlue) {
+    let all_nodes = glue.routes.is_some();
+    let nodes = crate::node::node_informer(&informers, &node_name, all_nodes);
     if glue.install_plugins
         && let Err(e) = crate::network::install_cni(&glue.cni_bin_dir)
     {
         tracing::error!(error = %e, "installing the CNI plugins");
     }
-    let cidr = wait_for_pod_cidr(&client, &node_name).await;
+    let cidr = wait_for_pod_cidr(&nodes, &node_name).await;
     match crate::network::write_cni_config(
         &glue.cni_conf_dir,
         &match &glue.cni_data_dir {
@@ -188,7 +207,7 @@ async fn network_glue(client: Client, node_name: String, glue: NetworkGlue) {
     }
     if let Some(routes) = glue.routes {
         loop {
-            match crate::network::run_routes(client.clone(), &node_name, routes.clone()).await {
+            match crate::network::run_routes_shared(&nodes, &node_name, routes.clone()).await {
                 Ok(()) => tracing::warn!("route sync ended; restarting"),
                 Err(e) => tracing::error!(error = %e, "route sync"),
             }
@@ -198,30 +217,19 @@ async fn network_glue(client: Client, node_name: String, glue: NetworkGlue) {
 }
 
 /// Waits until the Node has a (valid IPv4) podCIDR.
-async fn wait_for_pod_cidr(client: &Client, node_name: &str) -> ipnetwork::Ipv4Network {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    let mut stream = watcher(nodes, cfg).applied_objects().boxed();
+async fn wait_for_pod_cidr(nodes: &Informer<Node>, node_name: &str) -> ipnetwork::Ipv4Network {
+    let mut stream = nodes.applied();
     loop {
         match stream.next().await {
-            Some(Ok(node)) => {
+            Some(Ok(node)) if node.metadata.name.as_deref() == Some(node_name) => {
                 let cidr = node.spec.and_then(|s| s.pod_cidr).and_then(|c| c.parse().ok());
                 if let Some(cidr) = cidr {
                     return cidr;
                 }
             }
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "node watch (podCIDR)");
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            }
-            None => {
-                stream = watcher(
-                    Api::all(client.clone()),
-                    watcher::Config::default().fields(&format!("metadata.name={node_name}")),
-                )
-                .applied_objects()
-                .boxed();
-            }
+            Some(_) => {}
+            // The shared informer's task ended (the process is stopping).
+            None => futures::future::pending::<()>().await,
         }
     }
 }
@@ -233,4 +241,13 @@ pub async fn run<R: Runtime + Clone>(
     runtime: R,
 ) -> Result<()> {
     start(client, config, runtime).await?.wait().await
+}
+
+/// [`run`] over shared informers.
+pub async fn run_with<R: Runtime + Clone>(
+    informers: Arc<Informers>,
+    config: AgentConfig,
+    runtime: R,
+) -> Result<()> {
+    start_with(informers, config, runtime).await?.wait().await
 }

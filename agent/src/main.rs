@@ -249,11 +249,14 @@ async fn main() -> anyhow::Result<()> {
     let runtime = CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
         format!("connecting to containerd at {}", config.containerd_socket.display())
     })?;
+    // One watch of each kind for the whole process: the proxy, the DNS, the routes and the
+    // Node heartbeat read the same informers.
+    let informers = skiff_core::informers::Informers::new(client.clone());
     let proxy = proxy_config(&cli.run, &config).map(|pc| {
-        let client = client.clone();
+        let informers = informers.clone();
         tokio::spawn(async move {
             loop {
-                match skiff_proxy::daemon::run(client.clone(), pc.clone()).await {
+                match skiff_proxy::daemon::run_with(&informers, pc.clone()).await {
                     Ok(()) => tracing::warn!("proxy ended; restarting"),
                     Err(e) => tracing::error!(error = ?e, "proxy"),
                 }
@@ -263,7 +266,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let _proxy = proxy.map(|h| h.abort_handle());
     tokio::select! {
-        r = agent::run(client, config, runtime) => r.context("skiff-agent")?,
+        r = agent::run_with(informers, config, runtime) => r.context("skiff-agent")?,
         _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),
     }
     Ok(())

@@ -8,8 +8,8 @@
 //! - [`run_routes`] keeps skiff-cni's route library ([`skiff_cni::routes::sync`]) in step
 //!   with the Node watch: level-triggered, the whole node list on every event, plus a
 //!   periodic resync that repairs routes someone else removed.
-//! - The eBPF proxy runs in process through `skiff_proxy::daemon::run` (the agent calls it
-//!   directly).
+//! - The eBPF proxy runs in process through `skiff_proxy::daemon::run_with` (the agent calls
+//!   it directly, over the same shared informers).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,7 +17,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use ipnetwork::Ipv4Network;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::watcher;
+use skiff_core::informers::{Informer, Informers};
 use skiff_cni::routes::{NodeRoute, RouteConfig};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -222,9 +223,27 @@ pub async fn run_routes(client: kube::Client, node_name: &str, config: RouteConf
     run_routes_in(client, node_name, config, None).await
 }
 
+/// [`run_routes`] over the process's shared Node informer.
+pub async fn run_routes_shared(
+    nodes: &Informer<Node>,
+    node_name: &str,
+    config: RouteConfig,
+) -> Result<()> {
+    run_routes_with(nodes, node_name, config, None).await
+}
+
 /// [`run_routes`] in the network namespace at `netns` (`/run/netns/NAME`) when given.
 pub async fn run_routes_in(
     client: kube::Client,
+    node_name: &str,
+    config: RouteConfig,
+    netns: Option<&Path>,
+) -> Result<()> {
+    run_routes_with(&Informers::new(client).all::<Node>(), node_name, config, netns).await
+}
+
+async fn run_routes_with(
+    nodes: &Informer<Node>,
     node_name: &str,
     mut config: RouteConfig,
     netns: Option<&Path>,
@@ -237,10 +256,8 @@ pub async fn run_routes_in(
         }
         None => skiff_cni::netns::netlink_here().map_err(Error::Netlink)?,
     };
-    let (reader, writer) = reflector::store::<Node>();
-    let api = kube::Api::<Node>::all(client);
-    let mut events =
-        reflector(writer, watcher(api, watcher::Config::default())).default_backoff().boxed();
+    let reader = nodes.store();
+    let mut events = nodes.subscribe();
     let mut resync = tokio::time::interval(ROUTE_RESYNC);
     let mut ready = false;
     loop {

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use skiff_core::informers::{Informer, Informers};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -412,6 +412,11 @@ fn node_ready(node: &Node) -> bool {
 /// The registered node: renews its Lease and keeps its status.
 pub struct NodeAgent {
     client: Client,
+    /// Where the Node is watched from (the process's shared informers).
+    informers: Arc<Informers>,
+    /// Whether the process watches every Node anyway (the route sync): then the Node is read
+    /// from that informer; else from a watch of this Node alone.
+    all_nodes: bool,
     config: Arc<AgentConfig>,
     runtime_version: String,
     allocatable: Allocatable,
@@ -465,6 +470,8 @@ impl NodeAgent {
         }
         tracing::info!(node = %name, "node registered");
         Ok(NodeAgent {
+            informers: Informers::new(client.clone()),
+            all_nodes: false,
             client,
             allocatable: allocatable(&config, &sample),
             config,
@@ -487,6 +494,14 @@ impl NodeAgent {
         }
     }
 
+    /// Watch the Node through `informers` (the agent's shared ones) rather than its own;
+    /// through their informer of every Node when `all_nodes` (the process has one).
+    pub fn sharing(mut self, informers: Arc<Informers>, all_nodes: bool) -> Self {
+        self.informers = informers;
+        self.all_nodes = all_nodes;
+        self
+    }
+
     /// The node's allocatable resources (pod admission checks against them).
     pub fn allocatable(&self) -> Allocatable {
         self.allocatable
@@ -501,7 +516,7 @@ impl NodeAgent {
     pub async fn run(self) {
         let wake = Arc::new(Notify::new());
         let watch = tokio::spawn(watch_ready_flips(
-            self.client.clone(),
+            node_informer(&self.informers, &self.config.node_name, self.all_nodes),
             self.config.node_name.clone(),
             wake.clone(),
         ));
@@ -594,10 +609,19 @@ pub async fn renew_lease(client: &Client, name: &str) {
 
 /// Wakes the status loop when the Node's Ready condition is not True (the node lifecycle
 /// controller marks a node Unknown when its lease lapsed; a live agent says so at once).
-async fn watch_ready_flips(client: Client, name: String, wake: Arc<Notify>) {
-    let nodes: Api<Node> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(nodes, cfg).applied_objects().boxed();
+/// The informer the agent reads its own Node from: the informer of every Node when the
+/// process has one (`all_nodes`), else one of this Node alone (a simulated node, or an agent
+/// without route sync, must not watch the whole cluster's heartbeats).
+pub fn node_informer(informers: &Informers, name: &str, all_nodes: bool) -> Arc<Informer<Node>> {
+    if all_nodes {
+        informers.all::<Node>()
+    } else {
+        informers.selected::<Node>(&format!("metadata.name={name}"))
+    }
+}
+
+async fn watch_ready_flips(nodes: Arc<Informer<Node>>, name: String, wake: Arc<Notify>) {
+    let mut stream = nodes.applied();
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(node) if node.name_any() == name && !node_ready(&node) => wake.notify_one(),

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
+use kube::Client;
 use tokio::sync::Notify;
 use tracing::{info, info_span, warn};
+
+use skiff_core::informers::Informers;
 
 use crate::desired::{NodeContext, compute};
 use crate::loader::{self, Dataplane};
@@ -161,6 +162,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.
 pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
+    run_with(&Informers::new(client), config).await
+}
+
+/// [`run`] over the process's shared informers (the agent's: its DNS reads the same
+/// Services and EndpointSlices).
+pub async fn run_with(informers: &Informers, config: ProxyConfig) -> Result<()> {
     let mut running = start_dataplane(&config)?;
     let _metrics = config.metrics_addr.map(|addr| {
         let pin_dir = config.pin_dir.clone();
@@ -170,7 +177,7 @@ pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
             }
         })
     });
-    sync_forever(client, &config, &mut running.maps).await
+    sync_forever_with(informers, &config, &mut running.maps).await
 }
 
 /// Watches Services and EndpointSlices and keeps `maps` in sync (level-triggered: every
@@ -180,22 +187,23 @@ pub async fn sync_forever(
     config: &ProxyConfig,
     maps: &mut ServiceMaps,
 ) -> Result<()> {
+    sync_forever_with(&Informers::new(client), config, maps).await
+}
+
+/// [`sync_forever`] over shared informers.
+pub async fn sync_forever_with(
+    informers: &Informers,
+    config: &ProxyConfig,
+    maps: &mut ServiceMaps,
+) -> Result<()> {
     let mut state = ServiceMapSync::resume(maps)?;
     let mut health = crate::http::HealthCheckServers::default();
     let node = NodeContext { node_name: config.node_name.clone() };
-    let (svc_store, svc_writer) = reflector::store::<Service>();
-    let (eps_store, eps_writer) = reflector::store::<EndpointSlice>();
+    let (services, slices) = (informers.all::<Service>(), informers.all::<EndpointSlice>());
+    let (svc_store, eps_store) = (services.store(), slices.store());
     let changed = Arc::new(Notify::new());
-    let svc_stream = reflector(
-        svc_writer,
-        watcher(Api::<Service>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff();
-    let eps_stream = reflector(
-        eps_writer,
-        watcher(Api::<EndpointSlice>::all(client), watcher::Config::default()),
-    )
-    .default_backoff();
+    let svc_stream = services.subscribe();
+    let eps_stream = slices.subscribe();
     let drive = |kind: &'static str, stream: futures::stream::BoxStream<'static, bool>| {
         let changed = changed.clone();
         tokio::spawn(async move {

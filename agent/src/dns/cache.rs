@@ -1,6 +1,6 @@
-//! The watch-fed index: kube-runtime watchers of Services, EndpointSlices and Pods (all
-//! namespaces) reduced to what DNS needs, and the [`Zone`] kept in step with them. Each
-//! event marks the owners it touches dirty; only those owners' records are synthesized
+//! The watch-fed index: the process's shared Service and EndpointSlice informers and a
+//! watch of every Pod, reduced to what DNS needs, and the [`Zone`] kept in step with them.
+//! Each event marks the owners it touches dirty; only those owners' records are synthesized
 //! again, so an update costs the size of one Service, not of the cluster.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -12,7 +12,8 @@ use hickory_proto::rr::Name;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
+use skiff_core::informers::Informers;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -210,19 +211,23 @@ const MAX_BATCH: usize = 4096;
 /// true once every kind has been listed (answers for cluster names before then would be
 /// wrong NXDOMAINs that clients cache).
 pub(crate) async fn run(
-    client: Client,
+    informers: Arc<Informers>,
     zone: Arc<RwLock<Zone>>,
     apex: Name,
     synced: watch::Sender<bool>,
 ) {
-    let cfg = watcher::Config::default();
-    let services = watcher(Api::<Service>::all(client.clone()), cfg.clone())
-        .default_backoff()
+    // Services and EndpointSlices from the shared informers (the proxy reads them too);
+    // every pod of the cluster straight from a watch of its own, reduced as it arrives
+    // (nothing else here needs all pods, and a store of them would be the cluster's size).
+    let services = informers
+        .all::<Service>()
+        .subscribe()
         .map(|r| r.map(|ev| Change::Service(reduce(ev, ServiceInfo::from_service))));
-    let slices = watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone())
-        .default_backoff()
+    let slices = informers
+        .all::<EndpointSlice>()
+        .subscribe()
         .map(|r| r.map(|ev| Change::Slice(reduce(ev, SliceInfo::from_slice))));
-    let pods = watcher(Api::<Pod>::all(client), cfg)
+    let pods = watcher(Api::<Pod>::all(informers.client().clone()), watcher::Config::default())
         .default_backoff()
         .map(|r| r.map(|ev| Change::Pod(reduce(ev, PodInfo::from_pod))));
     let mut events: SelectAll<BoxStream<'static, Result<Change, watcher::Error>>> =

@@ -35,6 +35,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use skiff_core::informers::Informers;
+
 pub use link::{
     DNS_LINK, ensure_listen_address, ensure_listen_address_with, remove_listen_address,
     remove_listen_address_with,
@@ -231,6 +233,12 @@ async fn bind(addr: SocketAddr) -> Result<(UdpSocket, TcpListener)> {
 /// Starts the cluster DNS: binds the listeners, starts the watches, returns at once (see
 /// [`DnsServer::wait_synced`]).
 pub async fn serve(client: kube::Client, config: DnsConfig) -> Result<DnsServer> {
+    serve_with(Informers::new(client), config).await
+}
+
+/// [`serve`] over the process's shared informers (Services and EndpointSlices; the pods are
+/// watched here, reduced to what DNS keeps of them).
+pub async fn serve_with(informers: Arc<Informers>, config: DnsConfig) -> Result<DnsServer> {
     let mut apex = Name::from_ascii(config.cluster_domain.trim_end_matches('.'))
         .map_err(|source| Error::Domain { domain: config.cluster_domain.clone(), source })?
         .to_lowercase();
@@ -272,7 +280,7 @@ pub async fn serve(client: kube::Client, config: DnsConfig) -> Result<DnsServer>
         soa: server::soa_record(&apex, ttl),
         counters: Default::default(),
     });
-    let mut tasks = vec![tokio::spawn(cache::run(client, zone, apex.clone(), synced_tx))];
+    let mut tasks = vec![tokio::spawn(cache::run(informers, zone, apex.clone(), synced_tx))];
     let inflight = Arc::new(Semaphore::new(config.max_inflight));
     let connections = Arc::new(Semaphore::new(config.max_tcp_connections));
     for (udp, tcp) in sockets {

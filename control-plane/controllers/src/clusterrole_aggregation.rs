@@ -11,7 +11,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use tokio::sync::mpsc;
 
 use super::Context;
@@ -34,8 +33,7 @@ pub enum Error {
 pub async fn run(ctx: Arc<Context>) {
     let (tx, rx) = mpsc::unbounded_channel::<ObjectRef<ClusterRole>>();
     let store = informer_with_store(
-        Api::<ClusterRole>::all(ctx.client.clone()),
-        watcher::Config::default(),
+        &ctx.informers.all::<ClusterRole>(),
         tx,
         // Every change may alter what any aggregated role gathers. During the first list
         // the store is filled only at its end: each aggregated role listed is queued itself.
@@ -96,7 +94,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_labelled_role_extends_edit_and_admin() {
         let (_s, client) = api().await;
-        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctx = Context::new(client.clone(), ControllerConfig::default());
         let ctl = tokio::spawn(run(ctx));
         let roles: Api<ClusterRole> = Api::all(client.clone());
         let extra: ClusterRole = serde_json::from_value(json!({

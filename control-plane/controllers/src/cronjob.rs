@@ -15,11 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
 use skiff_core::cron::Schedule;
 use skiff_core::events::EventType;
@@ -72,10 +71,9 @@ pub enum Error {
 /// Run the CronJob controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let api: Api<CronJob> = Api::all(client.clone());
-    let jobs: Api<Job> = Api::all(client.clone());
-    let controller =
-        Controller::new(api, watcher::Config::default()).owns(jobs, watcher::Config::default());
+
+    let controller = controller(&ctx.informers.all::<CronJob>())
+        .owns_stream(ctx.informers.all::<Job>().touched());
     run_controller(controller, Ctx::new(client, "cronjob-controller"), reconcile).await;
 }
 

@@ -19,15 +19,14 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 
 use super::Context;
 use super::deployment::scaled_value;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
 use skiff_core::events::EventType;
 use skiff_core::labels;
@@ -63,14 +62,13 @@ pub enum Error {
 /// Run the DaemonSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller =
-        Controller::new(Api::<DaemonSet>::all(client.clone()), watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<DaemonSet>());
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "daemonset-controller");
     let controller = controller
-        .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .owns_stream(ctx.informers.all::<Pod>().touched())
         // Any node change may change which nodes should run which daemons.
-        .watches(Api::<Node>::all(client), watcher::Config::default(), move |_node: Node| {
+        .watches_stream(ctx.informers.all::<Node>().touched(), move |_node: Node| {
             store.state().iter().map(|ds| ObjectRef::from_obj(ds.as_ref())).collect::<Vec<_>>()
         });
     run_controller(controller, cctx, reconcile).await;

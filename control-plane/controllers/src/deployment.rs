@@ -16,13 +16,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::Context;
 use super::hash::{self, POD_TEMPLATE_HASH};
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
 use skiff_core::events::EventType;
 
@@ -79,9 +78,8 @@ pub enum Error {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "deployment-controller");
-    let controller =
-        Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-            .owns(Api::<ReplicaSet>::all(client), watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<Deployment>())
+        .owns_stream(ctx.informers.all::<ReplicaSet>().touched());
     run_controller(controller, cctx, reconcile).await;
 }
 

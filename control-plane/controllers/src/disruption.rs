@@ -18,12 +18,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
 use skiff_core::events::EventType;
 
@@ -67,13 +66,12 @@ enum CountError {
 /// Run the disruption controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let pdb_api: Api<PodDisruptionBudget> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client.clone());
-    let controller = Controller::new(pdb_api, watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<PodDisruptionBudget>());
     let store = controller.store();
     // Upstream's disruption controller records its events as "controllermanager".
     let cctx = Ctx::new(client, "controllermanager");
-    let controller = controller.watches(pod_api, watcher::Config::default(), move |pod: Pod| {
+    let pods = ctx.informers.all::<Pod>().touched();
+    let controller = controller.watches_stream(pods, move |pod: Pod| {
         store
             .state()
             .iter()

@@ -15,7 +15,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use tokio::sync::mpsc;
 
 use super::Context;
@@ -72,9 +71,8 @@ struct SliceCtx {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
-    let services_api: Api<Service> = Api::all(client.clone());
     let cleanup_client = client.clone();
-    let services = informer(services_api, watcher::Config::default(), tx.clone(), move |c| {
+    let services = informer(&ctx.informers.all::<Service>(), tx.clone(), move |c| {
         match c {
             Change::Applied(s) => vec![ObjectRef::from_obj(s)],
             Change::Deleted(s) => {
@@ -92,7 +90,7 @@ pub async fn run(ctx: Arc<Context>) {
     let svc_store = services.clone();
     // Which services each pod last mapped to, so a relabelled pod also triggers the old ones.
     let last: Arc<Mutex<PodServices>> = Default::default();
-    let pods = informer(Api::<Pod>::all(client.clone()), watcher::Config::default(), tx.clone(), {
+    let pods = informer(&ctx.informers.all::<Pod>(), tx.clone(), {
         move |c| {
             let (pod, deleted) = match c {
                 Change::Applied(p) => (p, false),
@@ -117,15 +115,15 @@ pub async fn run(ctx: Arc<Context>) {
         }
     });
     let nodes =
-        informer(Api::<Node>::all(client.clone()), watcher::Config::default(), tx.clone(), |_| {
-            Vec::<ObjectRef<Service>>::new()
-        });
-    let slices_api: Api<EndpointSlice> = Api::all(client.clone());
-    let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={CONTROLLER_NAME}"));
-    let _slices = informer(slices_api, cfg, tx.clone(), |c| {
+        informer(&ctx.informers.all::<Node>(), tx.clone(), |_| Vec::<ObjectRef<Service>>::new());
+    // The slices this controller manages (the shared informer has every slice).
+    let _slices = informer(&ctx.informers.all::<EndpointSlice>(), tx.clone(), |c| {
         let s = match c {
             Change::Applied(s) | Change::Deleted(s) => s,
         };
+        if s.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(CONTROLLER_NAME) {
+            return Vec::new();
+        }
         let owner = s.labels().get(SERVICE_NAME_LABEL).cloned();
         owner
             .map(|name| vec![ObjectRef::new(&name).within(&s.namespace().unwrap_or_default())])

@@ -1,5 +1,6 @@
-//! Watch plumbing shared by the lifecycle controllers: a kube-runtime reflector (watch →
-//! store) on its own task whose events are turned into reconcile requests by a mapper, and
+//! Watch plumbing shared by the lifecycle controllers: a subscription to a shared informer
+//! ([`skiff_core::informers`]) on its own task whose events are turned into reconcile
+//! requests by a mapper, and
 //! the driver that runs kube-runtime's `applier` over such a request channel with a
 //! per-key exponential retry.
 
@@ -10,15 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Future, StreamExt};
-use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerRunConfig, applier};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
+use skiff_core::informers::{Events, Informer, Kind};
 use skiff_core::supervisor::{ReconcileError, catch_reconcile};
 
 /// What a watch saw.
@@ -27,37 +28,36 @@ pub enum Change<'a, K> {
     Deleted(&'a K),
 }
 
-/// Start a reflector of `api` on its own task; each applied/deleted object is handed to
-/// `map`, whose requests go to `tx`. Returns the store (ready once the first list is in).
+/// Subscribe to the shared informer `shared` on a task of its own; each applied/deleted
+/// object is handed to `map`, whose requests go to `tx`. Returns the informer's store
+/// (ready once the first list is in).
 pub fn informer<K, R, F>(
-    api: Api<K>,
-    cfg: watcher::Config,
+    shared: &Informer<K>,
     tx: UnboundedSender<ObjectRef<R>>,
     mut map: F,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Kind,
     R: Resource<DynamicType = ()> + 'static,
     F: FnMut(Change<'_, K>) -> Vec<ObjectRef<R>> + Send + 'static,
 {
-    informer_with_store(api, cfg, tx, move |change, _| map(change))
+    informer_with_store(shared, tx, move |change, _| map(change))
 }
 
 /// [`informer`] whose mapper also sees the store (already holding the change).
 pub fn informer_with_store<K, R, F>(
-    api: Api<K>,
-    cfg: watcher::Config,
+    shared: &Informer<K>,
     tx: UnboundedSender<ObjectRef<R>>,
     mut map: F,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Kind,
     R: Resource<DynamicType = ()> + 'static,
     F: FnMut(Change<'_, K>, &Store<K>) -> Vec<ObjectRef<R>> + Send + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, cfg)).default_backoff();
-    let store = reader.clone();
+    let stream = shared.subscribe();
+    let store = shared.store();
+    let reader = store.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
@@ -80,6 +80,12 @@ where
         }
     });
     reader
+}
+
+/// A kube-runtime `Controller` of `shared`'s kind over the shared informer (its store, and
+/// a trigger on every applied object, as `Controller::new` would watch for itself).
+pub fn controller<K: Kind>(shared: &Informer<K>) -> kube::runtime::Controller<K> {
+    kube::runtime::Controller::for_stream(shared.applied(), shared.store())
 }
 
 /// Per-key exponential retry after failed reconciles (5 ms doubling up to 1000 s, as
@@ -243,5 +249,72 @@ mod tests {
         r.succeeded("ns/a");
         assert_eq!(r.failures("ns/a"), 0);
         assert_eq!(r.failed("ns/a"), Action::requeue(Duration::from_millis(10)), "reset");
+    }
+
+    /// The next event of a subscription, within 10 s.
+    async fn next(
+        s: &mut Events<k8s_openapi::api::core::v1::ConfigMap>,
+    ) -> watcher::Event<k8s_openapi::api::core::v1::ConfigMap> {
+        use futures::StreamExt;
+        match tokio::time::timeout(Duration::from_secs(10), s.next()).await {
+            Ok(Some(Ok(ev))) => ev,
+            other => panic!("no event: {other:?}"),
+        }
+    }
+
+    /// One watch for every consumer of a kind; a subscriber that joins late is first given
+    /// an initial list of what the informer holds; deletions reach every subscriber; a
+    /// dropped subscription does not stop the others.
+    #[tokio::test]
+    async fn shared_informers_fan_out_every_event_and_list_late_subscribers() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, DeleteParams, PostParams};
+        use serde_json::json;
+        use skiff_core::informers::Informers;
+
+        let (_server, client) = crate::testutil::api().await;
+        let informers = Informers::new(client.clone());
+        let shared = informers.all::<ConfigMap>();
+        assert!(Arc::ptr_eq(&shared, &informers.all::<ConfigMap>()), "one informer per kind");
+        let mut early = shared.subscribe();
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let cm = |name: &str| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("configmap")
+        };
+        api.create(&PostParams::default(), &cm("a")).await.expect("create a");
+        // The early subscriber sees the first list (maybe empty), then `a`.
+        let mut seen_a = false;
+        while !seen_a {
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = next(&mut early).await
+            {
+                seen_a = o.metadata.name.as_deref() == Some("a");
+            }
+        }
+        let store = shared.store();
+        store.wait_until_ready().await.expect("ready");
+        // A late subscriber: an initial list holding `a`, then live events.
+        let mut late = shared.subscribe();
+        assert!(matches!(next(&mut late).await, watcher::Event::Init));
+        match next(&mut late).await {
+            watcher::Event::InitApply(o) => assert_eq!(o.metadata.name.as_deref(), Some("a")),
+            other => panic!("expected a's InitApply, got {other:?}"),
+        }
+        assert!(matches!(next(&mut late).await, watcher::Event::InitDone));
+        let dropped = shared.subscribe();
+        drop(dropped);
+        api.delete("a", &DeleteParams::default()).await.expect("delete a");
+        for (who, s) in [("early", &mut early), ("late", &mut late)] {
+            loop {
+                match next(s).await {
+                    watcher::Event::Delete(o) => {
+                        assert_eq!(o.metadata.name.as_deref(), Some("a"), "{who}");
+                        break;
+                    }
+                    watcher::Event::Apply(_) => {}
+                    other => panic!("{who}: unexpected {other:?}"),
+                }
+            }
+        }
+        assert_eq!(informers.opened(), vec![("ConfigMap".to_string(), String::new())]);
     }
 }

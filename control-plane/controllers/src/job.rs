@@ -31,11 +31,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
 use skiff_core::events::EventType;
 
@@ -319,8 +318,8 @@ fn delay_left(failures: usize, last: Timestamp, now: Timestamp) -> Duration {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "job-controller");
-    let controller = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Pod>::all(client), watcher::Config::default());
+    let controller =
+        controller(&ctx.informers.all::<Job>()).owns_stream(ctx.informers.all::<Pod>().touched());
     run_controller(controller, cctx, reconcile).await;
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use kube::Client;
 
+use skiff_core::informers::Informers;
 use skiff_core::supervisor::{self, ComponentHealth, Supervision};
 
 pub mod clusterrole_aggregation;
@@ -143,6 +144,16 @@ impl Default for ControllerConfig {
 pub struct Context {
     pub client: Client,
     pub config: ControllerConfig,
+    /// The process's informers: every controller reads its kinds from these, one watch per
+    /// kind for all of them.
+    pub informers: Arc<Informers>,
+}
+
+impl Context {
+    pub fn new(client: Client, config: ControllerConfig) -> Arc<Context> {
+        let informers = Informers::new(client.clone());
+        Arc::new(Context { client, config, informers })
+    }
 }
 
 /// Starts each controller as its own supervised component (see [`crate::supervisor`]).
@@ -190,7 +201,7 @@ impl Controllers<'_> {
 /// Run every controller, each supervised, their failures recorded in `health`, until the
 /// future is dropped.
 pub async fn run(client: Client, config: ControllerConfig, health: Arc<ComponentHealth>) {
-    let ctx = Arc::new(Context { client, config });
+    let ctx = Context::new(client, config);
     let mut c = Controllers { tasks: tokio::task::JoinSet::new(), ctx: &ctx, health: &health };
     c.spawn_workloads();
     c.spawn("endpointslice", endpointslice::run);

@@ -19,12 +19,11 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::{Error, api_err};
 use skiff_core::events::EventType;
 pub use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, unsupported};
@@ -75,12 +74,8 @@ pub async fn run(ctx: Arc<Context>, root: PathBuf) {
         helper_image: ctx.config.local_path_helper_image.clone(),
         ctx: Ctx::new(client.clone(), PROVISIONER),
     });
-    let claims = Controller::new(
-        Api::<PersistentVolumeClaim>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let volumes =
-        Controller::new(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default());
+    let claims = controller(&ctx.informers.all::<PersistentVolumeClaim>());
+    let volumes = controller(&ctx.informers.all::<PersistentVolume>());
     let (a, b) = (me.clone(), me);
     tokio::join!(
         run_controller(claims, a.ctx.clone(), move |pvc, _| {

@@ -15,7 +15,6 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope, verbs};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -78,15 +77,12 @@ pub async fn namespaced_resources(client: &Client) -> Result<Vec<(ApiResource, A
 /// Run the namespace controller until dropped.
 pub async fn run(ctx: Arc<Context>) {
     let (tx, rx) = mpsc::unbounded_channel::<ObjectRef<Namespace>>();
-    let store =
-        informer(Api::<Namespace>::all(ctx.client.clone()), watcher::Config::default(), tx, |c| {
-            match c {
-                Change::Applied(ns) if ns.metadata.deletion_timestamp.is_some() => {
-                    vec![ObjectRef::from_obj(ns)]
-                }
-                _ => Vec::new(),
-            }
-        });
+    let store = informer(&ctx.informers.all::<Namespace>(), tx, |c| match c {
+        Change::Applied(ns) if ns.metadata.deletion_timestamp.is_some() => {
+            vec![ObjectRef::from_obj(ns)]
+        }
+        _ => Vec::new(),
+    });
     run_applier("namespace", store, rx, ctx, |ns, ctx| async move { reconcile(&ns, &ctx).await })
         .await;
 }
@@ -350,7 +346,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn namespace_deletion_cascades_then_removes_the_namespace() {
         let (_api, client) = api().await;
-        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctx = Context::new(client.clone(), ControllerConfig::default());
         let ctl = tokio::spawn(run(ctx));
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace =
@@ -415,7 +411,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn held_content_is_reported_in_the_namespace_conditions() {
         let (_api, client) = api().await;
-        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctx = Context::new(client.clone(), ControllerConfig::default());
         let ctl = tokio::spawn(run(ctx));
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "held"}})).unwrap();

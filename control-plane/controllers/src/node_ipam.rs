@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -105,18 +104,15 @@ pub async fn run(ctx: Arc<Context>) -> Result<()> {
     let mut set = CidrSet::new(cluster, ctx.config.node_cidr_mask)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<ObjectRef<Node>>();
     let (del_tx, mut del_rx) = mpsc::unbounded_channel::<String>();
-    let nodes =
-        informer(Api::<Node>::all(ctx.client.clone()), watcher::Config::default(), tx, move |c| {
-            match c {
-                Change::Applied(n) => vec![ObjectRef::from_obj(n)],
-                Change::Deleted(n) => {
-                    if let Some(c) = pod_cidr(n) {
-                        let _ = del_tx.send(c);
-                    }
-                    Vec::new()
-                }
+    let nodes = informer(&ctx.informers.all::<Node>(), tx, move |c| match c {
+        Change::Applied(n) => vec![ObjectRef::from_obj(n)],
+        Change::Deleted(n) => {
+            if let Some(c) = pod_cidr(n) {
+                let _ = del_tx.send(c);
             }
-        });
+            Vec::new()
+        }
+    });
     let _ = nodes.wait_until_ready().await;
     for n in nodes.state() {
         if let Some(c) = pod_cidr(&n) {

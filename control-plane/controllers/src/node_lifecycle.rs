@@ -23,7 +23,6 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -111,25 +110,16 @@ pub const MONITOR_PERIOD: Duration = Duration::from_secs(5);
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<ObjectRef<Node>>();
-    let nodes =
-        informer(Api::<Node>::all(client.clone()), watcher::Config::default(), tx.clone(), {
-            |c| match c {
-                Change::Applied(n) => vec![ObjectRef::from_obj(n)],
-                Change::Deleted(_) => Vec::new(),
-            }
-        });
-    let leases = informer(
-        Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE),
-        watcher::Config::default(),
-        tx.clone(),
-        |_| Vec::new(),
-    );
-    let pods = informer(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("spec.nodeName!="),
-        tx,
-        |_| Vec::new(),
-    );
+    let nodes = informer(&ctx.informers.all::<Node>(), tx.clone(), {
+        |c| match c {
+            Change::Applied(n) => vec![ObjectRef::from_obj(n)],
+            Change::Deleted(_) => Vec::new(),
+        }
+    });
+    // Every Lease and every Pod (shared with the other controllers); the node leases are
+    // looked up in LEASE_NAMESPACE, and unscheduled pods belong to no node.
+    let leases = informer(&ctx.informers.all::<Lease>(), tx.clone(), |_| Vec::new());
+    let pods = informer(&ctx.informers.all::<Pod>(), tx, |_| Vec::new());
     let _ = nodes.wait_until_ready().await;
     let _ = leases.wait_until_ready().await;
     let _ = pods.wait_until_ready().await;

@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -170,12 +169,8 @@ struct Gc {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, _rx) = mpsc::unbounded_channel::<ObjectRef<Pod>>();
-    let pods =
-        informer(Api::<Pod>::all(client.clone()), watcher::Config::default(), tx.clone(), |_| {
-            Vec::new()
-        });
-    let nodes =
-        informer(Api::<Node>::all(client.clone()), watcher::Config::default(), tx, |_| Vec::new());
+    let pods = informer(&ctx.informers.all::<Pod>(), tx.clone(), |_| Vec::new());
+    let nodes = informer(&ctx.informers.all::<Node>(), tx, |_| Vec::new());
     let _ = pods.wait_until_ready().await;
     let _ = nodes.wait_until_ready().await;
     let mut gc = Gc {
@@ -364,7 +359,7 @@ mod tests {
                 .expect("phase");
         }
         let config = ControllerConfig { terminated_pod_gc_threshold: 1, ..Default::default() };
-        let ctx = Arc::new(Context { client: client.clone(), config });
+        let ctx = Context::new(client.clone(), config);
         let task = tokio::spawn(run(ctx));
         wait_for("terminated pods beyond the threshold", || async {
             let mut left = 0;

@@ -10,13 +10,12 @@ use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::{Pod, ReplicationController, ReplicationControllerStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
 use skiff_core::events::EventType;
 
@@ -43,15 +42,14 @@ const BURST_REPLICAS: usize = 500;
 /// Run the ReplicaSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let rs_api: Api<ReplicaSet> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client.clone());
-    let controller = Controller::new(rs_api, watcher::Config::default());
+    let pods = ctx.informers.all::<Pod>();
+    let controller = controller(&ctx.informers.all::<ReplicaSet>());
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "replicaset-controller");
     let controller = controller
-        .owns(pod_api.clone(), watcher::Config::default())
+        .owns_stream(pods.touched())
         // Orphans: a pod without a controller wakes the ReplicaSets whose selector matches it.
-        .watches(pod_api, watcher::Config::default(), move |pod: Pod| {
+        .watches_stream(pods.touched(), move |pod: Pod| {
             if pods::controller_ref(&pod.metadata).is_some() {
                 return Vec::new();
             }
@@ -212,15 +210,12 @@ fn rc_as_replica_set_spec(rc: &ReplicationController) -> ReplicaSetSpec {
 /// core/v1 ReplicationControllers) until the future is dropped.
 pub async fn run_replication_controllers(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let rc_api: Api<ReplicationController> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client.clone());
-    let controller = Controller::new(rc_api, watcher::Config::default());
+    let pods = ctx.informers.all::<Pod>();
+    let controller = controller(&ctx.informers.all::<ReplicationController>());
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "replication-controller");
-    let controller = controller.owns(pod_api.clone(), watcher::Config::default()).watches(
-        pod_api,
-        watcher::Config::default(),
-        move |pod: Pod| {
+    let controller =
+        controller.owns_stream(pods.touched()).watches_stream(pods.touched(), move |pod: Pod| {
             if pods::controller_ref(&pod.metadata).is_some() {
                 return Vec::new();
             }
@@ -234,8 +229,7 @@ pub async fn run_replication_controllers(ctx: Arc<Context>) {
                 })
                 .map(|rc| ObjectRef::from_obj(rc.as_ref()))
                 .collect::<Vec<_>>()
-        },
-    );
+        });
     run_controller(controller, cctx, reconcile_rc).await;
 }
 

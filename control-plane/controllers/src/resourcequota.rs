@@ -19,13 +19,14 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::Context;
 use super::pods;
+use skiff_core::informers::{Informer, Kind};
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};
 
@@ -63,13 +64,10 @@ enum Work {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Work>();
-    let (store, writer) = reflector::store::<ResourceQuota>();
+    let shared = ctx.informers.all::<ResourceQuota>();
+    let store = shared.store();
     let mut tasks = tokio::task::JoinSet::new();
-    let quotas = reflector::reflector(
-        writer,
-        watcher(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff();
+    let quotas = shared.subscribe();
     let to = tx.clone();
     tasks.spawn(quotas.for_each(move |event| {
         // Listed (start, re-list) or with a spec its status does not reflect yet.
@@ -86,12 +84,12 @@ pub async fn run(ctx: Arc<Context>) {
         }
         futures::future::ready(())
     }));
-    tasks.spawn(replenish::<Pod>(client.clone(), tx.clone(), pod_released));
-    tasks.spawn(replenish::<Service>(client.clone(), tx.clone(), |_| false));
-    tasks.spawn(replenish::<ConfigMap>(client.clone(), tx.clone(), |_| false));
-    tasks.spawn(replenish::<Secret>(client.clone(), tx.clone(), |_| false));
-    tasks.spawn(replenish::<PersistentVolumeClaim>(client.clone(), tx.clone(), |_| false));
-    tasks.spawn(replenish::<ReplicationController>(client.clone(), tx.clone(), |_| false));
+    tasks.spawn(replenish(ctx.informers.all::<Pod>(), tx.clone(), pod_released));
+    tasks.spawn(replenish(ctx.informers.all::<Service>(), tx.clone(), |_| false));
+    tasks.spawn(replenish(ctx.informers.all::<ConfigMap>(), tx.clone(), |_| false));
+    tasks.spawn(replenish(ctx.informers.all::<Secret>(), tx.clone(), |_| false));
+    tasks.spawn(replenish(ctx.informers.all::<PersistentVolumeClaim>(), tx.clone(), |_| false));
+    tasks.spawn(replenish(ctx.informers.all::<ReplicationController>(), tx.clone(), |_| false));
     let resync = (store.clone(), tx.clone());
     tasks.spawn(async move {
         let (store, tx) = resync;
@@ -154,20 +152,13 @@ fn pod_released(pod: &Pod) -> bool {
 
 /// Queue the namespace of every deleted object of kind `K` (and of those `released` says
 /// stopped charging) for a recount.
-async fn replenish<K>(
-    client: kube::Client,
+async fn replenish<K: Kind>(
+    shared: Arc<Informer<K>>,
     tx: mpsc::UnboundedSender<Work>,
     released: fn(&K) -> bool,
-) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    watcher(Api::<K>::all(client), watcher::Config::default())
-        .default_backoff()
+) {
+    shared
+        .subscribe()
         .for_each(|event| {
             let ns = match &event {
                 Ok(watcher::Event::Delete(o)) => o.namespace(),

@@ -11,7 +11,6 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tokio::sync::mpsc;
 
 use super::Context;
@@ -40,21 +39,16 @@ pub enum Error {
 /// Run the ServiceAccount controller until dropped.
 pub async fn run(ctx: Arc<Context>) {
     let (tx, rx) = mpsc::unbounded_channel::<ObjectRef<Namespace>>();
-    let namespaces = informer(
-        Api::<Namespace>::all(ctx.client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        |c| match c {
-            Change::Applied(ns) => vec![ObjectRef::from_obj(ns)],
-            Change::Deleted(_) => Vec::new(),
-        },
-    );
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={DEFAULT_NAME}"));
-    let _sas = informer(Api::<ServiceAccount>::all(ctx.client.clone()), cfg, tx, |c| match c {
-        Change::Deleted(sa) => {
+    let namespaces = informer(&ctx.informers.all::<Namespace>(), tx.clone(), |c| match c {
+        Change::Applied(ns) => vec![ObjectRef::from_obj(ns)],
+        Change::Deleted(_) => Vec::new(),
+    });
+    // A deleted default ServiceAccount is made again (the shared informer has every one).
+    let _sas = informer(&ctx.informers.all::<ServiceAccount>(), tx, |c| match c {
+        Change::Deleted(sa) if sa.name_any() == DEFAULT_NAME => {
             sa.namespace().map(|ns| vec![ObjectRef::new(&ns)]).unwrap_or_default()
         }
-        Change::Applied(_) => Vec::new(),
+        Change::Deleted(_) | Change::Applied(_) => Vec::new(),
     });
     run_applier("serviceaccount", namespaces, rx, ctx, |ns, ctx| async move {
         reconcile(&ns, &ctx).await
@@ -108,7 +102,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_namespace_gets_a_default_service_account() {
         let (_s, client) = api().await;
-        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctx = Context::new(client.clone(), ControllerConfig::default());
         let ctl = tokio::spawn(run(ctx));
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace =

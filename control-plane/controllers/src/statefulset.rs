@@ -30,14 +30,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::Context;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
 use skiff_core::events::EventType;
 
@@ -80,9 +79,8 @@ pub enum Error {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "statefulset-controller");
-    let controller =
-        Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default())
-            .owns(Api::<Pod>::all(client), watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<StatefulSet>())
+        .owns_stream(ctx.informers.all::<Pod>().touched());
     run_controller(controller, cctx, reconcile).await;
 }
 

@@ -17,13 +17,12 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use serde_json::json;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
 use skiff_core::events::EventType;
 use skiff_core::quantity::Quantity;
@@ -63,12 +62,11 @@ pub async fn run(ctx: Arc<Context>) {
 
 async fn run_claims(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let controller = Controller::new(claims, watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>());
     let store = controller.store();
     // A volume wakes the claim it names, or, when free, every claim still waiting.
-    let controller = controller.watches(volumes, watcher::Config::default(), move |pv| {
+    let volumes = ctx.informers.all::<PersistentVolume>().touched();
+    let controller = controller.watches_stream(volumes, move |pv| {
         if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
             return vec![
                 ObjectRef::new(r.name.as_deref().unwrap_or_default())
@@ -88,12 +86,11 @@ async fn run_claims(ctx: Arc<Context>) {
 
 async fn run_volumes(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let controller = Controller::new(volumes, watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<PersistentVolume>());
     let store = controller.store();
     // A claim (its deletion too) wakes the volume it is bound to or that names it.
-    let controller = controller.watches(claims, watcher::Config::default(), move |pvc| {
+    let claims = ctx.informers.all::<PersistentVolumeClaim>().touched();
+    let controller = controller.watches_stream(claims, move |pvc| {
         let bound = volume_name(&pvc).to_string();
         store
             .state()

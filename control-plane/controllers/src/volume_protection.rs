@@ -9,15 +9,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::Context;
-use super::informer::{WorkloadCtx as Ctx, run_controller};
+use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::Error;
 use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
 
@@ -28,12 +27,9 @@ pub async fn run(ctx: Arc<Context>) {
 
 async fn run_claims(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
     // A pod (its deletion above all) wakes the claims it names.
-    let controller = Controller::new(claims, watcher::Config::default()).watches(
-        pods,
-        watcher::Config::default(),
+    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>()).watches_stream(
+        ctx.informers.all::<Pod>().touched(),
         |pod| {
             let ns = pod.namespace().unwrap_or_default();
             claims_of(&pod).map(|c| ObjectRef::new(c).within(&ns)).collect::<Vec<_>>()
@@ -45,8 +41,7 @@ async fn run_claims(ctx: Arc<Context>) {
 
 async fn run_volumes(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let controller = Controller::new(volumes, watcher::Config::default());
+    let controller = controller(&ctx.informers.all::<PersistentVolume>());
     run_controller(controller, Ctx::new(client, "pv-protection-controller"), reconcile_volume)
         .await;
 }

@@ -55,7 +55,7 @@ impl Harness {
         for n in nodes {
             add_node(&client, n, &[]).await;
         }
-        let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+        let ctx = Context::new(client.clone(), ControllerConfig::default());
         let controllers = AbortOnDrop(tokio::spawn(super::run_workloads(ctx)));
         let kubelet = AbortOnDrop(tokio::spawn(kubelet_stand_in(client.clone())));
         Harness { client, _api: api, _tasks: vec![controllers, kubelet] }
@@ -1328,7 +1328,7 @@ async fn ready_pods_of(h: &Harness, app: &str) -> Vec<String> {
 #[tokio::test(start_paused = true)]
 async fn disruption_budgets_count_healthy_pods_and_evictions_charge_them() {
     let h = Harness::start(&["n1", "n2"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _disruption = AbortOnDrop(tokio::spawn(super::disruption::run(ctx)));
     h.api::<Deployment>()
         .create(&PostParams::default(), &deployment("web", 3, "web:1"))
@@ -1621,7 +1621,7 @@ async fn claims_bind_to_fitting_volumes_and_release_them() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     use k8s_openapi::api::storage::v1::StorageClass;
     let h = Harness::start(&[]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx.clone())));
     // A deleted claim keeps its protection finalizer until this controller sees no pod uses it.
     let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx)));
@@ -1740,7 +1740,7 @@ async fn claims_bind_to_fitting_volumes_and_release_them() {
 async fn statefulset_pods_get_their_own_claims() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     let h = Harness::start(&["n1"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx)));
     let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
     for i in 0..2 {
@@ -1801,7 +1801,7 @@ async fn statefulset_pods_get_their_own_claims() {
     }
     // Claims outlive their pods and, by default (Retain), the StatefulSet: the garbage
     // collector removes the set's pods and leaves the claims.
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _gc = AbortOnDrop(tokio::spawn(async move {
         let _ = super::garbage_collector::run(ctx).await;
     }));
@@ -1821,7 +1821,7 @@ async fn statefulset_pods_get_their_own_claims() {
 async fn claims_and_volumes_in_use_stay_until_released() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     let h = Harness::start(&["n1"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _binder = AbortOnDrop(tokio::spawn(super::volume::run(ctx.clone())));
     let _protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx)));
     let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
@@ -1896,7 +1896,7 @@ async fn claim_retention_rig(
     policy: serde_json::Value,
 ) -> (Harness, StatefulSet, [AbortOnDrop; 2]) {
     let h = Harness::start(&["n1"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let protection = AbortOnDrop(tokio::spawn(super::volume_protection::run(ctx.clone())));
     let gc = AbortOnDrop(tokio::spawn(async move {
         let _ = super::garbage_collector::run(ctx).await;
@@ -2068,7 +2068,7 @@ async fn statefulset_claims_of_terminating_condemned_pods_go_too() {
 async fn local_path_teardown_helpers_time_out() {
     use k8s_openapi::api::core::v1::{Event, PersistentVolume};
     let h = Harness::start(&["n1"]).await;
-    let ctx = Arc::new(Context { client: h.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(h.client.clone(), ControllerConfig::default());
     let _provisioner =
         AbortOnDrop(tokio::spawn(super::local_path::run(ctx, "/var/lib/skiff/storage".into())));
     let volumes: Api<PersistentVolume> = Api::all(h.client.clone());

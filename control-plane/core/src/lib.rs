@@ -1,7 +1,7 @@
 //! skiff's core, what every component may use (kube-core's role in kube-rs): exact
 //! resource quantities, label and node selectors, well-known names, CIDRs, saturating time
 //! arithmetic, the supervision of long-running components, the event recorder, quota
-//! arithmetic, ClusterRole aggregation, cron schedules, the resource-metrics format, the
+//! arithmetic, the shared informers, ClusterRole aggregation, cron schedules, the resource-metrics format, the
 //! streaming upgrade plumbing and the node join client.
 //!
 //! It holds types and rules, not servers: it may not import the store, the API machinery,
@@ -13,6 +13,7 @@ pub mod autoscaling;
 pub mod cidr;
 pub mod cron;
 pub mod events;
+pub mod informers;
 pub mod join;
 pub mod json;
 pub mod labels;

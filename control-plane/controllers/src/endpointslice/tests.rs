@@ -191,7 +191,7 @@ async fn controller_follows_pods_through_the_api() {
         apiserver_endpoint: Some(("192.0.2.10".into(), 6443)),
         ..Default::default()
     };
-    let ctx = Arc::new(Context { client: client.clone(), config });
+    let ctx = Context::new(client.clone(), config);
     let ctl = tokio::spawn(run(ctx));
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     let mut s = svc(json!("http"));

@@ -16,7 +16,7 @@ fn cm(name: &str, owner: Option<(&ConfigMap, bool)>) -> ConfigMap {
 
 async fn start() -> (Arc<skiff_apiserver::ApiServer>, Api<ConfigMap>, tokio::task::JoinHandle<()>) {
     let (server, client) = api().await;
-    let ctx = Arc::new(Context { client: client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(client.clone(), ControllerConfig::default());
     let gc = tokio::spawn(async move {
         run(ctx).await.expect("gc");
     });
