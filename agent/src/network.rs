@@ -18,8 +18,8 @@ use futures::StreamExt;
 use ipnetwork::Ipv4Network;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
-use skiff_core::informers::{Informer, Informers};
 use skiff_cni::routes::{NodeRoute, RouteConfig};
+use skiff_core::informers::{Informer, Informers};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -17,9 +17,9 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use skiff_core::informers::{Informer, Informers};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use skiff_core::informers::{Informer, Informers};
 use tokio::sync::Notify;
 
 use crate::config::{AgentConfig, NodeResources};

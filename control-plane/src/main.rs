@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use skiff_apiserver::alloc::Cidr;
 use skiff_apiserver::authn::AuthorizationMode;
 use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};
 use skiff_controllers::ControllerConfig;
+use skiff_core::cidr::Cidr;
 use skiff_scheduler::SchedulerConfig;
 
 #[derive(Parser)]

@@ -548,7 +548,7 @@ async fn local_path_claims_are_provisioned_where_their_first_pod_goes() {
     for n in ["n1", "n2", "n3"] {
         node(&r.client, n, "4", json!({})).await;
     }
-    let ctx = Arc::new(Context { client: r.client.clone(), config: ControllerConfig::default() });
+    let ctx = Context::new(r.client.clone(), ControllerConfig::default());
     let controllers = [
         tokio::spawn(local_path::run(ctx.clone(), "/var/lib/skiff/storage".into())),
         tokio::spawn(volume::run(ctx.clone())),

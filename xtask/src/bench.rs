@@ -31,6 +31,7 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             "bench_dns",
         ])),
         "scheduler" => crate::scheduler_bench::bench(root),
+        "controllers" => controllers(root),
         "agent" => agent(root),
         // tests/tests/e2e.rs bench_e2e: network programming and pod start in a 3-node lab.
         "e2e" => {
@@ -48,7 +49,7 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             ]))
         }
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, dataplane, dns, e2e, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, scheduler)"
         ),
     }
 }
@@ -108,6 +109,33 @@ fn agent(root: &Path) -> Result<()> {
 /// `dist` builds (fat LTO) of skiff-server and the bench driver, then the driver against the
 /// server.
 fn apiserver(root: &Path) -> Result<()> {
+    let target = dist_build(root)?;
+    run(Command::new(target.join("skiff-bench"))
+        .arg("apiserver")
+        .arg(target.join("skiff-server"))
+        .arg(root.join("target/bench")))
+}
+
+/// skiff-server with its controllers at 10k pods: watches per component and RSS. With
+/// `SKIFF_BENCH_BASELINE=<skiff-server>` (another build, e.g. of an earlier commit), that
+/// build runs first on a fresh server and this one is compared with it; `SKIFF_BENCH_PODS`
+/// overrides the pod count.
+fn controllers(root: &Path) -> Result<()> {
+    let target = dist_build(root)?;
+    let mut cmd = Command::new(target.join("skiff-bench"));
+    cmd.arg("controllers");
+    if let Ok(baseline) = std::env::var("SKIFF_BENCH_BASELINE") {
+        cmd.arg(baseline);
+    }
+    cmd.arg(target.join("skiff-server"));
+    if let Ok(pods) = std::env::var("SKIFF_BENCH_PODS") {
+        cmd.args(["--pods", &pods]);
+    }
+    run(&mut cmd)
+}
+
+/// `dist` builds of skiff-server and skiff-bench; the directory they are in.
+fn dist_build(root: &Path) -> Result<std::path::PathBuf> {
     run(cargo().current_dir(root).args([
         "build",
         "--profile",
@@ -122,11 +150,7 @@ fn apiserver(root: &Path) -> Result<()> {
         "skiff-bench",
     ]))?;
     // Where cargo put them (CARGO_TARGET_DIR when set, as the builds above honour it).
-    let target = std::env::var("CARGO_TARGET_DIR")
+    Ok(std::env::var("CARGO_TARGET_DIR")
         .map_or_else(|_| root.join("target"), Into::into)
-        .join("dist");
-    run(Command::new(target.join("skiff-bench"))
-        .arg("apiserver")
-        .arg(target.join("skiff-server"))
-        .arg(root.join("target/bench")))
+        .join("dist"))
 }

@@ -51,7 +51,7 @@ pub fn read_manifests(dir: &Path, node: &str) -> Result<BTreeMap<(String, String
             continue;
         }
         let parsed = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| {
-            serde_yaml_ng::from_slice::<Pod>(&b).map(|p| (b, p)).map_err(|e| e.to_string())
+            serde_saphyr::from_slice::<Pod>(&b).map(|p| (b, p)).map_err(|e| e.to_string())
         });
         // A broken manifest is skipped (and logged); the others still run, as the kubelet.
         let (bytes, mut pod) = match parsed {

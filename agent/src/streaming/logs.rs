@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 
@@ -31,14 +31,14 @@ pub struct LogOptions {
     /// Only the last N lines.
     pub tail_lines: Option<usize>,
     /// Only lines at or after this time (`sinceSeconds` / `sinceTime`).
-    pub since: Option<DateTime<Utc>>,
+    pub since: Option<Timestamp>,
     /// Stop after this many bytes.
     pub limit_bytes: Option<usize>,
 }
 
 impl LogOptions {
     /// Parse the query string of a `/containerLogs` request.
-    pub fn from_query(query: &[(String, String)], now: DateTime<Utc>) -> Result<Self, Error> {
+    pub fn from_query(query: &[(String, String)], now: Timestamp) -> Result<Self, Error> {
         let mut opts = LogOptions::default();
         for (k, v) in query {
             let bad = |name: &'static str| Error::Param { name, value: v.clone() };
@@ -61,15 +61,10 @@ impl LogOptions {
                         return Err(bad("sinceSeconds"));
                     }
                     // Further back than time goes is "from the start".
-                    opts.since = Some(
-                        chrono::TimeDelta::try_seconds(n)
-                            .and_then(|d| now.checked_sub_signed(d))
-                            .unwrap_or(DateTime::<Utc>::MIN_UTC),
-                    );
+                    opts.since = Some(skiff_core::time::sub_secs(now, n));
                 }
                 "sinceTime" => {
-                    let t = DateTime::parse_from_rfc3339(v).map_err(|_| bad("sinceTime"))?;
-                    opts.since = Some(t.with_timezone(&Utc));
+                    opts.since = Some(v.parse().map_err(|_| bad("sinceTime"))?);
                 }
                 _ => {}
             }
@@ -118,7 +113,7 @@ pub fn parse_line(line: &[u8]) -> Option<Entry<'_>> {
 /// A logical log line: the entries up to and including a full one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Line {
-    time: Option<DateTime<Utc>>,
+    time: Option<Timestamp>,
     /// The output for this line (timestamp prefix applied when asked for).
     out: Vec<u8>,
 }
@@ -161,8 +156,7 @@ impl Decoder {
             return;
         };
         let line = self.pending.get_or_insert_with(|| {
-            let time =
-                DateTime::parse_from_rfc3339(e.timestamp).ok().map(|t| t.with_timezone(&Utc));
+            let time = e.timestamp.parse::<Timestamp>().ok();
             let mut out = Vec::new();
             if self.timestamps {
                 out.extend_from_slice(e.timestamp.as_bytes());
@@ -188,7 +182,7 @@ struct Sink {
 
 impl Sink {
     /// Send lines; `false` when the reader is gone or the byte limit is reached.
-    async fn send(&mut self, lines: Vec<Line>, since: Option<DateTime<Utc>>) -> bool {
+    async fn send(&mut self, lines: Vec<Line>, since: Option<Timestamp>) -> bool {
         let mut buf = Vec::new();
         for line in lines {
             if let (Some(since), Some(t)) = (since, line.time)
@@ -339,7 +333,7 @@ mod tests {
 
     #[test]
     fn parses_options() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let q = |s: &[(&str, &str)]| -> Vec<(String, String)> {
             s.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
         };
@@ -350,7 +344,7 @@ mod tests {
         .unwrap();
         assert!(o.follow && !o.previous && !o.timestamps);
         assert_eq!(o.tail_lines, Some(3));
-        assert_eq!(o.since, Some(now - chrono::Duration::seconds(10)));
+        assert_eq!(o.since, Some(skiff_core::time::sub_secs(now, 10)));
         assert!(LogOptions::from_query(&q(&[("tailLines", "x")]), now).is_err());
         assert_eq!(
             LogOptions::from_query(&q(&[("tailLines", "-1")]), now).unwrap().tail_lines,

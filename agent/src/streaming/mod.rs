@@ -356,7 +356,7 @@ async fn container_logs<R: Runtime>(
     container: &str,
     query: &[(String, String)],
 ) -> Response<Body> {
-    let opts = match logs::LogOptions::from_query(query, chrono::Utc::now()) {
+    let opts = match logs::LogOptions::from_query(query, jiff::Timestamp::now()) {
         Ok(o) => o,
         Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
-pub use skiff_core::cidr::Cidr;
+use skiff_core::cidr::Cidr;
 use std::sync::Mutex;
 
 use serde_json::Value;

@@ -189,7 +189,7 @@ fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// upstream MicroTime: RFC 3339 with microseconds.
 fn micro_time() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
 
 /// One request being audited.

@@ -8,7 +8,7 @@
 //! `etcd-0` (upstream names its etcd servers `etcd-<i>`): healthy when it answers the same
 //! check as `/readyz/etcd`.
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::registry::ResourceType;
@@ -81,27 +81,24 @@ async fn leased(server: &ApiServer, component: &str) -> Result<(), String> {
         })?;
     let obj: Value = serde_json::from_slice(&kv.value)
         .map_err(|e| format!("decoding the kube-system/{lease} Lease: {e}"))?;
-    lease_health(lease, &obj, Utc::now())
+    lease_health(lease, &obj, Timestamp::now())
 }
 
 /// Whether a leader election Lease is held and fresh at `now`.
-fn lease_health(lease: &str, obj: &Value, now: DateTime<Utc>) -> Result<(), String> {
+fn lease_health(lease: &str, obj: &Value, now: Timestamp) -> Result<(), String> {
     let spec = obj.get("spec").unwrap_or(&Value::Null);
     let holder = spec.get("holderIdentity").and_then(Value::as_str).unwrap_or_default();
     if holder.is_empty() {
         return Err(format!("no {lease} is running: the kube-system/{lease} Lease has no holder"));
     }
-    let renewed = spec
-        .get("renewTime")
-        .and_then(Value::as_str)
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&Utc));
+    let renewed =
+        spec.get("renewTime").and_then(Value::as_str).and_then(|t| t.parse::<Timestamp>().ok());
     let duration = spec.get("leaseDurationSeconds").and_then(Value::as_i64).unwrap_or(0);
     match renewed {
-        Some(at) if skiff_core::time::chrono_add_secs(at, duration) >= now => Ok(()),
+        Some(at) if skiff_core::time::api_add_secs(at, duration) >= now => Ok(()),
         Some(at) => Err(format!(
             "{holder} last renewed the kube-system/{lease} Lease at {}, more than {duration}s ago",
-            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            skiff_core::time::rfc3339_seconds(at)
         )),
         None => Err(format!("the kube-system/{lease} Lease held by {holder} was never renewed")),
     }
@@ -111,8 +108,8 @@ fn lease_health(lease: &str, obj: &Value, now: DateTime<Utc>) -> Result<(), Stri
 mod tests {
     use super::*;
 
-    fn at(s: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
     }
 
     #[test]

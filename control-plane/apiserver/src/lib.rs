@@ -45,11 +45,12 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 
-use self::alloc::{Allocators, Cidr};
+use self::alloc::Allocators;
 use self::cache::WatchCache;
 use self::registry::Registry;
 use self::request::{Query, Route};
 use self::status::ApiError;
+use skiff_core::cidr::Cidr;
 use skiff_machinery::openapi::OpenApiDocs;
 use skiff_store::DynStore;
 

@@ -336,10 +336,9 @@ pub(crate) fn memory_quantity(bytes: u64) -> String {
 }
 
 fn time(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    skiff_core::time::rfc3339_seconds(
+        jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+    )
 }
 
 /// A duration as Go's `time.Duration.String()` writes it (`metav1.Duration`): `15.034s`,

@@ -145,8 +145,8 @@ pub fn decode_json(body: &[u8]) -> ApiResult<Value> {
         .map_err(|e| ApiError::bad_request(format!("error decoding request body as JSON: {e}")))
 }
 
-/// The deepest nesting a body may have: the decoders' own recursion limit (serde_json's
-/// and serde_yaml_ng's, 128), so nothing they would accept is refused.
+/// The deepest nesting a body may have: serde_json's own recursion limit (128), so nothing
+/// it would accept is refused; the YAML decoder is given the same.
 pub const MAX_DEPTH: usize = 128;
 
 pub fn decode_yaml(body: &[u8]) -> ApiResult<Value> {
@@ -166,8 +166,20 @@ pub fn decode_yaml(body: &[u8]) -> ApiResult<Value> {
             "error decoding request body as YAML: flow collections nested deeper than {MAX_DEPTH}"
         )));
     }
-    serde_yaml_ng::from_slice(body)
+    serde_saphyr::from_slice_with_options(body, yaml_options())
         .map_err(|e| ApiError::bad_request(format!("error decoding request body as YAML: {e}")))
+}
+
+/// serde-saphyr's limits with the depth raised to [`MAX_DEPTH`] (its default, 64, would
+/// refuse bodies JSON accepts); its other budgets (nodes, aliases, scalar bytes) bound a
+/// request far above what MAX_BODY lets in.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_DEPTH;
+    budget.flow_nesting_limit = MAX_DEPTH;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
 }
 
 /// Whether the YAML text nests flow collections (`[...]`, `{...}`) deeper than `limit`, by

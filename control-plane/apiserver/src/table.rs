@@ -643,7 +643,7 @@ pub fn table_of(
     } else {
         Vec::new()
     };
-    let now = chrono::Utc::now();
+    let now = jiff::Timestamp::now();
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| json!({"cells": cells(kind, o, now), "object": partial_metadata(o, version)}))
@@ -706,9 +706,9 @@ pub fn human_duration(secs: i64) -> String {
     format!("{}y", hours / 24 / 365)
 }
 
-fn since(ts: &str, now: chrono::DateTime<chrono::Utc>) -> String {
-    match chrono::DateTime::parse_from_rfc3339(ts) {
-        Ok(t) => human_duration((now - t.with_timezone(&chrono::Utc)).num_seconds()),
+fn since(ts: &str, now: jiff::Timestamp) -> String {
+    match ts.parse::<jiff::Timestamp>() {
+        Ok(t) => human_duration(now.as_second() - t.as_second()),
         Err(_) => "<unknown>".into(),
     }
 }
@@ -770,7 +770,7 @@ fn or_unset(s: String) -> String {
 /// A quantity as upstream's `Quantity.String()` prints it (canonical form; "0" unset).
 fn quantity_cell(q: Option<&Value>) -> String {
     let q = q.and_then(Value::as_str).unwrap_or("0");
-    skiff_machinery::admission::canonical_quantity(q).unwrap_or_else(|| q.to_string())
+    skiff_core::quantity::canonical(q).unwrap_or_else(|| q.to_string())
 }
 
 /// `GetAccessModesAsString`: the short names in a fixed order, each once.
@@ -850,7 +850,7 @@ fn containers_images(o: &Value) -> (String, String) {
     (names.join(","), images.join(","))
 }
 
-fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value> {
+fn cells(kind: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
     let name = str_at(o, &["metadata", "name"]);
     let age = since(&str_at(o, &["metadata", "creationTimestamp"]), now);
     match kind {
@@ -1276,12 +1276,7 @@ fn cells(kind: &str, o: &Value, now: chrono::DateTime<chrono::Utc>) -> Vec<Value
     }
 }
 
-fn pod_cells(
-    o: &Value,
-    name: String,
-    age: String,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Vec<Value> {
+fn pod_cells(o: &Value, name: String, age: String, now: jiff::Timestamp) -> Vec<Value> {
     let containers = arr(o, &["spec", "containers"]);
     let statuses = arr(o, &["status", "containerStatuses"]);
     let ready = statuses.iter().filter(|s| s["ready"].as_bool() == Some(true)).count();
@@ -1408,7 +1403,7 @@ fn service_cells(o: &Value, name: String, age: String) -> Vec<Value> {
     ]
 }
 
-fn event_cells(o: &Value, name: String, now: chrono::DateTime<chrono::Utc>) -> Vec<Value> {
+fn event_cells(o: &Value, name: String, now: jiff::Timestamp) -> Vec<Value> {
     let last = [
         str_at(o, &["lastTimestamp"]),
         str_at(o, &["eventTime"]),
@@ -1447,12 +1442,7 @@ fn event_cells(o: &Value, name: String, now: chrono::DateTime<chrono::Utc>) -> V
     ]
 }
 
-fn job_cells(
-    o: &Value,
-    name: String,
-    age: String,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Vec<Value> {
+fn job_cells(o: &Value, name: String, age: String, now: jiff::Timestamp) -> Vec<Value> {
     let (c, i) = containers_images(o);
     let completions = o.at(&["spec", "completions"]).and_then(Value::as_i64);
     let succeeded = int(o, &["status", "succeeded"]);
@@ -1480,12 +1470,9 @@ fn job_cells(
     };
     let start = str_at(o, &["status", "startTime"]);
     let done = str_at(o, &["status", "completionTime"]);
-    let duration = match (
-        chrono::DateTime::parse_from_rfc3339(&start),
-        chrono::DateTime::parse_from_rfc3339(&done),
-    ) {
-        (Ok(s), Ok(d)) => human_duration((d - s).num_seconds()),
-        (Ok(s), Err(_)) => human_duration((now - s.with_timezone(&chrono::Utc)).num_seconds()),
+    let duration = match (start.parse::<jiff::Timestamp>(), done.parse::<jiff::Timestamp>()) {
+        (Ok(s), Ok(d)) => human_duration(d.as_second() - s.as_second()),
+        (Ok(s), Err(_)) => human_duration(now.as_second() - s.as_second()),
         _ => String::new(),
     };
     vec![
@@ -1607,8 +1594,8 @@ mod tests {
                 ("PreemptionPolicy", "string"),
             ]
         );
-        let now = chrono::Utc::now();
-        let created = (now - chrono::Duration::seconds(90)).to_rfc3339();
+        let now = jiff::Timestamp::now();
+        let created = skiff_core::time::sub_secs(now, 90).to_string();
         let pc = json!({
             "metadata": {"name": "high", "creationTimestamp": created},
             "value": 1000000, "globalDefault": true, "preemptionPolicy": "Never",
@@ -1637,8 +1624,8 @@ mod tests {
             ]
         );
         assert_eq!(columns("Scale")[0].format, "", "upstream's Scale Name has no format");
-        let now = chrono::Utc::now();
-        let created = (now - chrono::Duration::seconds(3)).to_rfc3339();
+        let now = jiff::Timestamp::now();
+        let created = skiff_core::time::sub_secs(now, 3).to_string();
         let scale = json!({"metadata": {"name": "web", "creationTimestamp": created},
             "spec": {"replicas": 5}, "status": {"replicas": 2, "selector": "app=web"}});
         assert_eq!(cells("Scale", &scale, now), [json!("web"), json!(5), json!(2), json!("3s")]);
@@ -1651,8 +1638,8 @@ mod tests {
                 header(kind),
                 [("Name", "string"), ("Webhooks", "integer"), ("Age", "string")]
             );
-            let now = chrono::Utc::now();
-            let created = (now - chrono::Duration::seconds(5)).to_rfc3339();
+            let now = jiff::Timestamp::now();
+            let created = skiff_core::time::sub_secs(now, 5).to_string();
             let wc = json!({
                 "metadata": {"name": "hooks", "creationTimestamp": created},
                 "webhooks": [{"name": "a.example.com"}, {"name": "b.example.com"}],

@@ -12,7 +12,7 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-pub use skiff_core::names;
+use skiff_core::names;
 
 impl UserInfo {
     pub fn new(name: impl Into<String>, groups: &[&str]) -> Self {

@@ -94,10 +94,9 @@ mod tests {
     async fn events_older_than_the_ttl_are_deleted() {
         let (_s, client) = api().await;
         let api: Api<Event> = Api::namespaced(client.clone(), "default");
-        let old = (chrono::Utc::now() - chrono::Duration::hours(2))
-            .format("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
-        let fresh = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let now = jiff::Timestamp::now();
+        let old = skiff_core::time::rfc3339_seconds(skiff_core::time::sub_secs(now, 7200));
+        let fresh = skiff_core::time::rfc3339_seconds(now);
         api.create(&PostParams::default(), &event("old", &old)).await.expect("old");
         api.create(&PostParams::default(), &event("fresh", &fresh)).await.expect("fresh");
         let n = sweep(&client, Duration::from_secs(3600)).await.expect("sweep");

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
-use skiff_core::informers::{Events, Informer, Kind};
+use skiff_core::informers::{Informer, Kind};
 use skiff_core::supervisor::{ReconcileError, catch_reconcile};
 
 /// What a watch saw.
@@ -253,7 +253,7 @@ mod tests {
 
     /// The next event of a subscription, within 10 s.
     async fn next(
-        s: &mut Events<k8s_openapi::api::core::v1::ConfigMap>,
+        s: &mut skiff_core::informers::Events<k8s_openapi::api::core::v1::ConfigMap>,
     ) -> watcher::Event<k8s_openapi::api::core::v1::ConfigMap> {
         use futures::StreamExt;
         match tokio::time::timeout(Duration::from_secs(10), s.next()).await {

@@ -26,7 +26,7 @@ use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::{Error, api_err};
 use skiff_core::events::EventType;
-pub use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, unsupported};
+use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, unsupported};
 
 /// Who provisioned a volume (upstream's annotation; the binder leaves the deletion of such
 /// volumes to their provisioner).

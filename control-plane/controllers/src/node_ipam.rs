@@ -43,22 +43,22 @@ pub struct CidrSet {
 
 impl CidrSet {
     pub fn new(cluster: Cidr, mask: u8) -> Result<CidrSet> {
-        if mask < cluster.prefix || mask > 32 {
+        if mask < cluster.prefix() || mask > 32 {
             return Err(Error::BadMask { cluster, mask });
         }
         Ok(CidrSet { cluster, mask, used: BTreeSet::new(), next: 0 })
     }
 
     fn blocks(&self) -> u64 {
-        1u64 << (self.mask - self.cluster.prefix)
+        1u64 << (self.mask - self.cluster.prefix())
     }
 
     fn index_of(&self, cidr: &str) -> Option<u64> {
         let c = Cidr::parse(cidr)?;
-        if c.prefix != self.mask || !self.cluster.contains(c.base) {
+        if c.prefix() != self.mask || !self.cluster.contains(c.base()) {
             return None;
         }
-        Some(u64::from(u32::from(c.base) - u32::from(self.cluster.base)) >> (32 - self.mask))
+        Some(u64::from(u32::from(c.base()) - u32::from(self.cluster.base())) >> (32 - self.mask))
     }
 
     /// Mark a block in use (a Node that already has it); false if outside the range.
@@ -86,7 +86,7 @@ impl CidrSet {
             if !self.used.contains(&i) {
                 self.used.insert(i);
                 self.next = (i + 1) % n;
-                let base = u32::from(self.cluster.base) + ((i as u32) << (32 - self.mask));
+                let base = u32::from(self.cluster.base()) + ((i as u32) << (32 - self.mask));
                 return Some(format!("{}/{}", Ipv4Addr::from(base), self.mask));
             }
         }

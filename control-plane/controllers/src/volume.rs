@@ -277,7 +277,7 @@ async fn bind_pending(
             .await
             .map_err(api_err("listing", "persistentvolumes"))?;
         // The local-path provisioner's claims take the volume it made for them.
-        let provisioned = sc.is_some_and(|c| c.provisioner == super::local_path::PROVISIONER);
+        let provisioned = sc.is_some_and(|c| c.provisioner == skiff_core::volumes::PROVISIONER);
         let candidates: Vec<PersistentVolume> = if provisioned {
             all.items.into_iter().filter(|pv| names_claim(pv, pvc)).collect()
         } else {

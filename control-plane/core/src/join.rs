@@ -256,9 +256,8 @@ pub fn new_bootstrap_token(ttl: std::time::Duration) -> (String, Value) {
     }
     let s: String = buf.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
     let (id, secret) = s.split_at(6);
-    let expiration = (chrono::Utc::now()
-        + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::hours(24)))
-    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let expiration =
+        crate::time::rfc3339_seconds(crate::time::add_std(jiff::Timestamp::now(), ttl));
     let obj = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Secret",

@@ -31,16 +31,12 @@ const LAST_API_SECOND: i64 = 253_402_207_200;
 /// The first: -9999-01-02T01:59:59Z.
 const FIRST_API_SECOND: i64 = -377_705_023_201;
 
-/// `now + secs` seconds on the chrono clock the apiserver writes timestamps with, clamped
-/// to the range every client can read back ([`LAST_API_SECOND`]).
-pub fn chrono_add_secs(
-    now: chrono::DateTime<chrono::Utc>,
-    secs: i64,
-) -> chrono::DateTime<chrono::Utc> {
-    let t = now.timestamp().saturating_add(secs).clamp(FIRST_API_SECOND, LAST_API_SECOND);
-    let nanos =
-        if t == now.timestamp().saturating_add(secs) { now.timestamp_subsec_nanos() } else { 0 };
-    chrono::DateTime::from_timestamp(t, nanos).unwrap_or(now)
+/// `now + secs` seconds, clamped to the range every client can read back
+/// ([`LAST_API_SECOND`]); whole seconds once clamped.
+pub fn api_add_secs(now: Timestamp, secs: i64) -> Timestamp {
+    let t = now.as_second().saturating_add(secs).clamp(FIRST_API_SECOND, LAST_API_SECOND);
+    let nanos = if t == now.as_second().saturating_add(secs) { now.subsec_nanosecond() } else { 0 };
+    Timestamp::new(t, nanos).unwrap_or(now)
 }
 
 /// The time now as the API writes it: RFC 3339 in UTC, whole seconds
@@ -73,15 +69,16 @@ mod tests {
         assert_eq!(sub_secs(Timestamp::MIN, i64::MAX), Timestamp::MIN);
         assert_eq!(sub_secs(Timestamp::MIN, i64::MIN), Timestamp::MAX);
         assert_eq!(add_std(late, std::time::Duration::MAX), Timestamp::MAX);
-        let now = chrono::Utc::now();
-        assert_eq!(chrono_add_secs(now, i64::MAX).to_rfc3339(), "9999-12-30T22:00:00+00:00");
-        assert_eq!(chrono_add_secs(now, 10_i64.pow(13)).to_rfc3339(), "9999-12-30T22:00:00+00:00");
+        let now = Timestamp::now();
+        assert_eq!(api_add_secs(now, i64::MAX).to_string(), "9999-12-30T22:00:00Z");
+        assert_eq!(api_add_secs(now, 10_i64.pow(13)).to_string(), "9999-12-30T22:00:00Z");
         assert_eq!(
-            chrono_add_secs(now, 10_i64.pow(13)).timestamp(),
+            api_add_secs(now, 10_i64.pow(13)).as_second(),
             Timestamp::MAX.as_second(),
-            "what jiff can read back"
+            "what every client can read back"
         );
-        assert_eq!(chrono_add_secs(now, 30), now + chrono::TimeDelta::seconds(30));
+        assert_eq!(api_add_secs(now, 30), add_secs(now, 30));
+        assert_eq!(api_add_secs(now, i64::MIN).as_second(), FIRST_API_SECOND);
     }
 
     #[test]

@@ -1169,7 +1169,7 @@ mod tests {
             .iter()
             .find(|e| e.name == "x-kubernetes-group-version-kind")
             .unwrap();
-        let yaml: Value = serde_yaml_ng::from_str(&gvk.value.as_ref().unwrap().yaml).unwrap();
+        let yaml: Value = serde_saphyr::from_str(&gvk.value.as_ref().unwrap().yaml).unwrap();
         assert_eq!(yaml, json!([{"group": "apps", "kind": "Deployment", "version": "v1"}]));
         let pod_spec = defs
             .iter()

@@ -550,12 +550,12 @@ impl<'s> Decoder<'s> {
         if (seconds == 0 || seconds == GO_ZERO_UNIX) && nanos == 0 {
             return Ok(Value::String(String::new()));
         }
-        let time = chrono::DateTime::from_timestamp(seconds, u32::try_from(nanos).unwrap_or(0))
-            .ok_or_else(|| Error::Truncated { message: component.to_string(), offset: 0 })?;
+        let time = jiff::Timestamp::new(seconds, i32::try_from(nanos).unwrap_or(0))
+            .map_err(|_| Error::Truncated { message: component.to_string(), offset: 0 })?;
         let text = if micro {
-            time.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            time.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
         } else {
-            time.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+            time.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
         };
         Ok(Value::String(text))
     }

@@ -35,7 +35,13 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("parsing the EncryptionConfiguration")]
-    Parse(#[source] serde_yaml_ng::Error),
+    Parse(#[source] serde_saphyr::Error),
+    #[error("parsing the {provider} provider")]
+    Provider {
+        provider: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("key {name}: secret is not valid base64")]
     KeyEncoding {
         name: String,
@@ -160,7 +166,7 @@ struct ConfigFile {
 struct ResourceConfig {
     resources: Vec<String>,
     #[serde(default)]
-    providers: Vec<serde_yaml_ng::Mapping>,
+    providers: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -205,19 +211,21 @@ impl EncryptionConfig {
     }
 
     pub fn parse(text: &str) -> std::result::Result<EncryptionConfig, Error> {
-        let file: ConfigFile = serde_yaml_ng::from_str(text).map_err(Error::Parse)?;
+        let file: ConfigFile = serde_saphyr::from_str(text).map_err(Error::Parse)?;
         let mut rules = Vec::new();
         for rc in file.resources {
             let mut write = None;
             let mut keys = Vec::new();
             for (i, p) in rc.providers.iter().enumerate() {
                 let Some((name, value)) = p.iter().next() else { continue };
-                let provider = name.as_str().unwrap_or_default().to_string();
+                let provider = name.clone();
                 match provider.as_str() {
                     "identity" => {}
                     "aesgcm" => {
                         let kc: KeysConfig =
-                            serde_yaml_ng::from_value(value.clone()).map_err(Error::Parse)?;
+                            serde_json::from_value(value.clone()).map_err(|source| {
+                                Error::Provider { provider: provider.clone(), source }
+                            })?;
                         for (j, k) in kc.keys.into_iter().enumerate() {
                             let secret = base64::engine::general_purpose::STANDARD
                                 .decode(k.secret.trim())

@@ -7,6 +7,8 @@
 //! at 10k pods, and the authentication + authorization cost per request (a non-admin user
 //! under Node,RBAC with 1,000 bindings vs AlwaysAllow, two servers in the same run). It prints a table and writes JSON to target/bench/apiserver.json.
 //! `skiff-bench scheduler <server-binary>`: see `bench_scheduler` (target/bench/scheduler.json).
+//! `skiff-bench controllers <server-binary>...`: see `bench_controllers` (watches per
+//! component and RSS with the controllers running, at 10k pods).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,6 +24,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 use skiff_store::StoreExt;
 
+#[path = "bench_controllers/mod.rs"]
+mod bench_controllers;
 #[path = "bench_scheduler/mod.rs"]
 mod bench_scheduler;
 
@@ -951,6 +955,19 @@ async fn main() -> Result<()> {
             let out = PathBuf::from(args.get(3).map(String::as_str).unwrap_or("target/bench"));
             bench_scheduler::scheduler_bench(&bin, &out).await
         }
+        // controllers <skiff-server> [<skiff-server B> ...] [--pods N]
+        Some("controllers") => {
+            let mut bins = Vec::new();
+            let mut pods = 10_000;
+            let mut rest = args.iter().skip(2);
+            while let Some(a) = rest.next() {
+                match a.as_str() {
+                    "--pods" => pods = rest.next().context("--pods N")?.parse()?,
+                    bin => bins.push(PathBuf::from(bin)),
+                }
+            }
+            bench_controllers::controllers_bench(&bins, pods).await
+        }
         // Only the auth rows of the apiserver benchmark.
         Some("auth") => {
             let bin = PathBuf::from(args.get(2).context("usage: skiff-bench auth <skiff-server>")?);
@@ -961,7 +978,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         other => bail!(
-            "unknown benchmark {other:?} (known: apiserver, auth, compare, creates, scheduler)"
+            "unknown benchmark {other:?} (known: apiserver, auth, compare, controllers, creates, scheduler)"
         ),
     }
 }

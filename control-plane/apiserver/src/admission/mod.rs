@@ -31,9 +31,10 @@ pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
 use super::ApiServer;
 use super::registry::ResourceType;
 use super::status::ApiResult;
-use super::user::{UserInfo, names};
+use super::user::UserInfo;
 use crate::request::Target;
 use skiff_core::json::ValueAt;
+use skiff_core::names;
 
 tokio::task_local! {
     /// The user of the request being served (set by the dispatcher for the request's task).

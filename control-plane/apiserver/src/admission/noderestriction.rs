@@ -10,8 +10,9 @@ use super::serviceaccount::MIRROR_POD_ANNOTATION;
 use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
 use crate::ApiServer;
 use crate::status::ApiResult;
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
 use skiff_core::json::ValueAt;
+use skiff_core::names;
 
 /// Labels only an administrator may set on a Node.
 pub const RESTRICTED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/";

@@ -7,7 +7,8 @@ use super::serviceaccount::{TOKEN_MOUNT_PATH, mount_token};
 use super::webhook::{review, rule_matches};
 use super::{AdmissionRequest, Operation};
 use crate::registry::Registry;
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
+use skiff_core::names;
 
 fn node_user(name: &str) -> UserInfo {
     UserInfo::new(format!("system:node:{name}"), &[names::NODES, names::AUTHENTICATED])

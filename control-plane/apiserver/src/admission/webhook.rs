@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::admissionregistration::v1 as reg;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin, labels_of};
@@ -40,7 +41,7 @@ pub enum Error {
     #[error("webhook has neither url nor service")]
     NoClientConfig,
     #[error("reading caBundle")]
-    CaBundle(#[source] std::io::Error),
+    CaBundle(#[source] rustls::pki_types::pem::Error),
     #[error("caBundle holds no usable certificate")]
     NoCertificates(#[source] Option<rustls::Error>),
     #[error("building the TLS client")]
@@ -516,8 +517,7 @@ fn server_name(host: &str) -> Option<rustls::pki_types::ServerName<'static>> {
 fn tls_config(ca_bundle: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
     let mut roots = rustls::RootCertStore::empty();
     let mut last_err = None;
-    let mut reader = std::io::BufReader::new(ca_bundle.unwrap_or_default());
-    for cert in rustls_pemfile::certs(&mut reader) {
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_bundle.unwrap_or_default()) {
         let cert = cert.map_err(Error::CaBundle)?;
         if let Err(e) = roots.add(cert) {
             last_err = Some(e);

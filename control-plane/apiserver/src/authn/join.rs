@@ -10,10 +10,11 @@ use serde_json::{Value, json};
 
 use crate::ApiServer;
 use crate::status::{ApiError, ApiResult};
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
+use skiff_core::names;
 use skiff_store::StoreExt;
 
-pub use skiff_core::join::KUBELET_CLIENT_SIGNER;
+use skiff_core::join::KUBELET_CLIENT_SIGNER;
 /// Validity of node client certificates (upstream's default signing duration: one year).
 const VALID_DAYS: i64 = 365;
 
@@ -27,9 +28,11 @@ fn forbidden(user: &UserInfo, why: &str) -> ApiError {
 
 /// The subject CN of a PEM CSR.
 fn csr_common_name(pem: &str) -> Option<String> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    use rustls::pki_types::pem::PemObject;
+    let der =
+        rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(pem.as_bytes()).ok()?;
     let (_, csr) =
-        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+        x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
             .ok()?;
     let cn = csr.certification_request_info.subject.iter_common_name().next()?;
     cn.as_str().ok().map(String::from)
@@ -85,8 +88,10 @@ pub async fn sign_node_csr(server: &ApiServer, user: &UserInfo, body: &Bytes) ->
             .registry
             .find("", "v1", "secrets")
             .ok_or_else(|| ApiError::internal("secrets are not served"))?;
-        let key =
-            rt.key(Some("kube-system"), &format!("{}{id}", super::tokens::BOOTSTRAP_SECRET_PREFIX));
+        let key = rt.key(
+            Some("kube-system"),
+            &format!("{}{id}", skiff_core::join::BOOTSTRAP_SECRET_PREFIX),
+        );
         let cached = server.cache.resource(rt).get(&key).ok_or_else(super::unauthorized)?;
         server.store.delete(&key, Some(cached.rv)).await.map_err(|_| super::unauthorized())?;
     }
@@ -99,7 +104,7 @@ pub async fn sign_node_csr(server: &ApiServer, user: &UserInfo, body: &Bytes) ->
         VALID_DAYS,
     )
     .map_err(|e| ApiError::bad_request(format!("signing the certificate request: {e}")))?;
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = skiff_core::time::now_rfc3339();
     csr["apiVersion"] = json!("certificates.k8s.io/v1");
     csr["kind"] = json!("CertificateSigningRequest");
     if csr.pointer("/metadata/name").is_none() {

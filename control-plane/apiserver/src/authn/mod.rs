@@ -18,7 +18,8 @@ use http::StatusCode;
 use super::ApiServer;
 use super::authz;
 use super::status::ApiError;
-use super::user::{UserInfo, names};
+use super::user::UserInfo;
+use skiff_core::names;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -186,7 +187,7 @@ pub fn authenticate(
     if let Some(user) = server.auth.static_tokens.get(token) {
         return Ok(Some(user.clone()));
     }
-    if let Some((id, secret)) = tokens::parse_bootstrap(token) {
+    if let Some((id, secret)) = skiff_core::join::parse_bootstrap(token) {
         return tokens::authenticate_bootstrap(server, id, secret)
             .map(Some)
             .ok_or_else(unauthorized);

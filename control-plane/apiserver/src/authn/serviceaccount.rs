@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::Error;
 use crate::ApiServer;
 use crate::status::{ApiError, ApiResult};
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
+use skiff_core::names;
 
 /// The parsed signing and verification keys.
 pub struct Keys {
@@ -79,7 +80,7 @@ pub enum TokenError {
 }
 
 fn now() -> i64 {
-    chrono::Utc::now().timestamp()
+    jiff::Timestamp::now().as_second()
 }
 
 /// Sign `claims` with the cluster's service account key.
@@ -220,13 +221,13 @@ pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> 
         ttl,
     );
     let token = sign(server, &c).map_err(ApiError::internal)?;
-    let exp = chrono::DateTime::from_timestamp(c.exp, 0)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let exp = skiff_core::time::rfc3339_seconds(
+        jiff::Timestamp::from_second(c.exp).unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+    );
     req["apiVersion"] = json!("authentication.k8s.io/v1");
     req["kind"] = json!("TokenRequest");
     req["metadata"] = json!({"name": name, "namespace": ns,
-        "creationTimestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
+        "creationTimestamp": skiff_core::time::now_rfc3339()});
     req["spec"]["audiences"] = json!(audiences);
     req["spec"]["expirationSeconds"] = json!(ttl);
     req["status"] = json!({"token": token, "expirationTimestamp": exp});

@@ -2,17 +2,16 @@
 //! CSV format) and bootstrap join tokens (`<id>.<secret>`, Secrets of type
 //! `bootstrap.kubernetes.io/token` in kube-system).
 
-pub use skiff_core::join::{
-    BOOTSTRAP_SECRET_PREFIX, BOOTSTRAP_SECRET_TYPE, new_bootstrap_token, parse_bootstrap,
-};
 use std::path::Path;
 
 use base64::Engine;
 use serde_json::Value;
+use skiff_core::join::{BOOTSTRAP_SECRET_PREFIX, BOOTSTRAP_SECRET_TYPE};
 
 use super::Error;
 use crate::ApiServer;
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
+use skiff_core::names;
 
 /// One line of the token file: `token,user,uid[,"group1,group2"]`.
 #[derive(Debug, Clone)]
@@ -122,8 +121,8 @@ pub fn bootstrap_secret(server: &ApiServer, id: &str, secret: &str) -> Option<Va
         return None;
     }
     if let Some(exp) = secret_field(&obj, "expiration") {
-        let exp = chrono::DateTime::parse_from_rfc3339(&exp).ok()?;
-        if exp <= chrono::Utc::now() {
+        let exp: jiff::Timestamp = exp.parse().ok()?;
+        if exp <= jiff::Timestamp::now() {
             return None;
         }
     }
@@ -149,6 +148,7 @@ pub fn authenticate_bootstrap(server: &ApiServer, id: &str, secret: &str) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_core::join::{new_bootstrap_token, parse_bootstrap};
 
     #[test]
     fn parses_token_file() {

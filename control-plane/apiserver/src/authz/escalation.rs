@@ -20,8 +20,9 @@ use crate::ApiServer;
 use crate::admission::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
 use crate::authn::AuthorizationMode;
 use crate::status::{ApiError, ApiResult};
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
 use skiff_core::json::ValueAt;
+use skiff_core::names;
 
 /// The validating step that refuses escalating RBAC writes.
 pub struct RbacEscalation;

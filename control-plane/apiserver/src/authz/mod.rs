@@ -22,7 +22,8 @@ use super::ApiServer;
 use super::authn::{self, AuthorizationMode};
 use super::request::{self, Query, Route};
 use super::status::{ApiError, ApiResult};
-use super::user::{UserInfo, names};
+use super::user::UserInfo;
+use skiff_core::names;
 
 /// What a request asks to do (upstream `authorizer.AttributesRecord`).
 #[derive(Debug, Clone)]

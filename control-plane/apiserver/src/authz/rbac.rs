@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use super::{Attributes, Decision, RBAC_GROUP as RBAC};
 use crate::ApiServer;
-use crate::user::{UserInfo, names};
+use crate::user::UserInfo;
+use skiff_core::names;
 use skiff_store::Revision;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

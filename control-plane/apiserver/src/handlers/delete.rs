@@ -177,10 +177,10 @@ pub(super) async fn delete(
                                 .and_then(Value::as_i64)
                                 .unwrap_or(i64::MAX))
                 {
-                    let when = skiff_core::time::chrono_add_secs(chrono::Utc::now(), grace);
+                    let when = skiff_core::time::api_add_secs(jiff::Timestamp::now(), grace);
                     meta.insert(
                         "deletionTimestamp".into(),
-                        json!(when.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                        json!(skiff_core::time::rfc3339_seconds(when)),
                     );
                     meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 }

@@ -5,7 +5,7 @@ use k8s_openapi::api::autoscaling::v2::{
     HPAScalingRules, HorizontalPodAutoscaler, MetricSpec, MetricTarget,
 };
 use serde_json::{Value, json};
-pub use skiff_core::autoscaling::{default_scale_down, default_scale_up};
+use skiff_core::autoscaling::{default_scale_down, default_scale_up};
 
 use super::field::{ErrorList, FieldError, Path};
 use super::meta::nonnegative;

@@ -46,7 +46,6 @@ use serde_json::Value;
 pub use field::{FieldError, FieldErrorKind, Path, aggregate};
 use meta::NameRule;
 pub use other::SYSTEM_PRIORITY_CLASSES;
-pub use skiff_core::quantity::canonical as canonical_quantity;
 
 /// The kind of the object handed to admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,11 +301,11 @@ pub fn prepare_for_update(
     Prepared { spec_changed }
 }
 
-pub use skiff_core::status::{OMITTED_ZERO_STATUS, omitted_zero_status};
+use skiff_core::status::omitted_zero_status;
 
 /// Drop what upstream's types would not serialize: empty strings, maps and lists in
 /// `metadata` (every ObjectMeta field is `omitempty`; numbers there are pointers and stay),
-/// and the zero counts of [`OMITTED_ZERO_STATUS`]. A `labels: {}` or `readyReplicas: 0`
+/// and the zero counts of [`skiff_core::status::OMITTED_ZERO_STATUS`]. A `labels: {}` or `readyReplicas: 0`
 /// written by a client or a controller reads back as upstream's would: absent.
 pub fn drop_omitted_empties(gvk: Gvk, obj: &mut Value) {
     let Some(o) = obj.as_object_mut() else { return };

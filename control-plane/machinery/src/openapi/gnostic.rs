@@ -404,7 +404,7 @@ fn vendor_extensions(v: &Value) -> Vec<NamedAny> {
         .filter(|(k, _)| k.starts_with("x-"))
         .map(|(k, value)| NamedAny {
             name: k.clone(),
-            value: Some(Any { yaml: serde_yaml_ng::to_string(value).unwrap_or_default() }),
+            value: Some(Any { yaml: serde_saphyr::to_string(value).unwrap_or_default() }),
         })
         .collect()
 }
