@@ -5,6 +5,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
 /// Default agent state directory (pod volumes, logs, static manifests).
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/skiff/agent";
 /// Default containerd CRI socket of the skiff-managed containerd.
@@ -134,7 +136,7 @@ pub struct AgentConfig {
     pub cgroup_parent: String,
     /// Hard eviction thresholds: below them the node reports memory, disk or PID pressure
     /// (and is tainted by the node lifecycle controller).
-    pub eviction_hard: crate::node::Thresholds,
+    pub eviction_hard: Thresholds,
 }
 
 impl Default for AgentConfig {
@@ -163,7 +165,7 @@ impl Default for AgentConfig {
             dns: None,
             dns_link: false,
             streaming: None,
-            eviction_hard: crate::node::Thresholds::default(),
+            eviction_hard: Thresholds::default(),
         }
     }
 }
@@ -241,6 +243,85 @@ fn detect_node_ip() -> IpAddr {
     match probe {
         Ok(addr) if !addr.ip().is_unspecified() => addr.ip(),
         _ => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+    }
+}
+
+/// One hard eviction threshold: an absolute amount (bytes, or processes for
+/// `pid.available`) or a share of the total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    Amount(u64),
+    Percent(f64),
+}
+
+impl Threshold {
+    /// Whether `available` out of `total` is below the threshold (never for an unknown total).
+    pub(crate) fn crossed(&self, available: u64, total: u64) -> bool {
+        total > 0
+            && match *self {
+                Threshold::Amount(a) => available < a,
+                Threshold::Percent(p) => (available as f64) < p / 100.0 * total as f64,
+            }
+    }
+}
+
+/// Pressure thresholds, the kubelet's `--eviction-hard`. The default is the kubelet's:
+/// `memory.available<100Mi,nodefs.available<10%,pid.available<10%` (pid.available is a
+/// soft signal in the kubelet; hard here). A signal left out of an explicit
+/// `--eviction-hard` has no threshold, as in the kubelet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    pub memory_available: Option<Threshold>,
+    pub nodefs_available: Option<Threshold>,
+    pub pid_available: Option<Threshold>,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            memory_available: Some(Threshold::Amount(100 << 20)),
+            nodefs_available: Some(Threshold::Percent(10.0)),
+            pid_available: Some(Threshold::Percent(10.0)),
+        }
+    }
+}
+
+impl std::str::FromStr for Thresholds {
+    type Err = String;
+
+    /// Parses `signal<value,...`, a value being a quantity ("100Mi", "1Gi", "1000") or a
+    /// percentage ("10%"). An empty string disables every threshold.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut t =
+            Thresholds { memory_available: None, nodefs_available: None, pid_available: None };
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (signal, value) = item
+                .split_once('<')
+                .ok_or_else(|| format!("{item:?}: want signal<value, e.g. nodefs.available<10%"))?;
+            let value = value.trim();
+            let threshold = match value.strip_suffix('%') {
+                Some(p) => match p.parse::<f64>() {
+                    Ok(p) if (0.0..=100.0).contains(&p) => Threshold::Percent(p),
+                    _ => return Err(format!("{item:?}: a percentage must be within 0% and 100%")),
+                },
+                None => crate::pods::admit::bytes(&Quantity(value.into()))
+                    .map(Threshold::Amount)
+                    .ok_or_else(|| format!("{item:?}: {value:?} is not a quantity"))?,
+            };
+            let slot = match signal.trim() {
+                "memory.available" => &mut t.memory_available,
+                "nodefs.available" => &mut t.nodefs_available,
+                "pid.available" => &mut t.pid_available,
+                other => {
+                    return Err(format!(
+                        "unsupported eviction signal {other:?} (supported: memory.available, \
+                         nodefs.available, pid.available)"
+                    ));
+                }
+            };
+            *slot = Some(threshold);
+        }
+        Ok(t)
     }
 }
 

@@ -111,7 +111,7 @@ struct RunArgs {
     /// Hard eviction thresholds, as the kubelet's: below them the node reports memory, disk
     /// or PID pressure ("" disables them all).
     #[arg(long, default_value = "memory.available<100Mi,nodefs.available<10%,pid.available<10%")]
-    eviction_hard: skiff_agent::node::Thresholds,
+    eviction_hard: skiff_agent::config::Thresholds,
     /// Node-facing interfaces for the proxy's XDP NodePort path (repeatable).
     #[arg(long = "proxy-xdp-interface")]
     proxy_xdp_interfaces: Vec<String>,

@@ -14,7 +14,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -22,7 +21,8 @@ use serde_json::json;
 use skiff_core::informers::{Informer, Informers};
 use tokio::sync::Notify;
 
-use crate::config::{AgentConfig, NodeResources};
+use crate::config::{AgentConfig, NodeResources, Threshold, Thresholds};
+use crate::pods::admit::Allocatable;
 
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 const FIELD_MANAGER: &str = "skiff-agent";
@@ -163,85 +163,6 @@ pub fn synthetic_sample(r: &NodeResources) -> HostSample {
     }
 }
 
-/// One hard eviction threshold: an absolute amount (bytes, or processes for
-/// `pid.available`) or a share of the total.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Threshold {
-    Amount(u64),
-    Percent(f64),
-}
-
-impl Threshold {
-    /// Whether `available` out of `total` is below the threshold (never for an unknown total).
-    fn crossed(&self, available: u64, total: u64) -> bool {
-        total > 0
-            && match *self {
-                Threshold::Amount(a) => available < a,
-                Threshold::Percent(p) => (available as f64) < p / 100.0 * total as f64,
-            }
-    }
-}
-
-/// Pressure thresholds, the kubelet's `--eviction-hard`. The default is the kubelet's:
-/// `memory.available<100Mi,nodefs.available<10%,pid.available<10%` (pid.available is a
-/// soft signal in the kubelet; hard here). A signal left out of an explicit
-/// `--eviction-hard` has no threshold, as in the kubelet.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Thresholds {
-    pub memory_available: Option<Threshold>,
-    pub nodefs_available: Option<Threshold>,
-    pub pid_available: Option<Threshold>,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Thresholds {
-            memory_available: Some(Threshold::Amount(100 << 20)),
-            nodefs_available: Some(Threshold::Percent(10.0)),
-            pid_available: Some(Threshold::Percent(10.0)),
-        }
-    }
-}
-
-impl std::str::FromStr for Thresholds {
-    type Err = String;
-
-    /// Parses `signal<value,...`, a value being a quantity ("100Mi", "1Gi", "1000") or a
-    /// percentage ("10%"). An empty string disables every threshold.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut t =
-            Thresholds { memory_available: None, nodefs_available: None, pid_available: None };
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (signal, value) = item
-                .split_once('<')
-                .ok_or_else(|| format!("{item:?}: want signal<value, e.g. nodefs.available<10%"))?;
-            let value = value.trim();
-            let threshold = match value.strip_suffix('%') {
-                Some(p) => match p.parse::<f64>() {
-                    Ok(p) if (0.0..=100.0).contains(&p) => Threshold::Percent(p),
-                    _ => return Err(format!("{item:?}: a percentage must be within 0% and 100%")),
-                },
-                None => crate::pods::admit::bytes(&Quantity(value.into()))
-                    .map(Threshold::Amount)
-                    .ok_or_else(|| format!("{item:?}: {value:?} is not a quantity"))?,
-            };
-            let slot = match signal.trim() {
-                "memory.available" => &mut t.memory_available,
-                "nodefs.available" => &mut t.nodefs_available,
-                "pid.available" => &mut t.pid_available,
-                other => {
-                    return Err(format!(
-                        "unsupported eviction signal {other:?} (supported: memory.available, \
-                         nodefs.available, pid.available)"
-                    ));
-                }
-            };
-            *slot = Some(threshold);
-        }
-        Ok(t)
-    }
-}
-
 /// (type, status, reason, message) of each node condition, computed from a host sample.
 pub fn conditions(
     s: &HostSample,
@@ -326,14 +247,6 @@ pub fn node_conditions(
             }
         })
         .collect()
-}
-
-/// What the scheduler-facing resources of the node are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Allocatable {
-    pub cpu_millis: u64,
-    pub memory_bytes: u64,
-    pub pods: u32,
 }
 
 /// Capacity of the node (allocatable = capacity: skiff reserves nothing for system daemons).

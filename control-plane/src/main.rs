@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use skiff_apiserver::authn::AuthorizationMode;
+use skiff_apiserver::authz::AuthorizationMode;
 use skiff_control_plane::server::{self, AuthOptions, ServerConfig, StoreConfig};
 use skiff_controllers::ControllerConfig;
 use skiff_core::cidr::Cidr;

@@ -121,7 +121,7 @@ pub struct AuthOptions {
     /// `--token-auth-file`: static bearer tokens (CSV: token,user,uid,"group1,group2").
     pub token_auth_file: Option<PathBuf>,
     /// `--authorization-mode`: Node,RBAC (default) or AlwaysAllow.
-    pub authorization: apiserver::authn::AuthorizationMode,
+    pub authorization: apiserver::authz::AuthorizationMode,
     /// `--insecure-http`: serve plain HTTP with authentication and authorization off (every
     /// request is an administrator). Local development only.
     pub insecure_http: bool,
@@ -131,7 +131,7 @@ impl Default for AuthOptions {
     fn default() -> Self {
         AuthOptions {
             token_auth_file: None,
-            authorization: apiserver::authn::AuthorizationMode::NodeRbac,
+            authorization: apiserver::authz::AuthorizationMode::NodeRbac,
             insecure_http: false,
         }
     }

@@ -8,8 +8,6 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::node::Allocatable;
-
 /// A CPU quantity in millicores, rounded up (upstream's `MilliValue`), by the parser the
 /// scheduler uses too; negative or malformed: none.
 pub fn cpu_millis(q: &Quantity) -> Option<u64> {
@@ -123,6 +121,14 @@ pub fn admit<'a>(
         });
     }
     Ok(())
+}
+
+/// What the scheduler-facing resources of the node are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocatable {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pods: u32,
 }
 
 #[cfg(test)]

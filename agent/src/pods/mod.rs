@@ -27,8 +27,8 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::admit::Allocatable;
 use crate::config::AgentConfig;
-use crate::node::Allocatable;
 use crate::runtime::Runtime;
 
 pub mod admit;
@@ -40,6 +40,7 @@ pub mod images;
 pub mod probes;
 pub mod relist;
 pub mod sandbox;
+pub mod state;
 pub mod static_pods;
 pub mod status;
 pub mod sync;

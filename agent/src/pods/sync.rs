@@ -16,8 +16,8 @@ use super::containers::{ConfigError, EnvSources, container_config, mounts, resol
 use super::images::{PullPolicy, ensure_image, pull_policy};
 use super::probes::ProbeTracker;
 use super::sandbox::sandbox_config;
+use super::state::{Step, WorkerState};
 use super::status::{self, Observed, is_exited, is_running};
-use super::worker::{Step, WorkerState};
 use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
 use crate::config::AgentConfig;
 use crate::runtime::{Runtime, api};

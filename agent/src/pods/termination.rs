@@ -13,8 +13,8 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio::time::Instant;
 
 use super::probes::http_get;
+use super::state::{Step, WorkerState, observe};
 use super::status::is_running;
-use super::worker::{Step, WorkerState, observe};
 use super::{Error, PodContext, Result, key, volumes};
 use crate::runtime::{POD_UID_LABEL, Runtime};
 

@@ -1,50 +1,17 @@
 //! The worker of one pod UID: its loop (a pass, then wait for a new object, the runtime
-//! cache's wake-up or the pass's own timer) and what it remembers between passes.
+//! cache's wake-up or the pass's own timer). What it remembers between passes is
+//! [`super::state`]'s.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
-use super::backoff::Backoff;
-use super::images::PullBackoff;
-use super::probes::ProbeTracker;
-use super::status::{Knowledge, Observed};
+use super::state::{Step, WorkerState};
 use super::sync::sync_pod;
-use super::{PodContext, Result, key, termination};
+use super::{PodContext, key, termination};
 use crate::runtime::Runtime;
-
-/// What a worker remembers about its pod between passes (lost on agent restart, which only
-/// resets back-offs and probe counters).
-#[derive(Debug, Default)]
-pub struct WorkerState {
-    pub(super) crash: HashMap<String, Backoff>,
-    /// Exits already counted into the back-off (container ids).
-    pub(super) counted: HashSet<String>,
-    pub(super) pulls: PullBackoff,
-    pub(super) probes: HashMap<String, ProbeTracker>,
-    pub(super) know: Knowledge,
-    pub(super) last_written: Option<PodStatus>,
-    /// When the deletion of the pod was first seen (the grace period counts from here).
-    pub(super) deleting_since: Option<Instant>,
-    /// When the pod's projected ServiceAccount tokens are written again.
-    pub(super) token_refresh_at: Option<Instant>,
-    /// Whether this worker decided yet about tokens written before it started (an agent
-    /// restart): those are refreshed at once, their age is unknown.
-    pub(super) tokens_checked: bool,
-}
-
-/// The outcome of a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Run again after this long (or earlier, on a new object).
-    Wait(Duration),
-    /// The pod is gone: the worker ends.
-    Done,
-}
 
 /// The worker of one pod UID: passes until the pod is gone.
 pub async fn worker<R: Runtime + Clone>(
@@ -89,9 +56,4 @@ impl Drop for Forget<'_> {
     fn drop(&mut self) {
         self.0.forget(self.1);
     }
-}
-
-/// What the runtime has for pod `uid`, asked directly (workers go through the cache).
-pub async fn observe<R: Runtime>(runtime: &R, uid: &str) -> Result<Observed> {
-    super::relist::observe_direct(runtime, uid).await
 }

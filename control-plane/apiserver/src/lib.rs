@@ -14,6 +14,7 @@ pub mod authz;
 pub mod cache;
 mod componentstatus;
 mod discovery;
+mod gate;
 mod handlers;
 mod health;
 mod json;
@@ -255,7 +256,7 @@ impl ApiServer {
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .fallback(dispatch)
-            .layer(axum::middleware::from_fn_with_state(self.clone(), authn::layer))
+            .layer(axum::middleware::from_fn_with_state(self.clone(), gate::layer))
             .with_state(self.clone())
     }
 

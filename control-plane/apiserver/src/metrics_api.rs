@@ -323,17 +323,7 @@ fn usage(rate: Rate) -> Value {
     json!({"cpu": cpu_quantity(rate.cpu_nanocores), "memory": memory_quantity(rate.memory_bytes)})
 }
 
-pub(crate) fn cpu_quantity(nanocores: u64) -> String {
-    quantity::canonical(&format!("{nanocores}n")).unwrap_or_else(|| format!("{nanocores}n"))
-}
-
-pub(crate) fn memory_quantity(bytes: u64) -> String {
-    if bytes.is_multiple_of(1024) {
-        quantity::canonical(&format!("{}Ki", bytes / 1024)).unwrap_or_else(|| bytes.to_string())
-    } else {
-        bytes.to_string()
-    }
-}
+use quantity::{from_bytes as memory_quantity, from_nanocores as cpu_quantity};
 
 fn time(ms: i64) -> String {
     skiff_core::time::rfc3339_seconds(

@@ -1,7 +1,7 @@
 //! Content negotiation: what the client sends (Content-Type) and wants back (Accept).
 
 use http::HeaderMap;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::status::{ApiError, ApiResult};
 use skiff_machinery::protobuf;
@@ -300,6 +300,86 @@ fn yaml_flow_depth_exceeds(text: &[u8], limit: usize) -> bool {
         i += 1;
     }
     false
+}
+
+/// An object as `PartialObjectMetadata` of meta.k8s.io/`version` (the `as=PartialObjectMetadata`
+/// output): kind, apiVersion and its metadata.
+pub fn partial_metadata(obj: &Value, version: &str) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": format!("meta.k8s.io/{version}"),
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// A request body in JSON, or in protobuf (kubectl's clientset sends built-in types so):
+/// the review and TokenRequest kinds are decoded with their k8s-pb types.
+pub fn decode_review(body: &[u8], kind: &str) -> ApiResult<Value> {
+    if skiff_machinery::protobuf::is_protobuf(body) {
+        return decode_protobuf(body)
+            .map_err(|e| ApiError::bad_request(format!("decoding the {kind}: {e}")));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("decoding the {kind}: {e}")))
+}
+
+fn decode_protobuf(body: &[u8]) -> Result<Value, String> {
+    use k8s_pb::api::{authentication::v1 as authn, authorization::v1 as authz};
+    use prost::Message;
+    let payload = body.get(4..).ok_or("short body")?;
+    let unknown =
+        k8s_pb::apimachinery::pkg::runtime::Unknown::decode(payload).map_err(|e| e.to_string())?;
+    let kind = unknown.type_meta.and_then(|t| t.kind).unwrap_or_default();
+    let raw = unknown.raw.unwrap_or_default();
+    let res = |r: Option<authz::ResourceAttributes>| {
+        r.map(|r| {
+            json!({"namespace": r.namespace, "verb": r.verb, "group": r.group, "version": r.version,
+                   "resource": r.resource, "subresource": r.subresource, "name": r.name})
+        })
+    };
+    let non = |r: Option<authz::NonResourceAttributes>| {
+        r.map(|r| json!({"path": r.path, "verb": r.verb}))
+    };
+    let err = |e: prost::DecodeError| e.to_string();
+    let mut spec = match kind.as_str() {
+        "SelfSubjectAccessReview" => {
+            let spec = authz::SelfSubjectAccessReview::decode(raw.as_slice())
+                .map_err(err)?
+                .spec
+                .unwrap_or_default();
+            json!({"resourceAttributes": res(spec.resource_attributes), "nonResourceAttributes": non(spec.non_resource_attributes)})
+        }
+        "SubjectAccessReview" => {
+            let spec = authz::SubjectAccessReview::decode(raw.as_slice())
+                .map_err(err)?
+                .spec
+                .unwrap_or_default();
+            let extra: serde_json::Map<String, Value> =
+                spec.extra.into_iter().map(|(k, v)| (k, json!(v.items))).collect();
+            json!({"resourceAttributes": res(spec.resource_attributes), "nonResourceAttributes": non(spec.non_resource_attributes),
+                   "user": spec.user, "groups": spec.groups, "uid": spec.uid, "extra": extra})
+        }
+        "SelfSubjectRulesReview" => {
+            let spec = authz::SelfSubjectRulesReview::decode(raw.as_slice())
+                .map_err(err)?
+                .spec
+                .unwrap_or_default();
+            json!({"namespace": spec.namespace})
+        }
+        "TokenRequest" => {
+            let spec =
+                authn::TokenRequest::decode(raw.as_slice()).map_err(err)?.spec.unwrap_or_default();
+            let bound = spec.bound_object_ref.map(|b| {
+                json!({"kind": b.kind, "apiVersion": b.api_version, "name": b.name, "uid": b.u_id})
+            });
+            json!({"audiences": spec.audiences, "expirationSeconds": spec.expiration_seconds, "boundObjectRef": bound})
+        }
+        other => return Err(format!("unsupported protobuf kind {other:?}")),
+    };
+    if let Value::Object(m) = &mut spec {
+        m.retain(|_, v| !v.is_null());
+    }
+    Ok(json!({"kind": kind, "spec": spec}))
 }
 
 #[cfg(test)]

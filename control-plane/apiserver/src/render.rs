@@ -6,7 +6,7 @@ use http::{HeaderValue, StatusCode};
 use serde_json::{Value, json};
 
 use crate::json_response;
-use crate::negotiate::Output;
+use crate::negotiate::{Output, partial_metadata};
 use crate::registry::ResourceType;
 use crate::table;
 
@@ -70,12 +70,4 @@ pub(crate) fn render_scale(scale: Value, output: Output) -> Response {
         }
         Output::Json => json_response(StatusCode::OK, &scale),
     }
-}
-
-pub fn partial_metadata(obj: &Value, version: &str) -> Value {
-    json!({
-        "kind": "PartialObjectMetadata",
-        "apiVersion": format!("meta.k8s.io/{version}"),
-        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
-    })
 }

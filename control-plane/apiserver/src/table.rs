@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
+use super::negotiate::partial_metadata;
 use super::registry::{ResourceType, str_at};
-use super::render::partial_metadata;
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::Quantity;
 
@@ -1162,8 +1162,8 @@ fn cells(kind: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
                     let cpu = u64::try_from(sum("cpu")).unwrap_or(0);
                     let memory = u64::try_from(sum("memory") / 1_000_000_000).unwrap_or(0);
                     (
-                        super::metrics_api::cpu_quantity(cpu),
-                        super::metrics_api::memory_quantity(memory),
+                        skiff_core::quantity::from_nanocores(cpu),
+                        skiff_core::quantity::from_bytes(memory),
                     )
                 }
             };

@@ -17,6 +17,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 
+pub mod endpoints;
+
 use super::Context;
 use super::informer::{Change, informer, run_applier};
 
@@ -163,7 +165,7 @@ async fn reconcile(svc: &Service, c: &SliceCtx) -> Result<Action> {
     let name = svc.name_any();
     if ns == "default" && name == "kubernetes" {
         if let Some((ip, port)) = &c.ctx.config.apiserver_endpoint {
-            super::endpoints::reconcile_apiserver(&c.ctx.client, svc, ip, *port).await?;
+            endpoints::reconcile_apiserver(&c.ctx.client, svc, ip, *port).await?;
         }
         return Ok(Action::await_change());
     }
@@ -214,7 +216,7 @@ async fn reconcile(svc: &Service, c: &SliceCtx) -> Result<Action> {
     for n in plan.delete {
         delete_slice(&slices_api, &n).await?;
     }
-    super::endpoints::reconcile_endpoints(&c.ctx.client, svc, &pods).await?;
+    endpoints::reconcile_endpoints(&c.ctx.client, svc, &pods).await?;
     Ok(Action::await_change())
 }
 

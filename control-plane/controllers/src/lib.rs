@@ -20,7 +20,6 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
-pub mod endpoints;
 pub mod endpointslice;
 #[cfg(test)]
 mod event_recorder_tests;

@@ -26,11 +26,8 @@ use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::{Error, api_err};
 use skiff_core::events::EventType;
-use skiff_core::volumes::{PROVISIONER, SELECTED_NODE, unsupported};
+use skiff_core::volumes::{PROVISIONED_BY, PROVISIONER, SELECTED_NODE, unsupported};
 
-/// Who provisioned a volume (upstream's annotation; the binder leaves the deletion of such
-/// volumes to their provisioner).
-pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// The StorageClass created at start.
 pub const DEFAULT_CLASS: &str = "local-path";
 /// Where the teardown helper pods run.

@@ -521,7 +521,7 @@ async fn unbind(volumes: &Api<PersistentVolume>, pv: &PersistentVolume) -> Resul
 fn released(pv: &PersistentVolume) -> (&'static str, Option<(&'static str, String)>) {
     // A provisioner's volume is its provisioner's to delete (upstream waits for an
     // external provisioner the same way).
-    if pv.annotations().contains_key(super::local_path::PROVISIONED_BY) {
+    if pv.annotations().contains_key(skiff_core::volumes::PROVISIONED_BY) {
         return ("Released", None);
     }
     let policy = pv

@@ -241,6 +241,21 @@ fn saturate(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
 
+/// CPU in nanocores as upstream's canonical quantity (`12345n`, `5m`, `2`).
+pub fn from_nanocores(nanocores: u64) -> String {
+    canonical(&format!("{nanocores}n")).unwrap_or_else(|| format!("{nanocores}n"))
+}
+
+/// Bytes as upstream's canonical quantity: binary suffixes when whole KiB (`10240Ki` is
+/// `10Mi`), else plain bytes.
+pub fn from_bytes(bytes: u64) -> String {
+    if bytes.is_multiple_of(1024) {
+        canonical(&format!("{}Ki", bytes / 1024)).unwrap_or_else(|| bytes.to_string())
+    } else {
+        bytes.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Quantity, canonical};

@@ -3,6 +3,9 @@
 
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim};
 
+/// Who provisioned a volume (upstream's annotation; the binder leaves the deletion of such
+/// volumes to their provisioner).
+pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// The provisioner name classes name to be served here.
 pub const PROVISIONER: &str = "skiff.dev/local-path";
 /// The node the scheduler chose for a claim's first pod.

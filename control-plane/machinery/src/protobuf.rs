@@ -550,7 +550,7 @@ impl<'s> Decoder<'s> {
         if (seconds == 0 || seconds == GO_ZERO_UNIX) && nanos == 0 {
             return Ok(Value::String(String::new()));
         }
-        let time = jiff::Timestamp::new(seconds, i32::try_from(nanos).unwrap_or(0))
+        let time = jiff::Timestamp::new(seconds, nanos)
             .map_err(|_| Error::Truncated { message: component.to_string(), offset: 0 })?;
         let text = if micro {
             time.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()

@@ -7,6 +7,7 @@
 //!
 //! [`handles`]: MutatingPlugin::handles
 
+mod escalation;
 mod limitranger;
 mod namespace;
 mod noderestriction;
@@ -227,7 +228,7 @@ impl Chain {
             ],
             validating: vec![
                 Box::new(NodeRestriction),
-                Box::new(super::authz::escalation::RbacEscalation),
+                Box::new(escalation::RbacEscalation),
                 Box::new(LimitRanger),
                 Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),

@@ -8,11 +8,7 @@ pub mod serviceaccount;
 pub mod tokens;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::ApiServer;
@@ -35,23 +31,13 @@ pub enum Error {
     ServiceAccountKey(#[source] jsonwebtoken::errors::Error),
 }
 
-/// Which authorizers decide (upstream `--authorization-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AuthorizationMode {
-    /// Node, then RBAC (upstream's recommended `Node,RBAC`).
-    #[default]
-    NodeRbac,
-    /// Every authenticated request is allowed (benchmarks, development).
-    AlwaysAllow,
-}
-
 /// Authentication and authorization settings of the apiserver.
 #[derive(Clone, Default)]
 pub struct AuthConfig {
     /// Off (the library default, for in-process tests): every request runs as a member of
     /// system:masters. `skiff-server` turns it on.
     pub enabled: bool,
-    pub authorization: AuthorizationMode,
+    pub authorization: authz::AuthorizationMode,
     /// `--token-auth-file` entries.
     pub static_tokens: Vec<tokens::StaticToken>,
     /// PEM of the ServiceAccount token signing key (PKCS#8 EC P-256) and its public key.
@@ -202,53 +188,9 @@ pub fn authenticate(
 }
 
 /// Upstream adds system:authenticated to every authenticated user.
-fn with_authenticated(mut user: UserInfo) -> UserInfo {
+pub(crate) fn with_authenticated(mut user: UserInfo) -> UserInfo {
     if !user.in_group(names::AUTHENTICATED) && user.name != names::ANONYMOUS {
         user.groups.push(names::AUTHENTICATED.to_string());
     }
     user
-}
-
-/// The middleware in front of dispatch: authentication, impersonation, authorization, and
-/// the auth-owned endpoints (TokenRequest, access reviews, node join).
-pub async fn layer(State(server): State<Arc<ApiServer>>, mut req: Request, next: Next) -> Response {
-    match admit(&server, &mut req) {
-        Ok(None) => next.run(req).await,
-        Ok(Some(special)) => special.run(&server, req).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// Decide on a request; `Ok(Some(_))` when an auth endpoint answers it.
-fn admit(server: &ApiServer, req: &mut Request) -> Result<Option<authz::Special>, ApiError> {
-    let user = if let Some(InProcess(user)) = req.extensions().get::<InProcess>() {
-        user.clone()
-    } else if !server.auth.config.enabled {
-        // Auth off (in-process tests): a user already attached by the embedding code (only
-        // in-process callers can set extensions) is kept, anyone else is an administrator.
-        req.extensions().get::<UserInfo>().cloned().unwrap_or_else(|| {
-            UserInfo::new("system:admin", &[names::MASTERS, names::AUTHENTICATED])
-        })
-    } else {
-        let cert = req.extensions().get::<PeerCert>().and_then(|p| p.0.as_ref());
-        match authenticate(server, req.headers(), cert)? {
-            Some(user) => with_authenticated(user),
-            None => UserInfo::anonymous(),
-        }
-    };
-    let path = req.uri().path().to_string();
-    if user.name == names::ANONYMOUS
-        && !is_public_path(&path)
-        && !(req.method() == http::Method::GET && path == CLUSTER_INFO_PATH)
-    {
-        return Err(unauthorized());
-    }
-    let user = authz::impersonate(server, user, req.headers())?;
-    let attrs = authz::Attributes::from_request(&user, req.method(), &path, req.uri().query())?;
-    let special = authz::Special::of(&attrs);
-    if server.auth.config.enabled {
-        authz::authorize(server, &attrs)?;
-    }
-    req.extensions_mut().insert(user);
-    Ok(special)
 }

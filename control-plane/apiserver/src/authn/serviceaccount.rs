@@ -170,8 +170,11 @@ pub fn authenticate(server: &ApiServer, token: &str) -> Result<UserInfo, TokenEr
 pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> ApiResult<Value> {
     let sa_uid = cached_uid(server, "serviceaccounts", ns, name)
         .ok_or_else(|| ApiError::not_found("serviceaccounts", name))?;
-    let mut req: Value =
-        if body.is_empty() { json!({}) } else { crate::authz::parse_body(body, "TokenRequest")? };
+    let mut req: Value = if body.is_empty() {
+        json!({})
+    } else {
+        crate::negotiate::decode_review(body, "TokenRequest")?
+    };
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let audiences: Vec<String> = match spec.get("audiences").and_then(Value::as_array) {
         Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_str).map(String::from).collect(),

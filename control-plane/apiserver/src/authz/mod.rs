@@ -3,7 +3,6 @@
 //! endpoints owned by auth (access reviews, TokenRequest, the node join exchange).
 
 pub mod defaults;
-pub mod escalation;
 pub mod node;
 pub mod rbac;
 
@@ -12,18 +11,23 @@ pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 use std::collections::BTreeMap;
 
-use axum::extract::Request;
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode};
-use serde_json::{Value, json};
+use http::{HeaderMap, Method};
 
 use super::ApiServer;
-use super::authn::{self, AuthorizationMode};
 use super::request::{self, Query, Route};
 use super::status::{ApiError, ApiResult};
 use super::user::UserInfo;
 use skiff_core::names;
+
+/// Which authorizers decide (upstream `--authorization-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AuthorizationMode {
+    /// Node, then RBAC (upstream's recommended `Node,RBAC`).
+    #[default]
+    NodeRbac,
+    /// Every authenticated request is allowed (benchmarks, development).
+    AlwaysAllow,
+}
 
 /// What a request asks to do (upstream `authorizer.AttributesRecord`).
 #[derive(Debug, Clone)]
@@ -285,277 +289,6 @@ pub fn impersonate(server: &ApiServer, user: UserInfo, headers: &HeaderMap) -> A
         target.groups.push(names::AUTHENTICATED.into());
     }
     Ok(target)
-}
-
-/// Requests answered by auth itself rather than the generic resource handlers.
-#[derive(Debug, Clone)]
-pub enum Special {
-    TokenRequest {
-        namespace: String,
-        name: String,
-    },
-    SelfSubjectAccessReview,
-    SubjectAccessReview,
-    SelfSubjectRulesReview,
-    /// `kubectl auth whoami` (authentication.k8s.io, any version).
-    SelfSubjectReview {
-        version: String,
-    },
-    /// A node's client certificate for a joining agent (bootstrap token holders).
-    NodeCsr,
-}
-
-impl Special {
-    pub fn of(a: &Attributes) -> Option<Special> {
-        if !a.resource_request || a.verb != "create" {
-            return None;
-        }
-        match (a.group.as_str(), a.resource.as_str(), a.subresource.as_str()) {
-            ("", "serviceaccounts", "token") => {
-                Some(Special::TokenRequest { namespace: a.namespace.clone(), name: a.name.clone() })
-            }
-            ("authorization.k8s.io", "selfsubjectaccessreviews", "") => {
-                Some(Special::SelfSubjectAccessReview)
-            }
-            ("authorization.k8s.io", "subjectaccessreviews", "") => {
-                Some(Special::SubjectAccessReview)
-            }
-            ("authorization.k8s.io", "selfsubjectrulesreviews", "") => {
-                Some(Special::SelfSubjectRulesReview)
-            }
-            ("authentication.k8s.io", "selfsubjectreviews", "") => {
-                Some(Special::SelfSubjectReview { version: a.version.clone() })
-            }
-            ("certificates.k8s.io", "certificatesigningrequests", "") => Some(Special::NodeCsr),
-            _ => None,
-        }
-    }
-
-    pub async fn run(self, server: &ApiServer, req: Request) -> Response {
-        let (parts, body) = req.into_parts();
-        let user = parts.extensions.get::<UserInfo>().cloned().unwrap_or_else(UserInfo::anonymous);
-        let body = match axum::body::to_bytes(body, super::negotiate::MAX_BODY).await {
-            Ok(b) => b,
-            Err(_) => return ApiError::too_large(super::negotiate::MAX_BODY).into_response(),
-        };
-        let result = match self {
-            Special::TokenRequest { namespace, name } => {
-                authn::serviceaccount::token_request(server, &namespace, &name, &body)
-            }
-            Special::SelfSubjectAccessReview => access_review(server, &user, &body, true),
-            Special::SubjectAccessReview => access_review(server, &user, &body, false),
-            Special::SelfSubjectRulesReview => rules_review(server, &user, &body),
-            Special::SelfSubjectReview { version } => Ok(self_subject_review(&user, &version)),
-            Special::NodeCsr => authn::join::sign_node_csr(server, &user, &body).await,
-        };
-        match result {
-            Ok(v) => super::json_response(StatusCode::CREATED, &v),
-            Err(e) => e.into_response(),
-        }
-    }
-}
-
-/// A request body in JSON, or in protobuf (kubectl's clientset sends built-in types so):
-/// the review and TokenRequest kinds are decoded with their k8s-pb types.
-pub fn parse_body(body: &Bytes, kind: &str) -> ApiResult<Value> {
-    if skiff_machinery::protobuf::is_protobuf(body) {
-        return decode_protobuf(body)
-            .map_err(|e| ApiError::bad_request(format!("decoding the {kind}: {e}")));
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("decoding the {kind}: {e}")))
-}
-
-fn decode_protobuf(body: &[u8]) -> Result<Value, String> {
-    use k8s_pb::api::{authentication::v1 as authn, authorization::v1 as authz};
-    use prost::Message;
-    let payload = body.get(4..).ok_or("short body")?;
-    let unknown =
-        k8s_pb::apimachinery::pkg::runtime::Unknown::decode(payload).map_err(|e| e.to_string())?;
-    let kind = unknown.type_meta.and_then(|t| t.kind).unwrap_or_default();
-    let raw = unknown.raw.unwrap_or_default();
-    let res = |r: Option<authz::ResourceAttributes>| {
-        r.map(|r| {
-            json!({"namespace": r.namespace, "verb": r.verb, "group": r.group, "version": r.version,
-                   "resource": r.resource, "subresource": r.subresource, "name": r.name})
-        })
-    };
-    let non = |r: Option<authz::NonResourceAttributes>| {
-        r.map(|r| json!({"path": r.path, "verb": r.verb}))
-    };
-    let err = |e: prost::DecodeError| e.to_string();
-    let mut spec = match kind.as_str() {
-        "SelfSubjectAccessReview" => {
-            let spec = authz::SelfSubjectAccessReview::decode(raw.as_slice())
-                .map_err(err)?
-                .spec
-                .unwrap_or_default();
-            json!({"resourceAttributes": res(spec.resource_attributes), "nonResourceAttributes": non(spec.non_resource_attributes)})
-        }
-        "SubjectAccessReview" => {
-            let spec = authz::SubjectAccessReview::decode(raw.as_slice())
-                .map_err(err)?
-                .spec
-                .unwrap_or_default();
-            let extra: serde_json::Map<String, Value> =
-                spec.extra.into_iter().map(|(k, v)| (k, json!(v.items))).collect();
-            json!({"resourceAttributes": res(spec.resource_attributes), "nonResourceAttributes": non(spec.non_resource_attributes),
-                   "user": spec.user, "groups": spec.groups, "uid": spec.uid, "extra": extra})
-        }
-        "SelfSubjectRulesReview" => {
-            let spec = authz::SelfSubjectRulesReview::decode(raw.as_slice())
-                .map_err(err)?
-                .spec
-                .unwrap_or_default();
-            json!({"namespace": spec.namespace})
-        }
-        "TokenRequest" => {
-            let spec =
-                authn::TokenRequest::decode(raw.as_slice()).map_err(err)?.spec.unwrap_or_default();
-            let bound = spec.bound_object_ref.map(|b| {
-                json!({"kind": b.kind, "apiVersion": b.api_version, "name": b.name, "uid": b.u_id})
-            });
-            json!({"audiences": spec.audiences, "expirationSeconds": spec.expiration_seconds, "boundObjectRef": bound})
-        }
-        other => return Err(format!("unsupported protobuf kind {other:?}")),
-    };
-    if let Value::Object(m) = &mut spec {
-        m.retain(|_, v| !v.is_null());
-    }
-    Ok(json!({"kind": kind, "spec": spec}))
-}
-
-fn s(v: &Value, key: &str) -> String {
-    v.get(key).and_then(Value::as_str).unwrap_or_default().to_string()
-}
-
-/// SelfSubjectAccessReview (the caller) and SubjectAccessReview (spec.user/groups).
-fn access_review(
-    server: &ApiServer,
-    caller: &UserInfo,
-    body: &Bytes,
-    own: bool,
-) -> ApiResult<Value> {
-    let kind = if own { "SelfSubjectAccessReview" } else { "SubjectAccessReview" };
-    let mut review = parse_body(body, kind)?;
-    let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
-    let user = if own {
-        caller.clone()
-    } else {
-        let strings = |k: &str| -> Vec<String> {
-            spec.get(k)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
-                .unwrap_or_default()
-        };
-        let extra = spec
-            .get("extra")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        let vs = v
-                            .as_array()
-                            .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
-                            .unwrap_or_default();
-                        (k.clone(), vs)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        UserInfo { name: s(&spec, "user"), uid: s(&spec, "uid"), groups: strings("groups"), extra }
-    };
-    let a = if let Some(r) = spec.get("resourceAttributes").filter(|v| v.is_object()) {
-        Attributes {
-            user,
-            verb: s(r, "verb"),
-            resource_request: true,
-            namespace: s(r, "namespace"),
-            group: s(r, "group"),
-            version: s(r, "version"),
-            resource: s(r, "resource"),
-            subresource: s(r, "subresource"),
-            name: s(r, "name"),
-            path: String::new(),
-            field_selector: String::new(),
-        }
-    } else if let Some(r) = spec.get("nonResourceAttributes").filter(|v| v.is_object()) {
-        Attributes {
-            user,
-            verb: s(r, "verb"),
-            resource_request: false,
-            namespace: String::new(),
-            group: String::new(),
-            version: String::new(),
-            resource: String::new(),
-            subresource: String::new(),
-            name: String::new(),
-            path: s(r, "path"),
-            field_selector: String::new(),
-        }
-    } else {
-        return Err(ApiError::invalid(
-            format!(
-                "{kind}.authorization.k8s.io \"\" is invalid: spec.resourceAttributes: Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified"
-            ),
-            Vec::new(),
-        ));
-    };
-    let status = match decide(server, &a) {
-        Decision::Allow => json!({"allowed": true, "reason": ""}),
-        Decision::Deny(r) => json!({"allowed": false, "denied": true, "reason": r}),
-        Decision::NoOpinion(r) => json!({"allowed": false, "reason": r}),
-    };
-    review["apiVersion"] = json!("authorization.k8s.io/v1");
-    review["kind"] = json!(kind);
-    if review.get("metadata").is_none() {
-        review["metadata"] = json!({});
-    }
-    review["status"] = status;
-    Ok(review)
-}
-
-/// SelfSubjectReview: who the caller is (the request body carries nothing else).
-fn self_subject_review(user: &UserInfo, version: &str) -> Value {
-    let mut info = json!({"username": user.name, "groups": user.groups});
-    if !user.uid.is_empty() {
-        info["uid"] = json!(user.uid);
-    }
-    if !user.extra.is_empty() {
-        info["extra"] = json!(user.extra);
-    }
-    json!({
-        "apiVersion": format!("authentication.k8s.io/{version}"),
-        "kind": "SelfSubjectReview",
-        "metadata": {"creationTimestamp": null},
-        "status": {"userInfo": info},
-    })
-}
-
-/// SelfSubjectRulesReview: the RBAC rules that apply to the caller in a namespace.
-fn rules_review(server: &ApiServer, caller: &UserInfo, body: &Bytes) -> ApiResult<Value> {
-    let mut review = parse_body(body, "SelfSubjectRulesReview")?;
-    let ns =
-        review.pointer("/spec/namespace").and_then(Value::as_str).unwrap_or_default().to_string();
-    let (resource_rules, non_resource_rules) = if caller.in_group(names::MASTERS) {
-        (
-            vec![json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})],
-            vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
-        )
-    } else {
-        server.auth.rbac.rules_for(server, caller, &ns)
-    };
-    review["apiVersion"] = json!("authorization.k8s.io/v1");
-    review["kind"] = json!("SelfSubjectRulesReview");
-    if review.get("metadata").is_none() {
-        review["metadata"] = json!({});
-    }
-    review["status"] = json!({
-        "resourceRules": resource_rules,
-        "nonResourceRules": non_resource_rules,
-        "incomplete": false,
-    });
-    Ok(review)
 }
 
 #[cfg(test)]

@@ -272,7 +272,7 @@ pub fn rule_allows(r: &PolicyRule, a: &Attributes) -> bool {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn attrs(verb: &str, group: &str, resource: &str, sub: &str, name: &str) -> Attributes {
@@ -292,7 +292,7 @@ pub(super) mod tests {
     }
 
     /// A resource rule (also the escalation tests').
-    pub(in crate::authz) fn rule(
+    pub(crate) fn rule(
         verbs: &[&str],
         groups: &[&str],
         resources: &[&str],

@@ -5,8 +5,10 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::decode::{decode_for, kind_schema, manager};
-use super::quota;
-use super::{Answer, Written, encode, gvk, invalid, meta_mut, meta_str, store_error, written};
+use super::{
+    Answer, Written, encode, ensure_namespace, gvk, invalid, meta_mut, meta_str, store_error,
+    written,
+};
 use crate::admission as plugins;
 use crate::negotiate::{self};
 use crate::request::{Input, Target};
@@ -37,25 +39,6 @@ pub(super) async fn create_rendered(
     let dry_run = query.dry_run()?;
     let created = create_object(t, obj, &manager, dry_run, true, answer).await?;
     Ok((created, StatusCode::CREATED, warnings))
-}
-
-/// The namespace of a created or updated object must agree with the URL: set when the body
-/// has none, cleared for a cluster-scoped resource, else a 400 (upstream's
-/// `EnsureObjectNamespaceMatchesRequestNamespace`).
-pub(super) fn ensure_namespace(ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
-    match (ns, meta_str(obj, "namespace")) {
-        (Some(url), Some(body)) if url != body => Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )),
-        (Some(url), _) => {
-            meta_mut(obj).insert("namespace".into(), json!(url));
-            Ok(())
-        }
-        (None, _) => {
-            meta_mut(obj).remove("namespace");
-            Ok(())
-        }
-    }
 }
 
 /// The create path after decoding, shared by POST and apply-creates (which computed their
@@ -148,7 +131,7 @@ pub(super) async fn create_object(
         plugins::validate_create(t, &mut candidate, dry_run).await?;
         // Charged once: a retry under another generated name is the same object.
         if attempt == 0 {
-            quota::charge(t, &candidate, dry_run).await?;
+            super::update::charge(t, &candidate, dry_run).await?;
         }
         let reservation = if rt.kind() == "Service" && rt.group().is_empty() {
             Some(server.alloc.allocate(&mut candidate)?)

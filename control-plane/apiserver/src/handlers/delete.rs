@@ -8,24 +8,17 @@ use serde_json::{Value, json};
 
 use super::read::get_object;
 use super::update::same_object;
-use super::{CACHE_WAIT, MAX_RETRIES, encode, meta_mut, meta_str, store_error};
+use super::{CACHE_WAIT, MAX_RETRIES, encode, meta_mut, meta_str, release_on_delete, store_error};
 use crate::cache::{CachedObject, set_resource_version};
 use crate::list_options::Filter;
 use crate::negotiate::{self};
-use crate::registry::ResourceType;
 use crate::request::Query;
 use crate::request::{Input, Target};
 use crate::status::{ApiError, ApiResult, success_status};
-use crate::{ApiServer, admission as plugins, json_response};
+use crate::{admission as plugins, json_response};
 use skiff_core::json::ValueAt;
 use skiff_machinery::admission::{self};
 use skiff_store::{self as store, StoreExt};
-
-pub(super) fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
-    if rt.kind() == "Service" && rt.group().is_empty() {
-        server.alloc.release_service(obj, None);
-    }
-}
 
 /// Namespaces that may not be deleted (upstream's NamespaceLifecycle admission).
 pub(super) const IMMORTAL_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];

@@ -254,3 +254,46 @@ fn written(kept: Option<Value>, stored: &[u8], rv: Revision) -> ApiResult<Writte
     set_resource_version(&mut obj, rv);
     Ok(Written::Object(obj))
 }
+
+/// The namespace of a created or updated object must agree with the URL: set when the body
+/// has none, cleared for a cluster-scoped resource, else a 400 (upstream's
+/// `EnsureObjectNamespaceMatchesRequestNamespace`).
+pub(super) fn ensure_namespace(ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
+    match (ns, meta_str(obj, "namespace")) {
+        (Some(url), Some(body)) if url != body => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        (Some(url), _) => {
+            meta_mut(obj).insert("namespace".into(), json!(url));
+            Ok(())
+        }
+        (None, _) => {
+            meta_mut(obj).remove("namespace");
+            Ok(())
+        }
+    }
+}
+
+/// Upstream's `checkName`: the object an update or patch writes may not be renamed, nor
+/// moved out of `ns` when one is given.
+pub(super) fn check_name(obj: &Value, name: &str, ns: Option<&str>) -> ApiResult<()> {
+    if let Some(other) = meta_str(obj, "name").filter(|n| *n != name) {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({other}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let (Some(ns), Some(other)) = (ns, meta_str(obj, "namespace"))
+        && other != ns
+    {
+        return Err(ApiError::bad_request(format!(
+            "the namespace of the object ({other}) does not match the namespace on the URL ({ns})"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
+    if rt.kind() == "Service" && rt.group().is_empty() {
+        server.alloc.release_service(obj, None);
+    }
+}

@@ -10,7 +10,7 @@ use super::decode::{
     validate_patch_options,
 };
 use super::update::{Writer, guaranteed_write};
-use super::{Answer, Written, meta_mut, meta_str};
+use super::{Answer, Written, check_name, meta_mut, meta_str};
 use crate::negotiate::{self, BodyType};
 use crate::registry::ResourceType;
 use crate::request::{Input, Target};
@@ -119,24 +119,6 @@ pub(super) async fn patch(
     .await?;
     let warnings = unknown.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok((written, StatusCode::OK, warnings))
-}
-
-/// Upstream's `checkName`: the object an update or patch writes may not be renamed, nor
-/// moved out of `ns` when one is given.
-pub(super) fn check_name(obj: &Value, name: &str, ns: Option<&str>) -> ApiResult<()> {
-    if let Some(other) = meta_str(obj, "name").filter(|n| *n != name) {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({other}) does not match the name on the URL ({name})"
-        )));
-    }
-    if let (Some(ns), Some(other)) = (ns, meta_str(obj, "namespace"))
-        && other != ns
-    {
-        return Err(ApiError::bad_request(format!(
-            "the namespace of the object ({other}) does not match the namespace on the URL ({ns})"
-        )));
-    }
-    Ok(())
 }
 
 pub(super) fn apply_patch_body(

@@ -1,4 +1,5 @@
-//! The ResourceQuota admission (upstream's `ResourceQuota` plugin, the last validating
+//! The ResourceQuota admission's rules (the write path in `update` charges them; upstream's
+//! `ResourceQuota` plugin, the last validating
 //! step of a create, and of an update of a Service or a claim, charged what it adds):
 //! every quota of the namespace that charges the new object is checked
 //! and charged in its status before the object is stored, through a compare-and-swap on the
@@ -9,121 +10,27 @@
 
 use serde_json::Value;
 
-use super::update::{Writer, guaranteed_update};
-use crate::request::Target;
 use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};
 
-const MANAGER: &str = "kube-apiserver";
-
-/// Check and charge the quotas of `ns` for creating `obj`.
-pub(super) async fn charge(t: Target<'_>, obj: &Value, dry_run: bool) -> ApiResult<()> {
-    charge_usage(t, obj, |usage| usage, dry_run).await
-}
-
-/// Check and charge the quotas of `ns` for updating `old` to `new`: what the update adds
-/// (upstream's evaluators handle updates of Services, whose type may now take node ports
-/// or a load balancer, and of claims, which may grow). Less usage is given back by the
-/// controller's next recount.
-pub(super) async fn charge_update(
-    t: Target<'_>,
-    old: &Value,
-    new: &Value,
-    dry_run: bool,
-) -> ApiResult<()> {
-    let Target { rt, .. } = t;
-    if !(rt.group().is_empty() && matches!(rt.plural(), "services" | "persistentvolumeclaims")) {
-        return Ok(());
-    }
-    let before = quota::usage(rt.group(), rt.plural(), old, &skiff_core::time::now_rfc3339());
-    let added = |after: Usage| -> Usage {
-        after
-            .into_iter()
-            .filter_map(|(name, q)| {
-                let delta = Quantity(q.0 - before.get(&name).map_or(0, |b| b.0));
-                (delta.0 > 0).then_some((name, delta))
-            })
-            .collect()
-    };
-    charge_usage(t, new, added, dry_run).await
-}
-
-/// Check and charge the quotas of `ns` for `obj`, with what `charged` makes of its usage.
-async fn charge_usage(
-    t: Target<'_>,
-    obj: &Value,
-    charged: impl FnOnce(Usage) -> Usage,
-    dry_run: bool,
-) -> ApiResult<()> {
-    let Target { server, rt, ns } = t;
-    let Some(ns) = ns else { return Ok(()) };
-    let Some(quota_rt) = server.registry.find("", "v1", "resourcequotas") else { return Ok(()) };
-    let quotas = server.cache.resource(quota_rt).list(&quota_rt.namespace_prefix(Some(ns)), None);
-    if quotas.is_empty() {
-        return Ok(());
-    }
-    let usage =
-        charged(quota::usage(rt.group(), rt.plural(), obj, &skiff_core::time::now_rfc3339()));
-    if usage.is_empty() {
-        return Ok(());
-    }
-    let subject = Subject {
-        group: rt.group(),
-        resource: rt.plural(),
-        name: obj.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default(),
-        obj,
-        usage: &usage,
-    };
-    // Every quota is checked before any is charged, as upstream does: a refusal by one
-    // leaves the others untouched.
-    let mut charged = Vec::new();
-    for cached in quotas {
-        let quota = cached.value();
-        if subject.charged(&quota)?.is_some() {
-            charged.push(quota);
-        }
-    }
-    if dry_run {
-        return Ok(());
-    }
-    for quota in charged {
-        let name = quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
-        let w =
-            Writer { manager: MANAGER, sub: Some("status"), track: false, admit: false, dry_run };
-        let written = guaranteed_update(
-            Target { server, rt: quota_rt, ns: Some(ns) },
-            name,
-            w,
-            None,
-            |current| Ok(subject.charged(current)?.unwrap_or_else(|| current.clone())),
-        )
-        .await;
-        match written {
-            // Deleted meanwhile: nothing to charge.
-            Err(e) if e.code == http::StatusCode::NOT_FOUND => {}
-            other => {
-                other?;
-            }
-        }
-    }
-    Ok(())
-}
+/// The field manager of the quota charges the write path makes.
+pub(super) const MANAGER: &str = "kube-apiserver";
 
 /// The object being created, and what it charges.
-struct Subject<'a> {
-    group: &'a str,
-    resource: &'a str,
-    name: &'a str,
-    obj: &'a Value,
-    usage: &'a Usage,
+pub(super) struct Subject<'a> {
+    pub(super) group: &'a str,
+    pub(super) resource: &'a str,
+    pub(super) name: &'a str,
+    pub(super) obj: &'a Value,
+    pub(super) usage: &'a Usage,
 }
 
 impl Subject<'_> {
     /// The quota with this object charged; `None` when the quota does not charge it; an
     /// error when the quota refuses it.
-    fn charged(&self, quota: &Value) -> ApiResult<Option<Value>> {
+    pub(super) fn charged(&self, quota: &Value) -> ApiResult<Option<Value>> {
         let spec = quota.get("spec").unwrap_or(&Value::Null);
         if !quota::scopes_match(spec, self.group, self.resource, self.obj) {
             return Ok(None);

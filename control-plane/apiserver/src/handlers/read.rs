@@ -14,8 +14,9 @@ use crate::list_options::{
     EXPIRED_CONTINUE, Filter, decode_continue, encode_continue, validate_list_options,
 };
 use crate::negotiate::Output;
+use crate::negotiate::partial_metadata;
 use crate::registry::ResourceType;
-use crate::render::{partial_metadata, render_list, render_object, with_warnings};
+use crate::render::{render_list, render_object, with_warnings};
 use crate::request::Target;
 use crate::request::{Query, Verb};
 use crate::status::{ApiError, ApiResult};

@@ -5,14 +5,12 @@
 use http::StatusCode;
 use serde_json::Value;
 
-use super::create::ensure_namespace;
 use super::decode::{decode_for, kind_schema, manager};
-use super::delete::release_on_delete;
-use super::patch::check_name;
 use super::quota;
 use super::read::get_object;
 use super::{
-    Answer, MAX_RETRIES, Written, encode, gvk, invalid, meta_mut, meta_str, store_error, written,
+    Answer, MAX_RETRIES, Written, check_name, encode, ensure_namespace, gvk, invalid, meta_mut,
+    meta_str, release_on_delete, store_error, written,
 };
 use crate::cache::set_resource_version;
 use crate::negotiate::{self};
@@ -177,7 +175,7 @@ pub(super) async fn guaranteed_write(
                         // The quota last, as on create; only the main resource changes usage.
                         // (Boxed: charging writes the quota through this function.)
                         if w.sub.is_none() {
-                            Box::pin(quota::charge_update(t, &current, &obj, dry_run)).await?;
+                            Box::pin(charge_update(t, &current, &obj, dry_run)).await?;
                         }
                         Ok::<(), ApiError>(())
                     }
@@ -434,6 +432,113 @@ pub(super) fn same_object(a: &Value, b: &Value) -> bool {
         }
         _ => a == b,
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// quota charges: the write path checks and charges the ResourceQuotas of the namespace
+
+/// Check and charge the quotas of `ns` for creating `obj`.
+pub(super) async fn charge(t: Target<'_>, obj: &Value, dry_run: bool) -> ApiResult<()> {
+    charge_usage(t, obj, |usage| usage, dry_run).await
+}
+
+/// Check and charge the quotas of `ns` for updating `old` to `new`: what the update adds
+/// (upstream's evaluators handle updates of Services, whose type may now take node ports
+/// or a load balancer, and of claims, which may grow). Less usage is given back by the
+/// controller's next recount.
+pub(super) async fn charge_update(
+    t: Target<'_>,
+    old: &Value,
+    new: &Value,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let Target { rt, .. } = t;
+    if !(rt.group().is_empty() && matches!(rt.plural(), "services" | "persistentvolumeclaims")) {
+        return Ok(());
+    }
+    let before =
+        skiff_core::quota::usage(rt.group(), rt.plural(), old, &skiff_core::time::now_rfc3339());
+    let added = |after: skiff_core::quota::Usage| -> skiff_core::quota::Usage {
+        after
+            .into_iter()
+            .filter_map(|(name, q)| {
+                let delta =
+                    skiff_core::quantity::Quantity(q.0 - before.get(&name).map_or(0, |b| b.0));
+                (delta.0 > 0).then_some((name, delta))
+            })
+            .collect()
+    };
+    charge_usage(t, new, added, dry_run).await
+}
+
+/// Check and charge the quotas of `ns` for `obj`, with what `charged` makes of its usage.
+async fn charge_usage(
+    t: Target<'_>,
+    obj: &Value,
+    charged: impl FnOnce(skiff_core::quota::Usage) -> skiff_core::quota::Usage,
+    dry_run: bool,
+) -> ApiResult<()> {
+    let Target { server, rt, ns } = t;
+    let Some(ns) = ns else { return Ok(()) };
+    let Some(quota_rt) = server.registry.find("", "v1", "resourcequotas") else { return Ok(()) };
+    let quotas = server.cache.resource(quota_rt).list(&quota_rt.namespace_prefix(Some(ns)), None);
+    if quotas.is_empty() {
+        return Ok(());
+    }
+    let usage = charged(skiff_core::quota::usage(
+        rt.group(),
+        rt.plural(),
+        obj,
+        &skiff_core::time::now_rfc3339(),
+    ));
+    if usage.is_empty() {
+        return Ok(());
+    }
+    let subject = quota::Subject {
+        group: rt.group(),
+        resource: rt.plural(),
+        name: obj.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default(),
+        obj,
+        usage: &usage,
+    };
+    // Every quota is checked before any is charged, as upstream does: a refusal by one
+    // leaves the others untouched.
+    let mut charged = Vec::new();
+    for cached in quotas {
+        let quota = cached.value();
+        if subject.charged(&quota)?.is_some() {
+            charged.push(quota);
+        }
+    }
+    if dry_run {
+        return Ok(());
+    }
+    for quota in charged {
+        let name = quota.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
+        let w = Writer {
+            manager: quota::MANAGER,
+            sub: Some("status"),
+            track: false,
+            admit: false,
+            dry_run,
+        };
+        let written = guaranteed_update(
+            Target { server, rt: quota_rt, ns: Some(ns) },
+            name,
+            w,
+            None,
+            |current| Ok(subject.charged(current)?.unwrap_or_else(|| current.clone())),
+        )
+        .await;
+        match written {
+            // Deleted meanwhile: nothing to charge.
+            Err(e) if e.code == http::StatusCode::NOT_FOUND => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

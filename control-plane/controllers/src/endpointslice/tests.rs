@@ -4,9 +4,10 @@ use k8s_openapi::api::core::v1::Endpoints;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
+use super::endpoints;
 use super::*;
+use crate::ControllerConfig;
 use crate::testutil::{api, pod, ready_nodes, report_running, wait_for};
-use crate::{ControllerConfig, endpoints};
 
 fn svc(target: serde_json::Value) -> Service {
     serde_json::from_value(json!({

@@ -15,10 +15,10 @@ use async_trait::async_trait;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef};
 use serde_json::Value;
 
-use super::{Attributes, Decision, RBAC_GROUP};
+use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
 use crate::ApiServer;
-use crate::admission::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
-use crate::authn::AuthorizationMode;
+use crate::authz::AuthorizationMode;
+use crate::authz::{Attributes, Decision, RBAC_GROUP};
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::json::ValueAt;
@@ -116,7 +116,7 @@ fn authorized(
         path: String::new(),
         field_selector: String::new(),
     };
-    super::decide(server, &a) == Decision::Allow
+    crate::authz::decide(server, &a) == Decision::Allow
 }
 
 fn check_role(server: &ApiServer, req: &AdmissionRequest, ns: &str, obj: &Value) -> ApiResult<()> {
