@@ -256,7 +256,7 @@ async fn run_routes_with(
         }
         None => skiff_cni::netns::netlink_here().map_err(Error::Netlink)?,
     };
-    let reader = nodes.store();
+    let reader = nodes.ready_store().await;
     let mut events = nodes.subscribe();
     let mut resync = tokio::time::interval(ROUTE_RESYNC);
     let mut ready = false;

@@ -200,7 +200,7 @@ pub async fn sync_forever_with(
     let mut health = crate::http::HealthCheckServers::default();
     let node = NodeContext { node_name: config.node_name.clone() };
     let (services, slices) = (informers.all::<Service>(), informers.all::<EndpointSlice>());
-    let (svc_store, eps_store) = (services.store(), slices.store());
+    let (svc_store, eps_store) = (services.ready_store().await, slices.ready_store().await);
     let changed = Arc::new(Notify::new());
     let svc_stream = services.subscribe();
     let eps_stream = slices.subscribe();

@@ -51,7 +51,8 @@ pub async fn run(ctx: Arc<Context>) {
             }
             refs
         },
-    );
+    )
+    .await;
     let reader = store.clone();
     run_applier("clusterrole-aggregation", store, rx, ctx, move |role, ctx| {
         let all: Vec<ClusterRole> = reader.state().iter().map(|r| r.as_ref().clone()).collect();

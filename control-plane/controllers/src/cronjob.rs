@@ -73,6 +73,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
 
     let controller = controller(&ctx.informers.all::<CronJob>())
+        .await
         .owns_stream(ctx.informers.all::<Job>().touched());
     run_controller(controller, Ctx::new(client, "cronjob-controller"), reconcile).await;
 }

@@ -62,7 +62,7 @@ pub enum Error {
 /// Run the DaemonSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller = controller(&ctx.informers.all::<DaemonSet>());
+    let controller = controller(&ctx.informers.all::<DaemonSet>()).await;
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "daemonset-controller");
     let controller = controller

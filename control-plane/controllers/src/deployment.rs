@@ -79,6 +79,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "deployment-controller");
     let controller = controller(&ctx.informers.all::<Deployment>())
+        .await
         .owns_stream(ctx.informers.all::<ReplicaSet>().touched());
     run_controller(controller, cctx, reconcile).await;
 }

@@ -66,7 +66,7 @@ enum CountError {
 /// Run the disruption controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller = controller(&ctx.informers.all::<PodDisruptionBudget>());
+    let controller = controller(&ctx.informers.all::<PodDisruptionBudget>()).await;
     let store = controller.store();
     // Upstream's disruption controller records its events as "controllermanager".
     let cctx = Ctx::new(client, "controllermanager");

@@ -88,7 +88,8 @@ pub async fn run(ctx: Arc<Context>) {
                 Vec::new()
             }
         }
-    });
+    })
+    .await;
     let svc_store = services.clone();
     // Which services each pod last mapped to, so a relabelled pod also triggers the old ones.
     let last: Arc<Mutex<PodServices>> = Default::default();
@@ -115,9 +116,11 @@ pub async fn run(ctx: Arc<Context>) {
             }
             out
         }
-    });
+    })
+    .await;
     let nodes =
-        informer(&ctx.informers.all::<Node>(), tx.clone(), |_| Vec::<ObjectRef<Service>>::new());
+        informer(&ctx.informers.all::<Node>(), tx.clone(), |_| Vec::<ObjectRef<Service>>::new())
+            .await;
     // The slices this controller manages (the shared informer has every slice).
     let _slices = informer(&ctx.informers.all::<EndpointSlice>(), tx.clone(), |c| {
         let s = match c {
@@ -130,7 +133,8 @@ pub async fn run(ctx: Arc<Context>) {
         owner
             .map(|name| vec![ObjectRef::new(&name).within(&s.namespace().unwrap_or_default())])
             .unwrap_or_default()
-    });
+    })
+    .await;
     let _ = pods.wait_until_ready().await;
     let _ = nodes.wait_until_ready().await;
     let sctx = Arc::new(SliceCtx { ctx, pods, nodes });

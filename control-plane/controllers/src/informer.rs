@@ -29,9 +29,9 @@ pub enum Change<'a, K> {
 }
 
 /// Subscribe to the shared informer `shared` on a task of its own; each applied/deleted
-/// object is handed to `map`, whose requests go to `tx`. Returns the informer's store
-/// (ready once the first list is in).
-pub fn informer<K, R, F>(
+/// object is handed to `map`, whose requests go to `tx`. Returns the informer's store once
+/// it holds the first list.
+pub async fn informer<K, R, F>(
     shared: &Informer<K>,
     tx: UnboundedSender<ObjectRef<R>>,
     mut map: F,
@@ -41,11 +41,11 @@ where
     R: Resource<DynamicType = ()> + 'static,
     F: FnMut(Change<'_, K>) -> Vec<ObjectRef<R>> + Send + 'static,
 {
-    informer_with_store(shared, tx, move |change, _| map(change))
+    informer_with_store(shared, tx, move |change, _| map(change)).await
 }
 
 /// [`informer`] whose mapper also sees the store (already holding the change).
-pub fn informer_with_store<K, R, F>(
+pub async fn informer_with_store<K, R, F>(
     shared: &Informer<K>,
     tx: UnboundedSender<ObjectRef<R>>,
     mut map: F,
@@ -56,7 +56,7 @@ where
     F: FnMut(Change<'_, K>, &Store<K>) -> Vec<ObjectRef<R>> + Send + 'static,
 {
     let stream = shared.subscribe();
-    let store = shared.store();
+    let store = shared.ready_store().await;
     let reader = store.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -83,9 +83,11 @@ where
 }
 
 /// A kube-runtime `Controller` of `shared`'s kind over the shared informer (its store, and
-/// a trigger on every applied object, as `Controller::new` would watch for itself).
-pub fn controller<K: Kind>(shared: &Informer<K>) -> kube::runtime::Controller<K> {
-    kube::runtime::Controller::for_stream(shared.applied(), shared.store())
+/// a trigger on every applied object, as `Controller::new` would watch for itself), once
+/// the store holds the first list.
+pub async fn controller<K: Kind>(shared: &Informer<K>) -> kube::runtime::Controller<K> {
+    let store = shared.ready_store().await;
+    kube::runtime::Controller::for_stream(shared.applied(), store)
 }
 
 /// Per-key exponential retry after failed reconciles (5 ms doubling up to 1000 s, as
@@ -262,9 +264,10 @@ mod tests {
         }
     }
 
-    /// One watch for every consumer of a kind; a subscriber that joins late is first given
-    /// an initial list of what the informer holds; deletions reach every subscriber; a
-    /// dropped subscription does not stop the others.
+    /// One watch for every consumer of a kind; consumers waiting for its first list at once
+    /// all wake; a subscriber that joins late is first given an initial list of what the
+    /// informer holds; deletions reach every subscriber; a dropped subscription does not
+    /// stop the others.
     #[tokio::test]
     async fn shared_informers_fan_out_every_event_and_list_late_subscribers() {
         use k8s_openapi::api::core::v1::ConfigMap;
@@ -276,6 +279,10 @@ mod tests {
         let informers = Informers::new(client.clone());
         let shared = informers.all::<ConfigMap>();
         assert!(Arc::ptr_eq(&shared, &informers.all::<ConfigMap>()), "one informer per kind");
+        // Two consumers waiting for the first list at the same time both wake (the store's own
+        // wait_until_ready wakes only the last of them).
+        let waiters = futures::future::join(shared.ready_store(), shared.ready_store());
+        tokio::time::timeout(Duration::from_secs(10), waiters).await.expect("both waiters woke");
         let mut early = shared.subscribe();
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
         let cm = |name: &str| -> ConfigMap {
@@ -290,8 +297,8 @@ mod tests {
                 seen_a = o.metadata.name.as_deref() == Some("a");
             }
         }
-        let store = shared.store();
-        store.wait_until_ready().await.expect("ready");
+        let store = shared.ready_store().await;
+        assert!(store.state().iter().any(|o| o.metadata.name.as_deref() == Some("a")));
         // A late subscriber: an initial list holding `a`, then live events.
         let mut late = shared.subscribe();
         assert!(matches!(next(&mut late).await, watcher::Event::Init));

@@ -318,8 +318,9 @@ fn delay_left(failures: usize, last: Timestamp, now: Timestamp) -> Duration {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "job-controller");
-    let controller =
-        controller(&ctx.informers.all::<Job>()).owns_stream(ctx.informers.all::<Pod>().touched());
+    let controller = controller(&ctx.informers.all::<Job>())
+        .await
+        .owns_stream(ctx.informers.all::<Pod>().touched());
     run_controller(controller, cctx, reconcile).await;
 }
 

@@ -71,8 +71,8 @@ pub async fn run(ctx: Arc<Context>, root: PathBuf) {
         helper_image: ctx.config.local_path_helper_image.clone(),
         ctx: Ctx::new(client.clone(), PROVISIONER),
     });
-    let claims = controller(&ctx.informers.all::<PersistentVolumeClaim>());
-    let volumes = controller(&ctx.informers.all::<PersistentVolume>());
+    let claims = controller(&ctx.informers.all::<PersistentVolumeClaim>()).await;
+    let volumes = controller(&ctx.informers.all::<PersistentVolume>()).await;
     let (a, b) = (me.clone(), me);
     tokio::join!(
         run_controller(claims, a.ctx.clone(), move |pvc, _| {

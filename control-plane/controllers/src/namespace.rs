@@ -82,7 +82,8 @@ pub async fn run(ctx: Arc<Context>) {
             vec![ObjectRef::from_obj(ns)]
         }
         _ => Vec::new(),
-    });
+    })
+    .await;
     run_applier("namespace", store, rx, ctx, |ns, ctx| async move { reconcile(&ns, &ctx).await })
         .await;
 }

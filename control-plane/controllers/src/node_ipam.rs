@@ -112,7 +112,8 @@ pub async fn run(ctx: Arc<Context>) -> Result<()> {
             }
             Vec::new()
         }
-    });
+    })
+    .await;
     let _ = nodes.wait_until_ready().await;
     for n in nodes.state() {
         if let Some(c) = pod_cidr(&n) {

@@ -115,11 +115,12 @@ pub async fn run(ctx: Arc<Context>) {
             Change::Applied(n) => vec![ObjectRef::from_obj(n)],
             Change::Deleted(_) => Vec::new(),
         }
-    });
+    })
+    .await;
     // Every Lease and every Pod (shared with the other controllers); the node leases are
     // looked up in LEASE_NAMESPACE, and unscheduled pods belong to no node.
-    let leases = informer(&ctx.informers.all::<Lease>(), tx.clone(), |_| Vec::new());
-    let pods = informer(&ctx.informers.all::<Pod>(), tx, |_| Vec::new());
+    let leases = informer(&ctx.informers.all::<Lease>(), tx.clone(), |_| Vec::new()).await;
+    let pods = informer(&ctx.informers.all::<Pod>(), tx, |_| Vec::new()).await;
     let _ = nodes.wait_until_ready().await;
     let _ = leases.wait_until_ready().await;
     let _ = pods.wait_until_ready().await;

@@ -169,8 +169,8 @@ struct Gc {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, _rx) = mpsc::unbounded_channel::<ObjectRef<Pod>>();
-    let pods = informer(&ctx.informers.all::<Pod>(), tx.clone(), |_| Vec::new());
-    let nodes = informer(&ctx.informers.all::<Node>(), tx, |_| Vec::new());
+    let pods = informer(&ctx.informers.all::<Pod>(), tx.clone(), |_| Vec::new()).await;
+    let nodes = informer(&ctx.informers.all::<Node>(), tx, |_| Vec::new()).await;
     let _ = pods.wait_until_ready().await;
     let _ = nodes.wait_until_ready().await;
     let mut gc = Gc {

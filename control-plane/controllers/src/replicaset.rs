@@ -43,7 +43,7 @@ const BURST_REPLICAS: usize = 500;
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let pods = ctx.informers.all::<Pod>();
-    let controller = controller(&ctx.informers.all::<ReplicaSet>());
+    let controller = controller(&ctx.informers.all::<ReplicaSet>()).await;
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "replicaset-controller");
     let controller = controller
@@ -211,7 +211,7 @@ fn rc_as_replica_set_spec(rc: &ReplicationController) -> ReplicaSetSpec {
 pub async fn run_replication_controllers(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let pods = ctx.informers.all::<Pod>();
-    let controller = controller(&ctx.informers.all::<ReplicationController>());
+    let controller = controller(&ctx.informers.all::<ReplicationController>()).await;
     let store = controller.store();
     let cctx = Ctx::new(client.clone(), "replication-controller");
     let controller =

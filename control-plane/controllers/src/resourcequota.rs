@@ -65,7 +65,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Work>();
     let shared = ctx.informers.all::<ResourceQuota>();
-    let store = shared.store();
+    let store = shared.ready_store().await;
     let mut tasks = tokio::task::JoinSet::new();
     let quotas = shared.subscribe();
     let to = tx.clone();

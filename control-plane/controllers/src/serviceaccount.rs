@@ -42,14 +42,16 @@ pub async fn run(ctx: Arc<Context>) {
     let namespaces = informer(&ctx.informers.all::<Namespace>(), tx.clone(), |c| match c {
         Change::Applied(ns) => vec![ObjectRef::from_obj(ns)],
         Change::Deleted(_) => Vec::new(),
-    });
+    })
+    .await;
     // A deleted default ServiceAccount is made again (the shared informer has every one).
     let _sas = informer(&ctx.informers.all::<ServiceAccount>(), tx, |c| match c {
         Change::Deleted(sa) if sa.name_any() == DEFAULT_NAME => {
             sa.namespace().map(|ns| vec![ObjectRef::new(&ns)]).unwrap_or_default()
         }
         Change::Deleted(_) | Change::Applied(_) => Vec::new(),
-    });
+    })
+    .await;
     run_applier("serviceaccount", namespaces, rx, ctx, |ns, ctx| async move {
         reconcile(&ns, &ctx).await
     })

@@ -80,6 +80,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let cctx = Ctx::new(client.clone(), "statefulset-controller");
     let controller = controller(&ctx.informers.all::<StatefulSet>())
+        .await
         .owns_stream(ctx.informers.all::<Pod>().touched());
     run_controller(controller, cctx, reconcile).await;
 }

@@ -62,7 +62,7 @@ pub async fn run(ctx: Arc<Context>) {
 
 async fn run_claims(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>());
+    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>()).await;
     let store = controller.store();
     // A volume wakes the claim it names, or, when free, every claim still waiting.
     let volumes = ctx.informers.all::<PersistentVolume>().touched();
@@ -86,7 +86,7 @@ async fn run_claims(ctx: Arc<Context>) {
 
 async fn run_volumes(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller = controller(&ctx.informers.all::<PersistentVolume>());
+    let controller = controller(&ctx.informers.all::<PersistentVolume>()).await;
     let store = controller.store();
     // A claim (its deletion too) wakes the volume it is bound to or that names it.
     let claims = ctx.informers.all::<PersistentVolumeClaim>().touched();

@@ -28,20 +28,19 @@ pub async fn run(ctx: Arc<Context>) {
 async fn run_claims(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     // A pod (its deletion above all) wakes the claims it names.
-    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>()).watches_stream(
-        ctx.informers.all::<Pod>().touched(),
-        |pod| {
+    let controller = controller(&ctx.informers.all::<PersistentVolumeClaim>())
+        .await
+        .watches_stream(ctx.informers.all::<Pod>().touched(), |pod| {
             let ns = pod.namespace().unwrap_or_default();
             claims_of(&pod).map(|c| ObjectRef::new(c).within(&ns)).collect::<Vec<_>>()
-        },
-    );
+        });
     run_controller(controller, Ctx::new(client, "pvc-protection-controller"), reconcile_claim)
         .await;
 }
 
 async fn run_volumes(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let controller = controller(&ctx.informers.all::<PersistentVolume>());
+    let controller = controller(&ctx.informers.all::<PersistentVolume>()).await;
     run_controller(controller, Ctx::new(client, "pv-protection-controller"), reconcile_volume)
         .await;
 }

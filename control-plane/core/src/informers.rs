@@ -80,6 +80,7 @@ impl Informers {
         let informer = Arc::new(Informer {
             store,
             subscribers: Mutex::new(Subscribers { listed: false, subs: Vec::new() }),
+            ready: tokio::sync::watch::Sender::new(false),
         });
         let mut cfg = watcher::Config::default();
         if !fields.is_empty() {
@@ -117,6 +118,11 @@ impl Drop for Informers {
 pub struct Informer<K: Kind> {
     store: Store<K>,
     subscribers: Mutex<Subscribers<K>>,
+    /// True once the store holds its first complete list. Consumers wait on this, not on
+    /// the store's own `wait_until_ready`: that wakes one waiter only (kube-runtime's
+    /// `DelayedInit` keeps the last poller's waker), so a second consumer waiting on the
+    /// same store at the same time would wait forever.
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 struct Subscribers<K> {
@@ -135,8 +141,14 @@ struct Subscriber<K> {
 pub type Events<K> = futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
 impl<K: Kind> Informer<K> {
-    /// The shared store (ready once the first list is in).
-    pub fn store(&self) -> Store<K> {
+    /// The shared store, once it holds the first complete list. (Its own
+    /// `wait_until_ready` then returns at once, for any number of callers.)
+    pub async fn ready_store(&self) -> Store<K> {
+        let mut ready = self.ready.subscribe();
+        // Err: the informer's task ended (the process is stopping): the store as it is.
+        let _ = ready.wait_for(|r| *r).await;
+        // Marks kube's own readiness as seen, so later waits on it do not block.
+        let _ = self.store.wait_until_ready().await;
         self.store.clone()
     }
 
@@ -182,7 +194,10 @@ impl<K: Kind> Informer<K> {
             let subs = &mut *guard;
             match &ev {
                 watcher::Event::Init => subs.listed = false,
-                watcher::Event::InitDone => subs.listed = true,
+                watcher::Event::InitDone => {
+                    subs.listed = true;
+                    self.ready.send_replace(true);
+                }
                 _ => {}
             }
             subs.subs.retain_mut(|sub| {
