@@ -39,9 +39,20 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         "skiff-cni",
         "-p",
         "skiff-proxy",
-        "--features",
-        "skiff-agent/testing",
         "--bins",
+    ]))?;
+    // The lab (development tooling: the agent's `testing` feature) on its own: asked for
+    // together with the packages above, `--features skiff-agent/testing` left skiff-lab
+    // unbuilt.
+    run(cargo().current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "skiff-agent",
+        "--features",
+        "testing",
+        "--bin",
+        "skiff-lab",
     ]))?;
     crate::ebpf::build_ebpf(root, true)?;
     eprintln!("xtask: release build took {:.0?}", started.elapsed());
