@@ -41,19 +41,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         "skiff-proxy",
         "--bins",
     ]))?;
-    // The lab (development tooling: the agent's `testing` feature) on its own: asked for
-    // together with the packages above, `--features skiff-agent/testing` left skiff-lab
-    // unbuilt.
-    run(cargo().current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "skiff-agent",
-        "--features",
-        "testing",
-        "--bin",
-        "skiff-lab",
-    ]))?;
+    build_lab(root)?;
     crate::ebpf::build_ebpf(root, true)?;
     eprintln!("xtask: release build took {:.0?}", started.elapsed());
     Ok(release_dir(root))
@@ -99,16 +87,7 @@ pub fn down(root: &Path) -> Result<()> {
     let agent = match agent {
         Some(a) => a,
         None if Path::new(LAB_DIR).join("lab.json").exists() => {
-            run(cargo().current_dir(root).args([
-                "build",
-                "--release",
-                "-p",
-                "skiff-agent",
-                "--features",
-                "testing",
-                "--bin",
-                "skiff-lab",
-            ]))?;
+            build_lab(root)?;
             release_dir(root).join("skiff-lab")
         }
         None => {
@@ -119,4 +98,20 @@ pub fn down(root: &Path) -> Result<()> {
     run(Command::new(agent).args(["down", "--dir", LAB_DIR]))?;
     eprintln!("xtask: the lab is down ({LAB_DIR} and {SERVER_DIR} removed)");
     Ok(())
+}
+
+/// The lab binary (development tooling: the agent's `testing` feature), in its own cargo
+/// invocation: asked for together with other packages, `--features skiff-agent/testing`
+/// left skiff-lab unbuilt.
+fn build_lab(root: &Path) -> Result<()> {
+    run(cargo().current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "skiff-agent",
+        "--features",
+        "testing",
+        "--bin",
+        "skiff-lab",
+    ]))
 }
