@@ -5,8 +5,6 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
 /// Default agent state directory (pod volumes, logs, static manifests).
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/skiff/agent";
 /// Default containerd CRI socket of the skiff-managed containerd.
@@ -304,7 +302,8 @@ impl std::str::FromStr for Thresholds {
                     Ok(p) if (0.0..=100.0).contains(&p) => Threshold::Percent(p),
                     _ => return Err(format!("{item:?}: a percentage must be within 0% and 100%")),
                 },
-                None => crate::pods::admit::bytes(&Quantity(value.into()))
+                None => skiff_core::quantity::Quantity::parse(value)
+                    .and_then(|q| u64::try_from(q.value()).ok())
                     .map(Threshold::Amount)
                     .ok_or_else(|| format!("{item:?}: {value:?} is not a quantity"))?,
             };

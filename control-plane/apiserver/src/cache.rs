@@ -836,7 +836,8 @@ mod tests {
     async fn writes_are_indexed_from_the_request() {
         use http::{Method, StatusCode};
 
-        use crate::{ApiServer, testing};
+        use crate::ApiServer;
+        use crate::testing;
         use skiff_store::memory::MemoryStore;
 
         let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())

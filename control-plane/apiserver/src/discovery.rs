@@ -7,7 +7,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::status::{ApiError, ApiResult};
-use super::{ApiServer, json_response};
+use crate::ApiServer;
+use crate::render::json_response;
 use skiff_machinery::ResourceDesc;
 
 /// Which aggregated discovery version the client accepts, if any (first preference wins).

@@ -130,7 +130,7 @@ impl Special {
             Special::NodeCsr => authn::join::sign_node_csr(server, &user, &body).await,
         };
         match result {
-            Ok(v) => crate::json_response(StatusCode::CREATED, &v),
+            Ok(v) => crate::render::json_response(StatusCode::CREATED, &v),
             Err(e) => e.into_response(),
         }
     }

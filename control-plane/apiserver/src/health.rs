@@ -14,10 +14,10 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
-use super::ApiServer;
 use super::admission::webhook::chain;
 use super::request::decode;
 use super::status::ApiError;
+use crate::ApiServer;
 
 const CHECKS: [&str; 3] = ["ping", "log", "etcd"];
 

@@ -49,6 +49,7 @@ use serde_json::{Value, json};
 use self::alloc::Allocators;
 use self::cache::WatchCache;
 use self::registry::Registry;
+use self::render::{bytes_response, json_response};
 use self::request::{Query, Route};
 use self::status::ApiError;
 use skiff_core::cidr::Cidr;
@@ -498,19 +499,4 @@ fn version() -> Value {
         "emulationMajor": KUBE_VERSION.0,
         "emulationMinor": KUBE_VERSION.1,
     })
-}
-
-pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
-    bytes_response(code, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
-}
-
-pub(crate) fn bytes_response(
-    code: StatusCode,
-    content_type: &'static str,
-    body: Bytes,
-) -> Response {
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = code;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
 }

@@ -25,7 +25,8 @@ use super::render::{render_list, render_object};
 use super::request::{Query, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
-use super::{ApiServer, proxy};
+use crate::ApiServer;
+use crate::proxy;
 use skiff_core::quantity;
 use skiff_core::resource_metrics::{self, NodeScrape, Usage};
 

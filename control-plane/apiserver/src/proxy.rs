@@ -19,10 +19,10 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use super::ApiServer;
 use super::registry::str_at;
 use super::request::{Query, RequestInfo};
 use super::status::{ApiError, ApiResult};
+use crate::ApiServer;
 use skiff_core::streaming::{FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades};
 
 /// The kubelet's default port, when a Node does not advertise one.

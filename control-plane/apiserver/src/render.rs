@@ -1,11 +1,12 @@
 //! Rendering an object or a server-computed list in the form the client asked for: JSON,
 //! a Table, or PartialObjectMetadata; and warnings as `Warning` headers.
 
+use axum::body::Body;
 use axum::response::Response;
-use http::{HeaderValue, StatusCode};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
-use crate::json_response;
 use crate::negotiate::{Output, partial_metadata};
 use crate::registry::ResourceType;
 use crate::table;
@@ -70,4 +71,19 @@ pub(crate) fn render_scale(scale: Value, output: Output) -> Response {
         }
         Output::Json => json_response(StatusCode::OK, &scale),
     }
+}
+
+pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
+    bytes_response(code, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+pub(crate) fn bytes_response(
+    code: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
 }

@@ -12,7 +12,6 @@ use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::ApiServer;
 use super::cache::{CacheEvent, EventType, WatchStartError};
 use super::list_options::Filter;
 use super::negotiate::Output;
@@ -21,6 +20,7 @@ use super::registry::ResourceType;
 use super::request::Query;
 use super::status::{ApiError, ApiResult};
 use super::table;
+use crate::ApiServer;
 use skiff_store::Revision;
 
 pub async fn serve(

@@ -13,8 +13,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::informer::{Change, informer_with_store, run_applier};
+use crate::context::Context;
 
 /// The field manager of the rules it writes (upstream's name).
 const MANAGER: &str = "clusterrole-aggregation-controller";
@@ -89,7 +89,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ControllerConfig;
+    use crate::context::ControllerConfig;
     use crate::testutil::{api, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

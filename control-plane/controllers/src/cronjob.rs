@@ -17,9 +17,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::Action;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
+use crate::context::Context;
 use skiff_core::cron::Schedule;
 use skiff_core::events::EventType;
 

@@ -22,12 +22,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
 use super::deployment::scaled_value;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
+use crate::context::Context;
 use skiff_core::events::EventType;
 use skiff_core::labels;
 
@@ -328,13 +328,13 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     history::truncate(&ctx.client, &ns, &revisions, &keep, limit).await.map_err(herr)?;
 
     status.number_ready = ready;
-    status.number_available = super::omit_zero(available);
+    status.number_available = crate::context::omit_zero(available);
     status.number_unavailable =
-        super::omit_zero((status.desired_number_scheduled - available).max(0));
-    status.updated_number_scheduled = super::omit_zero(updated);
+        crate::context::omit_zero((status.desired_number_scheduled - available).max(0));
+    status.updated_number_scheduled = crate::context::omit_zero(updated);
     if ds.status.as_ref() != Some(&status) {
         let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = super::status_patch(&status, "apps", "DaemonSet");
+        let patch = crate::context::status_patch(&status, "apps", "DaemonSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

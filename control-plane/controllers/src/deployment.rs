@@ -19,10 +19,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::Context;
 use super::hash::{self, POD_TEMPLATE_HASH};
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
+use crate::context::Context;
 use skiff_core::events::EventType;
 
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
@@ -590,11 +590,11 @@ impl Reconcile {
         let old = d.status.clone().unwrap_or_default();
         let mut status = DeploymentStatus {
             observed_generation: d.metadata.generation,
-            replicas: super::omit_zero(status_replicas),
-            updated_replicas: super::omit_zero(updated),
-            ready_replicas: super::omit_zero(ready),
-            available_replicas: super::omit_zero(available),
-            unavailable_replicas: super::omit_zero((wanted - available).max(0)),
+            replicas: crate::context::omit_zero(status_replicas),
+            updated_replicas: crate::context::omit_zero(updated),
+            ready_replicas: crate::context::omit_zero(ready),
+            available_replicas: crate::context::omit_zero(available),
+            unavailable_replicas: crate::context::omit_zero((wanted - available).max(0)),
             collision_count: old.collision_count,
             conditions: old.conditions.clone(),
             terminating_replicas: None,
@@ -691,7 +691,7 @@ impl Reconcile {
         }
         if d.status.as_ref() != Some(&status) {
             let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-            let patch = super::status_patch(&status, "apps", "Deployment");
+            let patch = crate::context::status_patch(&status, "apps", "Deployment");
             match api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await
             {
                 Ok(_) => {}

@@ -21,9 +21,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
+use crate::context::Context;
 use skiff_core::events::EventType;
 
 /// Upstream's `DeletionTimeout`: how long an evicted pod may take to be deleted before the

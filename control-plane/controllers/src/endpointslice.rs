@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 
 pub mod endpoints;
 
-use super::Context;
 use super::informer::{Change, informer, run_applier};
+use crate::context::Context;
 
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const CONTROLLER_NAME: &str = "endpointslice-controller.k8s.io";

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
-use super::Context;
+use crate::context::Context;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -22,7 +22,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::Context;
+use crate::context::Context;
 
 pub const FOREGROUND: &str = "foregroundDeletion";
 pub const ORPHAN: &str = "orphan";

@@ -33,9 +33,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::Action;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
+use crate::context::Context;
 use skiff_core::events::EventType;
 
 /// Errors of one Job reconcile.
@@ -521,8 +521,8 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     });
     let mut status = JobStatus {
         start_time: old.start_time.clone(),
-        succeeded: super::omit_zero(succeeded),
-        failed: super::omit_zero(failed_pods),
+        succeeded: crate::context::omit_zero(succeeded),
+        failed: crate::context::omit_zero(failed_pods),
         conditions: old.conditions.clone(),
         uncounted_terminated_pods: Some(UncountedTerminatedPods::default()),
         completed_indexes: (is_indexed && !completed.is_empty())
@@ -709,7 +709,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let running = owned.iter().any(|p| !matches!(pods::phase(p), "Succeeded" | "Failed"));
     // Pods running now: the target once deleted down to it, else those active and created.
     let running_now = if active_n > target { target } else { active_n + created };
-    status.active = super::omit_zero(if want_active.is_some() { running_now } else { 0 });
+    status.active = crate::context::omit_zero(if want_active.is_some() { running_now } else { 0 });
     status.ready = Some(count(&|p| pods::is_active(p) && pods::is_ready(p)));
     status.terminating = Some(count(&|p| {
         pods::is_terminating(p) && !matches!(pods::phase(p), "Succeeded" | "Failed")
@@ -734,7 +734,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
     }
     if job.status.as_ref() != Some(&status) {
-        let patch = super::status_patch(&status, "batch", "Job");
+        let patch = crate::context::status_patch(&status, "batch", "Job");
         match job_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

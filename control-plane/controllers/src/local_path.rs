@@ -22,9 +22,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::{Error, api_err};
+use crate::context::Context;
 use skiff_core::events::EventType;
 use skiff_core::volumes::{PROVISIONED_BY, PROVISIONER, SELECTED_NODE, unsupported};
 

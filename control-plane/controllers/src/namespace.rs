@@ -19,8 +19,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::informer::{Change, informer, run_applier};
+use crate::context::Context;
 
 const FINALIZER: &str = "kubernetes";
 /// How soon a namespace with content still terminating is looked at again.
@@ -341,7 +341,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ControllerConfig;
+    use crate::context::ControllerConfig;
     use crate::testutil::{api, pod, report_running, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,8 +13,8 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::informer::{Change, informer};
+use crate::context::Context;
 use skiff_core::cidr::Cidr;
 use skiff_core::events::{EventRecorder, EventType};
 

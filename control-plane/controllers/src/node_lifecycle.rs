@@ -28,8 +28,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::Context;
 use super::informer::{Change, informer};
+use crate::context::Context;
 use skiff_core::events::{EventRecorder, EventType};
 
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";

@@ -31,7 +31,7 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 
-use super::Context;
+use crate::context::Context;
 use skiff_core::autoscaling::{default_scale_down, default_scale_up};
 use skiff_core::cron::go_duration_nanos;
 use skiff_core::events::{EventRecorder as Recorder, EventType};

@@ -26,8 +26,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::Context;
 use super::informer::informer;
+use crate::context::Context;
 
 /// The taint an operator puts on a node that is out of service for good.
 pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
@@ -264,7 +264,7 @@ impl Gc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ControllerConfig;
+    use crate::context::ControllerConfig;
     use crate::testutil::{api, pod, wait_for};
     use kube::api::PostParams;
 

@@ -14,9 +14,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
+use crate::context::Context;
 use skiff_core::events::EventType;
 
 /// Errors of one ReplicaSet reconcile.
@@ -79,7 +79,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> 
     };
     if rs.status.as_ref() != Some(&status) {
         let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = super::status_patch(&status, "apps", "ReplicaSet");
+        let patch = crate::context::status_patch(&status, "apps", "ReplicaSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),
@@ -179,11 +179,13 @@ fn calculate_status(
     };
     ReplicaSetStatus {
         replicas: count(&|_| true),
-        fully_labeled_replicas: super::omit_zero(count(&|p| {
+        fully_labeled_replicas: crate::context::omit_zero(count(&|p| {
             template_labels.iter().all(|(k, v)| p.labels().get(k) == Some(v))
         })),
-        ready_replicas: super::omit_zero(count(&pods::is_ready)),
-        available_replicas: super::omit_zero(count(&|p| pods::is_available(p, min_ready, now))),
+        ready_replicas: crate::context::omit_zero(count(&pods::is_ready)),
+        available_replicas: crate::context::omit_zero(count(&|p| {
+            pods::is_available(p, min_ready, now)
+        })),
         observed_generation: generation,
         conditions: None,
         terminating_replicas: None,
@@ -250,7 +252,7 @@ async fn reconcile_rc(rc: Arc<ReplicationController>, ctx: Arc<Ctx>) -> Result<A
     };
     if rc.status.as_ref() != Some(&status) {
         let api: Api<ReplicationController> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = super::status_patch(&status, "", "ReplicationController");
+        let patch = crate::context::status_patch(&status, "", "ReplicationController");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

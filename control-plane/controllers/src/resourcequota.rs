@@ -24,8 +24,8 @@ use kube::runtime::watcher;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::pods;
+use crate::context::Context;
 use skiff_core::informers::{Informer, Kind};
 use skiff_core::quantity::Quantity;
 use skiff_core::quota::{self, Usage};

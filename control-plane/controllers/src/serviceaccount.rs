@@ -13,8 +13,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::informer::{Change, informer, run_applier};
+use crate::context::Context;
 
 pub const DEFAULT_NAME: &str = "default";
 /// The ConfigMap holding the cluster CA (`ca.crt`) in every namespace.
@@ -98,7 +98,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ControllerConfig;
+    use crate::context::ControllerConfig;
     use crate::testutil::{api, wait_for};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

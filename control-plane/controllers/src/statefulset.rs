@@ -33,11 +33,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::Context;
 use super::hash::{self, CONTROLLER_REVISION_HASH};
 use super::history;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods::{self, PodName};
+use crate::context::Context;
 use skiff_core::events::EventType;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
@@ -293,10 +293,10 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     let status = StatefulSetStatus {
         observed_generation: sts.metadata.generation,
         replicas: count(&|_| true),
-        ready_replicas: super::omit_zero(count(&pods::is_ready)),
+        ready_replicas: crate::context::omit_zero(count(&pods::is_ready)),
         available_replicas: Some(count(&|p| pods::is_available(p, min_ready, now))),
-        current_replicas: super::omit_zero(count(&|p| revision(p) == current_revision)),
-        updated_replicas: super::omit_zero(updated),
+        current_replicas: crate::context::omit_zero(count(&|p| revision(p) == current_revision)),
+        updated_replicas: crate::context::omit_zero(updated),
         current_revision: Some(current_revision),
         update_revision: Some(update_revision),
         collision_count: collision,
@@ -304,7 +304,7 @@ async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, Error
     };
     if sts.status.as_ref() != Some(&status) {
         let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = super::status_patch(&status, "apps", "StatefulSet");
+        let patch = crate::context::status_patch(&status, "apps", "StatefulSet");
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(e) if pods::is_not_found(&e) => return Ok(Action::await_change()),

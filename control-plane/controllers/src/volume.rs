@@ -21,9 +21,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::pods;
+use crate::context::Context;
 use skiff_core::events::EventType;
 use skiff_core::quantity::Quantity;
 

@@ -15,9 +15,9 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::Context;
 use super::informer::{WorkloadCtx as Ctx, controller, run_controller};
 use super::volume::Error;
+use crate::context::Context;
 use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
 
 /// Run both controllers until the future is dropped.

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 
-use super::ApiServer;
 use super::authz;
 use super::status::ApiError;
 use super::user::UserInfo;
+use crate::ApiServer;
 use skiff_core::names;
 
 #[derive(Debug, thiserror::Error)]

@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 
 use http::{HeaderMap, Method};
 
-use super::ApiServer;
 use super::request::{self, Query, Route};
 use super::status::{ApiError, ApiResult};
 use super::user::UserInfo;
+use crate::ApiServer;
 use skiff_core::names;
 
 /// Which authorizers decide (upstream `--authorization-mode`).

@@ -30,15 +30,17 @@ use self::patch::patch;
 use self::read::{component_statuses, get_object, list};
 use self::subresources::{bind, scale, to_scale};
 use self::update::update;
+use crate::ApiServer;
 use crate::cache::{set_resource_version, with_resource_version};
 use crate::negotiate::{self, Output};
 use crate::registry::ResourceType;
+use crate::render::{bytes_response, json_response};
 use crate::render::{render_object, render_scale, with_warnings};
 use crate::request::{Input, Target};
 use crate::request::{Query, RequestInfo, Verb};
 use crate::status::invalid_of;
 use crate::status::{ApiError, ApiResult};
-use crate::{ApiServer, bytes_response, json_response, metrics_api, watch};
+use crate::{metrics_api, watch};
 use skiff_machinery::admission::{self, Gvk};
 use skiff_store::{self as store, Revision};
 

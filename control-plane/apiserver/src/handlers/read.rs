@@ -9,19 +9,21 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::CACHE_WAIT;
+use crate::ApiServer;
 use crate::cache::{CachedObject, WatchStartError, set_resource_version};
+use crate::componentstatus;
 use crate::list_options::{
     EXPIRED_CONTINUE, Filter, decode_continue, encode_continue, validate_list_options,
 };
 use crate::negotiate::Output;
 use crate::negotiate::partial_metadata;
 use crate::registry::ResourceType;
+use crate::render::{bytes_response, json_response};
 use crate::render::{render_list, render_object, with_warnings};
 use crate::request::Target;
 use crate::request::{Query, Verb};
 use crate::status::{ApiError, ApiResult};
 use crate::table;
-use crate::{ApiServer, bytes_response, componentstatus, json_response};
 use skiff_store::{KeyValue, Revision};
 
 /// `componentstatuses`: get and list only, answered from the components' health now, with

@@ -12,12 +12,13 @@ use super::{
     Answer, MAX_RETRIES, Written, check_name, encode, ensure_namespace, gvk, invalid, meta_mut,
     meta_str, release_on_delete, store_error, written,
 };
+use crate::ApiServer;
+use crate::admission as plugins;
 use crate::cache::set_resource_version;
 use crate::negotiate::{self};
 use crate::registry::ResourceType;
 use crate::request::{Input, Target};
 use crate::status::{ApiError, ApiResult};
-use crate::{ApiServer, admission as plugins};
 use skiff_core::json::ValueAt;
 use skiff_machinery::admission::{self, Operation};
 use skiff_machinery::apply;
@@ -632,7 +633,8 @@ mod tests {
         use http::{Method, StatusCode};
         use serde_json::Value;
 
-        use crate::{ApiServer, testing};
+        use crate::ApiServer;
+        use crate::testing;
         use skiff_store::StoreExt;
         use skiff_store::memory::MemoryStore;
 

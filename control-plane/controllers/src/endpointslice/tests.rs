@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::endpoints;
 use super::*;
-use crate::ControllerConfig;
+use crate::context::ControllerConfig;
 use crate::testutil::{api, pod, ready_nodes, report_running, wait_for};
 
 fn svc(target: serde_json::Value) -> Service {

@@ -2,7 +2,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 
 use super::*;
-use crate::ControllerConfig;
+use crate::context::ControllerConfig;
 use crate::testutil::{api, wait_for};
 
 fn cm(name: &str, owner: Option<(&ConfigMap, bool)>) -> ConfigMap {
