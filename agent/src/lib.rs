@@ -6,6 +6,12 @@
 //!
 //! The data flow is the one of DESIGN.md: the agent only watches and writes through the
 //! apiserver; the runtime and the kernel are its only other partners.
+//!
+//! It builds on the core crate, the proxy and the CNI plugin's library, and may not import
+//! the store, the API machinery, the apiserver, the scheduler or the controllers, nor a
+//! storage engine or an HTTP server framework of the control plane (redb, etcd-client,
+//! axum): only the `testing` feature (the lab and the test rig, never shipped) links the
+//! in-memory apiserver.
 
 pub mod agent;
 pub mod cgroups;

@@ -1,8 +1,8 @@
 //! skiff's core, what every component may use (kube-core's role in kube-rs): exact
 //! resource quantities, label and node selectors, well-known names, CIDRs, saturating time
 //! arithmetic, the supervision of long-running components, the event recorder, quota
-//! arithmetic, the shared informers, ClusterRole aggregation, cron schedules, the resource-metrics format, the
-//! streaming upgrade plumbing and the node join client.
+//! arithmetic, the shared informers, ClusterRole aggregation, cron schedules, the
+//! resource-metrics format, the streaming upgrade plumbing and the node join client.
 //!
 //! It holds types and rules, not servers: it may not import the store, the API machinery,
 //! the apiserver, the scheduler, the controllers or the agent, nor an HTTP server framework
