@@ -17,41 +17,48 @@ use crate::{cargo, run};
 pub const LAB_DIR: &str = "/var/lib/skiff/lab";
 pub const SERVER_DIR: &str = "/var/lib/skiff/server";
 
-fn release_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("release")
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
 }
 
-/// Release builds of every binary the lab runs, and of `skiff-lab` (the proxy's build
-/// script builds and embeds the eBPF object with the pinned toolchain).
-pub fn build(root: &Path) -> Result<PathBuf> {
+/// Builds every binary the lab runs and `skiff-lab` itself (the proxy's build script builds
+/// and embeds the eBPF object with the pinned toolchain); returns their directory.
+///
+/// By default the dev profile, with exactly the `cargo build --workspace --bins` that
+/// `cargo xtask test` runs first, so either command warms the other. `release`: the release
+/// profile (optimised, no LTO), for a lab whose control plane should run at full speed; it
+/// takes about twice as long from cold.
+pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     let started = std::time::Instant::now();
-    run(cargo().current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "skiff-control-plane",
-        "-p",
-        "skiff-agent",
-        "-p",
-        "skiff-cni",
-        "-p",
-        "skiff-proxy",
-        "--bins",
-    ]))?;
-    build_lab(root)?;
-    crate::ebpf::build_ebpf(root, true)?;
-    eprintln!("xtask: release build took {:.0?}", started.elapsed());
-    Ok(release_dir(root))
+    if release {
+        run(cargo().current_dir(root).args([
+            "build",
+            "--release",
+            "-p",
+            "skiff-control-plane",
+            "-p",
+            "skiff-agent",
+            "-p",
+            "skiff-cni",
+            "-p",
+            "skiff-proxy",
+            "--bins",
+        ]))?;
+        build_lab(root, true)?;
+        crate::ebpf::build_ebpf(root, true)?;
+    } else {
+        run(cargo().current_dir(root).args(["build", "--workspace", "--bins"]))?;
+    }
+    let profile = if release { "release" } else { "debug" };
+    eprintln!("xtask: {profile} build took {:.0?}", started.elapsed());
+    Ok(target_dir(root).join(profile))
 }
 
 /// Installs what is missing, builds, starts an N-node lab and returns once the nodes are
 /// Ready.
-pub fn up(root: &Path, nodes: usize) -> Result<()> {
+pub fn up(root: &Path, nodes: usize, release: bool) -> Result<()> {
     crate::setup::all(root)?;
-    let bin = build(root)?;
+    let bin = build(root, release)?;
     // The test images (also built into each node by the lab; here for `ctr import` by hand).
     run(Command::new(bin.join("skiff-lab"))
         .args(["images", "build"])
@@ -80,15 +87,15 @@ pub fn up(root: &Path, nodes: usize) -> Result<()> {
 
 /// Stops everything `up` started and removes every trace; nothing to do when nothing runs.
 pub fn down(root: &Path) -> Result<()> {
-    let agent = ["release", "debug"]
+    let agent = ["debug", "release"]
         .iter()
-        .map(|p| release_dir(root).with_file_name(p).join("skiff-lab"))
+        .map(|p| target_dir(root).join(p).join("skiff-lab"))
         .find(|p| p.is_file());
     let agent = match agent {
         Some(a) => a,
         None if Path::new(LAB_DIR).join("lab.json").exists() => {
-            build_lab(root)?;
-            release_dir(root).join("skiff-lab")
+            build_lab(root, false)?;
+            target_dir(root).join("debug").join("skiff-lab")
         }
         None => {
             eprintln!("xtask: no lab in {LAB_DIR}");
@@ -100,18 +107,14 @@ pub fn down(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The lab binary (development tooling: the agent's `testing` feature), in its own cargo
-/// invocation: asked for together with other packages, `--features skiff-agent/testing`
+/// The lab binary alone (development tooling: the agent's `testing` feature), in its own
+/// cargo invocation: asked for together with other packages, `--features skiff-agent/testing`
 /// left skiff-lab unbuilt.
-fn build_lab(root: &Path) -> Result<()> {
-    run(cargo().current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "skiff-agent",
-        "--features",
-        "testing",
-        "--bin",
-        "skiff-lab",
-    ]))
+fn build_lab(root: &Path, release: bool) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).arg("build");
+    if release {
+        cmd.arg("--release");
+    }
+    run(cmd.args(["-p", "skiff-agent", "--features", "testing", "--bin", "skiff-lab"]))
 }
