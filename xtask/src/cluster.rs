@@ -26,8 +26,8 @@ fn target_dir(root: &Path) -> PathBuf {
 ///
 /// By default the dev profile, with exactly the `cargo build --workspace --bins` that
 /// `cargo xtask test` runs first, so either command warms the other. `release`: the release
-/// profile (optimised, no LTO), for a lab whose control plane should run at full speed; it
-/// takes about twice as long from cold.
+/// profile (optimised, no LTO), for a lab whose control plane should run at full speed; from
+/// cold on two cores it took 2004 s against the dev profile's 418 s.
 pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     let started = std::time::Instant::now();
     if release {

@@ -35,8 +35,8 @@ enum Cmd {
     Up {
         #[arg(long, default_value_t = 1)]
         nodes: usize,
-        /// Build and run the release profile (optimised; about twice the cold build time of
-        /// the default dev profile, which `cargo xtask test` shares).
+        /// Build and run the release profile (optimised; from cold about five times the build
+        /// time of the default dev profile, which `cargo xtask test` shares).
         #[arg(long)]
         release: bool,
     },
