@@ -159,7 +159,8 @@ async fn connect_fails_when_nothing_listens() {
 
 #[tokio::test]
 async fn unimplemented_rpcs_answer_unimplemented() {
-    use skiff_agent::runtime::api::runtime_service_client::RuntimeServiceClient;
+    // The agent has no client for Status; the bindings crate the fake is built on does.
+    use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
     let dir = tempfile::tempdir().unwrap();
     let server = fake_cri::serve(MemoryRuntime::new(), &dir.path().join("cri.sock")).await.unwrap();
     let socket = server.socket().to_path_buf();
@@ -175,7 +176,7 @@ async fn unimplemented_rpcs_answer_unimplemented() {
         .await
         .unwrap();
     let err = RuntimeServiceClient::new(channel)
-        .status(api::StatusRequest { verbose: false })
+        .status(k8s_cri::v1::StatusRequest { verbose: false })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unimplemented);

@@ -481,7 +481,6 @@ pub fn container_config(
                 ..Default::default()
             }),
         }),
-        windows: None,
         cdi_devices: Vec::new(),
         devices: Vec::new(),
     }

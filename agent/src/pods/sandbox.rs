@@ -162,7 +162,6 @@ pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::Pod
             }),
             ..Default::default()
         }),
-        windows: None,
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`Runtime`](super::Runtime) over containerd's CRI gRPC socket (tonic, `k8s-cri`).
+//! [`Runtime`](super::Runtime) over containerd's CRI gRPC socket (tonic, the messages and clients of [`api`](super::api)).
 //!
 //! A thin pass-through: every method is one CRI RPC, errors keep their gRPC status (so
 //! [`Error::is_not_found`](super::Error::is_not_found) sees containerd's NotFound). Each
@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Endpoint, Uri};
 
-use super::api::image_service_client::ImageServiceClient;
-use super::api::runtime_service_client::RuntimeServiceClient;
+use super::api::{ImageServiceClient, RuntimeServiceClient};
 use super::{Error, Result, Runtime, api};
 
 /// The kubelet's default `--runtime-request-timeout`.
@@ -25,8 +24,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct CriRuntime {
     endpoint: String,
-    runtime: RuntimeServiceClient<Channel>,
-    images: ImageServiceClient<Channel>,
+    runtime: RuntimeServiceClient,
+    images: ImageServiceClient,
     request_timeout: Duration,
 }
 

@@ -1,5 +1,5 @@
 //! The container runtime seam: the subset of CRI (RuntimeService + ImageService) the pod
-//! sync needs, in CRI's own vocabulary (the `k8s-cri` prost types), behind one trait.
+//! sync needs, in CRI's own vocabulary (the prost messages of [`api`]), behind one trait.
 //!
 //! Two implementations: [`cri::CriRuntime`] talks to containerd's CRI socket over tonic,
 //! [`memory::MemoryRuntime`] keeps sandboxes and containers in memory (unit tests, and the
@@ -11,8 +11,7 @@
 
 use std::future::Future;
 
-pub use k8s_cri::v1 as api;
-
+pub mod api;
 pub mod cri;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake_cri;
