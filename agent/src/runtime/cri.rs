@@ -1,4 +1,5 @@
-//! [`Runtime`](super::Runtime) over containerd's CRI gRPC socket (tonic, the messages and clients of [`api`](super::api)).
+//! [`Runtime`](super::Runtime) over containerd's CRI gRPC socket: tonic, with the messages
+//! and clients of [`api`](super::api).
 //!
 //! A thin pass-through: every method is one CRI RPC, errors keep their gRPC status (so
 //! [`Error::is_not_found`](super::Error::is_not_found) sees containerd's NotFound). Each

@@ -7,9 +7,10 @@
 //! The returned [`FakeCriServer`] stops the server when dropped.
 //!
 //! The server side is the `k8s-cri` crate's generated code (`wire`), not the agent's own
-//! messages ([`api`](super::api)): every message crossing the seam is re-encoded from one to the other
-//! ([`recode`]), so the tests that drive [`CriRuntime`](super::cri::CriRuntime) against this
-//! server also check the agent's field numbers against an independent reading of the proto.
+//! messages ([`api`](super::api)): every message crossing the seam is re-encoded from one
+//! to the other ([`recode`]), so the tests that drive [`CriRuntime`](super::cri::CriRuntime)
+//! against this server also check the agent's field numbers against an independent reading
+//! of the proto.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
