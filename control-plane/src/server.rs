@@ -237,7 +237,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     let mut api_config = config.api.clone();
     api_config.auth = auth_config(&config, &pki)?;
     api_config.kubelet_client =
-        Some(apiserver::proxy::KubeletClient::new(pki.kubelet_client_config()?));
+        Some(apiserver::kubelet::KubeletClient::new(pki.kubelet_client_config()?));
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use super::registry::ResourceType;
 use super::status::{ApiError, ApiResult};
-use crate::ApiServer;
 use crate::health;
+use crate::server::ApiServer;
 
 /// The Warning upstream sends with every ComponentStatus read.
 pub const DEPRECATION: &str = "v1 ComponentStatus is deprecated in v1.19+";

@@ -7,8 +7,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::status::{ApiError, ApiResult};
-use crate::ApiServer;
 use crate::render::json_response;
+use crate::state::State;
 use skiff_machinery::ResourceDesc;
 
 /// Which aggregated discovery version the client accepts, if any (first preference wins).
@@ -43,9 +43,9 @@ fn aggregated_response(version: &str, body: Value) -> Response {
     resp
 }
 
-pub fn legacy_root(server: &ApiServer, headers: &HeaderMap) -> Response {
+pub fn legacy_root(state: &State, headers: &HeaderMap) -> Response {
     if let Some(v) = aggregated(headers) {
-        return aggregated_response(v, discovery_list(server, v, true));
+        return aggregated_response(v, discovery_list(state, v, true));
     }
     json_response(
         StatusCode::OK,
@@ -57,20 +57,20 @@ pub fn legacy_root(server: &ApiServer, headers: &HeaderMap) -> Response {
     )
 }
 
-pub fn groups_root(server: &ApiServer, headers: &HeaderMap) -> Response {
+pub fn groups_root(state: &State, headers: &HeaderMap) -> Response {
     if let Some(v) = aggregated(headers) {
-        return aggregated_response(v, discovery_list(server, v, false));
+        return aggregated_response(v, discovery_list(state, v, false));
     }
     let groups: Vec<Value> =
-        groups(server).into_iter().map(|(g, versions)| group_json(g, &versions)).collect();
+        groups(state).into_iter().map(|(g, versions)| group_json(g, &versions)).collect();
     json_response(
         StatusCode::OK,
         &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
     )
 }
 
-pub fn group(server: &ApiServer, group: &str) -> ApiResult<Response> {
-    let found = groups(server)
+pub fn group(state: &State, group: &str) -> ApiResult<Response> {
+    let found = groups(state)
         .into_iter()
         .find(|(g, _)| *g == group)
         .ok_or_else(ApiError::path_not_found)?;
@@ -80,9 +80,9 @@ pub fn group(server: &ApiServer, group: &str) -> ApiResult<Response> {
     Ok(json_response(StatusCode::OK, &body))
 }
 
-fn groups(server: &ApiServer) -> Vec<(&'static str, Vec<&'static str>)> {
+fn groups(state: &State) -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-    for (g, v) in server.registry.group_versions() {
+    for (g, v) in state.registry.group_versions() {
         if g.is_empty() {
             continue;
         }
@@ -102,8 +102,8 @@ fn group_json(group: &str, versions: &[&str]) -> Value {
     json!({"name": group, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
-pub fn resource_list(server: &ApiServer, group: &str, version: &str) -> ApiResult<Response> {
-    let descs: Vec<&ResourceDesc> = server
+pub fn resource_list(state: &State, group: &str, version: &str) -> ApiResult<Response> {
+    let descs: Vec<&ResourceDesc> = state
         .registry
         .all()
         .iter()
@@ -159,21 +159,21 @@ fn storage_hash(d: &ResourceDesc) -> String {
 }
 
 /// The aggregated discovery document of either the legacy group (`/api`) or all named groups.
-fn discovery_list(server: &ApiServer, version: &str, legacy: bool) -> Value {
+fn discovery_list(state: &State, version: &str, legacy: bool) -> Value {
     let mut items: Vec<Value> = Vec::new();
     let mut group_names: Vec<&'static str> = Vec::new();
-    for (g, _) in server.registry.group_versions() {
+    for (g, _) in state.registry.group_versions() {
         if g.is_empty() == legacy && !group_names.contains(&g) {
             group_names.push(g);
         }
     }
     for g in group_names {
         let mut versions = Vec::new();
-        for (gg, v) in server.registry.group_versions() {
+        for (gg, v) in state.registry.group_versions() {
             if gg != g {
                 continue;
             }
-            let resources: Vec<Value> = server
+            let resources: Vec<Value> = state
                 .registry
                 .all()
                 .iter()

@@ -13,13 +13,13 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::ApiServer;
 use crate::authn::{
     self, CLUSTER_INFO_PATH, InProcess, PeerCert, authenticate, is_public_path, unauthorized,
     with_authenticated,
 };
-use crate::authz::{self, Attributes, Decision, decide};
+use crate::authz::{self, Attributes, Decision};
 use crate::negotiate::decode_review;
+use crate::server::ApiServer;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::names;
@@ -46,7 +46,7 @@ fn admit(server: &ApiServer, req: &mut Request) -> Result<Option<Special>, ApiEr
         })
     } else {
         let cert = req.extensions().get::<PeerCert>().and_then(|p| p.0.as_ref());
-        match authenticate(server, req.headers(), cert)? {
+        match authenticate(server, &server.auth, req.headers(), cert)? {
             Some(user) => with_authenticated(user),
             None => UserInfo::anonymous(),
         }
@@ -58,11 +58,11 @@ fn admit(server: &ApiServer, req: &mut Request) -> Result<Option<Special>, ApiEr
     {
         return Err(unauthorized());
     }
-    let user = authz::impersonate(server, user, req.headers())?;
+    let user = server.auth.authz.impersonate(server, user, req.headers())?;
     let attrs = authz::Attributes::from_request(&user, req.method(), &path, req.uri().query())?;
     let special = Special::of(&attrs);
     if server.auth.config.enabled {
-        authz::authorize(server, &attrs)?;
+        server.auth.authz.authorize(server, &attrs)?;
     }
     req.extensions_mut().insert(user);
     Ok(special)
@@ -121,13 +121,15 @@ impl Special {
         };
         let result = match self {
             Special::TokenRequest { namespace, name } => {
-                authn::serviceaccount::token_request(server, &namespace, &name, &body)
+                authn::serviceaccount::token_request(server, &server.auth, &namespace, &name, &body)
             }
             Special::SelfSubjectAccessReview => access_review(server, &user, &body, true),
             Special::SubjectAccessReview => access_review(server, &user, &body, false),
             Special::SelfSubjectRulesReview => rules_review(server, &user, &body),
             Special::SelfSubjectReview { version } => Ok(self_subject_review(&user, &version)),
-            Special::NodeCsr => authn::join::sign_node_csr(server, &user, &body).await,
+            Special::NodeCsr => {
+                authn::join::sign_node_csr(server, &server.auth, &user, &body).await
+            }
         };
         match result {
             Ok(v) => crate::render::json_response(StatusCode::CREATED, &v),
@@ -212,7 +214,7 @@ fn access_review(
             Vec::new(),
         ));
     };
-    let status = match decide(server, &a) {
+    let status = match server.auth.authz.decide(server, &a) {
         Decision::Allow => json!({"allowed": true, "reason": ""}),
         Decision::Deny(r) => json!({"allowed": false, "denied": true, "reason": r}),
         Decision::NoOpinion(r) => json!({"allowed": false, "reason": r}),
@@ -254,7 +256,7 @@ fn rules_review(server: &ApiServer, caller: &UserInfo, body: &Bytes) -> ApiResul
             vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
         )
     } else {
-        server.auth.rbac.rules_for(server, caller, &ns)
+        server.auth.authz.rbac.rules_for(server, caller, &ns)
     };
     review["apiVersion"] = json!("authorization.k8s.io/v1");
     review["kind"] = json!("SelfSubjectRulesReview");

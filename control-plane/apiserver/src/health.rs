@@ -17,7 +17,7 @@ use http::{HeaderValue, StatusCode, header};
 use super::admission::webhook::chain;
 use super::request::decode;
 use super::status::ApiError;
-use crate::ApiServer;
+use crate::server::ApiServer;
 
 const CHECKS: [&str; 3] = ["ping", "log", "etcd"];
 

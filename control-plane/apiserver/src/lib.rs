@@ -13,11 +13,13 @@ pub mod authn;
 pub mod authz;
 pub mod cache;
 mod componentstatus;
+pub mod config;
 mod discovery;
 mod gate;
 mod handlers;
 mod health;
 mod json;
+pub mod kubelet;
 mod list_options;
 mod metrics;
 pub mod metrics_api;
@@ -28,6 +30,8 @@ pub mod registry;
 mod render;
 pub mod request;
 pub mod selectors;
+mod server;
+pub mod state;
 pub mod status;
 pub mod table;
 #[cfg(test)]
@@ -52,86 +56,15 @@ use self::registry::Registry;
 use self::render::{bytes_response, json_response};
 use self::request::{Query, Route};
 use self::status::ApiError;
-use skiff_core::cidr::Cidr;
 use skiff_machinery::openapi::OpenApiDocs;
 use skiff_store::DynStore;
+
+pub use self::config::ApiConfig;
+pub use self::server::ApiServer;
 
 /// The Kubernetes version skiff reports (kubectl's dispatcher picks its binary by the minor).
 pub const KUBE_VERSION: (&str, &str) = ("1", "33");
 pub const GIT_VERSION: &str = "v1.33.0-skiff";
-
-/// Apiserver settings; defaults match upstream's.
-#[derive(Debug, Clone)]
-pub struct ApiConfig {
-    /// `--service-cluster-ip-range` (upstream default 10.0.0.0/24; kubeadm's 10.96.0.0/12).
-    pub service_cidr: Cidr,
-    /// `--service-node-port-range` (upstream default 30000-32767).
-    pub node_ports: (u16, u16),
-    /// How often idle watches get a bookmark (kube-rs treats silence > timeout+5 s as dead).
-    pub bookmark_interval: Duration,
-    /// Watch timeout when the client gives none (upstream: min-request-timeout 1800 s, jittered).
-    pub default_watch_timeout: Duration,
-    /// Events kept per resource for watches resuming from an older resourceVersion; older
-    /// ones get 410 Expired (upstream's watch cache keeps 100 to 100k, adaptively).
-    pub watch_history: usize,
-    /// How often store history is compacted to the revision seen one period earlier
-    /// (upstream's --etcd-compaction-interval, 5 minutes).
-    pub compaction_interval: Duration,
-    /// How often the system namespaces and the `kubernetes` Service are re-created if
-    /// deleted (upstream's kubernetes-service controller, 10 s).
-    pub bootstrap_repair_interval: Duration,
-    /// How pods/log and pods/exec reach the agents (the apiserver's client certificate);
-    /// without it those subresources answer 503.
-    pub kubelet_client: Option<proxy::KubeletClient>,
-    /// How often the nodes' resource metrics are scraped for `metrics.k8s.io`
-    /// (metrics-server's `--metric-resolution`, 15 s).
-    pub metric_resolution: Duration,
-    /// `--audit-log-path` / `--audit-level` (no path: no audit log).
-    pub audit: audit::AuditConfig,
-    /// Authentication and authorization (off by default in the library; skiff-server on).
-    pub auth: authn::AuthConfig,
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            service_cidr: Cidr::parse("10.96.0.0/12").expect("valid default CIDR"),
-            node_ports: (30000, 32767),
-            bookmark_interval: Duration::from_secs(5),
-            default_watch_timeout: Duration::from_secs(1800),
-            watch_history: 10_000,
-            compaction_interval: Duration::from_secs(300),
-            bootstrap_repair_interval: Duration::from_secs(10),
-            kubelet_client: None,
-            metric_resolution: Duration::from_secs(15),
-            audit: audit::AuditConfig::default(),
-            auth: authn::AuthConfig::default(),
-        }
-    }
-}
-
-/// Shared state of every request handler.
-pub struct ApiServer {
-    pub registry: Arc<Registry>,
-    pub store: DynStore,
-    pub cache: Arc<WatchCache>,
-    pub openapi: OpenApiDocs,
-    pub alloc: Allocators,
-    pub config: ApiConfig,
-    pub metrics: metrics::Metrics,
-    /// The nodes' and containers' latest readings, for `metrics.k8s.io`.
-    pub resource_metrics: metrics_api::ResourceMetrics,
-    /// The admission chain every write passes.
-    pub admission: admission::Chain,
-    /// The audit log, when configured.
-    pub audit: Option<audit::AuditLog>,
-    pub auth: authn::Auth,
-    /// The supervised components running beside the apiserver (controllers, scheduler):
-    /// their failures show in /healthz, /readyz and /metrics.
-    pub components: Arc<skiff_core::supervisor::ComponentHealth>,
-    /// Permits for requests with large bodies (see `HEAVY_BODY`).
-    pub heavy: tokio::sync::Semaphore,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -162,26 +95,27 @@ impl ApiServer {
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
         let audit = audit::AuditLog::open(&config.audit).map_err(Error::Audit)?;
         let auth = authn::Auth::new(config.auth.clone()).map_err(Error::Auth)?;
+        let admission = admission::Chain::builtin(auth.authz.clone());
         let server = Arc::new(ApiServer {
-            registry,
-            store,
-            cache,
+            state: Arc::new(state::State {
+                registry,
+                store,
+                cache,
+                alloc,
+                config,
+                components: Arc::default(),
+            }),
             openapi,
-            alloc,
-            config,
             metrics: metrics::Metrics::default(),
             resource_metrics: metrics_api::ResourceMetrics::default(),
-            admission: admission::Chain::builtin(),
+            admission,
             audit,
             auth,
-            components: Arc::default(),
             heavy: tokio::sync::Semaphore::new(heavy_permits()),
         });
         server.repair_allocations();
         server.bootstrap().await?;
-        authz::defaults::ensure(&server)
-            .await
-            .map_err(|(name, e)| Error::Bootstrap { name, source: Box::new(e) })?;
+        server.ensure_policy().await?;
         Ok(server)
     }
 
@@ -217,6 +151,19 @@ impl ApiServer {
         self.ensure("", "services", Some("default"), "kubernetes", svc).await
     }
 
+    /// The default ClusterRoles and ClusterRoleBindings that do not exist yet.
+    async fn ensure_policy(&self) -> Result<(), Error> {
+        for obj in authz::defaults::objects() {
+            let plural = match obj["kind"].as_str() {
+                Some("ClusterRole") => "clusterroles",
+                _ => "clusterrolebindings",
+            };
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            self.ensure(authz::RBAC_GROUP, plural, None, &name, obj).await?;
+        }
+        Ok(())
+    }
+
     async fn ensure(
         &self,
         group: &str,
@@ -238,7 +185,7 @@ impl ApiServer {
         let mut headers = http::HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let result = handlers::create(
-            request::Target { server: self, rt, ns },
+            handlers::Target { server: self, rt, ns },
             request::Input {
                 query: &Query::parse(Some("fieldManager=skiff-server")),
                 headers: &headers,
@@ -300,6 +247,19 @@ impl ApiServer {
                 if let Err(e) = server.bootstrap().await {
                     tracing::warn!(error = %e, "re-creating the system namespaces and the kubernetes Service");
                 }
+            }
+        });
+    }
+
+    /// Scrape the nodes' resource metrics every `every` (from now on) for `metrics.k8s.io`.
+    pub fn spawn_metrics_scraper(self: &Arc<Self>, every: Duration) {
+        let server = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(server) = server.upgrade() else { return };
+                metrics_api::scrape(&server, &server.resource_metrics).await;
+                drop(server);
+                tokio::time::sleep(every.max(Duration::from_millis(100))).await;
             }
         });
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::response::Response;
 use http::{HeaderValue, Method, StatusCode};
 
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiError;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,7 +45,7 @@ impl Metrics {
         self.latency.observe(elapsed.as_secs_f64());
     }
 
-    pub fn render(&self, server: &ApiServer) -> Response {
+    pub fn render(&self, state: &State) -> Response {
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register(
             "apiserver_request",
@@ -59,16 +59,16 @@ impl Metrics {
         );
         let objects: Family<Vec<(String, String)>, prometheus_client::metrics::gauge::Gauge> =
             Family::default();
-        for rt in server.registry.all() {
+        for rt in state.registry.all() {
             objects
                 .get_or_create(&vec![("resource".to_string(), rt.qualified())])
-                .set(server.cache.resource(rt).len() as i64);
+                .set(state.cache.resource(rt).len() as i64);
         }
         registry.register("apiserver_storage_objects", "Objects stored per resource", objects);
         type ByComponent = Family<Vec<(String, String)>, prometheus_client::metrics::gauge::Gauge>;
         let (restarts, panics, failing) =
             (ByComponent::default(), ByComponent::default(), ByComponent::default());
-        for c in server.components.statuses() {
+        for c in state.components.statuses() {
             let labels = vec![("component".to_string(), c.name.to_string())];
             restarts.get_or_create(&labels).set(c.restarts as i64);
             panics.get_or_create(&labels).set(c.reconcile_panics as i64);

@@ -10,10 +10,10 @@
 //!   readings with the Node and Pod objects in the watch cache, whose labels they carry.
 //!   Nothing is stored; a node or container seen once has no rate yet and is not listed.
 //!
-//! [`ApiConfig::metric_resolution`]: super::ApiConfig::metric_resolution
+//! [`ApiConfig::metric_resolution`]: crate::config::ApiConfig::metric_resolution
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::response::Response;
@@ -22,11 +22,11 @@ use serde_json::{Value, json};
 use super::negotiate::Output;
 use super::registry::ResourceType;
 use super::render::{render_list, render_object};
-use super::request::{Query, Verb};
+use super::request::{Query, RequestInfo, Verb};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
-use crate::ApiServer;
-use crate::proxy;
+use crate::kubelet;
+use crate::state::State;
 use skiff_core::quantity;
 use skiff_core::resource_metrics::{self, NodeScrape, Usage};
 
@@ -169,15 +169,15 @@ impl ResourceMetrics {
 }
 
 /// Scrape every node once: nodes answering are recorded, the others forgotten.
-pub(super) async fn scrape(server: &ApiServer) {
-    let Some(client) = server.config.kubelet_client.clone() else { return };
-    let Some(nodes_rt) = server.registry.find("", "v1", "nodes") else { return };
-    let nodes: Vec<(String, Option<std::net::SocketAddr>)> = server
+pub(crate) async fn scrape(state: &State, readings: &ResourceMetrics) {
+    let Some(client) = state.config.kubelet_client.clone() else { return };
+    let Some(nodes_rt) = state.registry.find("", "v1", "nodes") else { return };
+    let nodes: Vec<(String, Option<std::net::SocketAddr>)> = state
         .cache
         .resource(nodes_rt)
         .list(&nodes_rt.prefix(), None)
         .iter()
-        .map(|o| (o.name.clone(), proxy::advertised_agent(&o.value())))
+        .map(|o| (o.name.clone(), kubelet::advertised_agent(&o.value())))
         .collect();
     let scrapes = futures::future::join_all(nodes.iter().map(|(name, addr)| {
         let client = client.clone();
@@ -188,7 +188,7 @@ pub(super) async fn scrape(server: &ApiServer) {
             })?;
             let body = tokio::time::timeout(
                 SCRAPE_TIMEOUT,
-                proxy::fetch(&client, addr, RESOURCE_METRICS_PATH),
+                kubelet::fetch(&client, addr, RESOURCE_METRICS_PATH),
             )
             .await
             .map_err(|_| format!("timed out after {SCRAPE_TIMEOUT:?}"))?
@@ -202,7 +202,7 @@ pub(super) async fn scrape(server: &ApiServer) {
     for (result, (name, _)) in scrapes.into_iter().zip(&nodes) {
         match result {
             Ok((name, scrape)) => {
-                server.resource_metrics.record(name, scrape);
+                readings.record(name, scrape);
                 answered.insert(name.as_str());
             }
             Err(error) => {
@@ -210,19 +210,19 @@ pub(super) async fn scrape(server: &ApiServer) {
             }
         }
     }
-    server.resource_metrics.forget(|name| answered.contains(name));
+    readings.forget(|name| answered.contains(name));
 }
 
 /// get and list of `nodes` and `pods`.
-pub(super) fn serve(
-    server: &ApiServer,
+pub(crate) fn serve(
+    state: &State,
+    readings: &ResourceMetrics,
     rt: &ResourceType,
-    verb: Verb,
-    ns: Option<&str>,
-    name: Option<&str>,
+    info: &RequestInfo,
     query: &Query,
     output: Output,
 ) -> ApiResult<Response> {
+    let (verb, ns, name) = (info.verb, info.namespace.as_deref(), info.name.as_deref());
     let nodes = rt.plural() == "nodes";
     let (labels, fields) = match (verb, name) {
         (Verb::Get, Some(_)) => {
@@ -238,7 +238,7 @@ pub(super) fn serve(
         ),
         (verb, _) => return Err(ApiError::method_not_allowed(verb.as_str())),
     };
-    let source_rt = server
+    let source_rt = state
         .registry
         .find("", "v1", rt.plural())
         .ok_or_else(|| ApiError::internal(format!("{} are not served", rt.plural())))?;
@@ -246,8 +246,8 @@ pub(super) fn serve(
         Some(name) => source_rt.key(ns, name),
         None => source_rt.namespace_prefix(ns),
     };
-    let objects = server.cache.resource(source_rt).list(&prefix, None);
-    let containers = (!nodes).then(|| server.resource_metrics.pods());
+    let objects = state.cache.resource(source_rt).list(&prefix, None);
+    let containers = (!nodes).then(|| readings.pods());
     let mut items = Vec::new();
     for o in objects.iter() {
         if name.is_some_and(|n| n != o.name) {
@@ -260,7 +260,7 @@ pub(super) fn serve(
         }
         let labels = o.labels.to_map();
         let item = match &containers {
-            None => server.resource_metrics.node(&o.name).map(|r| node_metrics(&o.name, labels, r)),
+            None => readings.node(&o.name).map(|r| node_metrics(&o.name, labels, r)),
             Some(c) => c
                 .get(&(o.namespace.clone(), o.name.clone()))
                 .map(|containers| pod_metrics(&o.namespace, &o.name, labels, containers)),
@@ -351,21 +351,6 @@ fn go_duration(ms: i64) -> String {
         (0, 0) => seconds,
         (0, m) => format!("{m}m{seconds}"),
         (h, m) => format!("{h}h{m}m{seconds}"),
-    }
-}
-
-impl ApiServer {
-    /// Scrape the nodes' resource metrics every `every` (from now on) for `metrics.k8s.io`.
-    pub fn spawn_metrics_scraper(self: &Arc<Self>, every: Duration) {
-        let server = Arc::downgrade(self);
-        tokio::spawn(async move {
-            loop {
-                let Some(server) = server.upgrade() else { return };
-                scrape(&server).await;
-                drop(server);
-                tokio::time::sleep(every.max(Duration::from_millis(100))).await;
-            }
-        });
     }
 }
 

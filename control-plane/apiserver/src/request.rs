@@ -7,15 +7,6 @@ use http::Method;
 
 use super::status::{ApiError, ApiResult};
 
-/// What a verb acts on: the server, the resource type and the request's namespace (`None`
-/// for a cluster-scoped resource, or a list across namespaces).
-#[derive(Clone, Copy)]
-pub struct Target<'a> {
-    pub server: &'a crate::ApiServer,
-    pub rt: &'a crate::registry::ResourceType,
-    pub ns: Option<&'a str>,
-}
-
 /// What a write request brings besides its target: the query, the headers and the body.
 #[derive(Clone, Copy)]
 pub struct Input<'a> {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use super::user::UserInfo;
-use crate::ApiServer;
+use crate::server::ApiServer;
 
 /// Send `body` (as `content_type`) to `uri` through `api`'s router, as `user` when given (what
 /// authentication puts in the request's extensions); the status and the body (`Null` if it is

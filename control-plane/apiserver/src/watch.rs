@@ -20,11 +20,11 @@ use super::registry::ResourceType;
 use super::request::Query;
 use super::status::{ApiError, ApiResult};
 use super::table;
-use crate::ApiServer;
+use crate::state::State;
 use skiff_store::Revision;
 
 pub async fn serve(
-    server: &Arc<ApiServer>,
+    state: &Arc<State>,
     rt: &ResourceType,
     ns: Option<&str>,
     name: Option<&str>,
@@ -56,14 +56,14 @@ pub async fn serve(
     // Any positive timeout is taken (a deadline past the runtime's range is "never").
     let timeout = match query.int("timeoutSeconds")? {
         Some(s) if s > 0 => Duration::from_secs(s.unsigned_abs()),
-        _ => server.config.default_watch_timeout,
+        _ => state.config.default_watch_timeout,
     };
     // A watch from a revision the cache has not reached yet waits for it.
     if let Some(rv) = from
-        && rv > server.cache.revision()
-        && !server.cache.wait_for(rv, Duration::from_secs(3)).await
+        && rv > state.cache.revision()
+        && !state.cache.wait_for(rv, Duration::from_secs(3)).await
     {
-        return Err(ApiError::too_large_resource_version(rv, server.cache.revision()));
+        return Err(ApiError::too_large_resource_version(rv, state.cache.revision()));
     }
     let prefix = filter.prefix(rt);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
@@ -74,24 +74,24 @@ pub async fn serve(
         table_rt: rt.plural(),
     };
     let ctx = WatchTask {
-        server: server.clone(),
-        rt_index: server.registry.all().iter().position(|t| std::ptr::eq(t, rt)).unwrap_or(0),
+        state: state.clone(),
+        rt_index: state.registry.all().iter().position(|t| std::ptr::eq(t, rt)).unwrap_or(0),
         filter,
         prefix: prefix.clone(),
         encoder,
         bookmarks,
         initial_end: send_initial,
         timeout,
-        bookmark_interval: server.config.bookmark_interval,
+        bookmark_interval: state.config.bookmark_interval,
     };
-    match server.cache.resource(rt).subscribe(from, &prefix) {
+    match state.cache.resource(rt).subscribe(from, &prefix) {
         Ok(sub) => {
             tokio::spawn(ctx.run(sub.backlog, sub.rx, tx));
         }
         Err(WatchStartError::TooOld { requested, oldest }) => {
             // Older than the cache's window (e.g. a watcher resuming across a restart):
             // serve it from the store's history while that still has the revision.
-            match server.store.watch(&prefix, requested).await {
+            match state.store.watch(&prefix, requested).await {
                 Ok(events) => {
                     tokio::spawn(ctx.run_from_store(events, tx));
                 }
@@ -143,7 +143,7 @@ fn line(kind: &str, object: &[u8]) -> Bytes {
 }
 
 struct WatchTask {
-    server: Arc<ApiServer>,
+    state: Arc<State>,
     rt_index: usize,
     filter: Filter,
     prefix: String,
@@ -156,7 +156,7 @@ struct WatchTask {
 
 impl WatchTask {
     fn rt(&self) -> &ResourceType {
-        &self.server.registry.all()[self.rt_index]
+        &self.state.registry.all()[self.rt_index]
     }
 
     /// The line for one event as this watcher sees it (selector transitions become
@@ -225,7 +225,7 @@ impl WatchTask {
             }
         }
         if self.initial_end {
-            let rv = self.server.cache.revision().max(last_rv);
+            let rv = self.state.cache.revision().max(last_rv);
             if tx.send(self.bookmark(rv, true)).await.is_err() {
                 return;
             }
@@ -238,7 +238,7 @@ impl WatchTask {
                 _ = tx.closed() => return,
                 _ = ticker.tick(), if self.bookmarks => {
                     // Everything up to `rv` was broadcast before `rv` was published: drain it first.
-                    let rv = self.server.cache.revision();
+                    let rv = self.state.cache.revision();
                     loop {
                         match rx.try_recv() {
                             Ok(ev) => {

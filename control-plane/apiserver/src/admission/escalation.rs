@@ -11,21 +11,25 @@
 //! `EscalationAllowed`); so does an update that only changes what the garbage collector
 //! writes (owner references, finalizers).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef};
 use serde_json::Value;
 
 use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin};
-use crate::ApiServer;
-use crate::authz::AuthorizationMode;
-use crate::authz::{Attributes, Decision, RBAC_GROUP};
+use crate::authz::{Attributes, AuthorizationMode, Authorizer, Decision, RBAC_GROUP};
+use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::json::ValueAt;
 use skiff_core::names;
 
-/// The validating step that refuses escalating RBAC writes.
-pub struct RbacEscalation;
+/// The validating step that refuses escalating RBAC writes; it asks the apiserver's
+/// authorizers (shared with it) whether the user may escalate or bind.
+pub struct RbacEscalation {
+    pub authz: Arc<Authorizer>,
+}
 
 #[async_trait]
 impl ValidatingPlugin for RbacEscalation {
@@ -43,12 +47,11 @@ impl ValidatingPlugin for RbacEscalation {
             )
     }
 
-    fn active(&self, server: &ApiServer, user: &UserInfo) -> bool {
-        server.auth.config.authorization != AuthorizationMode::AlwaysAllow
-            && !user.in_group(names::MASTERS)
+    fn active(&self, _state: &State, user: &UserInfo) -> bool {
+        self.authz.mode != AuthorizationMode::AlwaysAllow && !user.in_group(names::MASTERS)
     }
 
-    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+    async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
         let Some(obj) = req.object.as_ref() else { return Ok(()) };
         if let Some(old) = req.old_object.as_ref()
             && only_gc_fields_differ(obj, old)
@@ -57,8 +60,8 @@ impl ValidatingPlugin for RbacEscalation {
         }
         let ns = req.namespace.as_deref().unwrap_or_default();
         match req.resource {
-            "roles" | "clusterroles" => check_role(server, req, ns, obj),
-            _ => check_binding(server, req, ns, obj),
+            "roles" | "clusterroles" => check_role(&self.authz, state, req, ns, obj),
+            _ => check_binding(&self.authz, state, req, ns, obj),
         }
     }
 }
@@ -96,7 +99,8 @@ fn rules_of(obj: &Value) -> ApiResult<Vec<PolicyRule>> {
 /// Whether the request's user may `verb` the role `name` (of `plural`) in `ns`, by any
 /// authorizer of the chain (upstream `RoleEscalationAuthorized` / `BindingAuthorized`).
 fn authorized(
-    server: &ApiServer,
+    authz: &Authorizer,
+    state: &State,
     user: &UserInfo,
     verb: &str,
     plural: &str,
@@ -116,17 +120,23 @@ fn authorized(
         path: String::new(),
         field_selector: String::new(),
     };
-    crate::authz::decide(server, &a) == Decision::Allow
+    authz.decide(state, &a) == Decision::Allow
 }
 
-fn check_role(server: &ApiServer, req: &AdmissionRequest, ns: &str, obj: &Value) -> ApiResult<()> {
-    if authorized(server, &req.user, "escalate", req.resource, ns, &req.name) {
+fn check_role(
+    authz: &Authorizer,
+    state: &State,
+    req: &AdmissionRequest,
+    ns: &str,
+    obj: &Value,
+) -> ApiResult<()> {
+    if authorized(authz, state, &req.user, "escalate", req.resource, ns, &req.name) {
         return Ok(());
     }
-    confirm_no_escalation(server, req, ns, &rules_of(obj)?)?;
+    confirm_no_escalation(authz, state, req, ns, &rules_of(obj)?)?;
     if req.resource == "clusterroles"
         && (has_aggregation_rule(obj) || req.old_object.as_ref().is_some_and(has_aggregation_rule))
-        && confirm_no_escalation(server, req, ns, &[full_authority()]).is_err()
+        && confirm_no_escalation(authz, state, req, ns, &[full_authority()]).is_err()
     {
         return Err(req.forbidden("must have cluster-admin privileges to use the aggregationRule"));
     }
@@ -134,7 +144,8 @@ fn check_role(server: &ApiServer, req: &AdmissionRequest, ns: &str, obj: &Value)
 }
 
 fn check_binding(
-    server: &ApiServer,
+    authz: &Authorizer,
+    state: &State,
     req: &AdmissionRequest,
     ns: &str,
     obj: &Value,
@@ -151,15 +162,15 @@ fn check_binding(
             return Err(ApiError::bad_request(format!("unknown roleRef kind {other:?}")));
         }
     };
-    if authorized(server, &req.user, "bind", plural, ns, &role_ref.name) {
+    if authorized(authz, state, &req.user, "bind", plural, ns, &role_ref.name) {
         return Ok(());
     }
     let role_ns = if plural == "roles" { ns } else { "" };
-    let Some(rules) = server.auth.rbac.role_rules(server, role_ns, plural, &role_ref.name) else {
+    let Some(rules) = authz.rbac.role_rules(state, role_ns, plural, &role_ref.name) else {
         return Err(ApiError::not_found(&format!("{plural}.{RBAC_GROUP}"), &role_ref.name)
             .with_details(RBAC_GROUP, plural, &role_ref.name));
     };
-    confirm_no_escalation(server, req, ns, &rules)
+    confirm_no_escalation(authz, state, req, ns, &rules)
 }
 
 /// `*` on everything, resources and URLs: what only cluster-admin holds.
@@ -176,12 +187,13 @@ fn full_authority() -> PolicyRule {
 /// Upstream's `ConfirmNoEscalation`: the user's rules in `ns` (its ClusterRoleBindings and,
 /// in a namespace, its RoleBindings there) must cover `rules`.
 fn confirm_no_escalation(
-    server: &ApiServer,
+    authz: &Authorizer,
+    state: &State,
     req: &AdmissionRequest,
     ns: &str,
     rules: &[PolicyRule],
 ) -> ApiResult<()> {
-    let owner = server.auth.rbac.rules_of(server, &req.user, ns);
+    let owner = authz.rbac.rules_of(state, &req.user, ns);
     let missing = uncovered(&owner, rules);
     if missing.is_empty() {
         return Ok(());

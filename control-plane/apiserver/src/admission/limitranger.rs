@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 use skiff_core::quantity::{Quantity, canonical};
@@ -17,10 +17,10 @@ const ANNOTATION: &str = "kubernetes.io/limit-ranger";
 pub struct LimitRanger;
 
 /// The LimitRanges of `ns` in the watch cache (eventually consistent, as upstream's lister).
-fn ranges(server: &ApiServer, ns: Option<&str>) -> Vec<Value> {
-    let Some(rt) = server.registry.find("", "v1", "limitranges") else { return Vec::new() };
+fn ranges(state: &State, ns: Option<&str>) -> Vec<Value> {
+    let Some(rt) = state.registry.find("", "v1", "limitranges") else { return Vec::new() };
     let Some(ns) = ns else { return Vec::new() };
-    server
+    state
         .cache
         .resource(rt)
         .list(&rt.namespace_prefix(Some(ns)), None)
@@ -47,8 +47,8 @@ impl MutatingPlugin for LimitRanger {
         operation == Operation::Create && resource.is_core("pods") && resource.subresource.is_none()
     }
 
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
-        let ranges = ranges(server, req.namespace.as_deref());
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
+        let ranges = ranges(state, req.namespace.as_deref());
         if ranges.is_empty() {
             return Ok(());
         }
@@ -141,8 +141,8 @@ impl ValidatingPlugin for LimitRanger {
                     && resource.is_core("persistentvolumeclaims"))
     }
 
-    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
-        let ranges = ranges(server, req.namespace.as_deref());
+    async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
+        let ranges = ranges(state, req.namespace.as_deref());
         let Some(obj) = req.object.as_ref() else { return Ok(()) };
         let errs = if req.resource == "pods" {
             pod_errors(&ranges, obj)

@@ -32,8 +32,8 @@ pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
 use super::registry::ResourceType;
 use super::status::ApiResult;
 use super::user::UserInfo;
-use crate::ApiServer;
-use crate::request::Target;
+use crate::authz::Authorizer;
+use crate::state::State;
 use skiff_core::json::ValueAt;
 use skiff_core::names;
 
@@ -188,11 +188,11 @@ pub trait MutatingPlugin: Send + Sync {
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
     /// Whether the plugin has anything to do for this user now (no webhook configured, not
     /// a node): lets the apiserver skip building a request nobody looks at.
-    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+    fn active(&self, _server: &State, _user: &UserInfo) -> bool {
         true
     }
     /// Change `req.object` or refuse the request.
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()>;
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()>;
 }
 
 /// A plugin of the validating phase (upstream `admission.ValidationInterface`).
@@ -201,11 +201,11 @@ pub trait ValidatingPlugin: Send + Sync {
     fn name(&self) -> &'static str;
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
     /// See [`MutatingPlugin::active`].
-    fn active(&self, _server: &ApiServer, _user: &UserInfo) -> bool {
+    fn active(&self, _server: &State, _user: &UserInfo) -> bool {
         true
     }
     /// Refuse the request or let it pass; the object is final here.
-    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()>;
+    async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()>;
 }
 
 /// The ordered plugins.
@@ -216,7 +216,8 @@ pub struct Chain {
 
 impl Chain {
     /// The default chain, in upstream's plugin order.
-    pub fn builtin() -> Chain {
+    /// RBAC escalation checks ask `authz`, the apiserver's authorizers.
+    pub fn builtin(authz: Arc<Authorizer>) -> Chain {
         Chain {
             mutating: vec![
                 Box::new(NamespaceLifecycle::default()),
@@ -228,7 +229,7 @@ impl Chain {
             ],
             validating: vec![
                 Box::new(NodeRestriction),
-                Box::new(escalation::RbacEscalation),
+                Box::new(escalation::RbacEscalation { authz }),
                 Box::new(LimitRanger),
                 Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),
@@ -253,218 +254,40 @@ impl Chain {
     }
 
     /// Whether any mutating plugin would look at this request.
-    pub fn mutates(
-        &self,
-        server: &ApiServer,
-        op: Operation,
-        r: Resource<'_>,
-        user: &UserInfo,
-    ) -> bool {
-        self.mutating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+    pub fn mutates(&self, state: &State, op: Operation, r: Resource<'_>, user: &UserInfo) -> bool {
+        self.mutating.iter().any(|p| p.handles(op, r) && p.active(state, user))
     }
 
     /// Whether any validating plugin would look at this request.
     pub fn validates(
         &self,
-        server: &ApiServer,
+        state: &State,
         op: Operation,
         r: Resource<'_>,
         user: &UserInfo,
     ) -> bool {
-        self.validating.iter().any(|p| p.handles(op, r) && p.active(server, user))
+        self.validating.iter().any(|p| p.handles(op, r) && p.active(state, user))
     }
 
     /// The mutating phase.
-    pub async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+    pub async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
         for p in &self.mutating {
-            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
-                p.admit(server, req).await?;
+            if p.handles(req.operation, req.resource()) && p.active(state, &req.user) {
+                p.admit(state, req).await?;
             }
         }
         Ok(())
     }
 
     /// The validating phase.
-    pub async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+    pub async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
         for p in &self.validating {
-            if p.handles(req.operation, req.resource()) && p.active(server, &req.user) {
-                p.validate(server, req).await?;
+            if p.handles(req.operation, req.resource()) && p.active(state, &req.user) {
+                p.validate(state, req).await?;
             }
         }
         Ok(())
     }
-}
-
-impl Default for Chain {
-    fn default() -> Self {
-        Chain::builtin()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// The calls the resource handlers make.
-
-fn resource<'a>(rt: &'a ResourceType, sub: Option<&'a str>) -> Resource<'a> {
-    Resource {
-        group: rt.desc.group,
-        version: rt.desc.version,
-        resource: rt.desc.plural,
-        subresource: sub,
-    }
-}
-
-fn name_of(obj: &Value) -> String {
-    obj.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default().to_string()
-}
-
-/// Decode a webhook-patched object again as the kind's type (pruning unknown fields).
-fn renormalize(rt: &ResourceType, req: &AdmissionRequest, obj: Value) -> ApiResult<Value> {
-    if !req.patched {
-        return Ok(obj);
-    }
-    (rt.normalize.owned)(obj).map_err(|e| {
-        super::status::ApiError::bad_request(format!(
-            "error decoding {} {} patched by an admission webhook: {e}",
-            rt.kind(),
-            rt.desc.api_version()
-        ))
-    })
-}
-
-/// Create, mutating phase (after decoding and defaulting): the admitted object.
-pub async fn admit_create(t: Target<'_>, obj: Value, dry_run: bool) -> ApiResult<Value> {
-    let Target { server, rt, ns } = t;
-    let user = current_user();
-    if !server.admission.mutates(server, Operation::Create, resource(rt, None), &user) {
-        return Ok(obj);
-    }
-    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
-    req.name = name_of(&obj);
-    req.object = Some(obj);
-    req.dry_run = dry_run;
-    server.admission.admit(server, &mut req).await?;
-    let obj = req.object.take().unwrap_or(Value::Null);
-    renormalize(rt, &req, obj)
-}
-
-/// Create, validating phase (after the kind's validation, name generated).
-pub async fn validate_create(t: Target<'_>, obj: &mut Value, dry_run: bool) -> ApiResult<()> {
-    let Target { server, rt, ns } = t;
-    let user = current_user();
-    if !server.admission.validates(server, Operation::Create, resource(rt, None), &user) {
-        return Ok(());
-    }
-    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
-    req.name = name_of(obj);
-    req.object = Some(lend(obj));
-    req.dry_run = dry_run;
-    let validated = server.admission.validate(server, &req).await;
-    give_back(obj, &mut req.object);
-    validated
-}
-
-/// Lend an object to an admission request (moved, not copied: a copy of a whole pod was a
-/// tenth of the server's CPU per create); [`give_back`] restores it, whatever the outcome.
-fn lend(obj: &mut Value) -> Value {
-    std::mem::take(obj)
-}
-
-fn give_back(obj: &mut Value, lent: &mut Option<Value>) {
-    *obj = lent.take().unwrap_or(Value::Null);
-}
-
-/// Update (main resource or a subresource), mutating phase: the admitted new object.
-pub async fn admit_update(
-    t: Target<'_>,
-    name: &str,
-    sub: Option<&str>,
-    new: Value,
-    old: &mut Value,
-    dry_run: bool,
-) -> ApiResult<Value> {
-    let Target { server, rt, ns } = t;
-    let user = current_user();
-    if !server.admission.mutates(server, Operation::Update, resource(rt, sub), &user) {
-        return Ok(new);
-    }
-    let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
-    req.name = name.to_string();
-    req.subresource = sub.map(str::to_string);
-    req.object = Some(new);
-    req.old_object = Some(lend(old));
-    req.dry_run = dry_run;
-    let admitted = server.admission.admit(server, &mut req).await;
-    give_back(old, &mut req.old_object);
-    admitted?;
-    let obj = req.object.take().unwrap_or(Value::Null);
-    renormalize(rt, &req, obj)
-}
-
-/// Update, validating phase.
-pub async fn validate_update(
-    t: Target<'_>,
-    name: &str,
-    sub: Option<&str>,
-    new: &mut Value,
-    old: &mut Value,
-    dry_run: bool,
-) -> ApiResult<()> {
-    let Target { server, rt, ns } = t;
-    let user = current_user();
-    if !server.admission.validates(server, Operation::Update, resource(rt, sub), &user) {
-        return Ok(());
-    }
-    let mut req = AdmissionRequest::new(rt, Operation::Update, ns);
-    req.name = name.to_string();
-    req.subresource = sub.map(str::to_string);
-    req.object = Some(lend(new));
-    req.old_object = Some(lend(old));
-    req.dry_run = dry_run;
-    let validated = server.admission.validate(server, &req).await;
-    give_back(new, &mut req.object);
-    give_back(old, &mut req.old_object);
-    validated
-}
-
-/// A subresource create (pods/binding): both phases over the subresource's body.
-pub async fn admit_subresource_create(
-    t: Target<'_>,
-    name: &str,
-    sub: &str,
-    body: &Value,
-    dry_run: bool,
-) -> ApiResult<()> {
-    let Target { server, rt, ns } = t;
-    let mut req = AdmissionRequest::new(rt, Operation::Create, ns);
-    req.name = name.to_string();
-    req.subresource = Some(sub.to_string());
-    req.object = Some(body.clone());
-    req.dry_run = dry_run;
-    server.admission.admit(server, &mut req).await?;
-    server.admission.validate(server, &req).await
-}
-
-/// Delete: both phases with the current object as oldObject.
-pub async fn admit_delete(
-    t: Target<'_>,
-    name: &str,
-    current: &Value,
-    dry_run: bool,
-) -> ApiResult<()> {
-    let Target { server, rt, ns } = t;
-    let user = current_user();
-    let r = resource(rt, None);
-    if !server.admission.mutates(server, Operation::Delete, r, &user)
-        && !server.admission.validates(server, Operation::Delete, r, &user)
-    {
-        return Ok(());
-    }
-    let mut req = AdmissionRequest::new(rt, Operation::Delete, ns);
-    req.name = name.to_string();
-    req.old_object = Some(current.clone());
-    req.dry_run = dry_run;
-    server.admission.admit(server, &mut req).await?;
-    server.admission.validate(server, &req).await
 }
 
 /// The labels of an object's metadata.

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::ApiServer;
 use crate::cache::{CachedObject, set_resource_version};
+use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
@@ -113,7 +113,7 @@ impl MutatingPlugin for NamespaceLifecycle {
         }
     }
 
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
         if req.operation == Operation::Delete {
             if !req.dry_run {
                 self.note_deleted(&req.name);
@@ -121,9 +121,9 @@ impl MutatingPlugin for NamespaceLifecycle {
             return Ok(());
         }
         let Some(ns) = req.namespace.as_deref().filter(|_| req.namespaced) else { return Ok(()) };
-        let nsr = server.registry.namespaces();
+        let nsr = state.registry.namespaces();
         let key = nsr.key(None, ns);
-        let active_in_cache = match server.cache.resource(nsr).get(&key) {
+        let active_in_cache = match state.cache.resource(nsr).get(&key) {
             Some(o) => !self.terminating_in_cache(ns, &o),
             None => {
                 self.terminating.lock().unwrap_or_else(|e| e.into_inner()).remove(ns);
@@ -135,7 +135,7 @@ impl MutatingPlugin for NamespaceLifecycle {
         }
         // Not in the cache, terminating there, or deleted here a moment ago: the store has
         // the last word.
-        let obj = match server.store.get(&key).await? {
+        let obj = match state.store.get(&key).await? {
             Some(kv) => {
                 let mut v: Value = serde_json::from_slice(&kv.value).map_err(|e| {
                     ApiError::internal(format!("decoding stored object {}: {e}", kv.key))

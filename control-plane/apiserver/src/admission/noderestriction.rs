@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::serviceaccount::MIRROR_POD_ANNOTATION;
 use super::{AdmissionRequest, Operation, Resource, ValidatingPlugin, labels_of};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiResult;
 use crate::user::UserInfo;
 use skiff_core::json::ValueAt;
@@ -32,11 +32,11 @@ impl ValidatingPlugin for NodeRestriction {
                 || (resource.group == "coordination.k8s.io" && resource.resource == "leases"))
     }
 
-    fn active(&self, _server: &ApiServer, user: &UserInfo) -> bool {
+    fn active(&self, _server: &State, user: &UserInfo) -> bool {
         user.in_group(names::NODES)
     }
 
-    async fn validate(&self, _server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+    async fn validate(&self, _server: &State, req: &AdmissionRequest) -> ApiResult<()> {
         admit_node_request(req)
     }
 }

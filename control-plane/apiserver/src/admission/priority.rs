@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
@@ -83,10 +83,10 @@ impl MutatingPlugin for Priority {
         operation == Operation::Create && resource.is_core("pods") && resource.subresource.is_none()
     }
 
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
         // Eventually consistent, as upstream's lister; a named class not seen yet is looked
         // up again once the cache holds every committed write.
-        let mut classes = self.classes(server, false).await?;
+        let mut classes = self.classes(state, false).await?;
         let named = req
             .object
             .as_ref()
@@ -96,7 +96,7 @@ impl MutatingPlugin for Priority {
         if let Some(n) = named
             && classes.named(n).is_none()
         {
-            classes = self.classes(server, true).await?;
+            classes = self.classes(state, true).await?;
         }
         let Some(spec) = req.object.as_ref().and_then(|p| p.get("spec")) else { return Ok(()) };
         let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
@@ -160,12 +160,12 @@ impl ValidatingPlugin for Priority {
             && resource.resource == "priorityclasses"
     }
 
-    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
+    async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
         let Some(class) = req.object.as_ref() else { return Ok(()) };
         let name = class.at(&["metadata", "name"]).and_then(Value::as_str).unwrap_or_default();
         if class.get("globalDefault").and_then(Value::as_bool) == Some(true)
             && let Some(other) = self
-                .classes(server, true)
+                .classes(state, true)
                 .await?
                 .classes
                 .iter()
@@ -183,15 +183,15 @@ impl ValidatingPlugin for Priority {
 impl Priority {
     /// The PriorityClasses from the watch cache (`fresh`: once it holds every committed
     /// write), parsed again only when the kind has changed since the last read.
-    async fn classes(&self, server: &ApiServer, fresh: bool) -> ApiResult<Arc<Classes>> {
-        let Some(rt) = server.registry.find("scheduling.k8s.io", "v1", "priorityclasses") else {
+    async fn classes(&self, state: &State, fresh: bool) -> ApiResult<Arc<Classes>> {
+        let Some(rt) = state.registry.find("scheduling.k8s.io", "v1", "priorityclasses") else {
             return Ok(Arc::new(Classes { fingerprint: (0, 0), classes: Vec::new() }));
         };
         if fresh {
-            let current = server.store.current_revision().await?;
-            server.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
+            let current = state.store.current_revision().await?;
+            state.cache.wait_for(current, std::time::Duration::from_secs(3)).await;
         }
-        let cache = server.cache.resource(rt);
+        let cache = state.cache.resource(rt);
         let fingerprint = cache.fingerprint();
         if let Some(index) = self.index.read().unwrap_or_else(|e| e.into_inner()).as_ref()
             && index.fingerprint == fingerprint

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiResult;
 use skiff_core::json::ValueAt;
 
@@ -39,7 +39,7 @@ impl MutatingPlugin for ServiceAccount {
         operation == Operation::Create && resource.is_core("pods") && resource.subresource.is_none()
     }
 
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
         let ns = req.namespace.clone().unwrap_or_default();
         let Some(pod) = req.object.as_mut() else { return Ok(()) };
         if pod.at(&["metadata", "annotations", MIRROR_POD_ANNOTATION]).is_some() {
@@ -55,7 +55,7 @@ impl MutatingPlugin for ServiceAccount {
         };
         let automount = match spec.get("automountServiceAccountToken").and_then(Value::as_bool) {
             Some(b) => b,
-            None => account_automounts(server, &ns, &sa_name).unwrap_or(true),
+            None => account_automounts(state, &ns, &sa_name).unwrap_or(true),
         };
         if automount {
             mount_token(spec, &random_suffix());
@@ -65,15 +65,15 @@ impl MutatingPlugin for ServiceAccount {
 }
 
 /// The service account's `automountServiceAccountToken`, if it exists and says.
-fn account_automounts(server: &ApiServer, ns: &str, name: &str) -> Option<bool> {
+fn account_automounts(state: &State, ns: &str, name: &str) -> Option<bool> {
     /// The one member read; the rest of the account is skipped, not built.
     #[derive(serde::Deserialize)]
     struct Account {
         #[serde(rename = "automountServiceAccountToken")]
         automount: Option<bool>,
     }
-    let rt = server.registry.find("", "v1", "serviceaccounts")?;
-    let account = server.cache.resource(rt).get(&rt.key(Some(ns), name))?;
+    let rt = state.registry.find("", "v1", "serviceaccounts")?;
+    let account = state.cache.resource(rt).get(&rt.key(Some(ns), name))?;
     serde_json::from_slice::<Account>(&account.json).ok()?.automount
 }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::ApiResult;
 
 use skiff_core::names::{PV_PROTECTION, PVC_PROTECTION};
@@ -50,7 +50,7 @@ impl MutatingPlugin for StorageObjectInUseProtection {
         operation == Operation::Create && finalizer(resource).is_some()
     }
 
-    async fn admit(&self, _server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
+    async fn admit(&self, _server: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
         if let (Some(f), Some(obj)) = (finalizer(req.resource()), req.object.as_mut()) {
             add_finalizer(obj, f);
         }

@@ -253,7 +253,7 @@ mod through_router {
     use http::{Method, StatusCode};
     use serde_json::json;
 
-    use crate::ApiServer;
+    use crate::server::ApiServer;
     use crate::user::UserInfo;
     use skiff_store::memory::MemoryStore;
 

@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
 use super::{AdmissionRequest, MutatingPlugin, Operation, Resource, ValidatingPlugin, labels_of};
-use crate::ApiServer;
+use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::labels::label_selector_matches as selector_matches;
@@ -98,8 +98,8 @@ struct Hook {
     timeout_seconds: i32,
 }
 
-fn mutating_hooks(server: &ApiServer) -> Vec<Hook> {
-    configs::<reg::MutatingWebhookConfiguration>(server, "mutatingwebhookconfigurations")
+fn mutating_hooks(state: &State) -> Vec<Hook> {
+    configs::<reg::MutatingWebhookConfiguration>(state, "mutatingwebhookconfigurations")
         .into_iter()
         .flat_map(|c| c.webhooks.unwrap_or_default())
         .map(|w| Hook {
@@ -115,8 +115,8 @@ fn mutating_hooks(server: &ApiServer) -> Vec<Hook> {
         .collect()
 }
 
-fn validating_hooks(server: &ApiServer) -> Vec<Hook> {
-    configs::<reg::ValidatingWebhookConfiguration>(server, "validatingwebhookconfigurations")
+fn validating_hooks(state: &State) -> Vec<Hook> {
+    configs::<reg::ValidatingWebhookConfiguration>(state, "validatingwebhookconfigurations")
         .into_iter()
         .flat_map(|c| c.webhooks.unwrap_or_default())
         .map(|w| Hook {
@@ -133,19 +133,19 @@ fn validating_hooks(server: &ApiServer) -> Vec<Hook> {
 }
 
 /// Whether any configuration of this kind exists.
-fn configured(server: &ApiServer, plural: &str) -> bool {
-    server
+fn configured(state: &State, plural: &str) -> bool {
+    state
         .registry
         .find("admissionregistration.k8s.io", "v1", plural)
-        .is_some_and(|rt| !server.cache.resource(rt).is_empty())
+        .is_some_and(|rt| !state.cache.resource(rt).is_empty())
 }
 
 /// The configurations in the watch cache, sorted by name (upstream's order).
-fn configs<T: serde::de::DeserializeOwned>(server: &ApiServer, plural: &str) -> Vec<T> {
-    let Some(rt) = server.registry.find("admissionregistration.k8s.io", "v1", plural) else {
+fn configs<T: serde::de::DeserializeOwned>(state: &State, plural: &str) -> Vec<T> {
+    let Some(rt) = state.registry.find("admissionregistration.k8s.io", "v1", plural) else {
         return Vec::new();
     };
-    let cache = server.cache.resource(rt);
+    let cache = state.cache.resource(rt);
     if cache.is_empty() {
         return Vec::new();
     }
@@ -182,21 +182,21 @@ impl MutatingPlugin for MutatingWebhooks {
         "MutatingAdmissionWebhook"
     }
 
-    fn active(&self, server: &ApiServer, _user: &UserInfo) -> bool {
-        configured(server, "mutatingwebhookconfigurations")
+    fn active(&self, state: &State, _user: &UserInfo) -> bool {
+        configured(state, "mutatingwebhookconfigurations")
     }
 
     fn handles(&self, _operation: Operation, resource: Resource<'_>) -> bool {
         webhook_eligible(resource)
     }
 
-    async fn admit(&self, server: &ApiServer, req: &mut AdmissionRequest) -> ApiResult<()> {
-        let hooks = mutating_hooks(server);
+    async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
+        let hooks = mutating_hooks(state);
         for hook in &hooks {
-            if !matches(server, hook, req) {
+            if !matches(state, hook, req) {
                 continue;
             }
-            match call(server, hook, req).await {
+            match call(state, hook, req).await {
                 Ok(response) => apply_patch(hook, req, &response)?,
                 Err(e) => handle_failure(hook, e)?,
             }
@@ -211,18 +211,18 @@ impl ValidatingPlugin for ValidatingWebhooks {
         "ValidatingAdmissionWebhook"
     }
 
-    fn active(&self, server: &ApiServer, _user: &UserInfo) -> bool {
-        configured(server, "validatingwebhookconfigurations")
+    fn active(&self, state: &State, _user: &UserInfo) -> bool {
+        configured(state, "validatingwebhookconfigurations")
     }
 
     fn handles(&self, _operation: Operation, resource: Resource<'_>) -> bool {
         webhook_eligible(resource)
     }
 
-    async fn validate(&self, server: &ApiServer, req: &AdmissionRequest) -> ApiResult<()> {
-        let hooks = validating_hooks(server);
-        for hook in hooks.iter().filter(|h| matches(server, h, req)) {
-            if let Err(e) = call(server, hook, req).await {
+    async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
+        let hooks = validating_hooks(state);
+        for hook in hooks.iter().filter(|h| matches(state, h, req)) {
+            if let Err(e) = call(state, hook, req).await {
                 handle_failure(hook, e)?;
             }
         }
@@ -260,9 +260,9 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 // ---------------------------------------------------------------------------------------
 // matching
 
-fn matches(server: &ApiServer, hook: &Hook, req: &AdmissionRequest) -> bool {
+fn matches(state: &State, hook: &Hook, req: &AdmissionRequest) -> bool {
     hook.rules.iter().any(|r| rule_matches(r, req))
-        && namespace_selected(server, hook.namespace_selector.as_ref(), req)
+        && namespace_selected(state, hook.namespace_selector.as_ref(), req)
         && object_selected(hook.object_selector.as_ref(), req)
 }
 
@@ -308,19 +308,15 @@ fn selector_selects(
     sel.is_none_or(|s| selector_matches(s, labels))
 }
 
-fn namespace_selected(
-    server: &ApiServer,
-    sel: Option<&LabelSelector>,
-    req: &AdmissionRequest,
-) -> bool {
+fn namespace_selected(state: &State, sel: Option<&LabelSelector>, req: &AdmissionRequest) -> bool {
     let Some(sel) = sel else { return true };
     // A Namespace itself is matched by its own labels; other cluster-scoped objects always.
     if req.group.is_empty() && req.resource == "namespaces" {
         return selector_selects(Some(sel), &labels_of(req.subject()));
     }
     let Some(ns) = req.namespace.as_deref().filter(|_| req.namespaced) else { return true };
-    let nsr = server.registry.namespaces();
-    let labels = server
+    let nsr = state.registry.namespaces();
+    let labels = state
         .cache
         .resource(nsr)
         .get(&nsr.key(None, ns))
@@ -374,7 +370,7 @@ pub fn review(req: &AdmissionRequest) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": r})
 }
 
-async fn call(server: &ApiServer, hook: &Hook, req: &AdmissionRequest) -> Result<Value, CallError> {
+async fn call(state: &State, hook: &Hook, req: &AdmissionRequest) -> Result<Value, CallError> {
     if req.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
         return Err(CallError::Denied(ApiError::bad_request(format!(
             "admission webhook \"{}\" does not support dry run",
@@ -383,7 +379,7 @@ async fn call(server: &ApiServer, hook: &Hook, req: &AdmissionRequest) -> Result
     }
     let seconds = hook.timeout_seconds.clamp(1, 30);
     let body = serde_json::to_vec(&review(req)).map_err(|e| CallError::Failed(Error::Decode(e)))?;
-    let exchange = post(server, &hook.client, Bytes::from(body));
+    let exchange = post(state, &hook.client, Bytes::from(body));
     let raw = match tokio::time::timeout(Duration::from_secs(seconds as u64), exchange).await {
         Ok(r) => r.map_err(CallError::Failed)?,
         Err(_) => return Err(CallError::Failed(Error::Timeout { seconds })),
@@ -456,7 +452,7 @@ struct Target {
     path: String,
 }
 
-fn target(server: &ApiServer, cc: &reg::WebhookClientConfig) -> Result<Target, Error> {
+fn target(state: &State, cc: &reg::WebhookClientConfig) -> Result<Target, Error> {
     if let Some(url) = &cc.url {
         let bad = || Error::BadUrl { url: url.clone() };
         let uri: Uri = url.parse().map_err(|_| bad())?;
@@ -483,8 +479,8 @@ fn target(server: &ApiServer, cc: &reg::WebhookClientConfig) -> Result<Target, E
     let svc = cc.service.as_ref().ok_or(Error::NoClientConfig)?;
     let not_found =
         || Error::ServiceNotFound { namespace: svc.namespace.clone(), name: svc.name.clone() };
-    let rt = server.registry.find("", "v1", "services").ok_or_else(not_found)?;
-    let obj = server
+    let rt = state.registry.find("", "v1", "services").ok_or_else(not_found)?;
+    let obj = state
         .cache
         .resource(rt)
         .get(&rt.key(Some(&svc.namespace), &svc.name))
@@ -536,12 +532,8 @@ fn tls_config(ca_bundle: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
 }
 
 /// POST the review and return the response body (HTTP/1.1 over TLS).
-async fn post(
-    server: &ApiServer,
-    cc: &reg::WebhookClientConfig,
-    body: Bytes,
-) -> Result<Bytes, Error> {
-    let t = target(server, cc)?;
+async fn post(state: &State, cc: &reg::WebhookClientConfig, body: Bytes) -> Result<Bytes, Error> {
+    let t = target(state, cc)?;
     let cfg = tls_config(cc.ca_bundle.as_ref().map(|b| b.0.as_slice()))?;
     let tcp = tokio::net::TcpStream::connect(&t.addr)
         .await

@@ -8,7 +8,8 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::ApiServer;
+use super::Auth;
+use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::names;
@@ -50,7 +51,12 @@ fn valid_node_name(name: &str) -> bool {
 
 /// `POST /apis/certificates.k8s.io/v1/certificatesigningrequests` from a bootstrapper
 /// (or a system:masters member issuing a node certificate by hand).
-pub async fn sign_node_csr(server: &ApiServer, user: &UserInfo, body: &Bytes) -> ApiResult<Value> {
+pub async fn sign_node_csr(
+    state: &State,
+    auth: &Auth,
+    user: &UserInfo,
+    body: &Bytes,
+) -> ApiResult<Value> {
     let bootstrap_id =
         user.name.strip_prefix("system:bootstrap:").filter(|_| user.in_group(names::BOOTSTRAPPERS));
     if bootstrap_id.is_none() && !user.in_group(names::MASTERS) {
@@ -84,7 +90,7 @@ pub async fn sign_node_csr(server: &ApiServer, user: &UserInfo, body: &Bytes) ->
     // Consume the token before signing: the delete is conditional on the Secret's revision,
     // so of two concurrent requests with one token only one gets a certificate.
     if let Some(id) = bootstrap_id {
-        let rt = server
+        let rt = state
             .registry
             .find("", "v1", "secrets")
             .ok_or_else(|| ApiError::internal("secrets are not served"))?;
@@ -92,12 +98,12 @@ pub async fn sign_node_csr(server: &ApiServer, user: &UserInfo, body: &Bytes) ->
             Some("kube-system"),
             &format!("{}{id}", skiff_core::join::BOOTSTRAP_SECRET_PREFIX),
         );
-        let cached = server.cache.resource(rt).get(&key).ok_or_else(super::unauthorized)?;
-        server.store.delete(&key, Some(cached.rv)).await.map_err(|_| super::unauthorized())?;
+        let cached = state.cache.resource(rt).get(&key).ok_or_else(super::unauthorized)?;
+        state.store.delete(&key, Some(cached.rv)).await.map_err(|_| super::unauthorized())?;
     }
     let cert = crate::pki::sign_client_csr(
-        &server.auth.config.ca_cert_pem,
-        &server.auth.config.ca_key_pem,
+        &auth.config.ca_cert_pem,
+        &auth.config.ca_key_pem,
         &pem,
         &cn,
         &[names::NODES],

@@ -11,10 +11,13 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 
-use super::authz;
+use std::sync::Arc;
+
+use super::authz::Authorizer;
 use super::status::ApiError;
 use super::user::UserInfo;
-use crate::ApiServer;
+pub use crate::config::{AuthConfig, DEFAULT_ISSUER};
+use crate::state::State;
 use skiff_core::names;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,46 +34,13 @@ pub enum Error {
     ServiceAccountKey(#[source] jsonwebtoken::errors::Error),
 }
 
-/// Authentication and authorization settings of the apiserver.
-#[derive(Clone, Default)]
-pub struct AuthConfig {
-    /// Off (the library default, for in-process tests): every request runs as a member of
-    /// system:masters. `skiff-server` turns it on.
-    pub enabled: bool,
-    pub authorization: authz::AuthorizationMode,
-    /// `--token-auth-file` entries.
-    pub static_tokens: Vec<tokens::StaticToken>,
-    /// PEM of the ServiceAccount token signing key (PKCS#8 EC P-256) and its public key.
-    pub sa_key_pem: String,
-    pub sa_pub_pem: String,
-    /// The cluster CA, which signs node client certificates for joining agents.
-    pub ca_cert_pem: String,
-    pub ca_key_pem: String,
-    /// Token issuer and the audiences the apiserver accepts (upstream defaults).
-    pub issuer: String,
-    pub audiences: Vec<String>,
-}
-
-impl std::fmt::Debug for AuthConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuthConfig")
-            .field("enabled", &self.enabled)
-            .field("authorization", &self.authorization)
-            .field("static_tokens", &self.static_tokens.len())
-            .field("issuer", &self.issuer)
-            .field("audiences", &self.audiences)
-            .finish_non_exhaustive()
-    }
-}
-
-pub const DEFAULT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
-
 /// The runtime form of [`AuthConfig`]: parsed keys and token tables.
 pub struct Auth {
     pub config: AuthConfig,
     pub sa: Option<serviceaccount::Keys>,
     pub static_tokens: std::collections::HashMap<String, UserInfo>,
-    pub rbac: authz::rbac::RbacCache,
+    /// The authorizers, shared with the admission plugin that checks RBAC escalation.
+    pub authz: Arc<Authorizer>,
 }
 
 impl Auth {
@@ -92,7 +62,8 @@ impl Auth {
         };
         let static_tokens =
             config.static_tokens.iter().map(|t| (t.token.clone(), t.user.clone())).collect();
-        Ok(Auth { config, sa, static_tokens, rbac: Default::default() })
+        let authz = Arc::new(Authorizer::new(config.authorization));
+        Ok(Auth { config, sa, static_tokens, authz })
     }
 
     pub fn issuer(&self) -> &str {
@@ -155,7 +126,8 @@ pub fn unauthorized() -> ApiError {
 
 /// Authenticate the request's credentials. `Ok(None)`: no credentials (anonymous).
 pub fn authenticate(
-    server: &ApiServer,
+    state: &State,
+    auth: &Auth,
     headers: &http::HeaderMap,
     cert: Option<&UserInfo>,
 ) -> Result<Option<UserInfo>, ApiError> {
@@ -170,16 +142,16 @@ pub fn authenticate(
     if token.is_empty() {
         return Err(unauthorized());
     }
-    if let Some(user) = server.auth.static_tokens.get(token) {
+    if let Some(user) = auth.static_tokens.get(token) {
         return Ok(Some(user.clone()));
     }
     if let Some((id, secret)) = skiff_core::join::parse_bootstrap(token) {
-        return tokens::authenticate_bootstrap(server, id, secret)
+        return tokens::authenticate_bootstrap(state, id, secret)
             .map(Some)
             .ok_or_else(unauthorized);
     }
     if token.matches('.').count() == 2 {
-        return serviceaccount::authenticate(server, token).map(Some).map_err(|e| {
+        return serviceaccount::authenticate(state, auth, token).map(Some).map_err(|e| {
             tracing::debug!(error = %e, "service account token refused");
             unauthorized()
         });

@@ -9,8 +9,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::Error;
-use crate::ApiServer;
+use super::{Auth, Error};
+use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::names;
@@ -84,8 +84,8 @@ fn now() -> i64 {
 }
 
 /// Sign `claims` with the cluster's service account key.
-pub fn sign(server: &ApiServer, claims: &Claims) -> Result<String, TokenError> {
-    let keys = server.auth.sa.as_ref().ok_or(TokenError::NoKey)?;
+pub fn sign(auth: &Auth, claims: &Claims) -> Result<String, TokenError> {
+    let keys = auth.sa.as_ref().ok_or(TokenError::NoKey)?;
     let mut header = Header::new(Algorithm::ES256);
     header.kid = Some(keys.kid.clone());
     jsonwebtoken::encode(&header, claims, &keys.encoding).map_err(TokenError::Sign)
@@ -100,7 +100,7 @@ pub fn sign_with(private_pem: &str, claims: &Claims) -> Result<String, TokenErro
 
 /// Claims for a token of `namespace/name` (uid `uid`), valid `ttl_secs` from now.
 pub fn claims(
-    server: &ApiServer,
+    auth: &Auth,
     namespace: &str,
     sa: ObjectRef,
     pod: Option<ObjectRef>,
@@ -109,7 +109,7 @@ pub fn claims(
 ) -> Claims {
     let t = now();
     Claims {
-        iss: server.auth.issuer().to_string(),
+        iss: auth.issuer().to_string(),
         sub: format!("{}{namespace}:{}", names::SERVICE_ACCOUNT_PREFIX, sa.name),
         aud: audiences,
         exp: t + ttl_secs,
@@ -120,18 +120,18 @@ pub fn claims(
     }
 }
 
-fn cached_uid(server: &ApiServer, plural: &str, ns: &str, name: &str) -> Option<String> {
-    let rt = server.registry.find("", "v1", plural)?;
-    let obj = server.cache.resource(rt).get(&rt.key(Some(ns), name))?.value();
+fn cached_uid(state: &State, plural: &str, ns: &str, name: &str) -> Option<String> {
+    let rt = state.registry.find("", "v1", plural)?;
+    let obj = state.cache.resource(rt).get(&rt.key(Some(ns), name))?.value();
     obj.pointer("/metadata/uid").and_then(Value::as_str).map(String::from)
 }
 
 /// Verify a bearer JWT and return its ServiceAccount user.
-pub fn authenticate(server: &ApiServer, token: &str) -> Result<UserInfo, TokenError> {
-    let keys = server.auth.sa.as_ref().ok_or(TokenError::NoKey)?;
+pub fn authenticate(state: &State, auth: &Auth, token: &str) -> Result<UserInfo, TokenError> {
+    let keys = auth.sa.as_ref().ok_or(TokenError::NoKey)?;
     let mut validation = Validation::new(Algorithm::ES256);
-    validation.set_audience(&server.auth.audiences());
-    validation.set_issuer(&[server.auth.issuer()]);
+    validation.set_audience(&auth.audiences());
+    validation.set_issuer(&[auth.issuer()]);
     validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     validation.validate_nbf = true;
     validation.leeway = 0;
@@ -140,12 +140,12 @@ pub fn authenticate(server: &ApiServer, token: &str) -> Result<UserInfo, TokenEr
     let c = data.claims;
     let ns = &c.kubernetes.namespace;
     let sa = &c.kubernetes.serviceaccount;
-    if cached_uid(server, "serviceaccounts", ns, &sa.name).as_deref() != Some(sa.uid.as_str()) {
+    if cached_uid(state, "serviceaccounts", ns, &sa.name).as_deref() != Some(sa.uid.as_str()) {
         return Err(TokenError::ServiceAccountGone(format!("{ns}/{}", sa.name)));
     }
     let mut extra = std::collections::BTreeMap::new();
     if let Some(pod) = &c.kubernetes.pod {
-        if cached_uid(server, "pods", ns, &pod.name).as_deref() != Some(pod.uid.as_str()) {
+        if cached_uid(state, "pods", ns, &pod.name).as_deref() != Some(pod.uid.as_str()) {
             return Err(TokenError::PodGone(format!("{ns}/{}", pod.name)));
         }
         extra.insert("authentication.kubernetes.io/pod-name".into(), vec![pod.name.clone()]);
@@ -167,8 +167,14 @@ pub fn authenticate(server: &ApiServer, token: &str) -> Result<UserInfo, TokenEr
 }
 
 /// `POST /api/v1/namespaces/<ns>/serviceaccounts/<name>/token`: a TokenRequest.
-pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> ApiResult<Value> {
-    let sa_uid = cached_uid(server, "serviceaccounts", ns, name)
+pub fn token_request(
+    state: &State,
+    auth: &Auth,
+    ns: &str,
+    name: &str,
+    body: &Bytes,
+) -> ApiResult<Value> {
+    let sa_uid = cached_uid(state, "serviceaccounts", ns, name)
         .ok_or_else(|| ApiError::not_found("serviceaccounts", name))?;
     let mut req: Value = if body.is_empty() {
         json!({})
@@ -178,7 +184,7 @@ pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> 
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let audiences: Vec<String> = match spec.get("audiences").and_then(Value::as_array) {
         Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_str).map(String::from).collect(),
-        _ => server.auth.audiences(),
+        _ => auth.audiences(),
     };
     let ttl = spec.get("expirationSeconds").and_then(Value::as_i64).unwrap_or(3600);
     if ttl < 600 {
@@ -199,7 +205,7 @@ pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> 
                     "cannot bind a token to a {kind}: only Pod is supported"
                 )));
             }
-            let uid = cached_uid(server, "pods", ns, &pod_name)
+            let uid = cached_uid(state, "pods", ns, &pod_name)
                 .ok_or_else(|| ApiError::not_found("pods", &pod_name))?;
             if let Some(want) = r.get("uid").and_then(Value::as_str)
                 && !want.is_empty()
@@ -216,14 +222,14 @@ pub fn token_request(server: &ApiServer, ns: &str, name: &str, body: &Bytes) -> 
         _ => None,
     };
     let c = claims(
-        server,
+        auth,
         ns,
         ObjectRef { name: name.to_string(), uid: sa_uid },
         pod,
         audiences.clone(),
         ttl,
     );
-    let token = sign(server, &c).map_err(ApiError::internal)?;
+    let token = sign(auth, &c).map_err(ApiError::internal)?;
     let exp = skiff_core::time::rfc3339_seconds(
         jiff::Timestamp::from_second(c.exp).unwrap_or(jiff::Timestamp::UNIX_EPOCH),
     );

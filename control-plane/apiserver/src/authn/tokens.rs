@@ -9,16 +9,10 @@ use serde_json::Value;
 use skiff_core::join::{BOOTSTRAP_SECRET_PREFIX, BOOTSTRAP_SECRET_TYPE};
 
 use super::Error;
-use crate::ApiServer;
+pub use crate::config::StaticToken;
+use crate::state::State;
 use crate::user::UserInfo;
 use skiff_core::names;
-
-/// One line of the token file: `token,user,uid[,"group1,group2"]`.
-#[derive(Debug, Clone)]
-pub struct StaticToken {
-    pub token: String,
-    pub user: UserInfo,
-}
 
 /// Parse a token file as upstream does (CSV, at least three columns, optional groups column).
 pub fn load_token_file(path: &Path) -> Result<Vec<StaticToken>, Error> {
@@ -100,10 +94,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// The bootstrap token Secret of `id` when it exists, is valid for authentication, matches
 /// `secret` and has not expired.
-pub fn bootstrap_secret(server: &ApiServer, id: &str, secret: &str) -> Option<Value> {
-    let rt = server.registry.find("", "v1", "secrets")?;
+pub fn bootstrap_secret(state: &State, id: &str, secret: &str) -> Option<Value> {
+    let rt = state.registry.find("", "v1", "secrets")?;
     let key = rt.key(Some("kube-system"), &format!("{BOOTSTRAP_SECRET_PREFIX}{id}"));
-    let obj = server.cache.resource(rt).get(&key)?.value();
+    let obj = state.cache.resource(rt).get(&key)?.value();
     if obj.get("type").and_then(Value::as_str) != Some(BOOTSTRAP_SECRET_TYPE) {
         return None;
     }
@@ -130,8 +124,8 @@ pub fn bootstrap_secret(server: &ApiServer, id: &str, secret: &str) -> Option<Va
 }
 
 /// `system:bootstrap:<id>` in `system:bootstrappers` (plus the Secret's auth-extra-groups).
-pub fn authenticate_bootstrap(server: &ApiServer, id: &str, secret: &str) -> Option<UserInfo> {
-    let obj = bootstrap_secret(server, id, secret)?;
+pub fn authenticate_bootstrap(state: &State, id: &str, secret: &str) -> Option<UserInfo> {
+    let obj = bootstrap_secret(state, id, secret)?;
     let mut groups = vec![names::BOOTSTRAPPERS.to_string()];
     if let Some(extra) = secret_field(&obj, "auth-extra-groups") {
         groups.extend(

@@ -1,15 +1,10 @@
 //! The default ClusterRoles and ClusterRoleBindings created at start (upstream's bootstrap
 //! policy, trimmed to the resources skiff serves): cluster-admin, admin, edit and view
 //! (aggregated from the `system:aggregate-to-*` roles, as upstream), the discovery roles, and the roles of the scheduler, controller manager, proxy, nodes and
-//! bootstrappers. Existing objects are left as they are (an administrator's edits win).
+//! bootstrappers. The apiserver creates those missing at start; existing objects are left as
+//! they are (an administrator's edits win).
 
-use bytes::Bytes;
-use http::{HeaderValue, header};
 use serde_json::{Value, json};
-
-use crate::ApiServer;
-use crate::request::Query;
-use crate::status::ApiError;
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] =
@@ -335,36 +330,4 @@ pub fn objects() -> Vec<Value> {
         ),
     ]);
     objects
-}
-
-/// Create the default policy objects that do not exist yet.
-pub async fn ensure(server: &ApiServer) -> Result<(), (String, ApiError)> {
-    let mut headers = http::HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    let query = Query::parse(Some("fieldManager=skiff-server"));
-    for obj in objects() {
-        let plural = match obj["kind"].as_str() {
-            Some("ClusterRole") => "clusterroles",
-            _ => "clusterrolebindings",
-        };
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let Some(rt) = server.registry.find("rbac.authorization.k8s.io", "v1", plural) else {
-            continue;
-        };
-        if server.cache.resource(rt).get(&rt.key(None, &name)).is_some() {
-            continue;
-        }
-        let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
-        match crate::handlers::create(
-            crate::request::Target { server, rt, ns: None },
-            crate::request::Input { query: &query, headers: &headers, body: &body },
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(e) if e.reason == "AlreadyExists" => {}
-            Err(e) => return Err((name, e)),
-        }
-    }
-    Ok(())
 }

@@ -16,18 +16,9 @@ use http::{HeaderMap, Method};
 use super::request::{self, Query, Route};
 use super::status::{ApiError, ApiResult};
 use super::user::UserInfo;
-use crate::ApiServer;
+pub use crate::config::AuthorizationMode;
+use crate::state::State;
 use skiff_core::names;
-
-/// Which authorizers decide (upstream `--authorization-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AuthorizationMode {
-    /// Node, then RBAC (upstream's recommended `Node,RBAC`).
-    #[default]
-    NodeRbac,
-    /// Every authenticated request is allowed (benchmarks, development).
-    AlwaysAllow,
-}
 
 /// What a request asks to do (upstream `authorizer.AttributesRecord`).
 #[derive(Debug, Clone)]
@@ -122,40 +113,142 @@ pub enum Decision {
     NoOpinion(String),
 }
 
-/// Run the chain: system:masters, Node, RBAC.
-pub fn decide(server: &ApiServer, a: &Attributes) -> Decision {
-    if server.auth.config.authorization == AuthorizationMode::AlwaysAllow
-        || a.user.in_group(names::MASTERS)
-    {
-        return Decision::Allow;
-    }
-    // kubeadm's `kubeadm:bootstrap-signer-clusterinfo`: anyone may read kube-public/
-    // cluster-info (the CA and server URL, signed per join token), how joining agents
-    // learn to trust the server.
-    if a.resource_request
-        && a.verb == "get"
-        && a.group.is_empty()
-        && a.resource == "configmaps"
-        && a.subresource.is_empty()
-        && a.namespace == "kube-public"
-        && a.name == skiff_core::join::CLUSTER_INFO
-    {
-        return Decision::Allow;
-    }
-    if a.user.node_name().is_some() {
-        match node::authorize(server, a) {
-            Decision::NoOpinion(_) => {}
-            d => return d,
-        }
-    }
-    server.auth.rbac.authorize(server, a)
+/// The authorizers in upstream's `Node,RBAC` order, after system:masters; RBAC reads its
+/// roles and bindings through [`rbac::RbacCache`].
+pub struct Authorizer {
+    pub mode: AuthorizationMode,
+    pub rbac: rbac::RbacCache,
 }
 
-/// Allow, or the 403 Status upstream answers.
-pub fn authorize(server: &ApiServer, a: &Attributes) -> ApiResult<()> {
-    match decide(server, a) {
-        Decision::Allow => Ok(()),
-        Decision::Deny(reason) | Decision::NoOpinion(reason) => Err(forbidden(a, &reason)),
+impl Authorizer {
+    pub fn new(mode: AuthorizationMode) -> Self {
+        Authorizer { mode, rbac: Default::default() }
+    }
+
+    /// Run the chain: system:masters, Node, RBAC.
+    pub fn decide(&self, state: &State, a: &Attributes) -> Decision {
+        if self.mode == AuthorizationMode::AlwaysAllow || a.user.in_group(names::MASTERS) {
+            return Decision::Allow;
+        }
+        // kubeadm's `kubeadm:bootstrap-signer-clusterinfo`: anyone may read kube-public/
+        // cluster-info (the CA and server URL, signed per join token), how joining agents
+        // learn to trust the server.
+        if a.resource_request
+            && a.verb == "get"
+            && a.group.is_empty()
+            && a.resource == "configmaps"
+            && a.subresource.is_empty()
+            && a.namespace == "kube-public"
+            && a.name == skiff_core::join::CLUSTER_INFO
+        {
+            return Decision::Allow;
+        }
+        if a.user.node_name().is_some() {
+            match node::authorize(state, a) {
+                Decision::NoOpinion(_) => {}
+                d => return d,
+            }
+        }
+        self.rbac.authorize(state, a)
+    }
+
+    /// Allow, or the 403 Status upstream answers.
+    pub fn authorize(&self, state: &State, a: &Attributes) -> ApiResult<()> {
+        match self.decide(state, a) {
+            Decision::Allow => Ok(()),
+            Decision::Deny(reason) | Decision::NoOpinion(reason) => Err(forbidden(a, &reason)),
+        }
+    }
+
+    /// Apply `Impersonate-*` headers when `user` may impersonate (upstream's impersonation
+    /// filter: every requested user, group, uid and extra value is authorized separately).
+    pub fn impersonate(
+        &self,
+        state: &State,
+        user: UserInfo,
+        headers: &HeaderMap,
+    ) -> ApiResult<UserInfo> {
+        let as_user = header_values(headers, "impersonate-user");
+        let as_groups = header_values(headers, "impersonate-group");
+        let as_uid = header_values(headers, "impersonate-uid");
+        let extra_keys: Vec<String> = headers
+            .keys()
+            .filter_map(|k| k.as_str().strip_prefix("impersonate-extra-").map(String::from))
+            .collect();
+        if as_user.is_empty() && as_groups.is_empty() && as_uid.is_empty() && extra_keys.is_empty()
+        {
+            return Ok(user);
+        }
+        let Some(name) = as_user.first().cloned() else {
+            return Err(ApiError::bad_request(
+                "requested impersonation of groups, uid or extra without impersonating a user",
+            ));
+        };
+        let mut target = UserInfo { name: name.clone(), ..Default::default() };
+        if let Some(sa) = name.strip_prefix(names::SERVICE_ACCOUNT_PREFIX) {
+            let (ns, sa_name) = sa.split_once(':').unwrap_or(("", sa));
+            self.impersonate_check(state, &user, "", "serviceaccounts", ns, sa_name)?;
+            target.groups =
+                vec![names::SERVICE_ACCOUNTS.into(), format!("{}:{ns}", names::SERVICE_ACCOUNTS)];
+        } else {
+            self.impersonate_check(state, &user, "", "users", "", &name)?;
+        }
+        for g in &as_groups {
+            self.impersonate_check(state, &user, "", "groups", "", g)?;
+            if !target.groups.contains(g) {
+                target.groups.push(g.clone());
+            }
+        }
+        if let Some(uid) = as_uid.first() {
+            self.impersonate_check(state, &user, "authentication.k8s.io", "uids", "", uid)?;
+            target.uid = uid.clone();
+        }
+        let mut extra = BTreeMap::new();
+        for key in extra_keys {
+            let values = header_values(headers, &format!("impersonate-extra-{key}"));
+            let decoded = request::decode(&key);
+            for v in &values {
+                self.impersonate_check(
+                    state,
+                    &user,
+                    "authentication.k8s.io",
+                    &format!("userextras/{decoded}"),
+                    "",
+                    v,
+                )?;
+            }
+            extra.insert(decoded, values);
+        }
+        target.extra = extra;
+        if target.name != names::ANONYMOUS && !target.in_group(names::AUTHENTICATED) {
+            target.groups.push(names::AUTHENTICATED.into());
+        }
+        Ok(target)
+    }
+
+    fn impersonate_check(
+        &self,
+        state: &State,
+        user: &UserInfo,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<()> {
+        let a = Attributes {
+            user: user.clone(),
+            verb: "impersonate".into(),
+            resource_request: true,
+            namespace: namespace.into(),
+            group: group.into(),
+            version: String::new(),
+            resource: resource.into(),
+            subresource: String::new(),
+            name: name.into(),
+            path: String::new(),
+            field_selector: String::new(),
+        };
+        self.authorize(state, &a)
     }
 }
 
@@ -205,90 +298,6 @@ fn header_values(headers: &HeaderMap, name: &str) -> Vec<String> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect()
-}
-
-fn impersonate_check(
-    server: &ApiServer,
-    user: &UserInfo,
-    group: &str,
-    resource: &str,
-    namespace: &str,
-    name: &str,
-) -> ApiResult<()> {
-    let a = Attributes {
-        user: user.clone(),
-        verb: "impersonate".into(),
-        resource_request: true,
-        namespace: namespace.into(),
-        group: group.into(),
-        version: String::new(),
-        resource: resource.into(),
-        subresource: String::new(),
-        name: name.into(),
-        path: String::new(),
-        field_selector: String::new(),
-    };
-    authorize(server, &a)
-}
-
-/// Apply `Impersonate-*` headers when `user` may impersonate (upstream's impersonation
-/// filter: every requested user, group, uid and extra value is authorized separately).
-pub fn impersonate(server: &ApiServer, user: UserInfo, headers: &HeaderMap) -> ApiResult<UserInfo> {
-    let as_user = header_values(headers, "impersonate-user");
-    let as_groups = header_values(headers, "impersonate-group");
-    let as_uid = header_values(headers, "impersonate-uid");
-    let extra_keys: Vec<String> = headers
-        .keys()
-        .filter_map(|k| k.as_str().strip_prefix("impersonate-extra-").map(String::from))
-        .collect();
-    if as_user.is_empty() && as_groups.is_empty() && as_uid.is_empty() && extra_keys.is_empty() {
-        return Ok(user);
-    }
-    let Some(name) = as_user.first().cloned() else {
-        return Err(ApiError::bad_request(
-            "requested impersonation of groups, uid or extra without impersonating a user",
-        ));
-    };
-    let mut target = UserInfo { name: name.clone(), ..Default::default() };
-    if let Some(sa) = name.strip_prefix(names::SERVICE_ACCOUNT_PREFIX) {
-        let (ns, sa_name) = sa.split_once(':').unwrap_or(("", sa));
-        impersonate_check(server, &user, "", "serviceaccounts", ns, sa_name)?;
-        target.groups =
-            vec![names::SERVICE_ACCOUNTS.into(), format!("{}:{ns}", names::SERVICE_ACCOUNTS)];
-    } else {
-        impersonate_check(server, &user, "", "users", "", &name)?;
-    }
-    for g in &as_groups {
-        impersonate_check(server, &user, "", "groups", "", g)?;
-        if !target.groups.contains(g) {
-            target.groups.push(g.clone());
-        }
-    }
-    if let Some(uid) = as_uid.first() {
-        impersonate_check(server, &user, "authentication.k8s.io", "uids", "", uid)?;
-        target.uid = uid.clone();
-    }
-    let mut extra = BTreeMap::new();
-    for key in extra_keys {
-        let values = header_values(headers, &format!("impersonate-extra-{key}"));
-        let decoded = request::decode(&key);
-        for v in &values {
-            impersonate_check(
-                server,
-                &user,
-                "authentication.k8s.io",
-                &format!("userextras/{decoded}"),
-                "",
-                v,
-            )?;
-        }
-        extra.insert(decoded, values);
-    }
-    target.extra = extra;
-    if target.name != names::ANONYMOUS && !target.in_group(names::AUTHENTICATED) {
-        target.groups.push(names::AUTHENTICATED.into());
-    }
-    Ok(target)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Attributes, Decision};
-use crate::ApiServer;
 use crate::cache::CachedObject;
+use crate::state::State;
 
 fn deny(node: &str, why: &str) -> Decision {
     Decision::Deny(format!("node '{node}' {why}"))
@@ -22,9 +22,9 @@ fn no_relationship(node: &str) -> Decision {
 }
 
 /// Pods bound to `node` (optionally in one namespace), from the watch cache.
-fn pods_on(server: &ApiServer, node: &str, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
-    let Some(rt) = server.registry.find("", "v1", "pods") else { return Vec::new() };
-    server
+fn pods_on(state: &State, node: &str, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
+    let Some(rt) = state.registry.find("", "v1", "pods") else { return Vec::new() };
+    state
         .cache
         .resource(rt)
         .list(&rt.namespace_prefix(namespace), None)
@@ -33,9 +33,9 @@ fn pods_on(server: &ApiServer, node: &str, namespace: Option<&str>) -> Vec<Arc<C
         .collect()
 }
 
-fn pod_bound(server: &ApiServer, node: &str, ns: &str, name: &str) -> bool {
-    let Some(rt) = server.registry.find("", "v1", "pods") else { return false };
-    server
+fn pod_bound(state: &State, node: &str, ns: &str, name: &str) -> bool {
+    let Some(rt) = state.registry.find("", "v1", "pods") else { return false };
+    state
         .cache
         .resource(rt)
         .get(&rt.key(Some(ns), name))
@@ -97,34 +97,34 @@ pub fn references(pod: &Value, kind: &str) -> HashSet<String> {
 }
 
 /// Whether a pod on `node` in `ns` references `kind/name`.
-fn referenced(server: &ApiServer, node: &str, ns: &str, kind: &str, name: &str) -> bool {
-    pods_on(server, node, Some(ns)).iter().any(|p| references(&p.value(), kind).contains(name))
+fn referenced(state: &State, node: &str, ns: &str, kind: &str, name: &str) -> bool {
+    pods_on(state, node, Some(ns)).iter().any(|p| references(&p.value(), kind).contains(name))
 }
 
 /// Whether a pod on `node` uses the claim the PersistentVolume `name` is bound to (upstream's
 /// graph edge pod → PVC → PV). The volume's `claimRef` decides, not the claim's
 /// `volumeName`, which a claim's author may set to any volume; both halves must agree.
-fn volume_referenced(server: &ApiServer, node: &str, name: &str) -> bool {
+fn volume_referenced(state: &State, node: &str, name: &str) -> bool {
     let (Some(pvs), Some(pvcs)) = (
-        server.registry.find("", "v1", "persistentvolumes"),
-        server.registry.find("", "v1", "persistentvolumeclaims"),
+        state.registry.find("", "v1", "persistentvolumes"),
+        state.registry.find("", "v1", "persistentvolumeclaims"),
     ) else {
         return false;
     };
-    let Some(pv) = server.cache.resource(pvs).get(&pvs.key(None, name)) else { return false };
+    let Some(pv) = state.cache.resource(pvs).get(&pvs.key(None, name)) else { return false };
     let claim_ref = &pv.value()["spec"]["claimRef"];
     let (Some(ns), Some(claim)) = (claim_ref["namespace"].as_str(), claim_ref["name"].as_str())
     else {
         return false;
     };
-    let bound_back = server.cache.resource(pvcs).get(&pvcs.key(Some(ns), claim)).is_some_and(|c| {
+    let bound_back = state.cache.resource(pvcs).get(&pvcs.key(Some(ns), claim)).is_some_and(|c| {
         let c = c.value();
         c["spec"]["volumeName"] == name && c["metadata"]["uid"] == claim_ref["uid"]
     });
-    bound_back && referenced(server, node, ns, "persistentvolumeclaims", claim)
+    bound_back && referenced(state, node, ns, "persistentvolumeclaims", claim)
 }
 
-pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
+pub fn authorize(state: &State, a: &Attributes) -> Decision {
     let Some(node) = a.user.node_name() else { return Decision::NoOpinion(String::new()) };
     if !a.resource_request {
         return Decision::NoOpinion(String::new());
@@ -142,17 +142,17 @@ pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
         // its own with spec.nodeName=<node>, and its cluster DNS cache watches every pod.
         ("", "pods", "") => match a.verb.as_str() {
             "get" | "list" | "watch" => Decision::Allow,
-            "delete" if pod_bound(server, node, &a.namespace, &a.name) => Decision::Allow,
+            "delete" if pod_bound(state, node, &a.namespace, &a.name) => Decision::Allow,
             _ => no_relationship(node),
         },
         ("", "pods", "status") => match a.verb.as_str() {
-            "get" | "update" | "patch" if pod_bound(server, node, &a.namespace, &a.name) => {
+            "get" | "update" | "patch" if pod_bound(state, node, &a.namespace, &a.name) => {
                 Decision::Allow
             }
             _ => no_relationship(node),
         },
         ("", "pods", "eviction") if a.verb == "create" => {
-            if pod_bound(server, node, &a.namespace, &a.name) {
+            if pod_bound(state, node, &a.namespace, &a.name) {
                 Decision::Allow
             } else {
                 no_relationship(node)
@@ -178,21 +178,21 @@ pub fn authorize(server: &ApiServer, a: &Attributes) -> Decision {
             } else {
                 return no_relationship(node);
             };
-            if !name.is_empty() && referenced(server, node, &a.namespace, kind, &name) {
+            if !name.is_empty() && referenced(state, node, &a.namespace, kind, &name) {
                 Decision::Allow
             } else {
                 no_relationship(node)
             }
         }
         ("", "persistentvolumes", "") if a.verb == "get" => {
-            if volume_referenced(server, node, &a.name) {
+            if volume_referenced(state, node, &a.name) {
                 Decision::Allow
             } else {
                 no_relationship(node)
             }
         }
         ("", "serviceaccounts", "token") if a.verb == "create" => {
-            if referenced(server, node, &a.namespace, "serviceaccounts", &a.name) {
+            if referenced(state, node, &a.namespace, "serviceaccounts", &a.name) {
                 Decision::Allow
             } else {
                 no_relationship(node)

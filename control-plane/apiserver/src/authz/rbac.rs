@@ -10,7 +10,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use serde_json::{Value, json};
 
 use super::{Attributes, Decision, RBAC_GROUP as RBAC};
-use crate::ApiServer;
+use crate::state::State;
 use crate::user::UserInfo;
 use skiff_core::names;
 use skiff_store::Revision;
@@ -48,19 +48,19 @@ fn resource_names() -> [&'static str; 4] {
     ["clusterroles", "roles", "clusterrolebindings", "rolebindings"]
 }
 
-fn fingerprint(server: &ApiServer) -> [(Revision, usize); 4] {
+fn fingerprint(state: &State) -> [(Revision, usize); 4] {
     let mut out = [(0, 0); 4];
     for (i, plural) in resource_names().iter().enumerate() {
-        if let Some(rt) = server.registry.find(RBAC, "v1", plural) {
-            out[i] = server.cache.resource(rt).fingerprint();
+        if let Some(rt) = state.registry.find(RBAC, "v1", plural) {
+            out[i] = state.cache.resource(rt).fingerprint();
         }
     }
     out
 }
 
-fn objects<T: serde::de::DeserializeOwned>(server: &ApiServer, plural: &str) -> Vec<T> {
-    let Some(rt) = server.registry.find(RBAC, "v1", plural) else { return Vec::new() };
-    server.cache.resource(rt).decode_all(&rt.prefix())
+fn objects<T: serde::de::DeserializeOwned>(state: &State, plural: &str) -> Vec<T> {
+    let Some(rt) = state.registry.find(RBAC, "v1", plural) else { return Vec::new() };
+    state.cache.resource(rt).decode_all(&rt.prefix())
 }
 
 fn subject_key(
@@ -78,17 +78,17 @@ fn subject_key(
     }
 }
 
-fn build(server: &ApiServer, fingerprint: [(Revision, usize); 4]) -> Snapshot {
+fn build(state: &State, fingerprint: [(Revision, usize); 4]) -> Snapshot {
     let mut snap = Snapshot { fingerprint, ..Default::default() };
-    for cr in objects::<ClusterRole>(server, "clusterroles") {
+    for cr in objects::<ClusterRole>(state, "clusterroles") {
         let name = cr.metadata.name.unwrap_or_default();
         snap.cluster_roles.insert(name, Arc::new(cr.rules.unwrap_or_default()));
     }
-    for r in objects::<Role>(server, "roles") {
+    for r in objects::<Role>(state, "roles") {
         let key = (r.metadata.namespace.unwrap_or_default(), r.metadata.name.unwrap_or_default());
         snap.roles.insert(key, Arc::new(r.rules.unwrap_or_default()));
     }
-    for b in objects::<ClusterRoleBinding>(server, "clusterrolebindings") {
+    for b in objects::<ClusterRoleBinding>(state, "clusterrolebindings") {
         if b.role_ref.kind != "ClusterRole" {
             continue;
         }
@@ -102,7 +102,7 @@ fn build(server: &ApiServer, fingerprint: [(Revision, usize); 4]) -> Snapshot {
             }
         }
     }
-    for b in objects::<RoleBinding>(server, "rolebindings") {
+    for b in objects::<RoleBinding>(state, "rolebindings") {
         let ns = b.metadata.namespace.clone().unwrap_or_default();
         for s in b.subjects.iter().flatten() {
             if let Some(k) = subject_key(s, Some(&ns)) {
@@ -118,8 +118,8 @@ fn build(server: &ApiServer, fingerprint: [(Revision, usize); 4]) -> Snapshot {
 }
 
 impl RbacCache {
-    fn current(&self, server: &ApiServer) -> Arc<Snapshot> {
-        let fp = fingerprint(server);
+    fn current(&self, state: &State) -> Arc<Snapshot> {
+        let fp = fingerprint(state);
         if let Some(s) = self.snapshot.read().unwrap_or_else(|e| e.into_inner()).as_ref()
             && s.fingerprint == fp
         {
@@ -131,7 +131,7 @@ impl RbacCache {
         {
             return s.clone();
         }
-        let snap = Arc::new(build(server, fp));
+        let snap = Arc::new(build(state, fp));
         *guard = Some(snap.clone());
         snap
     }
@@ -164,13 +164,8 @@ impl RbacCache {
 
     /// Every rule that applies to `user` in `namespace` ("": its cluster-wide rules), as
     /// upstream's `RulesFor` (what escalation checks compare against).
-    pub fn rules_of(
-        &self,
-        server: &ApiServer,
-        user: &UserInfo,
-        namespace: &str,
-    ) -> Vec<PolicyRule> {
-        let snap = self.current(server);
+    pub fn rules_of(&self, state: &State, user: &UserInfo, namespace: &str) -> Vec<PolicyRule> {
+        let snap = self.current(state);
         Self::applicable(&snap, user, namespace).iter().flat_map(|r| r.iter().cloned()).collect()
     }
 
@@ -178,12 +173,12 @@ impl RbacCache {
     /// `None` when it does not exist (upstream `GetRoleReferenceRules`).
     pub fn role_rules(
         &self,
-        server: &ApiServer,
+        state: &State,
         namespace: &str,
         plural: &str,
         name: &str,
     ) -> Option<Vec<PolicyRule>> {
-        let snap = self.current(server);
+        let snap = self.current(state);
         let rules = match plural {
             "roles" => snap.roles.get(&(namespace.to_string(), name.to_string())),
             _ => snap.cluster_roles.get(name),
@@ -191,8 +186,8 @@ impl RbacCache {
         rules.map(|r| r.as_ref().clone())
     }
 
-    pub fn authorize(&self, server: &ApiServer, a: &Attributes) -> Decision {
-        let snap = self.current(server);
+    pub fn authorize(&self, state: &State, a: &Attributes) -> Decision {
+        let snap = self.current(state);
         let ns = if a.resource_request { a.namespace.as_str() } else { "" };
         for rules in Self::applicable(&snap, &a.user, ns) {
             if rules.iter().any(|r| rule_allows(r, a)) {
@@ -205,11 +200,11 @@ impl RbacCache {
     /// SelfSubjectRulesReview: the caller's resource and non-resource rules in `namespace`.
     pub fn rules_for(
         &self,
-        server: &ApiServer,
+        state: &State,
         user: &UserInfo,
         namespace: &str,
     ) -> (Vec<Value>, Vec<Value>) {
-        let snap = self.current(server);
+        let snap = self.current(state);
         let mut res = Vec::new();
         let mut non = Vec::new();
         for rules in Self::applicable(&snap, user, namespace) {

@@ -4,14 +4,15 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use super::Target;
+use super::admit as plugins;
 use super::decode::{decode_for, kind_schema, manager};
 use super::{
     Answer, Written, encode, ensure_namespace, gvk, invalid, meta_mut, meta_str, store_error,
     written,
 };
-use crate::admission as plugins;
 use crate::negotiate::{self};
-use crate::request::{Input, Target};
+use crate::request::Input;
 use crate::status::{ApiError, ApiResult, Cause};
 use skiff_machinery::admission::{self, Operation};
 use skiff_machinery::apply;

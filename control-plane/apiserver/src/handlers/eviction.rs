@@ -9,15 +9,16 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::CACHE_WAIT;
+use super::Target;
 use super::delete::delete;
 use super::meta_str;
 use super::read::get_object;
 use super::update::{Writer, guaranteed_update};
-use crate::ApiServer;
 use crate::negotiate;
 use crate::registry::ResourceType;
+use crate::request::Input;
 use crate::request::Query;
-use crate::request::{Input, Target};
+use crate::server::ApiServer;
 use crate::status::{ApiError, ApiResult, Cause};
 use skiff_core::json::ValueAt;
 use skiff_store::Revision;
@@ -77,7 +78,7 @@ pub(super) async fn evict(t: Target<'_>, name: &str, input: Input<'_>) -> ApiRes
             query_dry
         }
     };
-    crate::admission::admit_subresource_create(t, name, "eviction", &eviction, dry_run).await?;
+    super::admit::admit_subresource_create(t, name, "eviction", &eviction, dry_run).await?;
     let mut options = match eviction.get("deleteOptions") {
         Some(Value::Object(o)) => Value::Object(o.clone()),
         _ => json!({}),

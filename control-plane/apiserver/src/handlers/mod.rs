@@ -5,6 +5,7 @@
 //! that copy proves stale. List and watch options live in `list_options`, rendering in
 //! `render`, request metrics in `metrics`.
 
+mod admit;
 mod create;
 mod decode;
 mod delete;
@@ -30,19 +31,28 @@ use self::patch::patch;
 use self::read::{component_statuses, get_object, list};
 use self::subresources::{bind, scale, to_scale};
 use self::update::update;
-use crate::ApiServer;
 use crate::cache::{set_resource_version, with_resource_version};
 use crate::negotiate::{self, Output};
 use crate::registry::ResourceType;
 use crate::render::{bytes_response, json_response};
 use crate::render::{render_object, render_scale, with_warnings};
-use crate::request::{Input, Target};
+use crate::request::Input;
 use crate::request::{Query, RequestInfo, Verb};
+use crate::server::ApiServer;
 use crate::status::invalid_of;
 use crate::status::{ApiError, ApiResult};
 use crate::{metrics_api, watch};
 use skiff_machinery::admission::{self, Gvk};
 use skiff_store::{self as store, Revision};
+
+/// What a verb acts on: the server, the resource type and the request's namespace (`None`
+/// for a cluster-scoped resource, or a list across namespaces).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub server: &'a ApiServer,
+    pub rt: &'a ResourceType,
+    pub ns: Option<&'a str>,
+}
 
 /// How long a consistent list waits for the watch cache to catch up with the store.
 const CACHE_WAIT: Duration = Duration::from_secs(3);
@@ -81,7 +91,7 @@ pub async fn resource(
         return component_statuses(server, rt, info.verb, name, output).await;
     }
     if rt.group() == metrics_api::GROUP {
-        return metrics_api::serve(server, rt, info.verb, ns, name, &query, output);
+        return metrics_api::serve(server, &server.resource_metrics, rt, &info, &query, output);
     }
     match (info.verb, name, info.subresource.as_deref()) {
         (Verb::Get, Some(name), None | Some("status")) => {
@@ -93,7 +103,7 @@ pub async fn resource(
             Ok(render_scale(to_scale(&obj), output))
         }
         (Verb::List, None, None) => list(t, &query, output).await,
-        (Verb::Watch, _, None) => watch::serve(server, rt, ns, name, &query, output).await,
+        (Verb::Watch, _, None) => watch::serve(&server.state, rt, ns, name, &query, output).await,
         (Verb::Create, None, None) => {
             let answer = Answer::for_output(output);
             let (created, code, warnings) =
@@ -297,5 +307,67 @@ pub(super) fn check_name(obj: &Value, name: &str, ns: Option<&str>) -> ApiResult
 pub(super) fn release_on_delete(server: &ApiServer, rt: &ResourceType, obj: &Value) {
     if rt.kind() == "Service" && rt.group().is_empty() {
         server.alloc.release_service(obj, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes through the apiserver are indexed from what the request knew (no second
+    /// parse), and index exactly what parsing the stored value gives; a write that fails
+    /// leaves nothing expected.
+    #[tokio::test]
+    async fn writes_are_indexed_from_the_request() {
+        use http::{Method, StatusCode};
+
+        use crate::cache::cached_object;
+        use crate::testing;
+        use skiff_store::memory::MemoryStore;
+        use std::collections::BTreeMap;
+
+        let api = ApiServer::start(Arc::new(MemoryStore::new()), Default::default())
+            .await
+            .expect("apiserver");
+        let call = |method: Method, uri: &str, ct: &str, body: Value| {
+            let api = api.clone();
+            let uri = uri.to_string();
+            let ct = ct.to_string();
+            async move { testing::call(&api, None, method, &uri, &ct, body).await.0 }
+        };
+        let rt = api.registry.find("", "v1", "pods").expect("pods");
+        let pods = api.cache.resource(rt).clone();
+        let uri = "/api/v1/namespaces/default/pods";
+        let pod = serde_json::json!({
+            "metadata": {"name": "p", "labels": {"app": "a", "tier": "t"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+        });
+        assert_eq!(
+            call(Method::POST, uri, "application/json", pod.clone()).await,
+            StatusCode::CREATED
+        );
+        let patch = serde_json::json!({"metadata": {"labels": {"tier": null, "new": "1"}}});
+        let patched =
+            call(Method::PATCH, &format!("{uri}/p"), "application/merge-patch+json", patch).await;
+        assert_eq!(patched, StatusCode::OK);
+        // Refused by the store (the name is taken): withdrawn, not left behind.
+        assert_eq!(call(Method::POST, uri, "application/json", pod).await, StatusCode::CONFLICT);
+        let rev = api.store.current_revision().await.unwrap();
+        assert!(api.cache.wait_for(rev, Duration::from_secs(5)).await);
+
+        assert_eq!(pods.expected_hits(), 2, "the create and the patch were not parsed again");
+        assert_eq!(pods.expectations_left(), 0, "an expectation was left behind");
+        let cached = pods.get(&rt.key(Some("default"), "p")).expect("cached pod");
+        let stored = api.store.get(&cached.key).await.unwrap().expect("stored pod");
+        let parsed = cached_object(rt, &stored, cached.rv).expect("parsed");
+        assert_eq!(cached.labels, parsed.labels);
+        assert_eq!(cached.fields, parsed.fields);
+        assert_eq!(cached.json, parsed.json);
+        assert_eq!((cached.name.as_str(), cached.namespace.as_str()), ("p", "default"));
+        assert_eq!(
+            cached.labels.to_map(),
+            BTreeMap::from([("app".into(), "a".into()), ("new".into(), "1".into())])
+        );
+        assert!(cached.fields.contains(&("spec.nodeName", "n1".into())));
     }
 }

@@ -4,6 +4,7 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use super::Target;
 use super::create::create_object;
 use super::decode::{
     check_apply_config, check_type_meta, kind_schema, manager, normalize, validate_fields,
@@ -13,7 +14,7 @@ use super::update::{Writer, guaranteed_write};
 use super::{Answer, Written, check_name, meta_mut, meta_str};
 use crate::negotiate::{self, BodyType};
 use crate::registry::ResourceType;
-use crate::request::{Input, Target};
+use crate::request::Input;
 use crate::status::{ApiError, ApiResult, Cause};
 use skiff_core::json::ValueAt;
 use skiff_machinery::{apply, jsonpatch, strategic};

@@ -9,7 +9,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::CACHE_WAIT;
-use crate::ApiServer;
+use super::Target;
 use crate::cache::{CachedObject, WatchStartError, set_resource_version};
 use crate::componentstatus;
 use crate::list_options::{
@@ -20,8 +20,8 @@ use crate::negotiate::partial_metadata;
 use crate::registry::ResourceType;
 use crate::render::{bytes_response, json_response};
 use crate::render::{render_list, render_object, with_warnings};
-use crate::request::Target;
 use crate::request::{Query, Verb};
+use crate::server::ApiServer;
 use crate::status::{ApiError, ApiResult};
 use crate::table;
 use skiff_store::{KeyValue, Revision};

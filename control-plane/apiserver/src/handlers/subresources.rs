@@ -3,14 +3,15 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::Target;
+use super::admit as plugins;
 use super::decode::{manager, validate_patch_options};
 use super::patch::json_patch_error;
 use super::update::{Writer, guaranteed_update};
 use super::{meta_str, store_error};
-use crate::admission as plugins;
 use crate::negotiate::{self, BodyType};
+use crate::request::Input;
 use crate::request::Verb;
-use crate::request::{Input, Target};
 use crate::status::{ApiError, ApiResult, Cause};
 use skiff_core::json::ValueAt;
 use skiff_machinery::jsonpatch;

@@ -5,6 +5,8 @@
 use http::StatusCode;
 use serde_json::Value;
 
+use super::Target;
+use super::admit as plugins;
 use super::decode::{decode_for, kind_schema, manager};
 use super::quota;
 use super::read::get_object;
@@ -12,12 +14,11 @@ use super::{
     Answer, MAX_RETRIES, Written, check_name, encode, ensure_namespace, gvk, invalid, meta_mut,
     meta_str, release_on_delete, store_error, written,
 };
-use crate::ApiServer;
-use crate::admission as plugins;
 use crate::cache::set_resource_version;
 use crate::negotiate::{self};
 use crate::registry::ResourceType;
-use crate::request::{Input, Target};
+use crate::request::Input;
+use crate::server::ApiServer;
 use crate::status::{ApiError, ApiResult};
 use skiff_core::json::ValueAt;
 use skiff_machinery::admission::{self, Operation};
@@ -633,7 +634,7 @@ mod tests {
         use http::{Method, StatusCode};
         use serde_json::Value;
 
-        use crate::ApiServer;
+        use crate::server::ApiServer;
         use crate::testing;
         use skiff_store::StoreExt;
         use skiff_store::memory::MemoryStore;
