@@ -114,6 +114,8 @@ pub struct LabConfig {
     pub dns_upstreams: Vec<Ipv4Addr>,
     /// skiff-server's `--metric-resolution` (`None`: its default, 15 s).
     pub metric_resolution: Option<Duration>,
+    /// More arguments for skiff-server (`skiff-bench lab-load` turns the audit log on).
+    pub server_args: Vec<String>,
 }
 
 impl Default for LabConfig {
@@ -134,6 +136,7 @@ impl Default for LabConfig {
             log_filter: "info".into(),
             dns_upstreams: Vec::new(),
             metric_resolution: None,
+            server_args: Vec::new(),
         }
     }
 }
@@ -183,6 +186,9 @@ pub struct LabState {
     /// skiff-server's `--metric-resolution` in milliseconds (`None`: its default).
     #[serde(default)]
     pub metric_resolution_ms: Option<u64>,
+    /// [`LabConfig::server_args`].
+    #[serde(default)]
+    pub server_args: Vec<String>,
 }
 
 impl NodeState {
@@ -371,6 +377,7 @@ impl LabState {
         if let Some(ms) = self.metric_resolution_ms {
             cmd.arg(format!("--metric-resolution={ms}ms"));
         }
+        cmd.args(&self.server_args);
         let marker = self.server_data_dir.to_string_lossy().into_owned();
         self.server = Some(spawn_background(cmd, &log, &marker)?);
         self.save()
@@ -445,6 +452,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         bin_dir,
         log_filter: config.log_filter.clone(),
         metric_resolution_ms: config.metric_resolution.map(|d| d.as_millis() as u64),
+        server_args: config.server_args.clone(),
     };
     state.save()?;
     match build(&mut state, config).await {
@@ -985,6 +993,10 @@ pub enum LabCommand {
         bin_dir: Option<PathBuf>,
         #[arg(long, default_value = "info")]
         log_filter: String,
+        /// One more argument for skiff-server (repeat for more), e.g.
+        /// `--server-arg=--audit-level=Metadata`.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
     },
     /// Take the lab in DIR down and remove every trace of it.
     Down {
@@ -1041,7 +1053,16 @@ fn loaded(dir: &Path) -> anyhow::Result<LabState> {
 /// Runs a `lab` subcommand.
 pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
     match command {
-        LabCommand::Up { nodes, name, dir, server_data_dir, subnet, bin_dir, log_filter } => {
+        LabCommand::Up {
+            nodes,
+            name,
+            dir,
+            server_data_dir,
+            subnet,
+            bin_dir,
+            log_filter,
+            server_args,
+        } => {
             let config = LabConfig {
                 name,
                 nodes,
@@ -1050,6 +1071,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
                 subnet,
                 bin_dir,
                 log_filter,
+                server_args,
                 ..Default::default()
             };
             let state = up(&config).await?;

@@ -32,6 +32,7 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
         ])),
         "scheduler" => crate::scheduler_bench::bench(root),
         "controllers" => controllers(root),
+        "lab-load" => lab_load(root),
         "agent" => agent(root),
         // tests/tests/e2e.rs bench_e2e: network programming and pod start in a 3-node lab.
         "e2e" => {
@@ -49,7 +50,7 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             ]))
         }
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, lab-load, scheduler)"
         ),
     }
 }
@@ -128,6 +129,37 @@ fn controllers(root: &Path) -> Result<()> {
         cmd.arg(baseline);
     }
     cmd.arg(target.join("skiff-server"));
+    if let Ok(pods) = std::env::var("SKIFF_BENCH_PODS") {
+        cmd.args(["--pods", &pods]);
+    }
+    run(&mut cmd)
+}
+
+/// A one-node lab at 10k pods and 100 Services: watches per process, RSS of skiff-server
+/// and skiff-agent (tests/src/bin/bench_lab_load). The lab's binaries, as `cargo xtask up`
+/// builds them (`SKIFF_BENCH_RELEASE=1`: the release profile). With
+/// `SKIFF_BENCH_BASELINE=<bin-dir>` (the same binaries of another build), that lab runs
+/// first and this one is compared with it; `SKIFF_BENCH_PODS` overrides the pod count.
+fn lab_load(root: &Path) -> Result<()> {
+    crate::setup::all(root)?;
+    let release = std::env::var("SKIFF_BENCH_RELEASE").is_ok_and(|v| !v.is_empty() && v != "0");
+    let bin = crate::cluster::build(root, release)?;
+    if release {
+        run(cargo().current_dir(root).args([
+            "build",
+            "--release",
+            "-p",
+            "skiff-tests",
+            "--bin",
+            "skiff-bench",
+        ]))?;
+    }
+    let mut cmd = Command::new(bin.join("skiff-bench"));
+    cmd.arg("lab-load");
+    if let Ok(baseline) = std::env::var("SKIFF_BENCH_BASELINE") {
+        cmd.arg(baseline);
+    }
+    cmd.arg(&bin);
     if let Ok(pods) = std::env::var("SKIFF_BENCH_PODS") {
         cmd.args(["--pods", &pods]);
     }

@@ -9,6 +9,8 @@
 //! `skiff-bench scheduler <server-binary>`: see `bench_scheduler` (target/bench/scheduler.json).
 //! `skiff-bench controllers <server-binary>...`: see `bench_controllers` (watches per
 //! component and RSS with the controllers running, at 10k pods).
+//! `skiff-bench lab-load <bin-dir>...`: see `bench_lab_load` (watches per process and RSS of
+//! skiff-server and skiff-agent in a one-node lab, at 10k pods and 100 Services).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +28,8 @@ use skiff_store::StoreExt;
 
 #[path = "bench_controllers/mod.rs"]
 mod bench_controllers;
+#[path = "bench_lab_load/mod.rs"]
+mod bench_lab_load;
 #[path = "bench_scheduler/mod.rs"]
 mod bench_scheduler;
 
@@ -968,6 +972,19 @@ async fn main() -> Result<()> {
             }
             bench_controllers::controllers_bench(&bins, pods).await
         }
+        // lab-load <bin-dir> [<bin-dir B> ...] [--pods N]
+        Some("lab-load") => {
+            let mut dirs = Vec::new();
+            let mut pods = 10_000;
+            let mut rest = args.iter().skip(2);
+            while let Some(a) = rest.next() {
+                match a.as_str() {
+                    "--pods" => pods = rest.next().context("--pods N")?.parse()?,
+                    dir => dirs.push(PathBuf::from(dir)),
+                }
+            }
+            bench_lab_load::lab_load_bench(&dirs, pods).await
+        }
         // Only the auth rows of the apiserver benchmark.
         Some("auth") => {
             let bin = PathBuf::from(args.get(2).context("usage: skiff-bench auth <skiff-server>")?);
@@ -978,7 +995,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         other => bail!(
-            "unknown benchmark {other:?} (known: apiserver, auth, compare, controllers, creates, scheduler)"
+            "unknown benchmark {other:?} (known: apiserver, auth, compare, controllers, creates, lab-load, scheduler)"
         ),
     }
 }

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::Target;
+use super::verb::Target;
 use crate::admission::{AdmissionRequest, Operation, Resource, current_user};
 use crate::registry::ResourceType;
 use crate::status::{ApiError, ApiResult};

@@ -4,10 +4,10 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::Target;
 use super::admit as plugins;
 use super::decode::{decode_for, kind_schema, manager};
-use super::{
+use super::verb::Target;
+use super::verb::{
     Answer, Written, encode, ensure_namespace, gvk, invalid, meta_mut, meta_str, store_error,
     written,
 };

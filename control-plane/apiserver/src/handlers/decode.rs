@@ -4,7 +4,7 @@
 use http::HeaderMap;
 use serde_json::{Value, json};
 
-use super::meta_str;
+use super::verb::meta_str;
 use crate::negotiate::{self, BodyType};
 use crate::registry::ResourceType;
 use crate::request::{FieldValidation, Query};

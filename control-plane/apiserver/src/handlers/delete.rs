@@ -6,11 +6,13 @@ use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::Target;
 use super::admit as plugins;
 use super::read::get_object;
 use super::update::same_object;
-use super::{CACHE_WAIT, MAX_RETRIES, encode, meta_mut, meta_str, release_on_delete, store_error};
+use super::verb::Target;
+use super::verb::{
+    CACHE_WAIT, MAX_RETRIES, encode, meta_mut, meta_str, release_on_delete, store_error,
+};
 use crate::cache::{CachedObject, set_resource_version};
 use crate::list_options::Filter;
 use crate::negotiate::{self};

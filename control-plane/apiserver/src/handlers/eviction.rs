@@ -8,12 +8,12 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::CACHE_WAIT;
-use super::Target;
 use super::delete::delete;
-use super::meta_str;
 use super::read::get_object;
 use super::update::{Writer, guaranteed_update};
+use super::verb::CACHE_WAIT;
+use super::verb::Target;
+use super::verb::meta_str;
 use crate::negotiate;
 use crate::registry::ResourceType;
 use crate::request::Input;

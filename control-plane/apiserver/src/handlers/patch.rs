@@ -4,14 +4,14 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::Target;
 use super::create::create_object;
 use super::decode::{
     check_apply_config, check_type_meta, kind_schema, manager, normalize, validate_fields,
     validate_patch_options,
 };
 use super::update::{Writer, guaranteed_write};
-use super::{Answer, Written, check_name, meta_mut, meta_str};
+use super::verb::Target;
+use super::verb::{Answer, Written, check_name, meta_mut, meta_str};
 use crate::negotiate::{self, BodyType};
 use crate::registry::ResourceType;
 use crate::request::Input;

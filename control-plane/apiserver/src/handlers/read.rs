@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::CACHE_WAIT;
-use super::Target;
+use super::verb::CACHE_WAIT;
+use super::verb::Target;
 use crate::cache::{CachedObject, WatchStartError, set_resource_version};
 use crate::componentstatus;
 use crate::list_options::{

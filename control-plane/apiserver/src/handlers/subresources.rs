@@ -3,12 +3,12 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::Target;
 use super::admit as plugins;
 use super::decode::{manager, validate_patch_options};
 use super::patch::json_patch_error;
 use super::update::{Writer, guaranteed_update};
-use super::{meta_str, store_error};
+use super::verb::Target;
+use super::verb::{meta_str, store_error};
 use crate::negotiate::{self, BodyType};
 use crate::request::Input;
 use crate::request::Verb;
@@ -239,7 +239,7 @@ mod tests {
     /// encode) would, and declines every pod the general path would refuse.
     #[test]
     fn bound_json_is_the_general_paths_binding() {
-        use super::super::encode;
+        use super::super::verb::encode;
         use super::{bound_json, scheduled_status};
         use crate::cache::with_resource_version;
 

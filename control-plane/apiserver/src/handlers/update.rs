@@ -5,12 +5,12 @@
 use http::StatusCode;
 use serde_json::Value;
 
-use super::Target;
 use super::admit as plugins;
 use super::decode::{decode_for, kind_schema, manager};
 use super::quota;
 use super::read::get_object;
-use super::{
+use super::verb::Target;
+use super::verb::{
     Answer, MAX_RETRIES, Written, check_name, encode, ensure_namespace, gvk, invalid, meta_mut,
     meta_str, release_on_delete, store_error, written,
 };

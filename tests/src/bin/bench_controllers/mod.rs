@@ -106,13 +106,58 @@ async fn one_run(bin: &Path, pods: usize) -> Result<Run> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let client = client(&server.kubeconfig).await?;
-    let core = |kind: &str, plural: &str| ApiResource {
+    load_pods(&client, pods).await?;
+    // Controllers and the scheduler take in the 10k pods (their stores and queues), then
+    // the figure settles: the last of a few samples a few seconds apart.
+    let mut rss = 0.0;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        rss = server.rss_mb();
+    }
+    Ok(Run { watches: informer_lists(&audit)?, rss_mb: rss })
+}
+
+/// Initial informer lists in the audit log: (user agent's program, else the user;
+/// resource) → count.
+pub(super) fn informer_lists(audit: &Path) -> Result<BTreeMap<(String, String), usize>> {
+    let text = std::fs::read_to_string(audit).context("reading the audit log")?;
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(ev) = serde_json::from_str::<Value>(line) else { continue };
+        let uri = ev["requestURI"].as_str().unwrap_or_default();
+        if ev["verb"] != "list" || !uri.contains("limit=500") || uri.contains("continue=") {
+            continue;
+        }
+        // A client that sends no User-Agent is named by its user.
+        let agent = ev["userAgent"].as_str().unwrap_or_default();
+        let component = match agent.split('/').next().unwrap_or_default() {
+            "" => ev["user"]["username"].as_str().unwrap_or("(unknown)").to_string(),
+            program => program.to_string(),
+        };
+        let resource = ev["objectRef"]["resource"].as_str().unwrap_or_default();
+        let group = ev["objectRef"]["apiGroup"].as_str().unwrap_or_default();
+        let resource =
+            if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
+        *out.entry((component, resource)).or_insert(0) += 1;
+    }
+    Ok(out)
+}
+
+/// A core/v1 resource for the dynamic API.
+pub(super) fn core(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
         group: String::new(),
         version: "v1".into(),
         api_version: "v1".into(),
         kind: kind.into(),
         plural: plural.into(),
-    };
+    }
+}
+
+/// A Node object no agent runs (`bench-node`, huge capacity), namespace `bench`, and `pods`
+/// pods bound to that node, 32 creates in flight: nothing starts them, the pod garbage
+/// collector keeps them, the scheduler leaves them alone.
+pub(super) async fn load_pods(client: &kube::Client, pods: usize) -> Result<()> {
     let node: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "bench-node"},
@@ -122,7 +167,7 @@ async fn one_run(bin: &Path, pods: usize) -> Result<Run> {
         .create(&PostParams::default(), &node)
         .await
         .context("the node")?;
-    create_ns(&client, "bench").await?;
+    create_ns(client, "bench").await?;
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), "bench", &core("Pod", "pods"));
     let api = &api;
@@ -144,33 +189,5 @@ async fn one_run(bin: &Path, pods: usize) -> Result<Run> {
     if let Some(Err(e)) = created.into_iter().find(Result::is_err) {
         return Err(e.context("creating pods"));
     }
-    // Controllers and the scheduler take in the 10k pods (their stores and queues), then
-    // the figure settles: the last of a few samples a few seconds apart.
-    let mut rss = 0.0;
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        rss = server.rss_mb();
-    }
-    Ok(Run { watches: informer_lists(&audit)?, rss_mb: rss })
-}
-
-/// Initial informer lists in the audit log: (user agent's program, resource) → count.
-fn informer_lists(audit: &Path) -> Result<BTreeMap<(String, String), usize>> {
-    let text = std::fs::read_to_string(audit).context("reading the audit log")?;
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else { continue };
-        let uri = ev["requestURI"].as_str().unwrap_or_default();
-        if ev["verb"] != "list" || !uri.contains("limit=500") || uri.contains("continue=") {
-            continue;
-        }
-        let agent = ev["userAgent"].as_str().unwrap_or_default();
-        let component = agent.split('/').next().unwrap_or_default().to_string();
-        let resource = ev["objectRef"]["resource"].as_str().unwrap_or_default();
-        let group = ev["objectRef"]["apiGroup"].as_str().unwrap_or_default();
-        let resource =
-            if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
-        *out.entry((component, resource)).or_insert(0) += 1;
-    }
-    Ok(out)
+    Ok(())
 }
