@@ -19,13 +19,11 @@ mod verb;
 
 pub use create::create;
 use std::sync::Arc;
-use std::time::Duration;
 pub use verb::Target;
 
 use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use serde_json::Value;
 
 use self::create::create_rendered;
 use self::delete::{delete, delete_collection};
@@ -149,6 +147,10 @@ pub async fn resource(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use serde_json::Value;
+
     use super::*;
 
     /// Writes through the apiserver are indexed from what the request knew (no second
