@@ -95,7 +95,7 @@ impl ApiServer {
         let alloc = Allocators::new(config.service_cidr, config.node_ports);
         let audit = audit::AuditLog::open(&config.audit).map_err(Error::Audit)?;
         let auth = authn::Auth::new(config.auth.clone()).map_err(Error::Auth)?;
-        let admission = admission::Chain::builtin(auth.authz.clone());
+        let admission = admission::chain::Chain::builtin(auth.authz.clone());
         let server = Arc::new(ApiServer {
             state: Arc::new(state::State {
                 registry,

@@ -22,7 +22,7 @@ pub struct ApiServer {
     /// The nodes' and containers' latest readings, for `metrics.k8s.io`.
     pub resource_metrics: metrics_api::ResourceMetrics,
     /// The admission chain every write passes.
-    pub admission: admission::Chain,
+    pub admission: admission::chain::Chain,
     /// The audit log, when configured.
     pub audit: Option<audit::AuditLog>,
     pub auth: authn::Auth,

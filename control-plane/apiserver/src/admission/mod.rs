@@ -3,10 +3,12 @@
 //! plugins, as upstream's `admission.Interface` chain does. Built in: NamespaceLifecycle,
 //! ServiceAccount, StorageObjectInUseProtection, Priority and the mutating webhooks; NodeRestriction and the validating
 //! webhooks. Each plugin is a trait object that says which requests it [`handles`] and
-//! admits or validates an [`AdmissionRequest`].
+//! admits or validates an [`AdmissionRequest`]; [`chain::Chain`] runs them in order. This
+//! file holds what every plugin shares, below them; the chain is above them all.
 //!
 //! [`handles`]: MutatingPlugin::handles
 
+pub mod chain;
 mod escalation;
 mod limitranger;
 mod namespace;
@@ -22,17 +24,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-pub use self::limitranger::LimitRanger;
-pub use self::namespace::NamespaceLifecycle;
-pub use self::noderestriction::NodeRestriction;
-pub use self::priority::Priority;
-pub use self::serviceaccount::ServiceAccount;
-pub use self::storage_protection::StorageObjectInUseProtection;
-pub use self::webhook::{MutatingWebhooks, ValidatingWebhooks};
 use super::registry::ResourceType;
 use super::status::ApiResult;
 use super::user::UserInfo;
-use crate::authz::Authorizer;
 use crate::state::State;
 use skiff_core::json::ValueAt;
 use skiff_core::names;
@@ -188,7 +182,7 @@ pub trait MutatingPlugin: Send + Sync {
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
     /// Whether the plugin has anything to do for this user now (no webhook configured, not
     /// a node): lets the apiserver skip building a request nobody looks at.
-    fn active(&self, _server: &State, _user: &UserInfo) -> bool {
+    fn active(&self, _state: &State, _user: &UserInfo) -> bool {
         true
     }
     /// Change `req.object` or refuse the request.
@@ -201,93 +195,11 @@ pub trait ValidatingPlugin: Send + Sync {
     fn name(&self) -> &'static str;
     fn handles(&self, operation: Operation, resource: Resource<'_>) -> bool;
     /// See [`MutatingPlugin::active`].
-    fn active(&self, _server: &State, _user: &UserInfo) -> bool {
+    fn active(&self, _state: &State, _user: &UserInfo) -> bool {
         true
     }
     /// Refuse the request or let it pass; the object is final here.
     async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()>;
-}
-
-/// The ordered plugins.
-pub struct Chain {
-    mutating: Vec<Box<dyn MutatingPlugin>>,
-    validating: Vec<Box<dyn ValidatingPlugin>>,
-}
-
-impl Chain {
-    /// The default chain, in upstream's plugin order.
-    /// RBAC escalation checks ask `authz`, the apiserver's authorizers.
-    pub fn builtin(authz: Arc<Authorizer>) -> Chain {
-        Chain {
-            mutating: vec![
-                Box::new(NamespaceLifecycle::default()),
-                Box::new(LimitRanger),
-                Box::new(ServiceAccount),
-                Box::new(StorageObjectInUseProtection),
-                Box::new(Priority::default()),
-                Box::new(MutatingWebhooks),
-            ],
-            validating: vec![
-                Box::new(NodeRestriction),
-                Box::new(escalation::RbacEscalation { authz }),
-                Box::new(LimitRanger),
-                Box::new(Priority::default()),
-                Box::new(ValidatingWebhooks),
-            ],
-        }
-    }
-
-    pub fn new(
-        mutating: Vec<Box<dyn MutatingPlugin>>,
-        validating: Vec<Box<dyn ValidatingPlugin>>,
-    ) -> Chain {
-        Chain { mutating, validating }
-    }
-
-    /// The names of the plugins, mutating then validating.
-    pub fn plugin_names(&self) -> Vec<&'static str> {
-        self.mutating
-            .iter()
-            .map(|p| p.name())
-            .chain(self.validating.iter().map(|p| p.name()))
-            .collect()
-    }
-
-    /// Whether any mutating plugin would look at this request.
-    pub fn mutates(&self, state: &State, op: Operation, r: Resource<'_>, user: &UserInfo) -> bool {
-        self.mutating.iter().any(|p| p.handles(op, r) && p.active(state, user))
-    }
-
-    /// Whether any validating plugin would look at this request.
-    pub fn validates(
-        &self,
-        state: &State,
-        op: Operation,
-        r: Resource<'_>,
-        user: &UserInfo,
-    ) -> bool {
-        self.validating.iter().any(|p| p.handles(op, r) && p.active(state, user))
-    }
-
-    /// The mutating phase.
-    pub async fn admit(&self, state: &State, req: &mut AdmissionRequest) -> ApiResult<()> {
-        for p in &self.mutating {
-            if p.handles(req.operation, req.resource()) && p.active(state, &req.user) {
-                p.admit(state, req).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The validating phase.
-    pub async fn validate(&self, state: &State, req: &AdmissionRequest) -> ApiResult<()> {
-        for p in &self.validating {
-            if p.handles(req.operation, req.resource()) && p.active(state, &req.user) {
-                p.validate(state, req).await?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The labels of an object's metadata.
