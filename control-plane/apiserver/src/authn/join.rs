@@ -8,7 +8,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::Auth;
+use super::auth::Auth;
 use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;

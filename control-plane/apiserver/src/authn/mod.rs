@@ -3,81 +3,19 @@
 //! JWTs, bootstrap join tokens), anonymous otherwise; then impersonation and authorization
 //! run in [`layer`], which leaves the final [`UserInfo`] in the request's extensions.
 
+mod auth;
 pub mod join;
 pub mod serviceaccount;
 pub mod tokens;
 
-use std::path::PathBuf;
-
 use http::StatusCode;
 
-use std::sync::Arc;
-
-use super::authz::Authorizer;
+pub use self::auth::{Auth, Error, Keys};
 use super::status::ApiError;
 use super::user::UserInfo;
 pub use crate::config::{AuthConfig, DEFAULT_ISSUER};
 use crate::state::State;
 use skiff_core::names;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("reading the token file {path}")]
-    ReadTokenFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {message}")]
-    TokenFileLine { path: PathBuf, line: usize, message: String },
-    #[error("loading the service account key")]
-    ServiceAccountKey(#[source] jsonwebtoken::errors::Error),
-}
-
-/// The runtime form of [`AuthConfig`]: parsed keys and token tables.
-pub struct Auth {
-    pub config: AuthConfig,
-    pub sa: Option<serviceaccount::Keys>,
-    pub static_tokens: std::collections::HashMap<String, UserInfo>,
-    /// The authorizers, shared with the admission plugin that checks RBAC escalation.
-    pub authz: Arc<Authorizer>,
-}
-
-impl Auth {
-    pub fn new(config: AuthConfig) -> Result<Auth, Error> {
-        let sa = if config.sa_key_pem.is_empty() {
-            // No configured key (an in-process apiserver): an ephemeral one, so TokenRequest
-            // works as it does on a real server; its tokens die with the process.
-            match rcgen::KeyPair::generate() {
-                Ok(key) => {
-                    Some(serviceaccount::Keys::new(&key.serialize_pem(), &key.public_key_pem())?)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "no ServiceAccount signing key: TokenRequest disabled");
-                    None
-                }
-            }
-        } else {
-            Some(serviceaccount::Keys::new(&config.sa_key_pem, &config.sa_pub_pem)?)
-        };
-        let static_tokens =
-            config.static_tokens.iter().map(|t| (t.token.clone(), t.user.clone())).collect();
-        let authz = Arc::new(Authorizer::new(config.authorization));
-        Ok(Auth { config, sa, static_tokens, authz })
-    }
-
-    pub fn issuer(&self) -> &str {
-        if self.config.issuer.is_empty() { DEFAULT_ISSUER } else { &self.config.issuer }
-    }
-
-    pub fn audiences(&self) -> Vec<String> {
-        if self.config.audiences.is_empty() {
-            vec![self.issuer().to_string()]
-        } else {
-            self.config.audiences.clone()
-        }
-    }
-}
 
 /// The verified client certificate's user, put in each request's extensions by the TLS
 /// listener for the connection (`None`: no certificate was presented).

@@ -5,38 +5,15 @@
 
 use bytes::Bytes;
 use http::StatusCode;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{Auth, Error};
+use super::auth::Auth;
 use crate::state::State;
 use crate::status::{ApiError, ApiResult};
 use crate::user::UserInfo;
 use skiff_core::names;
-
-/// The parsed signing and verification keys.
-pub struct Keys {
-    encoding: EncodingKey,
-    decoding: DecodingKey,
-    kid: String,
-}
-
-impl Keys {
-    pub fn new(private_pem: &str, public_pem: &str) -> Result<Keys, Error> {
-        let encoding =
-            EncodingKey::from_ec_pem(private_pem.as_bytes()).map_err(Error::ServiceAccountKey)?;
-        let decoding =
-            DecodingKey::from_ec_pem(public_pem.as_bytes()).map_err(Error::ServiceAccountKey)?;
-        // Key id: a digest of the public key, as upstream derives it from the key's DER.
-        let digest = ring::digest::digest(&ring::digest::SHA256, public_pem.as_bytes());
-        let kid = base64::Engine::encode(
-            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-            &digest.as_ref()[..16],
-        );
-        Ok(Keys { encoding, decoding, kid })
-    }
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ObjectRef {

@@ -8,7 +8,7 @@ use base64::Engine;
 use serde_json::Value;
 use skiff_core::join::{BOOTSTRAP_SECRET_PREFIX, BOOTSTRAP_SECRET_TYPE};
 
-use super::Error;
+use super::auth::Error;
 pub use crate::config::StaticToken;
 use crate::state::State;
 use crate::user::UserInfo;

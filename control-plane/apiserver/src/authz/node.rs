@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Attributes, Decision};
+use super::attributes::{Attributes, Decision};
 use crate::cache::CachedObject;
 use crate::state::State;
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use serde_json::{Value, json};
 
-use super::{Attributes, Decision, RBAC_GROUP as RBAC};
+use super::attributes::{Attributes, Decision, RBAC_GROUP as RBAC};
 use crate::state::State;
 use crate::user::UserInfo;
 use skiff_core::names;
