@@ -24,7 +24,7 @@ pub mod resolv;
 pub mod server;
 pub mod zone;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -41,11 +41,8 @@ pub use link::{
     DNS_LINK, ensure_listen_address, ensure_listen_address_with, remove_listen_address,
     remove_listen_address_with,
 };
-pub use resolv::{ClusterDns, HostResolv, sandbox_dns_config};
+pub use resolv::{ClusterDns, DEFAULT_DNS_ADDRESS, HostResolv, sandbox_dns_config};
 pub use server::DnsStats;
-
-/// The node-local DNS address (NodeLocal DNSCache's well-known link-local address).
-pub const DEFAULT_DNS_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::new(169, 254, 20, 10));
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -3,12 +3,15 @@
 //! resolv.conf, then its `dnsConfig` merged, with the kubelet's rules and limits
 //! (pkg/kubelet/network/dns).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::runtime::api::DnsConfig as SandboxDnsConfig;
+
+/// The node-local DNS address (NodeLocal DNSCache's well-known link-local address).
+pub const DEFAULT_DNS_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::new(169, 254, 20, 10));
 
 /// Nameservers a resolver uses (glibc's MAXNS; the kubelet's limit).
 pub const MAX_NAMESERVERS: usize = 3;
@@ -73,7 +76,7 @@ pub struct ClusterDns {
 impl Default for ClusterDns {
     /// The agent's node-local DNS on 169.254.20.10 for `cluster.local`.
     fn default() -> Self {
-        ClusterDns { servers: vec![super::DEFAULT_DNS_ADDRESS], domain: "cluster.local".into() }
+        ClusterDns { servers: vec![DEFAULT_DNS_ADDRESS], domain: "cluster.local".into() }
     }
 }
 

@@ -15,8 +15,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
-/// Prefix of OpenAPI v3 component references.
-pub const REF_PREFIX: &str = "#/components/schemas/";
+pub use self::builtin::REF_PREFIX;
 
 /// Component schemas by name ("io.k8s.api.apps.v1.Deployment").
 #[derive(Debug, Clone, Default)]

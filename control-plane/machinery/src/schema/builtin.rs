@@ -15,8 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
 
-use super::REF_PREFIX;
 use super::patch_meta::{FIELD_META, STRUCT_ATOMIC};
+
+/// Prefix of OpenAPI v3 component references.
+pub const REF_PREFIX: &str = "#/components/schemas/";
 
 /// One served kind: its component name and group/version/kind.
 struct Kind {
