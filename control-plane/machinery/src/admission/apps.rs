@@ -13,11 +13,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, go_string_map, json_value};
+use super::kind::{Gvk, typed, validate_meta};
 use super::meta::{self, FIELD_IMMUTABLE, NEGATIVE, nonnegative};
 use super::names;
 use super::pod;
 use super::value::{self, Obj, default, default_ptr, ensure};
-use super::{Gvk, typed, validate_meta};
 use skiff_core::quantity;
 
 // ---------------------------------------------------------------------------------------

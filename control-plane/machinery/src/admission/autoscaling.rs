@@ -8,10 +8,10 @@ use serde_json::{Value, json};
 use skiff_core::autoscaling::{default_scale_down, default_scale_up};
 
 use super::field::{ErrorList, FieldError, Path};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::nonnegative;
 use super::names::is_valid_path_segment_name;
 use super::value::{self, Obj};
-use super::{Gvk, typed_pair, validate_meta};
 
 /// The CPU utilization an HPA without metrics aims at (`autoscaling.DefaultCPUUtilization`).
 pub const DEFAULT_CPU_UTILIZATION: i32 = 80;

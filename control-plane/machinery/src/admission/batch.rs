@@ -5,11 +5,11 @@ use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec, PodFailurePolicy, Succe
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_map, json_value};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::{self, FIELD_IMMUTABLE, nonnegative};
 use super::names;
 use super::pod;
 use super::value::{self, Obj, default_ptr, ensure};
-use super::{Gvk, typed_pair, validate_meta};
 
 const JOB: Gvk<'static> = Gvk::new("batch", "v1", "Job");
 pub const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";

@@ -12,11 +12,11 @@ use k8s_openapi::api::core::v1::{
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
+use super::kind::{Gvk, typed, validate_meta};
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
 use super::pod::{validate_protocol, validate_taint_effect};
 use super::value::{self, Obj, default, each, ensure};
-use super::{Gvk, typed, validate_meta};
 use skiff_core::quantity;
 
 /// Upstream `MaxSecretSize` (also the ConfigMap limit).

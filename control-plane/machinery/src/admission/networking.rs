@@ -8,10 +8,10 @@ use k8s_openapi::api::networking::v1::{
 use serde_json::Value;
 
 use super::field::{ErrorList, FieldError, Path, Raw};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::FIELD_IMMUTABLE;
 use super::names;
 use super::service::{LbIngress, validate_lb_ingress};
-use super::{Gvk, typed_pair, validate_meta};
 
 const PATH_TYPES: &[&str] = &["Exact", "ImplementationSpecific", "Prefix"];
 /// What an `Exact` or `Prefix` path may not contain (upstream's `invalidPathSequences`)

@@ -14,11 +14,11 @@ use serde_json::Value;
 
 use super::core::non_special_ip;
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::{self, FIELD_IMMUTABLE};
 use super::names;
 use super::pod::validate_protocol;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
-use super::{Gvk, typed_pair, validate_meta};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 

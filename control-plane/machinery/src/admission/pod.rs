@@ -13,12 +13,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_list, json_value};
+use super::kind::{Gvk, typed, validate_meta};
 use super::meta::{self, NEGATIVE, nonnegative};
 use super::names;
 use super::scheduling;
 use super::storage::HOST_PATH_TYPES;
 use super::value::{self, Obj, default, default_ptr, each, ensure};
-use super::{Gvk, typed, validate_meta};
 use skiff_core::quantity::{self, QUANTITY_FORMAT_ERROR, Quantity};
 
 const POD: Gvk<'static> = Gvk::new("", "v1", "Pod");

@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::apps::positive_int_or_percent;
 use super::field::{ErrorList, FieldError, Path, json_value};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::{self, nonnegative};
-use super::{Gvk, typed_pair, validate_meta};
 
 /// `unhealthyPodEvictionPolicy` values.
 const UNHEALTHY_POD_EVICTION_POLICIES: &[&str] = &["AlwaysAllow", "IfHealthyBudget"];

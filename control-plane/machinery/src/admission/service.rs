@@ -9,11 +9,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, Raw, go_string_list};
+use super::kind::{Gvk, typed, validate_meta};
 use super::meta;
 use super::names;
 use super::pod::{validate_port_num_or_name, validate_protocol};
 use super::value::{self, Obj, default, default_ptr, each, ensure};
-use super::{Gvk, typed, validate_meta};
 
 const SERVICE: Gvk<'static> = Gvk::new("", "v1", "Service");
 /// Upstream `MaxClientIPServiceAffinitySeconds`.

@@ -7,10 +7,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 
 use super::field::{ErrorList, FieldError, Path, json_value};
+use super::kind::{Gvk, typed_pair, validate_meta};
 use super::meta::{self, FIELD_IMMUTABLE};
 use super::names;
 use super::value::{Obj, default, ensure};
-use super::{Gvk, typed_pair, validate_meta};
 use skiff_core::quantity::{self, Quantity};
 
 pub const ACCESS_MODES: &[&str] =
