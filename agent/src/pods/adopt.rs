@@ -6,7 +6,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Error, PodContext, Result, termination};
+use super::context::PodContext;
+use super::error::{Error, Result};
+use super::termination;
 use crate::runtime::{POD_UID_LABEL, Runtime};
 
 /// Removes what belongs to pods not in `live` (pod UIDs); returns the removed UIDs.

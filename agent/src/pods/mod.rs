@@ -21,20 +21,23 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::{reflector, watcher};
-use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use self::admit::Allocatable;
-use crate::config::AgentConfig;
+pub use self::context::{PodContext, is_terminal, key};
+pub use self::error::{Error, Result};
 use crate::runtime::Runtime;
 
 pub mod admit;
 pub mod adopt;
 pub mod backoff;
 pub mod containers;
+mod context;
+mod error;
 pub mod events;
 pub mod images;
 pub mod probes;
@@ -47,84 +50,6 @@ pub mod sync;
 pub mod termination;
 pub mod volumes;
 pub mod worker;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("runtime call {call} for pod {pod}")]
-    Runtime {
-        call: &'static str,
-        pod: String,
-        #[source]
-        source: crate::runtime::Error,
-    },
-    #[error("writing the status of pod {pod}")]
-    WriteStatus {
-        pod: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("deleting pod {pod}")]
-    DeletePod {
-        pod: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("reading static pod manifest {path}")]
-    StaticManifest {
-        path: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("the pod watch ended")]
-    WatchEnded,
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// What every pod worker shares.
-pub struct PodContext<R> {
-    pub client: Client,
-    pub runtime: R,
-    pub config: Arc<AgentConfig>,
-    /// The node's IP (pods' hostIP).
-    pub host_ip: String,
-    /// The runtime's name, the scheme of container IDs (`containerd://...`).
-    pub runtime_name: String,
-    /// Events about pods (`kubectl describe`).
-    pub events: events::Events,
-    /// The node-wide runtime cache ([`relist`]), shared by the pod workers.
-    pub cache: relist::RuntimeCache,
-}
-
-impl<R: Runtime> PodContext<R> {
-    /// Writes `status` through the status subresource (a merge patch; lists are replaced).
-    pub async fn write_status(
-        &self,
-        pod: &Pod,
-        status: &k8s_openapi::api::core::v1::PodStatus,
-    ) -> Result<()> {
-        let api: Api<Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"status": status});
-        match api
-            .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(Error::WriteStatus { pod: key(pod), source }),
-        }
-    }
-}
-
-/// `namespace/name` of a pod (logs and errors).
-pub fn key(pod: &Pod) -> String {
-    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
-}
-
-pub fn is_terminal(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
 
 /// Whether `new` differs from `old` only in what a status write changes: the status, the
 /// resourceVersion and the managed fields. Compared in place (every pod update of the node
@@ -193,7 +118,7 @@ impl<R: Runtime + Clone> PodSync<R> {
         let (reader, writer) = reflector::store();
         let mut stream = reflector(writer, watcher(api, cfg)).boxed();
         let mut guard = Workers::default();
-        guard.1 = Some(tokio::spawn(relist::run(self.ctx.clone())));
+        guard.1 = Some(tokio::spawn(relist_loop(self.ctx.clone())));
         let workers = &mut guard.0;
         let mut rejected: HashSet<String> = HashSet::new();
         let mut adopted = false;
@@ -293,6 +218,20 @@ impl<R: Runtime + Clone> PodSync<R> {
 
 /// The workers and the relist task; aborted when the sync loop ends (their pods stay
 /// running in the runtime; a new agent adopts them).
+/// Relists every `pod_relist` (the task is aborted with the pod sync).
+async fn relist_loop<R: Runtime>(ctx: Arc<PodContext<R>>) {
+    if !ctx.cache.enabled() {
+        return;
+    }
+    let every = ctx.config.pod_relist.max(std::time::Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = ctx.cache.relist(&ctx.runtime).await {
+            tracing::warn!(error = %e, "relisting the runtime");
+        }
+    }
+}
+
 #[derive(Default)]
 struct Workers(HashMap<String, Worker>, Option<JoinHandle<()>>);
 

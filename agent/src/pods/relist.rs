@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::error::{Error, Result};
 use super::status::{Observed, SandboxView};
-use super::{Error, Result};
 use crate::runtime::{CONTAINER_NAME_LABEL, POD_UID_LABEL, Runtime, api};
 
 /// Ids and states of a pod's sandboxes and containers, sorted: equal fingerprints mean
@@ -313,20 +313,6 @@ impl RuntimeCache {
         }
         self.count(|s| s.relists += 1);
         Ok(changed)
-    }
-}
-
-/// Relists every `pod_relist` (the task is aborted with the pod sync).
-pub async fn run<R: Runtime>(ctx: Arc<super::PodContext<R>>) {
-    if !ctx.cache.enabled() {
-        return;
-    }
-    let every = ctx.config.pod_relist.max(std::time::Duration::from_millis(10));
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(e) = ctx.cache.relist(&ctx.runtime).await {
-            tracing::warn!(error = %e, "relisting the runtime");
-        }
     }
 }
 

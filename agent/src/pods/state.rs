@@ -7,8 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PodStatus;
 use tokio::time::Instant;
 
-use super::Result;
 use super::backoff::Backoff;
+use super::error::Result;
 use super::images::PullBackoff;
 use super::probes::ProbeTracker;
 use super::status::{Knowledge, Observed};

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::{Error, Result};
+use super::error::{Error, Result};
 use crate::config::AgentConfig;
 
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";

@@ -13,12 +13,14 @@ use tokio::time::Instant;
 
 use super::backoff::{Backoff, should_restart};
 use super::containers::{ConfigError, EnvSources, container_config, mounts, resolve_env};
+use super::context::{PodContext, is_terminal, key};
+use super::error::{Error, Result};
 use super::images::{PullPolicy, ensure_image, pull_policy};
 use super::probes::ProbeTracker;
 use super::sandbox::sandbox_config;
 use super::state::{Step, WorkerState};
 use super::status::{self, Observed, is_exited, is_running};
-use super::{Error, PodContext, Result, is_terminal, key, termination, volumes};
+use super::{termination, volumes};
 use crate::config::AgentConfig;
 use crate::runtime::{Runtime, api};
 

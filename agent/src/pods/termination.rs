@@ -12,10 +12,12 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
 use tokio::time::Instant;
 
+use super::context::{PodContext, key};
+use super::error::{Error, Result};
 use super::probes::http_get;
 use super::state::{Step, WorkerState, observe};
 use super::status::is_running;
-use super::{Error, PodContext, Result, key, volumes};
+use super::volumes;
 use crate::runtime::{POD_UID_LABEL, Runtime};
 
 /// The grace period of a deletion: deletionGracePeriodSeconds, else the pod's

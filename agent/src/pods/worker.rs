@@ -8,9 +8,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
+use super::context::{PodContext, key};
 use super::state::{Step, WorkerState};
 use super::sync::sync_pod;
-use super::{PodContext, key, termination};
+use super::termination;
 use crate::runtime::Runtime;
 
 /// The worker of one pod UID: passes until the pod is gone.
