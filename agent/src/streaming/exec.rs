@@ -10,6 +10,7 @@
 //! then data: 0 stdin, 1 stdout, 2 stderr, 3 the Status, 4 resize, 255 CLOSE of a channel)
 //! map onto the SPDY streams of the same types, and CLOSE of stdin onto its FIN.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -24,8 +25,9 @@ use tokio::sync::mpsc;
 
 use skiff_core::streaming::{FORWARDED_REQUEST, FORWARDED_RESPONSE, copy_headers, splice_upgrades};
 
-use super::{Body, find_containers, logs::parse_bool, spdy, text, websocket};
-use crate::runtime::{Runtime, api};
+use super::response::{Body, text};
+use super::{logs::parse_bool, spdy, websocket};
+use crate::runtime::{self, Runtime, api};
 
 pub const V4_CHANNEL: &str = "v4.channel.k8s.io";
 pub const V5_CHANNEL: &str = "v5.channel.k8s.io";
@@ -437,6 +439,23 @@ where
     };
     tokio::join!(readers, ws_writer, spdy_writer);
     Ok(())
+}
+
+/// The pod's containers with this name, newest first.
+pub(crate) async fn find_containers<R: Runtime>(
+    runtime: &R,
+    ns: &str,
+    pod: &str,
+    container: &str,
+) -> runtime::Result<Vec<api::Container>> {
+    let labels = HashMap::from([
+        (runtime::POD_NAMESPACE_LABEL.to_string(), ns.to_string()),
+        (runtime::POD_NAME_LABEL.to_string(), pod.to_string()),
+        (runtime::CONTAINER_NAME_LABEL.to_string(), container.to_string()),
+    ]);
+    let mut found = runtime.list_containers(&labels).await?;
+    found.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    Ok(found)
 }
 
 #[cfg(test)]

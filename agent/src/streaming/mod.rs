@@ -19,10 +19,10 @@
 pub mod exec;
 pub mod logs;
 pub mod metrics;
+mod response;
 pub mod spdy;
 pub mod websocket;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,14 +30,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+pub(crate) use self::response::{Body, text};
 use crate::runtime::{self, Runtime, api};
 
 /// The common name of the apiserver's client certificate, the only client this endpoint
@@ -267,22 +267,6 @@ struct State<R> {
     config: StreamingConfig,
 }
 
-pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
-
-pub(crate) fn text(code: StatusCode, msg: impl Into<String>) -> Response<Body> {
-    let mut msg = msg.into();
-    if !msg.ends_with('\n') {
-        msg.push('\n');
-    }
-    let mut resp = Response::new(Full::new(Bytes::from(msg)).map_err(|e| match e {}).boxed());
-    *resp.status_mut() = code;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
 async fn handle<R: Runtime>(
     state: &Arc<State<R>>,
     client: &Client,
@@ -332,23 +316,6 @@ async fn handle<R: Runtime>(
     }
 }
 
-/// The pod's containers with this name, newest first.
-pub(crate) async fn find_containers<R: Runtime>(
-    runtime: &R,
-    ns: &str,
-    pod: &str,
-    container: &str,
-) -> runtime::Result<Vec<api::Container>> {
-    let labels = HashMap::from([
-        (runtime::POD_NAMESPACE_LABEL.to_string(), ns.to_string()),
-        (runtime::POD_NAME_LABEL.to_string(), pod.to_string()),
-        (runtime::CONTAINER_NAME_LABEL.to_string(), container.to_string()),
-    ]);
-    let mut found = runtime.list_containers(&labels).await?;
-    found.sort_by_key(|c| std::cmp::Reverse(c.created_at));
-    Ok(found)
-}
-
 async fn container_logs<R: Runtime>(
     state: &Arc<State<R>>,
     ns: &str,
@@ -392,7 +359,7 @@ async fn resolve_log<R: Runtime>(
     container: &str,
     previous: bool,
 ) -> Result<(PathBuf, Option<String>), Response<Body>> {
-    let mut containers = find_containers(&state.runtime, ns, pod, container)
+    let mut containers = exec::find_containers(&state.runtime, ns, pod, container)
         .await
         .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("listing containers: {e}")))?;
     let Some(newest) = containers.first().cloned() else {
