@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::run;
+use crate::process::{cargo, run};
 
 pub fn run_bench(root: &Path, name: &str) -> Result<()> {
     match name {
@@ -53,10 +53,6 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, lab-load, scheduler)"
         ),
     }
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 /// agent/examples/bench_agent.rs: pod start latency (create → Running) p50/p99 over 50 pods

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::{cargo, run};
+use crate::process::{cargo, run};
 
 /// The lab's state directory and the server's data dir (its admin.kubeconfig).
 pub const LAB_DIR: &str = "/var/lib/skiff/lab";

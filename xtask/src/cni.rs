@@ -262,7 +262,7 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 fn build(root: &Path) -> Result<PathBuf> {
-    crate::run(crate::cargo().current_dir(root).args([
+    crate::process::run(crate::process::cargo().current_dir(root).args([
         "build",
         "--release",
         "-p",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::{cargo, run};
+use crate::process::{cargo, run};
 
 /// Builds the archives into `out` (default `<target dir>/images`) and returns the directory.
 pub fn build(root: &Path, out: Option<PathBuf>) -> Result<PathBuf> {

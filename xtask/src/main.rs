@@ -9,14 +9,16 @@ mod cluster;
 mod cni;
 mod ebpf;
 mod images;
+mod process;
 mod scheduler_bench;
 mod setup;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
+
+use process::{cargo, run};
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "skiff project tasks")]
@@ -93,19 +95,6 @@ fn main() -> Result<()> {
 
 pub(crate) fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").into()
-}
-
-pub(crate) fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: {cmd:?}");
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
-}
-
-pub(crate) fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 fn lint(root: &Path) -> Result<()> {

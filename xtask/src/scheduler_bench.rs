@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::run;
+use crate::process::run;
 
 pub fn bench(root: &Path) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

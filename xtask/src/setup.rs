@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::run;
+use crate::process::run;
 
 /// Debian packages: protoc and the well-known types it imports (CRI/etcd protobufs:
 /// `protobuf-compiler` only recommends `libprotobuf-dev`, and recommends are not installed), etcd (HA store tests), containerd + runc
