@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::{
+use super::shared::{
     CONTROLLER_NAME, Error, MANAGED_BY_LABEL, Result, SERVICE_NAME_LABEL, TRIGGER_TIME_ANNOTATION,
     now_rfc3339, pod_in_endpoints, pod_ports, pod_ready,
 };
