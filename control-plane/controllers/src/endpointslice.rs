@@ -31,6 +31,7 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// `--max-endpoints-per-slice` (upstream 100).
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 
+/// (namespace, pod) → the Services that selected the pod when last seen.
 type PodServices = HashMap<(String, String), Vec<ObjectRef<Service>>>;
 
 struct SliceCtx {
