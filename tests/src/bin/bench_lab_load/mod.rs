@@ -26,7 +26,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 
 use super::bench_controllers::{core, informer_lists, load_pods};
-use super::client;
+use super::{client, vm_rss_mb};
 
 const NAME: &str = "lload";
 const DIR: &str = "/var/lib/skiff/lab-load";
@@ -177,12 +177,5 @@ async fn one_run(bin_dir: &Path, pods: usize) -> Result<Run> {
 
 /// VmRSS of a running process, in MB; an error when it is gone (it crashed under the load).
 fn rss_mb(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("process {pid} is gone"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .with_context(|| format!("no VmRSS for process {pid}"))
+    vm_rss_mb(pid).with_context(|| format!("process {pid} is gone"))
 }
