@@ -38,6 +38,10 @@ struct Args {
     /// the host's address when listening on all addresses).
     #[arg(long)]
     advertise_address: Option<std::net::IpAddr>,
+    /// More names or addresses for the serving certificate (repeatable or comma-separated),
+    /// besides the host's name and addresses, which it always holds.
+    #[arg(long, value_delimiter = ',')]
+    tls_san: Vec<String>,
     /// Terminated pods kept before the pod GC deletes the oldest (0 disables).
     #[arg(long, default_value_t = 12500)]
     terminated_pod_gc_threshold: usize,
@@ -91,6 +95,9 @@ struct Args {
     /// Serve plain HTTP with authentication and authorization off. Local development only.
     #[arg(long)]
     insecure_http: bool,
+    /// Log lines as `text` or `json`.
+    #[arg(long, default_value = "text")]
+    log_format: skiff_core::logging::LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -230,15 +237,8 @@ fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    skiff_core::logging::init(args.log_format, skiff_core::logging::LogStream::Stderr);
     if let Some(Command::Token { command: TokenCommand::Create { kubeconfig, ttl } }) = args.command
     {
         let kubeconfig = kubeconfig.unwrap_or_else(|| args.data_dir.join("admin.kubeconfig"));
@@ -259,6 +259,7 @@ async fn main() -> Result<()> {
         data_dir: args.data_dir,
         listen: args.listen,
         advertise_address: args.advertise_address,
+        tls_sans: args.tls_san,
         ..Default::default()
     };
     config.connections.max_connections = args.max_connections;
@@ -318,7 +319,11 @@ async fn main() -> Result<()> {
         running.kubeconfig.display()
     );
     tokio::select! {
-        signal = tokio::signal::ctrl_c() => signal.context("waiting for Ctrl-C"),
+        signal = skiff_core::logging::shutdown_signal() => {
+            let name = signal.context("waiting for SIGTERM or SIGINT")?;
+            tracing::info!(signal = name, "shutting down");
+            Ok(())
+        }
         reason = store_failure(running.api.store.clone()) => {
             // Writes would fail until the store is reopened (a full disk, an I/O error):
             // exit, so that the supervisor (systemd's Restart=always) starts a fresh process,

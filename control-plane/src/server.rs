@@ -43,6 +43,9 @@ pub struct ServerConfig {
     /// default the listen address, or when that is unspecified the host's address on the
     /// interface of its default route (as upstream's `ChooseHostInterface`).
     pub advertise_address: Option<IpAddr>,
+    /// `--tls-san`: more names and addresses for the serving certificate (a load
+    /// balancer's, a DNS name the agents use).
+    pub tls_sans: Vec<String>,
     /// Encryption at rest: an EncryptionConfiguration file (`--encryption-provider-config`).
     pub encryption_provider_config: Option<PathBuf>,
     /// Encryption at rest of Secrets with one AES-GCM key (`--encryption-key-file`).
@@ -147,6 +150,7 @@ impl Default for ServerConfig {
             controllers: None,
             scheduler: None,
             advertise_address: None,
+            tls_sans: Vec::new(),
             encryption_provider_config: None,
             encryption_key_file: None,
             auth: AuthOptions::default(),
@@ -228,12 +232,13 @@ async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
 pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| Error::Listen { addr: config.listen, source })?;
+    let pki = Pki::load_or_create(&config.data_dir, &serving_hosts(&config))?;
+    // The admin kubeconfig names the listen address, or loopback when listening on all.
     let host = if config.listen.ip().is_unspecified() {
         "127.0.0.1".to_string()
     } else {
         config.listen.ip().to_string()
     };
-    let pki = Pki::load_or_create(&config.data_dir, std::slice::from_ref(&host))?;
     let mut api_config = config.api.clone();
     api_config.auth = auth_config(&config, &pki)?;
     api_config.kubelet_client =
@@ -424,7 +429,22 @@ pub fn choose_host_address(route: &str, fib_trie: &str) -> Option<Ipv4Addr> {
         .filter(|(i, _, mask)| Some(i) == default_iface.as_ref() && !mask.is_unspecified())
         .map(|(_, dst, mask)| (u32::from(*dst), u32::from(*mask)))
         .collect();
-    // /proc/net/fib_trie: "|-- <ip>" followed by "/32 host LOCAL" is a local address.
+    let locals = fib_local_addresses(fib_trie);
+    locals
+        .iter()
+        .find(|ip| subnets.iter().any(|(net, mask)| u32::from(**ip) & mask == *net))
+        .or(locals.first())
+        .copied()
+}
+
+/// The host's local non-loopback IPv4 addresses, from /proc/net/fib_trie.
+pub fn local_addresses() -> Vec<Ipv4Addr> {
+    fib_local_addresses(&std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default())
+}
+
+/// The local non-loopback addresses in /proc/net/fib_trie: "|-- <ip>" followed by
+/// "/32 host LOCAL".
+fn fib_local_addresses(fib_trie: &str) -> Vec<Ipv4Addr> {
     let mut locals: Vec<Ipv4Addr> = Vec::new();
     let mut last: Option<Ipv4Addr> = None;
     for line in fib_trie.lines() {
@@ -440,10 +460,22 @@ pub fn choose_host_address(route: &str, fib_trie: &str) -> Option<Ipv4Addr> {
         }
     }
     locals
-        .iter()
-        .find(|ip| subnets.iter().any(|(net, mask)| u32::from(**ip) & mask == *net))
-        .or(locals.first())
-        .copied()
+}
+
+/// The names and addresses the serving certificate must hold besides the built-in ones:
+/// `--tls-san`, the advertise and listen addresses, the host's name and, when listening on
+/// every address, each local address (as k3s puts its node IPs and hostname in it).
+fn serving_hosts(config: &ServerConfig) -> Vec<String> {
+    let mut hosts: Vec<String> = config.tls_sans.clone();
+    hosts.extend(config.advertise_address.map(|a| a.to_string()));
+    let listen = config.listen.ip();
+    if listen.is_unspecified() {
+        hosts.push(hostname());
+        hosts.extend(local_addresses().iter().map(Ipv4Addr::to_string));
+    } else {
+        hosts.push(listen.to_string());
+    }
+    hosts
 }
 
 fn auth_config(config: &ServerConfig, pki: &Pki) -> Result<AuthConfig, Error> {

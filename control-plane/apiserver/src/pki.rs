@@ -67,7 +67,9 @@ fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
 
 impl Pki {
     /// Load the PKI from `data_dir/pki`, creating what is missing. `hosts` are extra names
-    /// and addresses for the serving certificate (the listen address, the node's IPs).
+    /// and addresses for the serving certificate (the listen address, the node's IPs,
+    /// `--tls-san`): a serving certificate that lacks one of them is issued again, with the
+    /// same key and every name it had, as k3s does when a SAN is added.
     pub fn load_or_create(data_dir: &Path, hosts: &[String]) -> Result<Pki> {
         let dir = data_dir.join("pki");
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
@@ -96,37 +98,8 @@ impl Pki {
         let issuer =
             Issuer::from_ca_cert_pem(&ca_cert_pem, ca_key).map_err(gen_err("loading the CA"))?;
 
-        let (server_cert_pem, server_key_pem) = match (read("apiserver.crt"), read("apiserver.key"))
-        {
-            (Some(c), Some(k)) => (c, k),
-            _ => {
-                let mut names: Vec<String> = vec![
-                    "localhost".into(),
-                    "kubernetes".into(),
-                    "kubernetes.default".into(),
-                    "kubernetes.default.svc".into(),
-                    "kubernetes.default.svc.cluster.local".into(),
-                ];
-                names.extend(hosts.iter().filter(|h| h.parse::<IpAddr>().is_err()).cloned());
-                let mut params =
-                    CertificateParams::new(names).map_err(gen_err("the serving certificate"))?;
-                let mut ips: Vec<IpAddr> =
-                    vec!["127.0.0.1".parse().expect("ip"), "10.96.0.1".parse().expect("ip")];
-                ips.extend(hosts.iter().filter_map(|h| h.parse::<IpAddr>().ok()));
-                for ip in ips {
-                    params.subject_alt_names.push(SanType::IpAddress(ip));
-                }
-                params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-                params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-                params.not_after = rcgen::date_time_ymd(2036, 1, 1);
-                let key = KeyPair::generate().map_err(gen_err("the serving key"))?;
-                let cert =
-                    params.signed_by(&key, &issuer).map_err(gen_err("the serving certificate"))?;
-                write_private(&dir.join("apiserver.key"), &key.serialize_pem())?;
-                write(&dir.join("apiserver.crt"), &cert.pem())?;
-                (cert.pem(), key.serialize_pem())
-            }
-        };
+        let (server_cert_pem, server_key_pem) =
+            serving_cert(&dir, &issuer, read("apiserver.crt"), read("apiserver.key"), hosts)?;
         let (admin_cert_pem, admin_key_pem) = match (read("admin.crt"), read("admin.key")) {
             (Some(c), Some(k)) => (c, k),
             _ => {
@@ -265,6 +238,104 @@ impl Pki {
     }
 }
 
+/// The names and addresses every serving certificate holds: loopback and the names (and
+/// the first ClusterIP of the default range) of the `kubernetes` Service.
+const BUILTIN_SANS: &[&str] = &[
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+    "127.0.0.1",
+    "10.96.0.1",
+];
+
+/// The DNS names and IP addresses in a PEM certificate's subjectAltName, as strings.
+pub fn cert_sans(cert_pem: &str) -> Option<Vec<String>> {
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(d) => out.push(d.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
+                    4 => out.push(IpAddr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
+                    16 => out.push(IpAddr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A SAN in canonical form: IP addresses as `IpAddr` prints them, names lower-case.
+fn canonical_san(host: &str) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => host.trim().trim_end_matches('.').to_ascii_lowercase(),
+    }
+}
+
+/// The serving certificate: the one on disk when it names every host wanted, else one
+/// issued (with the key on disk, when there is one) for the union of both.
+fn serving_cert(
+    dir: &Path,
+    issuer: &Issuer<'_, KeyPair>,
+    cert_pem: Option<String>,
+    key_pem: Option<String>,
+    hosts: &[String],
+) -> Result<(String, String)> {
+    let mut wanted: Vec<String> = BUILTIN_SANS.iter().map(|s| s.to_string()).collect();
+    for h in hosts.iter().map(|h| canonical_san(h)).filter(|h| !h.is_empty()) {
+        if !wanted.contains(&h) {
+            wanted.push(h);
+        }
+    }
+    let have = cert_pem.as_deref().and_then(cert_sans).unwrap_or_default();
+    if let (Some(c), Some(k)) = (&cert_pem, &key_pem)
+        && wanted.iter().all(|w| have.contains(w))
+    {
+        return Ok((c.clone(), k.clone()));
+    }
+    let mut names = have.clone();
+    for w in wanted {
+        if !names.contains(&w) {
+            names.push(w);
+        }
+    }
+    if cert_pem.is_some() {
+        let added: Vec<&String> = names.iter().filter(|n| !have.contains(n)).collect();
+        tracing::info!(
+            ?added,
+            "the serving certificate lacks names or addresses: issuing it again"
+        );
+    }
+    let (dns, ips): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|n| n.parse::<IpAddr>().is_err());
+    let mut params = CertificateParams::new(dns.into_iter().cloned().collect::<Vec<_>>())
+        .map_err(gen_err("the serving certificate"))?;
+    for ip in ips {
+        params.subject_alt_names.push(SanType::IpAddress(ip.parse().expect("partitioned")));
+    }
+    params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let key = match key_pem.as_deref().map(KeyPair::from_pem) {
+        Some(Ok(k)) => k,
+        _ => {
+            let k = KeyPair::generate().map_err(gen_err("the serving key"))?;
+            write_private(&dir.join("apiserver.key"), &k.serialize_pem())?;
+            k
+        }
+    };
+    let cert = params.signed_by(&key, issuer).map_err(gen_err("the serving certificate"))?;
+    write(&dir.join("apiserver.crt"), &cert.pem())?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
 /// Accepts any serving certificate (signatures of the handshake are still checked).
 #[derive(Debug)]
 struct UnverifiedServer(Arc<rustls::crypto::CryptoProvider>);
@@ -389,4 +460,37 @@ fn write_private(path: &Path, content: &str) -> Result<()> {
     f.write_all(content.as_bytes()).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_certificate_gains_new_sans_and_keeps_its_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = Pki::load_or_create(dir.path(), &["10.1.2.3".into()]).expect("pki");
+        let sans = cert_sans(&first.server_cert_pem).expect("sans");
+        for want in ["127.0.0.1", "10.96.0.1", "kubernetes.default.svc", "10.1.2.3"] {
+            assert!(sans.contains(&want.to_string()), "{want} in {sans:?}");
+        }
+        // The same hosts again: the certificate on disk is kept as it is.
+        let again = Pki::load_or_create(dir.path(), &["10.1.2.3".into()]).expect("pki");
+        assert_eq!(again.server_cert_pem, first.server_cert_pem);
+        // A new --tls-san: issued again, with every old name, the new one and the same key.
+        let hosts = ["skiff.example.test".to_string(), "192.0.2.7".to_string()];
+        let grown = Pki::load_or_create(dir.path(), &hosts).expect("pki");
+        assert_ne!(grown.server_cert_pem, first.server_cert_pem);
+        assert_eq!(grown.server_key_pem, first.server_key_pem);
+        let sans = cert_sans(&grown.server_cert_pem).expect("sans");
+        for want in ["10.1.2.3", "skiff.example.test", "192.0.2.7", "localhost"] {
+            assert!(sans.contains(&want.to_string()), "{want} in {sans:?}");
+        }
+        // The CA did not change: clients' kubeconfigs stay valid.
+        assert_eq!(grown.ca_cert_pem, first.ca_cert_pem);
+        // What was written is what a restart reads.
+        let restarted = Pki::load_or_create(dir.path(), &[]).expect("pki");
+        assert_eq!(restarted.server_cert_pem, grown.server_cert_pem);
+        assert!(restarted.server_config().is_ok());
+    }
 }
