@@ -1,13 +1,15 @@
 //! The DaemonSet controller: one pod per eligible node (nodeSelector, required node affinity,
 //! NoSchedule/NoExecute taints against the pod's tolerations plus the default daemon
-//! tolerations), rolling update bounded by maxUnavailable, and status.
+//! tolerations), rolling update bounded by maxUnavailable or maxSurge, and status.
 //!
 //! Pods are created as upstream does since 1.12: unbound, with a required node affinity
 //! `matchFields metadata.name In [<node>]` replacing the template's required terms, so the
 //! scheduler binds them (and accounts their resources). The pods' `controller-revision-hash`
 //! label is the template's hash (`hash::compute_hash`), and each template is recorded as
-//! the ControllerRevision `<ds>-<hash>` ([`history`]). maxSurge is not implemented
-//! (maxUnavailable only).
+//! the ControllerRevision `<ds>-<hash>` ([`history`]). With `maxSurge` (and maxUnavailable
+//! 0), as upstream: up to maxSurge nodes at a time get their new pod beside the old one,
+//! which is deleted once the new one is available; an old pod that is not available is
+//! replaced at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -221,6 +223,22 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         conditions: ds.status.as_ref().and_then(|s| s.conditions.clone()),
         ..Default::default()
     };
+    let rolling =
+        spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate")
+            == "RollingUpdate";
+    let ru = spec.update_strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
+    let eligible = i32::try_from(nodes.iter().filter(|n| should_run(&spec.template, n)).count())
+        .unwrap_or(i32::MAX);
+    // maxSurge (upstream's rolling update with surge, only with maxUnavailable 0): a node's
+    // new pod starts beside its old one, which goes once the new one is available.
+    let max_surge = if rolling {
+        scaled_value(ru.and_then(|r| r.max_surge.as_ref()), eligible, true, "0")
+    } else {
+        0
+    };
+    let surge = max_surge > 0 && ds.metadata.deletion_timestamp.is_none();
+    let mut surging = 0;
+    let mut surge_candidates: Vec<String> = Vec::new();
     let (mut available, mut updated, mut ready) = (0, 0, 0);
     let mut old_available: Vec<&Pod> = Vec::new();
     let mut unavailable = 0;
@@ -240,6 +258,34 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             here.drain(..).partition(|p| pods::phase(p) == "Failed");
         to_delete.extend(failed);
         active.sort_by_key(|p| (p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.name_any()));
+        if surge {
+            // The oldest new pod and the oldest old one may stand side by side.
+            let (mut new, mut old): (Vec<&Pod>, Vec<&Pod>) = active
+                .drain(..)
+                .partition(|p| p.labels().get(CONTROLLER_REVISION_HASH) == Some(&hash));
+            to_delete.extend(new.split_off(new.len().min(1)));
+            to_delete.extend(old.split_off(old.len().min(1)));
+            match (new.first(), old.first()) {
+                (Some(n), Some(o)) => {
+                    if pods::is_available(n, min_ready, now) {
+                        to_delete.push(o);
+                    } else {
+                        surging += 1;
+                    }
+                }
+                (None, Some(o)) => {
+                    if pods::is_available(o, min_ready, now) {
+                        surge_candidates.push(node_name.clone());
+                    } else {
+                        // Out of date and not available anyway: replaced at once.
+                        to_create.push(node_name.clone());
+                    }
+                }
+                _ => {}
+            }
+            // The node's status is its new pod's, else its old one's.
+            active = new.into_iter().chain(old).take(1).collect();
+        }
         if active.len() > 1 {
             to_delete.extend(active.split_off(1));
         }
@@ -257,7 +303,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         if !is_available {
             unavailable += 1;
         }
-        if !is_new {
+        if !is_new && !surge {
             if is_available {
                 old_available.push(pod);
             } else {
@@ -269,11 +315,10 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // Pods for nodes that no longer exist.
     to_delete.extend(by_node.into_values().flatten());
 
-    let rolling =
-        spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate")
-            == "RollingUpdate";
-    if rolling && ds.metadata.deletion_timestamp.is_none() {
-        let ru = spec.update_strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
+    if surge {
+        let room = usize::try_from((max_surge - surging).max(0)).unwrap_or(0);
+        to_create.extend(surge_candidates.into_iter().take(room));
+    } else if rolling && ds.metadata.deletion_timestamp.is_none() {
         let max_unavailable = scaled_value(
             ru.and_then(|r| r.max_unavailable.as_ref()),
             status.desired_number_scheduled,

@@ -649,6 +649,44 @@ async fn daemonset_covers_new_nodes_and_rolls() {
     assert!(min >= 2, "ready daemons fell to {min}");
 }
 
+/// maxSurge 1, maxUnavailable 0: each node's new daemon starts beside the old one, so a
+/// ready daemon never leaves any node during the roll (without surge, one node at a time
+/// would be without one).
+#[tokio::test(start_paused = true)]
+async fn daemonset_rolls_with_surge_and_no_node_goes_without() {
+    let h = Harness::start(&["n1", "n2", "n3"]).await;
+    let mut ds = agent_daemonset();
+    ds.spec.as_mut().unwrap().update_strategy = Some(
+        serde_json::from_value(
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+        )
+        .unwrap(),
+    );
+    let api = h.api::<DaemonSet>();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    wait_for("daemonset on 3 nodes", || async {
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+    })
+    .await;
+    let (min_ready, _w) = watch_min_ready(h.client.clone(), "agent");
+    wait_for("watcher primed", || async { *min_ready.lock().unwrap() != usize::MAX }).await;
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "agent:2"}]}}}});
+    api.patch("agent", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+    let most_active = std::cell::Cell::new(0);
+    wait_for("daemonset rolled", || async {
+        let active: Vec<Pod> = h.pods().await.into_iter().filter(pods::is_active).collect();
+        most_active.set(most_active.get().max(active.len()));
+        api.get("agent").await.is_ok_and(|d| ds_settled(&d, 3))
+            && active.len() == 3
+            && active.iter().all(|p| image_of(p) == "agent:2")
+    })
+    .await;
+    let min = *min_ready.lock().unwrap();
+    assert!(min >= 3, "ready daemons fell to {min} with maxUnavailable 0");
+    let most = most_active.get();
+    assert!(most <= 4, "{most} pods at once: more than one surging");
+}
+
 fn job(name: &str, completions: i32, parallelism: i32, backoff: i32, outcome: &str) -> Job {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default"},
