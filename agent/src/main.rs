@@ -20,6 +20,9 @@ use skiff_agent::runtime::cri::CriRuntime;
 struct Cli {
     #[command(flatten)]
     run: RunArgs,
+    /// Log lines as `text` or `json`.
+    #[arg(long, default_value = "text")]
+    log_format: skiff_core::logging::LogFormat,
 }
 
 #[derive(Debug, Args)]
@@ -235,15 +238,8 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Colours only on a terminal: log files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let cli = Cli::parse();
+    skiff_core::logging::init(cli.log_format, skiff_core::logging::LogStream::Stdout);
     let (client, kube_config) = client(&cli.run).await?;
     let config = agent_config(&cli.run, &kube_config)?;
     let runtime = CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
@@ -267,7 +263,10 @@ async fn main() -> anyhow::Result<()> {
     let _proxy = proxy.map(|h| h.abort_handle());
     tokio::select! {
         r = agent::run_with(informers, config, runtime) => r.context("skiff-agent")?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("stopping (pods keep running)"),
+        signal = skiff_core::logging::shutdown_signal() => {
+            let name = signal.context("waiting for SIGTERM or SIGINT")?;
+            tracing::info!(signal = name, "stopping (pods keep running)")
+        }
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use tokio::sync::Notify;
@@ -19,7 +19,51 @@ use skiff_core::informers::Informers;
 use crate::desired::{NodeContext, compute};
 use crate::loader::{self, Dataplane};
 use crate::maps::{self, ServiceMaps};
+use crate::status::ProxyStatus;
 use crate::sync::{self, ServiceMapSync};
+
+/// The annotation the EndpointSlice controller stamps with the time of the change that
+/// last touched a slice (kube-proxy's network programming latency starts there).
+const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The trigger times already measured, per slice, so each change is observed once.
+#[derive(Default)]
+struct ProgrammingLatency {
+    seen: std::collections::HashMap<String, String>,
+}
+
+impl ProgrammingLatency {
+    /// After a sync: each slice whose trigger time is new (and after this process started)
+    /// is now programmed; observe how long that took.
+    fn observe<'a>(
+        &mut self,
+        slices: impl Iterator<Item = &'a EndpointSlice>,
+        status: &ProxyStatus,
+    ) {
+        let now = std::time::SystemTime::now();
+        let mut live = std::collections::HashSet::new();
+        for slice in slices {
+            let Some(uid) = slice.metadata.uid.clone() else { continue };
+            live.insert(uid.clone());
+            let Some(trigger) =
+                slice.metadata.annotations.as_ref().and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+            else {
+                continue;
+            };
+            if self.seen.get(&uid) == Some(trigger) {
+                continue;
+            }
+            if let Some(t) = skiff_core::time::parse_rfc3339(trigger)
+                && t >= status.started
+                && let Ok(took) = now.duration_since(t)
+            {
+                status.metrics.programming.observe(took.as_secs_f64());
+            }
+            self.seen.insert(uid, trigger.clone());
+        }
+        self.seen.retain(|uid, _| live.contains(uid));
+    }
+}
 
 /// Configuration of the proxy. See `Default` for the defaults and why.
 #[derive(Clone, Debug)]
@@ -47,6 +91,12 @@ pub struct ProxyConfig {
     pub nodeport_mode: loader::NodePortMode,
     /// Where `/metrics` is served; default 127.0.0.1:10249, kube-proxy's metrics address.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where kube-proxy's `/healthz` and `/livez` (and `/readyz`) are served; default
+    /// 0.0.0.0:10256, kube-proxy's `--healthz-bind-address` (load balancers probe it).
+    pub healthz_addr: Option<std::net::SocketAddr>,
+    /// How long a change may wait for its sync before `/healthz` answers 503 (default 60 s,
+    /// kube-proxy's twice its 30 s sync period).
+    pub health_timeout: Duration,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
     /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
     pub debounce: Duration,
@@ -64,6 +114,8 @@ impl Default for ProxyConfig {
             xdp_interfaces: Vec::new(),
             nodeport_mode: loader::NodePortMode::Snat,
             metrics_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 10249))),
+            healthz_addr: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 10256))),
+            health_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(10),
         }
     }
@@ -169,15 +221,70 @@ pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
 /// Services and EndpointSlices).
 pub async fn run_with(informers: &Informers, config: ProxyConfig) -> Result<()> {
     let mut running = start_dataplane(&config)?;
-    let _metrics = config.metrics_addr.map(|addr| {
-        let pin_dir = config.pin_dir.clone();
-        tokio::spawn(async move {
-            if let Err(e) = crate::http::serve_metrics(addr, pin_dir).await {
-                warn!(error = %e, "/metrics not served");
+    let status = Arc::new(ProxyStatus::new(config.health_timeout));
+    let metrics = config.metrics_addr.map(|addr| {
+        let (pin_dir, status) = (config.pin_dir.clone(), status.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            if let Err(e) = crate::http::serve_metrics(addr, pin_dir, status).await {
+                warn!(error = %error_chain(&e), "/metrics not served");
             }
-        })
+        }))
     });
-    sync_forever_with(informers, &config, &mut running.maps).await
+    let health = config.healthz_addr.map(|addr| {
+        let status = status.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            if let Err(e) = crate::http::serve_health(addr, status).await {
+                warn!(error = %error_chain(&e), "/healthz not served");
+            }
+        }))
+    });
+    let eligibility = (!config.node_name.is_empty()).then(|| {
+        let node = informers.selected::<Node>(&format!("metadata.name={}", config.node_name));
+        AbortOnDrop(tokio::spawn(watch_node_eligibility(node, status.clone())))
+    });
+    let r = sync_observed(informers, &config, &mut running.maps, &status).await;
+    drop((metrics, health, eligibility));
+    r
+}
+
+/// A task aborted when this is dropped (the daemon's servers end with it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Whether a node may still receive traffic from outside, as kube-proxy's `/healthz` judges.
+pub fn node_eligible(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_none()
+        && !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT))
+}
+
+/// Follows this node's Node object (one object, by field selector) into `/healthz`.
+async fn watch_node_eligibility(
+    informer: Arc<skiff_core::informers::Informer<Node>>,
+    status: Arc<ProxyStatus>,
+) {
+    let mut events = informer.subscribe();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(
+                kube::runtime::watcher::Event::Apply(n)
+                | kube::runtime::watcher::Event::InitApply(n),
+            ) => status.health.set_node_eligible(node_eligible(&n)),
+            Ok(kube::runtime::watcher::Event::Delete(_)) => status.health.set_node_eligible(false),
+            _ => {}
+        }
+    }
 }
 
 /// Watches Services and EndpointSlices and keeps `maps` in sync (level-triggered: every
@@ -196,7 +303,18 @@ pub async fn sync_forever_with(
     config: &ProxyConfig,
     maps: &mut ServiceMaps,
 ) -> Result<()> {
+    sync_observed(informers, config, maps, &Arc::new(ProxyStatus::new(config.health_timeout))).await
+}
+
+/// [`sync_forever_with`], reporting each change and sync to `status` (health and metrics).
+pub async fn sync_observed(
+    informers: &Informers,
+    config: &ProxyConfig,
+    maps: &mut ServiceMaps,
+    status: &Arc<ProxyStatus>,
+) -> Result<()> {
     let mut state = ServiceMapSync::resume(maps)?;
+    let mut programmed = ProgrammingLatency::default();
     let mut health = crate::http::HealthCheckServers::default();
     let node = NodeContext { node_name: config.node_name.clone() };
     let (services, slices) = (informers.all::<Service>(), informers.all::<EndpointSlice>());
@@ -205,11 +323,12 @@ pub async fn sync_forever_with(
     let svc_stream = services.subscribe();
     let eps_stream = slices.subscribe();
     let drive = |kind: &'static str, stream: futures::stream::BoxStream<'static, bool>| {
-        let changed = changed.clone();
+        let (changed, status) = (changed.clone(), status.clone());
         tokio::spawn(async move {
             let mut stream = stream;
             while let Some(ok) = stream.next().await {
                 if ok {
+                    status.changed(kind);
                     changed.notify_one();
                 }
             }
@@ -246,7 +365,15 @@ pub async fn sync_forever_with(
         let slices = eps_store.state();
         let desired =
             compute(services.iter().map(|s| s.as_ref()), slices.iter().map(|s| s.as_ref()), &node);
-        let ops = state.sync(maps, &desired)?;
+        let ops = match state.sync(maps, &desired) {
+            Ok(ops) => ops,
+            Err(e) => {
+                status.metrics.failures.inc();
+                return Err(e.into());
+            }
+        };
+        status.synced(t.elapsed());
+        programmed.observe(slices.iter().map(|s| s.as_ref()), status);
         health.reconcile(&desired.health_checks).await;
         if ops > 0 {
             info!(

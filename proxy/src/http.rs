@@ -16,6 +16,7 @@ use tracing::warn;
 
 use crate::desired::HealthCheck;
 use crate::maps::{self, ServiceMaps};
+use crate::status::ProxyStatus;
 
 /// Errors of the HTTP endpoints.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,7 @@ async fn respond(stream: &mut tokio::net::TcpStream, status: u16, ctype: &str, b
     let reason = match status {
         200 => "OK",
         404 => "Not Found",
+        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Error",
     };
@@ -122,8 +124,13 @@ async fn read_path(stream: &mut tokio::net::TcpStream) -> Option<String> {
     line.split_whitespace().nth(1).map(str::to_string)
 }
 
-/// Serves `/metrics` on `addr` from the maps pinned in `pin_dir` until the task is dropped.
-pub async fn serve_metrics(addr: SocketAddr, pin_dir: PathBuf) -> Result<()> {
+/// Serves `/metrics` on `addr` (kube-proxy's sync metrics, then the counters of the maps
+/// pinned in `pin_dir`) until the task is dropped.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    pin_dir: PathBuf,
+    status: Arc<ProxyStatus>,
+) -> Result<()> {
     let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
     let maps = ServiceMaps::open_pinned(&pin_dir)?;
     loop {
@@ -134,22 +141,68 @@ pub async fn serve_metrics(addr: SocketAddr, pin_dir: PathBuf) -> Result<()> {
             continue;
         }
         let text = (|| -> Result<String> {
-            Ok(render_metrics(
-                &maps.drops()?,
-                &maps.service_stats()?,
-                &maps.backend_stats()?,
-                &maps.rev_nats()?,
-                &maps.backends()?,
-            ))
+            Ok(status.metrics.render()
+                + &render_metrics(
+                    &maps.drops()?,
+                    &maps.service_stats()?,
+                    &maps.backend_stats()?,
+                    &maps.rev_nats()?,
+                    &maps.backends()?,
+                ))
         })();
         match text {
-            Ok(t) => respond(&mut stream, 200, "text/plain; version=0.0.4", &t).await,
+            Ok(t) => {
+                respond(&mut stream, 200, "text/plain; version=0.0.4; charset=utf-8", &t).await
+            }
             Err(e) => {
                 warn!(error = %e, "metrics");
                 respond(&mut stream, 500, "text/plain", "maps unreadable\n").await
             }
         }
     }
+}
+
+/// Serves kube-proxy's `/healthz` and `/livez` (and skiff's `/readyz`) on `addr` (kube-proxy's
+/// `--healthz-bind-address`, default `0.0.0.0:10256`) until the task is dropped.
+pub async fn serve_health(addr: SocketAddr, status: Arc<ProxyStatus>) -> Result<()> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let status = status.clone();
+        tokio::spawn(async move {
+            let path = read_path(&mut stream).await.unwrap_or_default();
+            let path = path.split('?').next().unwrap_or_default();
+            let now = std::time::SystemTime::now();
+            let answer = match path {
+                "/healthz" => {
+                    let a = status.health.healthz(now);
+                    count(&status.metrics.healthz, a.code);
+                    a
+                }
+                "/livez" => {
+                    let a = status.health.livez(now);
+                    count(&status.metrics.livez, a.code);
+                    a
+                }
+                "/readyz" => status.health.readyz(now),
+                _ => {
+                    respond(&mut stream, 404, "text/plain", "not found\n").await;
+                    return;
+                }
+            };
+            respond(&mut stream, answer.code, "application/json", &answer.body).await;
+        });
+    }
+}
+
+fn count(
+    family: &prometheus_client::metrics::family::Family<
+        Vec<(String, String)>,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    code: u16,
+) {
+    family.get_or_create(&vec![("code".to_string(), code.to_string())]).inc();
 }
 
 /// The healthCheckNodePort listeners, reconciled with the desired set.

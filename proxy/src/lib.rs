@@ -14,4 +14,5 @@ pub mod kbtf;
 pub mod loader;
 pub mod maglev;
 pub mod maps;
+pub mod status;
 pub mod sync;

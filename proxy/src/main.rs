@@ -17,6 +17,9 @@ struct Cli {
     /// bpffs directory of the pinned maps and links.
     #[arg(long, global = true, default_value = "/sys/fs/bpf/skiff")]
     pin_dir: PathBuf,
+    /// Log lines as `text` or `json`.
+    #[arg(long, global = true, default_value = "text")]
+    log_format: skiff_core::logging::LogFormat,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -32,7 +35,8 @@ enum NodePortModeArg {
 enum Cmd {
     /// Load and attach the data plane and keep it in sync with the cluster.
     Run {
-        #[arg(long)]
+        /// This node's name (kube-proxy's `--hostname-override`).
+        #[arg(long, alias = "hostname-override")]
         node_name: String,
         #[arg(long)]
         node_ip: Ipv4Addr,
@@ -55,9 +59,12 @@ enum Cmd {
         /// (direct server return over IPIP; every node must use it).
         #[arg(long, value_enum, default_value = "snat")]
         nodeport_mode: NodePortModeArg,
-        /// Address of /metrics (kube-proxy's default).
-        #[arg(long, default_value = "127.0.0.1:10249")]
+        /// Address of /metrics (kube-proxy's `--metrics-bind-address` and default).
+        #[arg(long, alias = "metrics-bind-address", default_value = "127.0.0.1:10249")]
         metrics_addr: std::net::SocketAddr,
+        /// Address of /healthz, /livez and /readyz (kube-proxy's flag and default).
+        #[arg(long, default_value = "0.0.0.0:10256")]
+        healthz_bind_address: std::net::SocketAddr,
     },
     /// Print a pinned map (works whether the daemon runs or not).
     Maps { what: MapsWhat },
@@ -86,14 +93,8 @@ enum MapsWhat {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Colours only on a terminal: log files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let cli = Cli::parse();
+    skiff_core::logging::init(cli.log_format, skiff_core::logging::LogStream::Stdout);
     match cli.command {
         Cmd::Run {
             node_name,
@@ -105,6 +106,7 @@ async fn main() -> Result<()> {
             xdp_interfaces,
             nodeport_mode,
             metrics_addr,
+            healthz_bind_address,
         } => {
             let client = match kubeconfig {
                 Some(path) => {
@@ -126,13 +128,22 @@ async fn main() -> Result<()> {
                 tc_interfaces,
                 xdp_interfaces,
                 metrics_addr: Some(metrics_addr),
+                healthz_addr: Some(healthz_bind_address),
                 nodeport_mode: match nodeport_mode {
                     NodePortModeArg::Snat => loader::NodePortMode::Snat,
                     NodePortModeArg::Dsr => loader::NodePortMode::Dsr,
                 },
                 ..ProxyConfig::default()
             };
-            daemon::run(client, config).await?;
+            tokio::select! {
+                r = daemon::run(client, config) => r?,
+                signal = skiff_core::logging::shutdown_signal() => {
+                    let name = signal.context("waiting for SIGTERM or SIGINT")?;
+                    // The maps and links stay pinned: forwarding goes on until the next
+                    // skiff-proxy adopts them.
+                    tracing::info!(signal = name, "stopping (the data plane stays attached)");
+                }
+            }
             Ok(())
         }
         Cmd::Maps { what } => print_maps(&cli.pin_dir, what),

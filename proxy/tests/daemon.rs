@@ -179,3 +179,88 @@ fn watch_events_drive_the_maps() {
     task.abort();
     rt.shutdown_timeout(Duration::from_secs(2));
 }
+
+/// A free loopback address (bound, then released for the server under test).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// GET `path` from `addr`: status code and body, or None while nothing listens.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+#[test]
+fn healthz_livez_and_kube_proxy_metrics_follow_the_syncs() {
+    use skiff_proxy::status::ProxyStatus;
+    let bpffs = BpffsDir::new();
+    let pin = bpffs.path();
+    let _dp = Dataplane::load(&pin, "192.168.77.1".parse().unwrap()).expect("load");
+    let api = Arc::new(Mutex::new(FakeApi::default()));
+    api.lock().unwrap().put(
+        "services",
+        serde_json::to_value(service("web", "10.96.0.10", "http", "TCP")).unwrap(),
+    );
+    let (health_addr, metrics_addr) = (free_addr(), free_addr());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = ProxyConfig { pin_dir: pin.clone(), ..ProxyConfig::default() };
+    let status = Arc::new(ProxyStatus::new(config.health_timeout));
+    let client = {
+        let _in_runtime = rt.enter();
+        client(api.clone())
+    };
+    rt.spawn(skiff_proxy::http::serve_health(health_addr, status.clone()));
+    rt.spawn(skiff_proxy::http::serve_metrics(metrics_addr, pin.clone(), status.clone()));
+    let daemon_maps = ServiceMaps::open_pinned(&pin).unwrap();
+    let task = rt.spawn(async move {
+        let informers = skiff_core::informers::Informers::new(client);
+        let mut maps = daemon_maps;
+        skiff_proxy::daemon::sync_observed(&informers, &config, &mut maps, &status).await
+    });
+    let maps = ServiceMaps::open_pinned(&pin).unwrap();
+    wait_for(&maps, "the service in the maps", |m| !m.services().unwrap().is_empty());
+    // Ready once the first sync programmed the maps.
+    let t = Instant::now();
+    let ready = loop {
+        match http_get(health_addr, "/readyz") {
+            Some((200, body)) => break body,
+            _ if t.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            other => panic!("/readyz: {other:?}"),
+        }
+    };
+    assert!(ready.contains("lastUpdated"), "{ready}");
+    let (code, body) = http_get(health_addr, "/healthz").expect("/healthz");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("kube-proxy's JSON");
+    assert_eq!(v["nodeEligible"], true);
+    assert!(v["lastUpdated"].as_str().is_some_and(|s| !s.is_empty()), "{body}");
+    assert!(v["currentTime"].as_str().is_some_and(|s| !s.is_empty()), "{body}");
+    let (code, body) = http_get(health_addr, "/livez").expect("/livez");
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains("nodeEligible"), "{body}");
+    assert_eq!(http_get(health_addr, "/nothing").map(|r| r.0), Some(404));
+
+    let (code, text) = http_get(metrics_addr, "/metrics").expect("/metrics");
+    assert_eq!(code, 200);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    };
+    assert!(value("kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0);
+    assert!(value("kubeproxy_sync_proxy_rules_service_changes_total") >= 1.0);
+    assert!(value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
+    assert_eq!(value("kubeproxy_sync_proxy_rules_iptables_restore_failures_total"), 0.0);
+    assert!(value("kubeproxy_proxy_healthz_total{code=\"200\"}") >= 1.0);
+    assert!(text.contains("skiff_drops_total"), "the maps' counters follow:\n{text}");
+    task.abort();
+    rt.shutdown_timeout(Duration::from_secs(2));
+}

@@ -17,6 +17,7 @@ pub mod informers;
 pub mod join;
 pub mod json;
 pub mod labels;
+pub mod logging;
 pub mod names;
 pub mod quantity;
 pub mod quota;

@@ -57,6 +57,18 @@ pub fn rfc3339_seconds(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// An RFC 3339 time (as the API writes it) as a `SystemTime`; `None` when it does not parse.
+pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
+    let t: Timestamp = s.parse().ok()?;
+    std::time::SystemTime::try_from(t).ok()
+}
+
+/// A `SystemTime` in RFC 3339, UTC, to the nanosecond when it has them (what kube-proxy's
+/// health answers carry).
+pub fn rfc3339_precise(t: std::time::SystemTime) -> String {
+    Timestamp::try_from(t).map(|t| t.to_string()).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
