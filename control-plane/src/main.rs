@@ -28,6 +28,15 @@ struct Args {
     /// Comma-separated etcd endpoints; the embedded store is used when absent.
     #[arg(long)]
     etcd_servers: Option<String>,
+    /// CA of the etcd members' serving certificates: etcd over TLS.
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate towards etcd (with --etcd-keyfile), when etcd asks for one.
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// Key of --etcd-certfile.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
     /// Key prefix in etcd.
     #[arg(long, default_value = "/skiff")]
     etcd_prefix: String,
@@ -307,9 +316,24 @@ async fn main() -> Result<()> {
         insecure_http: args.insecure_http,
     };
     if let Some(servers) = args.etcd_servers {
+        let tls = match &args.etcd_cafile {
+            Some(ca) => Some(
+                skiff_store::etcd::EtcdTls::from_files(
+                    ca,
+                    args.etcd_certfile.as_deref(),
+                    args.etcd_keyfile.as_deref(),
+                )
+                .context("--etcd-cafile/--etcd-certfile/--etcd-keyfile")?,
+            ),
+            None if args.etcd_certfile.is_some() => {
+                anyhow::bail!("--etcd-certfile needs --etcd-cafile (the CA of etcd's certificates)")
+            }
+            None => None,
+        };
         config.store = StoreConfig::Etcd {
             endpoints: servers.split(',').map(str::to_string).collect(),
             prefix: args.etcd_prefix,
+            tls,
         };
     }
     let running = server::start(config).await?;

@@ -22,7 +22,9 @@ pub enum StoreConfig {
     /// The embedded store under `<data-dir>/store` (the default).
     Embedded,
     /// etcd v3 endpoints with a key prefix (for HA: several servers share one etcd).
-    Etcd { endpoints: Vec<String>, prefix: String },
+    /// `tls`: the CA and client certificate (`--etcd-cafile`, `--etcd-certfile`,
+    /// `--etcd-keyfile`); endpoints without a scheme are then `https://`.
+    Etcd { endpoints: Vec<String>, prefix: String, tls: Option<skiff_store::etcd::EtcdTls> },
 }
 
 #[derive(Debug, Clone)]
@@ -219,8 +221,10 @@ async fn open_backend(config: &ServerConfig) -> Result<DynStore, Error> {
             .map_err(Error::Store)?;
             Ok(Arc::new(store))
         }
-        StoreConfig::Etcd { endpoints, prefix } => {
-            let store = skiff_store::etcd::EtcdStore::connect(endpoints, prefix)
+        StoreConfig::Etcd { endpoints, prefix, tls } => {
+            let etcd_config =
+                skiff_store::etcd::EtcdConfig { tls: tls.clone(), ..Default::default() };
+            let store = skiff_store::etcd::EtcdStore::connect_with(endpoints, prefix, etcd_config)
                 .await
                 .map_err(Error::Store)?;
             Ok(Arc::new(store))

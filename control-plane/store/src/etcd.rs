@@ -62,6 +62,57 @@ pub struct EtcdConfig {
     pub watch_retry_for: Duration,
     /// Consumer-side buffer of a watch stream, in events. Default 1024.
     pub watch_buffer: usize,
+    /// TLS towards etcd (`--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`); `None`:
+    /// plain HTTP/2.
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS towards etcd: the CA that signed the members' serving certificates and, when etcd
+/// asks for one (`--client-cert-auth`), this client's certificate and key. PEM.
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls").field("client_cert", &self.client.is_some()).finish()
+    }
+}
+
+impl EtcdTls {
+    /// Reads the PEM files (upstream's `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<EtcdTls> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| Error::backend(format!("reading {}", p.display()), e))
+        };
+        let client = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::backend(
+                    "etcd TLS",
+                    std::io::Error::other("--etcd-certfile and --etcd-keyfile go together"),
+                ));
+            }
+        };
+        Ok(EtcdTls { ca_pem: read(ca)?, client })
+    }
+
+    /// The client's TLS settings for etcd-client.
+    pub fn tls_options(&self) -> etcd_client::TlsOptions {
+        let mut o = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.client {
+            o = o.identity(etcd_client::Identity::from_pem(cert, key));
+        }
+        o
+    }
 }
 
 impl Default for EtcdConfig {
@@ -74,6 +125,7 @@ impl Default for EtcdConfig {
             max_message: 64 << 20,
             watch_retry_for: Duration::from_secs(30),
             watch_buffer: 1024,
+            tls: None,
         }
     }
 }
@@ -108,16 +160,20 @@ impl EtcdStore {
         prefix: &str,
         config: EtcdConfig,
     ) -> Result<EtcdStore> {
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
         let endpoints: Vec<String> = endpoints
             .iter()
-            .map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") })
+            .map(|e| if e.contains("://") { e.clone() } else { format!("{scheme}://{e}") })
             .collect();
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_timeout(config.request_timeout)
             .with_keep_alive(config.keep_alive.0, config.keep_alive.1)
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
+        if let Some(tls) = &config.tls {
+            options = options.with_tls(tls.tls_options());
+        }
         let client = Client::connect(&endpoints, Some(options))
             .await
             .map_err(|e| Error::backend(format!("connect to etcd {endpoints:?}"), e))?;

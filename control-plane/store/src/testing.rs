@@ -88,6 +88,7 @@ impl EtcdMember {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<EtcdMember>,
+    tls: Option<TlsFiles>,
     // Dropped after the members (field order): the processes are gone before their data.
     _dir: tempfile::TempDir,
 }
@@ -96,6 +97,17 @@ impl EtcdCluster {
     /// Start `size` members on free loopback ports and wait until the cluster has a leader and
     /// serves a linearizable read through every member.
     pub async fn start(size: usize) -> Result<EtcdCluster, EtcdProcessError> {
+        Self::start_with(size, false).await
+    }
+
+    /// [`start`](Self::start) over TLS: client URLs `https://`, serving certificates from a
+    /// CA of the cluster's own, and client certificates required (`--client-cert-auth`);
+    /// [`tls`](Self::tls) and [`tls_files`](Self::tls_files) give what a client needs.
+    pub async fn start_tls(size: usize) -> Result<EtcdCluster, EtcdProcessError> {
+        Self::start_with(size, true).await
+    }
+
+    async fn start_with(size: usize, tls: bool) -> Result<EtcdCluster, EtcdProcessError> {
         if !Path::new(ETCD_BIN).exists() {
             return Err(EtcdProcessError::Missing);
         }
@@ -105,18 +117,33 @@ impl EtcdCluster {
             .map_err(EtcdProcessError::TempDir)?;
         // A port reserved by binding to 0 can be taken by someone else before etcd binds it:
         // start again on new ports if a member dies while starting.
+        let tls = match tls {
+            true => Some(TlsFiles::generate(&dir.path().join("pki"))?),
+            false => None,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
             let run = dir.path().join(format!("attempt-{attempt}"));
             // Members kill themselves when dropped (on every early return below too).
-            let mut members = spawn_members(&run, size)?;
-            match wait_healthy(&mut members).await {
-                Ok(()) => return Ok(EtcdCluster { members, _dir: dir }),
+            let mut members = spawn_members(&run, size, tls.as_ref())?;
+            match wait_healthy(&mut members, tls.as_ref()).await {
+                Ok(()) => return Ok(EtcdCluster { members, tls, _dir: dir }),
                 Err(EtcdProcessError::Exited { .. }) if attempt < 3 => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// What a client of a [`start_tls`](Self::start_tls) cluster needs (None otherwise).
+    pub fn tls(&self) -> Option<crate::etcd::EtcdTls> {
+        self.tls.as_ref().map(TlsFiles::client)
+    }
+
+    /// The PEM files of a TLS cluster's CA and of a client certificate it accepts: (ca,
+    /// cert, key), as `--etcd-cafile`, `--etcd-certfile` and `--etcd-keyfile` take them.
+    pub fn tls_files(&self) -> Option<(PathBuf, PathBuf, PathBuf)> {
+        self.tls.as_ref().map(|t| (t.ca.clone(), t.client_cert.clone(), t.client_key.clone()))
     }
 
     /// Client URLs of every member (including killed ones: clients must cope).
@@ -188,7 +215,10 @@ fn logs(members: &[EtcdMember]) -> String {
         .join("\n")
 }
 
-async fn wait_healthy(members: &mut [EtcdMember]) -> Result<(), EtcdProcessError> {
+async fn wait_healthy(
+    members: &mut [EtcdMember],
+    tls: Option<&TlsFiles>,
+) -> Result<(), EtcdProcessError> {
     let started = Instant::now();
     loop {
         for member in members.iter_mut() {
@@ -200,7 +230,7 @@ async fn wait_healthy(members: &mut [EtcdMember]) -> Result<(), EtcdProcessError
                 });
             }
         }
-        let last = match probe(members).await {
+        let last = match probe(members, tls).await {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
@@ -216,11 +246,14 @@ async fn wait_healthy(members: &mut [EtcdMember]) -> Result<(), EtcdProcessError
 }
 
 /// Every member has a leader and serves a linearizable read.
-async fn probe(members: &[EtcdMember]) -> Result<(), String> {
+async fn probe(members: &[EtcdMember], tls: Option<&TlsFiles>) -> Result<(), String> {
     for member in members {
-        let options = etcd_client::ConnectOptions::new()
+        let mut options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(2));
+        if let Some(t) = tls {
+            options = options.with_tls(t.client().tls_options());
+        }
         let mut client = etcd_client::Client::connect([&member.client_url], Some(options))
             .await
             .map_err(|e| format!("{}: connect: {e}", member.name))?;
@@ -251,13 +284,18 @@ fn free_ports(count: usize) -> io::Result<Vec<u16>> {
     listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
 }
 
-fn spawn_members(run: &Path, size: usize) -> Result<Vec<EtcdMember>, EtcdProcessError> {
+fn spawn_members(
+    run: &Path,
+    size: usize,
+    tls: Option<&TlsFiles>,
+) -> Result<Vec<EtcdMember>, EtcdProcessError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     std::fs::create_dir_all(run).map_err(EtcdProcessError::TempDir)?;
     let ports = free_ports(size * 2).map_err(EtcdProcessError::Ports)?;
     let mut members: Vec<EtcdMember> = (0..size)
         .map(|i| EtcdMember {
             name: format!("m{i}"),
-            client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+            client_url: format!("{scheme}://127.0.0.1:{}", ports[2 * i]),
             peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
             data_dir: run.join(format!("m{i}")),
             log_path: run.join(format!("m{i}.log")),
@@ -296,13 +334,74 @@ fn spawn_members(run: &Path, size: usize) -> Result<Vec<EtcdMember>, EtcdProcess
             // Fast elections on loopback so a killed leader is replaced within a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
+            .stdin(Stdio::null());
+        if let Some(t) = tls {
+            command
+                .arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        command.stdout(log).stderr(log_err);
         let child = command
             .spawn()
             .map_err(|source| EtcdProcessError::Spawn { name: member.name.clone(), source })?;
         member.child = Some(child);
     }
     Ok(members)
+}
+
+/// The PEM files of a TLS cluster: its CA, the members' serving certificate (127.0.0.1 and
+/// localhost) and a client certificate.
+#[derive(Debug)]
+struct TlsFiles {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+impl TlsFiles {
+    fn generate(dir: &Path) -> Result<TlsFiles, EtcdProcessError> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let fail = |e: rcgen::Error| EtcdProcessError::TempDir(io::Error::other(e));
+        std::fs::create_dir_all(dir).map_err(EtcdProcessError::TempDir)?;
+        let write = |name: &str, pem: String| -> Result<PathBuf, EtcdProcessError> {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).map_err(EtcdProcessError::TempDir)?;
+            Ok(path)
+        };
+        let ca_key = KeyPair::generate().map_err(fail)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).map_err(fail)?;
+        let ca_path = write("ca.crt", ca_cert.pem())?;
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |names: Vec<String>| -> Result<(String, String), EtcdProcessError> {
+            let key = KeyPair::generate().map_err(fail)?;
+            let cert = CertificateParams::new(names)
+                .map_err(fail)?
+                .signed_by(&key, &issuer)
+                .map_err(fail)?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()])?;
+        let (client_cert, client_key) = leaf(vec!["skiff-server".into()])?;
+        Ok(TlsFiles {
+            ca: ca_path,
+            server_cert: write("server.crt", server_cert)?,
+            server_key: write("server.key", server_key)?,
+            client_cert: write("client.crt", client_cert)?,
+            client_key: write("client.key", client_key)?,
+        })
+    }
+
+    fn client(&self) -> crate::etcd::EtcdTls {
+        crate::etcd::EtcdTls::from_files(&self.ca, Some(&self.client_cert), Some(&self.client_key))
+            .expect("the cluster's own PEM files")
+    }
 }
