@@ -60,7 +60,7 @@ pub fn rfc3339_seconds(t: Timestamp) -> String {
 /// An RFC 3339 time (as the API writes it) as a `SystemTime`; `None` when it does not parse.
 pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     let t: Timestamp = s.parse().ok()?;
-    std::time::SystemTime::try_from(t).ok()
+    Some(std::time::SystemTime::from(t))
 }
 
 /// A `SystemTime` in RFC 3339, UTC, to the nanosecond when it has them (what kube-proxy's
