@@ -62,6 +62,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0} not found: build the binaries first (cargo build --release --bins)")]
+    BinaryMissing(PathBuf),
+    #[error("no image of {0:?} (the components are proxy, cni, agent, server)")]
+    UnknownComponent(String),
+    #[error("running ldd on {path}")]
+    Ldd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("tar entry name {0:?} longer than 100 bytes")]
     LongName(String),
     #[error("running ctr to import {archive} (is containerd's ctr installed?)")]
@@ -93,6 +103,21 @@ pub enum ImagesCommand {
         /// Output directory (created if missing).
         out_dir: PathBuf,
     },
+    /// Builds skiff's own images (skiff/proxy, skiff/cni, skiff/agent, skiff/server, tagged
+    /// with the version) from built binaries into a directory, printing the archives' paths.
+    Components {
+        /// Output directory (created if missing).
+        out_dir: PathBuf,
+        /// Where the binaries are (target/release).
+        #[arg(long)]
+        bin_dir: PathBuf,
+        /// The images' tag.
+        #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
+        version: String,
+        /// Only these components (default: all).
+        #[arg(long = "component")]
+        components: Vec<String>,
+    },
 }
 
 /// Runs an `images` subcommand.
@@ -104,6 +129,11 @@ pub async fn run_command(command: ImagesCommand) -> anyhow::Result<()> {
         }
         ImagesCommand::Build { out_dir } => {
             for archive in build_test_images(&out_dir)? {
+                println!("{}", archive.display());
+            }
+        }
+        ImagesCommand::Components { out_dir, bin_dir, version, components } => {
+            for archive in build_component_images(&bin_dir, &out_dir, &version, &components)? {
                 println!("{}", archive.display());
             }
         }
@@ -139,6 +169,180 @@ pub fn build_test_images_from(busybox: &Path, out_dir: &Path) -> Result<Vec<Path
         archives.push(path);
     }
     Ok(archives)
+}
+
+/// skiff's own images: `skiff/<component>:<version>` (`docker.io/skiff/...` once
+/// normalised), each on a minimal base: the component's binaries in `/usr/bin`, the shared
+/// libraries they link (glibc's, found with `ldd`) at their paths, `/etc/passwd`, `/tmp`.
+/// Nothing else: no shell, no package manager.
+pub struct Component {
+    /// The image's name under `skiff/` and the archive's file name (`<name>.tar`).
+    pub name: &'static str,
+    /// Binaries copied into `/usr/bin` (the first is the entrypoint).
+    pub binaries: &'static [&'static str],
+}
+
+/// The components with an image: the proxy (with skiff-cni, which its DaemonSet's init
+/// container installs on the node, as Cilium's image carries its CNI plugin), the CNI plugin
+/// alone, the agent (with skiff-cni) and the server.
+pub const COMPONENTS: &[Component] = &[
+    Component { name: "proxy", binaries: &["skiff-proxy", "skiff-cni"] },
+    Component { name: "cni", binaries: &["skiff-cni"] },
+    Component { name: "agent", binaries: &["skiff-agent", "skiff-cni"] },
+    Component { name: "server", binaries: &["skiff-server"] },
+];
+
+/// The reference manifests use for `component` at `version` (`skiff/proxy:0.1.0`).
+pub fn component_reference(component: &str, version: &str) -> String {
+    format!("skiff/{component}:{version}")
+}
+
+/// The fully qualified name containerd records (`docker.io/skiff/proxy:0.1.0`), which is
+/// what CRI resolves `skiff/proxy:0.1.0` to.
+pub fn component_image(component: &str, version: &str) -> String {
+    format!("docker.io/{}", component_reference(component, version))
+}
+
+/// Builds the images of `components` (names from [`COMPONENTS`]; empty: all) from the
+/// binaries in `bin_dir` into `out_dir` as `<component>.tar`; returns the archives' paths.
+/// Debug information is stripped from the copies (`strip --strip-debug`, when binutils is
+/// there) so that images of dev-profile binaries stay small.
+pub fn build_component_images(
+    bin_dir: &Path,
+    out_dir: &Path,
+    version: &str,
+    components: &[String],
+) -> Result<Vec<PathBuf>> {
+    let wanted: Vec<&Component> = if components.is_empty() {
+        COMPONENTS.iter().collect()
+    } else {
+        let mut v = Vec::new();
+        for c in components {
+            match COMPONENTS.iter().find(|k| k.name == c) {
+                Some(k) => v.push(k),
+                None => return Err(Error::UnknownComponent(c.clone())),
+            }
+        }
+        v
+    };
+    std::fs::create_dir_all(out_dir)
+        .map_err(|source| Error::Write { path: out_dir.to_path_buf(), source })?;
+    let mut archives = Vec::new();
+    for c in wanted {
+        let layer = component_layer(bin_dir, c)?;
+        let entrypoint = format!("/usr/bin/{}", c.binaries[0]);
+        let config = serde_json::json!({
+            "Env": [PATH_ENV],
+            "Entrypoint": [entrypoint],
+            "WorkingDir": "/",
+            "Labels": {
+                "org.opencontainers.image.title": c.binaries[0],
+                "org.opencontainers.image.version": version,
+            },
+        });
+        let name = component_image(c.name, version);
+        let bytes = oci_archive_with(&name, &layer, config, "cargo xtask images")?;
+        let file = format!("{}.tar", c.name);
+        let path = out_dir.join(&file);
+        let tmp = out_dir.join(format!(".{file}.{}", std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(|source| Error::Write { path: tmp.clone(), source })?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|source| Error::Write { path: path.clone(), source })?;
+        archives.push(path);
+    }
+    Ok(archives)
+}
+
+/// The one layer of a component image.
+fn component_layer(bin_dir: &Path, c: &Component) -> Result<Vec<u8>> {
+    let mut files: std::collections::BTreeMap<String, Entry> = Default::default();
+    for dir in ["dev/", "etc/", "proc/", "root/", "run/", "sys/", "usr/", "usr/bin/", "var/"] {
+        files.insert(dir.to_string(), Entry::Dir(0o755));
+    }
+    files.insert("tmp/".to_string(), Entry::Dir(0o1777));
+    files.insert(
+        "etc/passwd".into(),
+        Entry::File(
+            0o644,
+            b"root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n"
+                .to_vec(),
+        ),
+    );
+    files.insert("etc/group".into(), Entry::File(0o644, b"root:x:0:\nnobody:x:65534:\n".to_vec()));
+    files.insert("etc/nsswitch.conf".into(), Entry::File(0o644, b"hosts: files dns\n".to_vec()));
+    let mut libs = std::collections::BTreeSet::new();
+    for b in c.binaries {
+        let path = bin_dir.join(b);
+        if !path.is_file() {
+            return Err(Error::BinaryMissing(path));
+        }
+        files.insert(format!("usr/bin/{b}"), Entry::File(0o755, stripped(&path)?));
+        libs.extend(shared_libraries(&path)?);
+    }
+    for lib in libs {
+        let data =
+            std::fs::read(&lib).map_err(|source| Error::Read { path: lib.clone(), source })?;
+        let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
+        files.insert(rel, Entry::File(0o755, data));
+    }
+    // Every parent directory of every entry, as tar readers expect.
+    let names: Vec<String> = files.keys().cloned().collect();
+    for name in names {
+        let mut dir = name.trim_end_matches('/');
+        while let Some((parent, _)) = dir.rsplit_once('/') {
+            files.entry(format!("{parent}/")).or_insert(Entry::Dir(0o755));
+            dir = parent;
+        }
+    }
+    let entries: Vec<(String, Entry)> = files.into_iter().collect();
+    tar(&entries)
+}
+
+/// `path`'s bytes without debug sections (a temporary stripped copy), or as they are when
+/// `strip` is not installed.
+fn stripped(path: &Path) -> Result<Vec<u8>> {
+    let tmp = std::env::temp_dir().join(format!(
+        "skiff-image-{}-{}",
+        std::process::id(),
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    let ok = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(path)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let from = if ok { tmp.as_path() } else { path };
+    let data = std::fs::read(from).map_err(|source| Error::Read { path: from.into(), source });
+    let _ = std::fs::remove_file(&tmp);
+    data
+}
+
+/// The shared libraries (and the dynamic loader) `binary` needs, from `ldd`; none for a
+/// static binary.
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|source| Error::Ldd { path: binary.to_path_buf(), source })?;
+    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The absolute paths in `ldd` output (`libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6
+/// (0x...)`, `/lib64/ld-linux-x86-64.so.2 (0x...)`); the vDSO has none.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
 }
 
 /// Imports an OCI archive into containerd's `k8s.io` namespace through
@@ -217,14 +421,26 @@ fn busybox_layer(busybox: &Path) -> Result<Vec<u8>> {
 
 /// The OCI image-layout archive of one image over `layer`.
 fn oci_archive(name: &str, layer: &[u8], cmd: &[&str]) -> Result<Vec<u8>> {
+    let config = serde_json::json!({"Env": [PATH_ENV], "Cmd": cmd, "WorkingDir": "/"});
+    oci_archive_with(name, layer, config, "skiff-lab images build (busybox-static)")
+}
+
+/// The OCI image-layout archive of one image over `layer` with the image config's
+/// `config` object (Env, Entrypoint, Cmd, Labels, ...).
+fn oci_archive_with(
+    name: &str,
+    layer: &[u8],
+    image_config: serde_json::Value,
+    created_by: &str,
+) -> Result<Vec<u8>> {
     let arch = oci_arch();
     let layer_digest = sha256_hex(layer);
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": arch,
         "os": "linux",
-        "config": {"Env": [PATH_ENV], "Cmd": cmd, "WorkingDir": "/"},
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
-        "history": [{"created_by": "skiff-lab images build (busybox-static)"}],
+        "history": [{"created_by": created_by}],
     }))
     .unwrap_or_default();
     let config_digest = sha256_hex(&config);
@@ -399,6 +615,87 @@ mod tests {
         let manifest = std::fs::read(a.path().join("blobs/sha256").join(digest)).unwrap();
         assert_eq!(sha256_hex(&manifest), digest);
         assert!(a.path().join("oci-layout").exists());
+    }
+
+    #[test]
+    fn ldd_output_gives_the_libraries_and_the_loader() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x7f)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x7f)\n\t/lib64/ld-linux-x86-64.so.2 (0x7f)\n";
+        assert_eq!(
+            parse_ldd(text),
+            vec![
+                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        assert!(parse_ldd("\tnot a dynamic executable\n").is_empty());
+    }
+
+    /// A component image holds its binaries, what they link and nothing else, and runs
+    /// where nothing but the image is: `chroot` into the unpacked layer.
+    #[test]
+    fn a_component_image_holds_what_its_binary_needs() {
+        let bins = tempfile::tempdir().unwrap();
+        // A dynamically linked stand-in for the plugin: coreutils' `true`.
+        std::fs::copy("/bin/true", bins.path().join("skiff-cni")).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let archives =
+            build_component_images(bins.path(), out.path(), "9.9.9", &["cni".to_string()]).unwrap();
+        assert_eq!(archives, vec![out.path().join("cni.tar")]);
+        let root = tempfile::tempdir().unwrap();
+        let x = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&archives[0])
+            .arg("-C")
+            .arg(root.path())
+            .status()
+            .unwrap();
+        assert!(x.success());
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.path().join("index.json")).unwrap())
+                .unwrap();
+        let m = &index["manifests"][0];
+        assert_eq!(m["annotations"]["io.containerd.image.name"], "docker.io/skiff/cni:9.9.9");
+        let blob = |d: &serde_json::Value| {
+            let d = d.as_str().unwrap().trim_start_matches("sha256:").to_string();
+            std::fs::read(root.path().join("blobs/sha256").join(d)).unwrap()
+        };
+        let manifest: serde_json::Value = serde_json::from_slice(&blob(&m["digest"])).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_slice(&blob(&manifest["config"]["digest"])).unwrap();
+        assert_eq!(config["config"]["Entrypoint"][0], "/usr/bin/skiff-cni");
+        assert_eq!(config["config"]["Labels"]["org.opencontainers.image.version"], "9.9.9");
+        let rootfs = root.path().join("rootfs");
+        std::fs::create_dir(&rootfs).unwrap();
+        let layer = root
+            .path()
+            .join("blobs/sha256")
+            .join(manifest["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:"));
+        let x = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&layer)
+            .arg("-C")
+            .arg(&rootfs)
+            .status()
+            .unwrap();
+        assert!(x.success());
+        assert!(rootfs.join("usr/bin/skiff-cni").is_file());
+        assert!(!rootfs.join("bin/sh").exists(), "no shell in the base");
+        // chroot needs root, as the whole suite does.
+        let run =
+            std::process::Command::new("chroot").arg(&rootfs).arg("/usr/bin/skiff-cni").status();
+        assert!(run.unwrap().success(), "the binary runs with the image's libraries alone");
+    }
+
+    #[test]
+    fn unknown_components_and_missing_binaries_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let err =
+            build_component_images(dir.path(), dir.path(), "1", &["kubelet".into()]).unwrap_err();
+        assert!(err.to_string().contains("proxy, cni, agent, server"), "{err}");
+        let err =
+            build_component_images(dir.path(), dir.path(), "1", &["server".into()]).unwrap_err();
+        assert!(err.to_string().contains("skiff-server not found"), "{err}");
     }
 
     #[test]

@@ -130,6 +130,14 @@ pub fn install_cni_from(bin_dir: &Path, skiff_cni: &Path) -> Result<()> {
     std::fs::create_dir_all(bin_dir)
         .map_err(|source| Error::Write { path: bin_dir.to_path_buf(), source })?;
     copy_executable(skiff_cni, &bin_dir.join("skiff-cni"))?;
+    install_loopback(bin_dir)
+}
+
+/// Installs only the `loopback` plugin containerd calls for every sandbox (where skiff-cni
+/// comes from elsewhere: the proxy DaemonSet's init container).
+pub fn install_loopback(bin_dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(bin_dir)
+        .map_err(|source| Error::Write { path: bin_dir.to_path_buf(), source })?;
     let reference = Path::new(REFERENCE_PLUGIN_DIR).join("loopback");
     if reference.is_file() {
         copy_executable(&reference, &bin_dir.join("loopback"))

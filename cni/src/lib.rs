@@ -72,6 +72,7 @@
 //! - [`masquerade`]: source NAT for traffic leaving the cluster CIDR (nftables).
 
 pub mod config;
+pub mod install;
 pub mod ipam;
 pub mod masquerade;
 pub mod netns;

@@ -4,6 +4,32 @@
 use std::io::{Read, Write};
 
 fn main() {
+    // `skiff-cni install --bin-dir DIR` (a DaemonSet's init container); everything else is
+    // libcni calling the plugin, which passes no arguments.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("install") {
+        let done = skiff_cni::install::parse_args(&args[1..]).and_then(|dir| {
+            let me = std::path::PathBuf::from("/proc/self/exe");
+            skiff_cni::install::install(&me, &dir).map(|changed| (dir, changed))
+        });
+        match done {
+            Ok((dir, changed)) => {
+                let what = if changed { "installed" } else { "already installed" };
+                println!("skiff-cni: {what} in {}", dir.display());
+                std::process::exit(0);
+            }
+            Err(e) => {
+                let mut msg = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    msg.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                eprintln!("skiff-cni: {msg}");
+                std::process::exit(1);
+            }
+        }
+    }
     let mut payload = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut payload) {
         eprintln!("skiff-cni: reading stdin: {e}");

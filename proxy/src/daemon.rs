@@ -212,6 +212,34 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The node's IPv4 InternalIP from its Node object, as kube-proxy finds its node address
+/// when none is given; waits (with a log line every attempt) until the Node exists and has
+/// one.
+pub async fn node_internal_ip(client: &Client, node: &str) -> Result<Ipv4Addr> {
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    loop {
+        let why = match nodes.get_opt(node).await {
+            Ok(Some(n)) => {
+                let ip = n
+                    .status
+                    .and_then(|s| s.addresses)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|a| a.type_ == "InternalIP")
+                    .find_map(|a| a.address.parse::<Ipv4Addr>().ok());
+                match ip {
+                    Some(ip) => return Ok(ip),
+                    None => "it has no IPv4 InternalIP yet".to_string(),
+                }
+            }
+            Ok(None) => "it does not exist yet".to_string(),
+            Err(e) => format!("reading it failed: {e}"),
+        };
+        warn!(node, "waiting for the Node's InternalIP (no --node-ip given): {why}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 /// Runs the proxy until the watch streams end: the agent's and `skiff-proxy run`'s entry.
 pub async fn run(client: Client, config: ProxyConfig) -> Result<()> {
     run_with(&Informers::new(client), config).await

@@ -126,12 +126,32 @@ async fn read_path(stream: &mut tokio::net::TcpStream) -> Option<String> {
 
 /// Serves `/metrics` on `addr` (kube-proxy's sync metrics, then the counters of the maps
 /// pinned in `pin_dir`) until the task is dropped.
+/// Binds `addr`, waiting while another process holds it: during a DaemonSet update the
+/// previous proxy pod (host network, same ports) may still be on its way out when the next
+/// one starts. Other errors return at once.
+async fn bind_when_free(addr: SocketAddr) -> Result<TcpListener> {
+    let mut warned = false;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if !warned {
+                    warn!(%addr, "address in use (the previous proxy still exiting?); waiting for it");
+                    warned = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(source) => return Err(Error::Bind { addr, source }),
+        }
+    }
+}
+
 pub async fn serve_metrics(
     addr: SocketAddr,
     pin_dir: PathBuf,
     status: Arc<ProxyStatus>,
 ) -> Result<()> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+    let listener = bind_when_free(addr).await?;
     let maps = ServiceMaps::open_pinned(&pin_dir)?;
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
@@ -165,7 +185,7 @@ pub async fn serve_metrics(
 /// Serves kube-proxy's `/healthz` and `/livez` (and skiff's `/readyz`) on `addr` (kube-proxy's
 /// `--healthz-bind-address`, default `0.0.0.0:10256`) until the task is dropped.
 pub async fn serve_health(addr: SocketAddr, status: Arc<ProxyStatus>) -> Result<()> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+    let listener = bind_when_free(addr).await?;
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
         let status = status.clone();

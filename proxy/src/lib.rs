@@ -7,6 +7,7 @@
 //! the agent hosts it, and it also runs alone on any Kubernetes cluster.
 
 pub mod batch;
+pub mod config;
 pub mod daemon;
 pub mod desired;
 pub mod http;

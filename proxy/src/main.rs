@@ -14,12 +14,12 @@ use skiff_proxy::maps::{FlowReader, ServiceMaps};
 #[derive(Parser)]
 #[command(name = "skiff-proxy", about = "skiff eBPF service proxy")]
 struct Cli {
-    /// bpffs directory of the pinned maps and links.
-    #[arg(long, global = true, default_value = "/sys/fs/bpf/skiff")]
-    pin_dir: PathBuf,
-    /// Log lines as `text` or `json`.
-    #[arg(long, global = true, default_value = "text")]
-    log_format: skiff_core::logging::LogFormat,
+    /// bpffs directory of the pinned maps and links (default /sys/fs/bpf/skiff).
+    #[arg(long, global = true)]
+    pin_dir: Option<PathBuf>,
+    /// Log lines as `text` (default) or `json`.
+    #[arg(long, global = true)]
+    log_format: Option<skiff_core::logging::LogFormat>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -34,38 +34,7 @@ enum NodePortModeArg {
 #[derive(Subcommand)]
 enum Cmd {
     /// Load and attach the data plane and keep it in sync with the cluster.
-    Run {
-        /// This node's name (kube-proxy's `--hostname-override`).
-        #[arg(long, alias = "hostname-override")]
-        node_name: String,
-        #[arg(long)]
-        node_ip: Ipv4Addr,
-        /// kubeconfig (default: in-cluster or $KUBECONFIG / ~/.kube/config).
-        #[arg(long)]
-        kubeconfig: Option<PathBuf>,
-        /// Do not attach the socket-LB hooks (per-packet tc path only).
-        #[arg(long)]
-        no_socket_lb: bool,
-        /// cgroup v2 directory for the socket LB (default: the cgroup v2 root).
-        #[arg(long)]
-        cgroup: Option<PathBuf>,
-        /// Interfaces for the tc per-packet path (repeatable).
-        #[arg(long = "tc-iface")]
-        tc_interfaces: Vec<String>,
-        /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
-        #[arg(long = "xdp-iface")]
-        xdp_interfaces: Vec<String>,
-        /// How remote NodePort/ExternalIP/LB backends are reached: snat (default) or dsr
-        /// (direct server return over IPIP; every node must use it).
-        #[arg(long, value_enum, default_value = "snat")]
-        nodeport_mode: NodePortModeArg,
-        /// Address of /metrics (kube-proxy's `--metrics-bind-address` and default).
-        #[arg(long, alias = "metrics-bind-address", default_value = "127.0.0.1:10249")]
-        metrics_addr: std::net::SocketAddr,
-        /// Address of /healthz, /livez and /readyz (kube-proxy's flag and default).
-        #[arg(long, default_value = "0.0.0.0:10256")]
-        healthz_bind_address: std::net::SocketAddr,
-    },
+    Run(Box<RunArgs>),
     /// Print a pinned map (works whether the daemon runs or not).
     Maps { what: MapsWhat },
     /// Stream new-flow events (one line per new connection/flow) until interrupted.
@@ -75,6 +44,46 @@ enum Cmd {
     /// Switch the programs' debug output (new flows and drops, printed to the kernel trace
     /// buffer: /sys/kernel/tracing/trace_pipe) on or off at run time; no argument shows it.
     Debug { state: Option<DebugState> },
+}
+
+/// `skiff-proxy run`: flags win over `--config`, which wins over the defaults.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A ProxyConfiguration (or kube-proxy's KubeProxyConfiguration) YAML file, as the
+    /// DaemonSet's ConfigMap holds (kube-proxy's `--config`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This node's name (kube-proxy's `--hostname-override`; default: the host name).
+    #[arg(long, alias = "hostname-override")]
+    node_name: Option<String>,
+    /// This node's address (default: the Node's InternalIP).
+    #[arg(long)]
+    node_ip: Option<Ipv4Addr>,
+    /// kubeconfig (default: in-cluster or $KUBECONFIG / ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Do not attach the socket-LB hooks (per-packet tc path only).
+    #[arg(long)]
+    no_socket_lb: bool,
+    /// cgroup v2 directory for the socket LB (default: the cgroup v2 root).
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+    /// Interfaces for the tc per-packet path (repeatable).
+    #[arg(long = "tc-iface")]
+    tc_interfaces: Vec<String>,
+    /// Node-facing interfaces for XDP NodePort/ExternalIP (repeatable).
+    #[arg(long = "xdp-iface")]
+    xdp_interfaces: Vec<String>,
+    /// How remote NodePort/ExternalIP/LB backends are reached: snat (default) or dsr
+    /// (direct server return over IPIP; every node must use it).
+    #[arg(long, value_enum)]
+    nodeport_mode: Option<NodePortModeArg>,
+    /// Address of /metrics (kube-proxy's `--metrics-bind-address`; default 127.0.0.1:10249).
+    #[arg(long, alias = "metrics-bind-address")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Address of /healthz, /livez and /readyz (kube-proxy's flag; default 0.0.0.0:10256).
+    #[arg(long)]
+    healthz_bind_address: Option<std::net::SocketAddr>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -94,20 +103,41 @@ enum MapsWhat {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    skiff_core::logging::init(cli.log_format, skiff_core::logging::LogStream::Stdout);
+    let file = match &cli.command {
+        Cmd::Run(args) => match &args.config {
+            Some(path) => Some((path.clone(), skiff_proxy::config::load(path)?)),
+            None => None,
+        },
+        _ => None,
+    };
+    let file_format = file.as_ref().and_then(|(_, f)| f.log_format.as_deref());
+    let log_format = match (cli.log_format, file_format) {
+        (Some(f), _) => f,
+        (None, Some("json")) => skiff_core::logging::LogFormat::Json,
+        _ => skiff_core::logging::LogFormat::Text,
+    };
+    skiff_core::logging::init(log_format, skiff_core::logging::LogStream::Stdout);
+    let default_pin_dir = PathBuf::from("/sys/fs/bpf/skiff");
     match cli.command {
-        Cmd::Run {
-            node_name,
-            node_ip,
-            kubeconfig,
-            no_socket_lb,
-            cgroup,
-            tc_interfaces,
-            xdp_interfaces,
-            nodeport_mode,
-            metrics_addr,
-            healthz_bind_address,
-        } => {
+        Cmd::Run(args) => {
+            let mut args = *args;
+            let file = match file {
+                Some((path, f)) => {
+                    if !f.ignored.is_empty() {
+                        tracing::warn!(
+                            file = %path.display(),
+                            fields = ?f.ignored,
+                            "fields of the KubeProxyConfiguration that mean nothing to skiff-proxy are ignored"
+                        );
+                    }
+                    f
+                }
+                None => Default::default(),
+            };
+            let kubeconfig = args
+                .kubeconfig
+                .take()
+                .or_else(|| file.client_connection.as_ref().and_then(|c| c.kubeconfig.clone()));
             let client = match kubeconfig {
                 Some(path) => {
                     let kc = kube::config::Kubeconfig::read_from(&path)
@@ -117,24 +147,59 @@ async fn main() -> Result<()> {
                         .context("kubeconfig")?;
                     kube::Client::try_from(cfg)?
                 }
-                None => kube::Client::try_default().await.context("kube client")?,
+                None => kube::Client::try_default().await.context(
+                    "no kubeconfig: give --kubeconfig, or run in a pod with \
+                     KUBERNETES_SERVICE_HOST/PORT set to the API server's address",
+                )?,
             };
+            let node_name = match args.node_name.take().or(file.hostname_override.clone()) {
+                Some(n) => n,
+                None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .context("no --hostname-override and no host name")?
+                    .trim()
+                    .to_lowercase(),
+            };
+            let node_ip = match args.node_ip.or(file.node_ip) {
+                Some(ip) => ip,
+                None => daemon::node_internal_ip(&client, &node_name).await?,
+            };
+            let nodeport_mode = match args.nodeport_mode {
+                Some(NodePortModeArg::Dsr) => loader::NodePortMode::Dsr,
+                Some(NodePortModeArg::Snat) => loader::NodePortMode::Snat,
+                None => match file.node_port_mode {
+                    Some(skiff_proxy::config::NodePortMode::Dsr) => loader::NodePortMode::Dsr,
+                    _ => loader::NodePortMode::Snat,
+                },
+            };
+            let or_file = |flag: Vec<String>, file: &Option<Vec<String>>| {
+                if flag.is_empty() { file.clone().unwrap_or_default() } else { flag }
+            };
+            let defaults = ProxyConfig::default();
             let config = ProxyConfig {
                 node_name,
                 node_ip,
-                pin_dir: cli.pin_dir,
-                socket_lb: !no_socket_lb,
-                cgroup,
-                tc_interfaces,
-                xdp_interfaces,
-                metrics_addr: Some(metrics_addr),
-                healthz_addr: Some(healthz_bind_address),
-                nodeport_mode: match nodeport_mode {
-                    NodePortModeArg::Snat => loader::NodePortMode::Snat,
-                    NodePortModeArg::Dsr => loader::NodePortMode::Dsr,
-                },
-                ..ProxyConfig::default()
+                pin_dir: cli.pin_dir.or(file.pin_dir.clone()).unwrap_or(default_pin_dir),
+                socket_lb: !args.no_socket_lb && file.socket_lb.unwrap_or(true),
+                cgroup: args.cgroup.take().or(file.cgroup_path.clone()),
+                tc_interfaces: or_file(args.tc_interfaces, &file.tc_interfaces),
+                xdp_interfaces: or_file(args.xdp_interfaces, &file.xdp_interfaces),
+                metrics_addr: args
+                    .metrics_addr
+                    .or(file.metrics_bind_address)
+                    .or(defaults.metrics_addr),
+                healthz_addr: args
+                    .healthz_bind_address
+                    .or(file.healthz_bind_address)
+                    .or(defaults.healthz_addr),
+                nodeport_mode,
+                ..defaults
             };
+            tracing::info!(
+                node = %config.node_name,
+                node_ip = %config.node_ip,
+                pin_dir = %config.pin_dir.display(),
+                "starting"
+            );
             tokio::select! {
                 r = daemon::run(client, config) => r?,
                 signal = skiff_core::logging::shutdown_signal() => {
@@ -146,18 +211,19 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Maps { what } => print_maps(&cli.pin_dir, what),
-        Cmd::Flows => stream_flows(&cli.pin_dir).await,
+        Cmd::Maps { what } => print_maps(&cli.pin_dir.unwrap_or(default_pin_dir), what),
+        Cmd::Flows => stream_flows(&cli.pin_dir.unwrap_or(default_pin_dir)).await,
         Cmd::Debug { state } => {
+            let pin_dir = cli.pin_dir.unwrap_or(default_pin_dir);
             if let Some(state) = state {
-                skiff_proxy::maps::set_debug(&cli.pin_dir, matches!(state, DebugState::On))?;
+                skiff_proxy::maps::set_debug(&pin_dir, matches!(state, DebugState::On))?;
             }
-            let on = skiff_proxy::maps::debug_enabled(&cli.pin_dir)?;
+            let on = skiff_proxy::maps::debug_enabled(&pin_dir)?;
             println!("debug output {}", if on { "on" } else { "off" });
             Ok(())
         }
         Cmd::Unpin => {
-            let n = loader::unpin_links(&cli.pin_dir.join("links"))?;
+            let n = loader::unpin_links(&cli.pin_dir.unwrap_or(default_pin_dir).join("links"))?;
             println!("unpinned {n} links");
             Ok(())
         }

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use skiff_control_plane::server::{self, ServerConfig};
 
+pub mod lab;
+
 /// A skiff-server running on a background thread until dropped.
 pub struct TestServer {
     pub addr: std::net::SocketAddr,

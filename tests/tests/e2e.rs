@@ -22,8 +22,9 @@ use hickory_proto::op::{Message, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
-use skiff_agent::lab::{self, LabConfig, LabState};
+use skiff_agent::lab::{self as agent_lab, LabConfig, LabState};
 use skiff_tests::Kubectl;
+use skiff_tests::lab::{self, Lab, PodInfo, bin_dir, wait_for};
 
 const NS: &str = "e2e";
 /// The lab segment; the host (skiff-server, and the test's upstream resolver) takes `.1`.
@@ -84,102 +85,34 @@ impl Drop for Upstream {
     }
 }
 
-/// How much of each process's log a failed run prints.
-const FAILURE_LOG_LINES: usize = 80;
+/// The e2e lab (`/run/skiff-e<pid>`), taken down on drop.
+type Cluster = Lab;
 
-/// The lab, taken down on drop.
-struct Cluster {
-    state: LabState,
-    dir: PathBuf,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.report_failure();
-        }
-        if let Err(e) = self.rt.block_on(lab::down(&self.dir)) {
-            eprintln!("e2e: taking the lab down: {e}");
-        }
-    }
-}
-
-fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/e2e-<hash> → target/<profile>
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent().and_then(|p| p.parent()).expect("target dir").to_path_buf()
-}
-
-impl Cluster {
-    fn start(nodes: usize) -> Cluster {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let name = format!("e{}", std::process::id() % 100_000);
-        let dir = PathBuf::from(format!("/run/skiff-{name}"));
-        let config = LabConfig {
-            name: name.clone(),
+fn start_cluster(nodes: usize) -> Cluster {
+    Lab::start(
+        "e",
+        LabConfig {
             nodes,
-            dir: dir.clone(),
-            server_data_dir: dir.join("server"),
             subnet: LAB_SUBNET.parse().expect("subnet"),
             dns_upstreams: vec![LAB_HOST],
-            bin_dir: Some(bin_dir()),
             ready_timeout: Duration::from_secs(120),
             log_filter: "info".into(),
             // `kubectl top` answers after two scrapes.
             metric_resolution: Some(Duration::from_secs(2)),
             ..Default::default()
-        };
-        // A run killed half-way cannot take its lab down, and its host link would hold
-        // LAB_SUBNET: reclaim such labs first.
-        let stale = std::fs::read_dir("/run")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("skiff-e"))
-            .map(|e| e.path());
-        match rt.block_on(lab::down_stale(stale)) {
-            Ok(cleaned) if !cleaned.is_empty() => {
-                eprintln!("e2e: took down stale labs {cleaned:?}")
-            }
-            Ok(_) => {}
-            Err(e) => eprintln!("e2e: taking down stale labs: {e}"),
-        }
-        let state = match rt.block_on(lab::up(&config)) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = rt.block_on(lab::down(&dir));
-                panic!("lab up failed: {e:?}");
-            }
-        };
-        Cluster { state, dir, rt }
-    }
+        },
+    )
+}
 
-    /// On a failed run, before the lab (and its logs) go: the cluster's objects as kubectl
-    /// sees them and the end of the server's and every agent's log, into the test's output.
-    fn report_failure(&self) {
-        let k = Kubectl::new(33, &self.state.kubeconfig);
-        for what in [&["get", "nodes,pods", "-A", "-o", "wide"][..], &["get", "events", "-A"]] {
-            let out = k.run(&[&["--request-timeout=10s"], what].concat(), None);
-            eprintln!(
-                "e2e: kubectl {}:\n{}{}",
-                what.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let logs = std::iter::once(("skiff-server".to_string(), self.state.server_log()))
-            .chain(self.state.nodes.iter().map(|n| (n.name.clone(), n.agent_log())));
-        for (name, log) in logs {
-            let tail = lab::log_tail(&log, FAILURE_LOG_LINES);
-            eprintln!("e2e: the end of {name}'s log:\n{tail}");
-        }
-    }
+/// What the e2e scenarios read off a node's pinned maps.
+trait NodeMaps {
+    fn reload(&mut self);
+    fn proxy_maps(&self, node: &str, what: &str) -> String;
+    /// Backend addresses of `frontend` (`IP:PORT`) in a node's maps.
+    fn programmed(&self, node: &str, frontend: &str) -> BTreeSet<String>;
+}
 
+impl NodeMaps for Lab {
     fn reload(&mut self) {
         self.state = LabState::load(&self.dir).expect("lab state").expect("lab exists");
     }
@@ -196,7 +129,6 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Backend addresses of `frontend` (`IP:PORT`) in a node's maps.
     fn programmed(&self, node: &str, frontend: &str) -> BTreeSet<String> {
         let backends: BTreeMap<String, String> = self
             .proxy_maps(node, "backends")
@@ -218,126 +150,26 @@ impl Cluster {
             })
             .collect()
     }
-
-    fn outside_get(&self, url: &str) -> Option<String> {
-        let out = self
-            .state
-            .outside_command(&["timeout", "3", "/bin/busybox", "wget", "-q", "-O-", url])
-            .stdin(Stdio::null())
-            .output()
-            .expect("outside wget");
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-#[derive(Debug, Clone)]
-struct PodInfo {
-    name: String,
-    node: String,
-    ip: String,
-    ready: bool,
-    phase: String,
-    restarts: i64,
-    uid: String,
 }
 
 fn pods(k: &Kubectl, selector: &str) -> Vec<PodInfo> {
-    let out = k.run(&["-n", NS, "get", "pods", "-l", selector, "-o", "json"], None);
-    if !out.status.success() {
-        return Vec::new();
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .map(|p| PodInfo {
-            name: p["metadata"]["name"].as_str().unwrap_or_default().into(),
-            uid: p["metadata"]["uid"].as_str().unwrap_or_default().into(),
-            node: p["spec"]["nodeName"].as_str().unwrap_or_default().into(),
-            ip: p["status"]["podIP"].as_str().unwrap_or_default().into(),
-            phase: p["status"]["phase"].as_str().unwrap_or_default().into(),
-            ready: p["status"]["conditions"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")),
-            restarts: p["status"]["containerStatuses"]
-                .as_array()
-                .map(|cs| cs.iter().map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum())
-                .unwrap_or(0),
-        })
-        .collect()
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    lab::pods(k, NS, selector)
 }
 
 fn ready_pods(k: &Kubectl, selector: &str, n: usize) -> Vec<PodInfo> {
-    wait_for(&format!("{n} ready pods {selector}"), Duration::from_secs(90), || {
-        let p = pods(k, selector);
-        (p.len() == n && p.iter().all(|p| p.ready && p.phase == "Running")).then_some(p)
-    })
+    lab::ready_pods(k, NS, selector, n)
 }
 
-/// Runs `script` in `pod` through `kubectl exec` (bounded).
 fn exec(k: &Kubectl, pod: &str, script: &str) -> String {
-    let out = Command::new("timeout")
-        .arg("60")
-        .arg(&k.bin)
-        .arg("--kubeconfig")
-        .arg(&k.kubeconfig)
-        .args(["-n", NS, "exec", pod, "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .expect("kubectl exec");
-    assert!(
-        out.status.success(),
-        "kubectl exec {pod} {script:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    lab::exec(k, NS, pod, script)
 }
 
-/// `n` GETs of `url` from `pod`; the bodies (FAIL for a failed request).
 fn hits(k: &Kubectl, pod: &str, url: &str, n: usize) -> Vec<String> {
-    let script = format!(
-        "i=0; while [ $i -lt {n} ]; do timeout 3 wget -q -O- {url} || echo FAIL; i=$((i+1)); done"
-    );
-    exec(k, pod, &script).lines().map(str::to_string).collect()
+    lab::hits(k, NS, pod, url, n)
 }
 
-/// GETs of `url` from `pod` in a loop for `secs` seconds, in the background; the join gives
-/// (ok, failed).
 fn load(k: &Kubectl, pod: &str, url: &str, secs: u32) -> std::thread::JoinHandle<(u64, u64)> {
-    let script = format!(
-        "end=$(( $(date +%s) + {secs} )); ok=0; fail=0; while [ $(date +%s) -lt $end ]; do \
-         if timeout 3 wget -q -O /dev/null {url}; then ok=$((ok+1)); else fail=$((fail+1)); fi; \
-         done; echo $ok $fail"
-    );
-    let mut cmd = Command::new("timeout");
-    cmd.arg(format!("{}", secs + 60))
-        .arg(&k.bin)
-        .arg("--kubeconfig")
-        .arg(&k.kubeconfig)
-        .args(["-n", NS, "exec", pod, "--", "sh", "-c", &script])
-        .stdin(Stdio::null());
-    std::thread::spawn(move || {
-        let out = cmd.output().expect("kubectl exec (load)");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut f = text.split_whitespace().map(|n| n.parse::<u64>().unwrap_or(0));
-        assert!(out.status.success(), "load exec failed: {}", String::from_utf8_lossy(&out.stderr));
-        (f.next().unwrap_or(0), f.next().unwrap_or(u64::MAX))
-    })
+    lab::load(k, NS, pod, url, secs)
 }
 
 fn web_manifest(replicas: u32, version: &str) -> String {
@@ -432,7 +264,7 @@ spec:
 
 #[test]
 fn three_node_cluster_end_to_end() {
-    let mut c = Cluster::start(3);
+    let mut c = start_cluster(3);
     let upstream = Upstream::start(LAB_HOST);
     let k = Kubectl::new(33, &c.state.kubeconfig);
     let nodes: Vec<String> = c.state.nodes.iter().map(|n| n.name.clone()).collect();
@@ -707,7 +539,8 @@ fn three_node_cluster_end_to_end() {
     eprintln!("e2e: the lost node returns");
     c.rt.block_on(c.state.start_containerd(&lost)).expect("containerd back");
     c.state.start_agent(&lost).expect("agent back");
-    c.rt.block_on(lab::wait_ready(&c.state, Duration::from_secs(90))).expect("node Ready again");
+    c.rt.block_on(agent_lab::wait_ready(&c.state, Duration::from_secs(90)))
+        .expect("node Ready again");
 
     // 10. A claim of the default StorageClass (local-path): provisioned on the node its
     // first pod was scheduled to; what one pod writes the next pod of the claim reads there.
@@ -809,7 +642,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn bench_e2e() {
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    let c = Cluster::start(3);
+    let c = start_cluster(3);
     let k = Kubectl::new(33, &c.state.kubeconfig);
     let nodes: Vec<String> = c.state.nodes.iter().map(|n| n.name.clone()).collect();
     k.ok(&["create", "namespace", NS]);
@@ -818,7 +651,7 @@ fn bench_e2e() {
     let svc: serde_json::Value =
         serde_json::from_str(&k.ok(&["-n", NS, "get", "svc", "web", "-o", "json"])).unwrap();
     let frontend = format!("{}:80", svc["spec"]["clusterIP"].as_str().expect("clusterIP"));
-    let client = c.rt.block_on(lab::client(&c.state.kubeconfig)).expect("client");
+    let client = c.rt.block_on(agent_lab::client(&c.state.kubeconfig)).expect("client");
     let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), NS);
     let ready_ips = || -> BTreeSet<String> {
         c.rt.block_on(slices.list(&Default::default()))

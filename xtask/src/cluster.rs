@@ -56,7 +56,10 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
 
 /// Installs what is missing, builds, starts an N-node lab and returns once the nodes are
 /// Ready.
-pub fn up(root: &Path, nodes: usize, release: bool) -> Result<()> {
+pub fn up(root: &Path, nodes: usize, release: bool, proxy: &str) -> Result<()> {
+    if !matches!(proxy, "in-process" | "daemonset") {
+        anyhow::bail!("--proxy {proxy:?}: expected in-process or daemonset");
+    }
     crate::setup::all(root)?;
     let bin = build(root, release)?;
     // The test images (also built into each node by the lab; here for `ctr import` by hand).
@@ -71,6 +74,8 @@ pub fn up(root: &Path, nodes: usize, release: bool) -> Result<()> {
         LAB_DIR,
         "--server-data-dir",
         SERVER_DIR,
+        "--proxy",
+        proxy,
     ]))
     .context("starting the lab (logs under /var/lib/skiff/lab)")?;
     let kubeconfig = Path::new(SERVER_DIR).join("admin.kubeconfig");

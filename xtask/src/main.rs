@@ -41,6 +41,11 @@ enum Cmd {
         /// time of the default dev profile, which `cargo xtask test` shares).
         #[arg(long)]
         release: bool,
+        /// Where the data plane runs: `in-process` (in each agent, the default) or
+        /// `daemonset` (the agents without it; deploy/proxy applied with kubectl -k from the
+        /// skiff/proxy image built from these binaries).
+        #[arg(long, default_value = "in-process")]
+        proxy: String,
     },
     /// Stop everything `up` started and remove every trace of it.
     Down,
@@ -58,12 +63,20 @@ enum Cmd {
         #[arg(long)]
         install: bool,
     },
-    /// Build the busybox test images (skiff.test/pause:1, skiff.test/tools:1) as OCI
-    /// archives into target/images/ (import: skiff-lab images import FILE).
+    /// Build skiff's images (skiff/proxy, skiff/cni, skiff/agent, skiff/server, tagged with
+    /// the version) from the release binaries, and the busybox test images
+    /// (skiff.test/pause:1, skiff.test/tools:1), as OCI archives into target/images/
+    /// (`ctr images import FILE`, or any registry: `skopeo copy oci-archive:FILE ...`).
     Images {
         /// Output directory instead of target/images.
         #[arg(long)]
         out_dir: Option<PathBuf>,
+        /// From the dev-profile binaries (as `cargo xtask test` builds them) instead.
+        #[arg(long)]
+        debug: bool,
+        /// Only these components (proxy, cni, agent, server); default all.
+        #[arg(long = "component")]
+        components: Vec<String>,
     },
     /// Run a benchmark and print its figures (JSON under target/bench/).
     Bench { name: String },
@@ -74,7 +87,7 @@ fn main() -> Result<()> {
     let root = project_root();
     match cli.command {
         Cmd::Setup => setup::all(&root),
-        Cmd::Up { nodes, release } => cluster::up(&root, nodes, release),
+        Cmd::Up { nodes, release, proxy } => cluster::up(&root, nodes, release, &proxy),
         Cmd::Down => cluster::down(&root),
         Cmd::Test => test(&root),
         Cmd::Lint => lint(&root),
@@ -86,8 +99,9 @@ fn main() -> Result<()> {
             println!("{}", obj.display());
             Ok(())
         }
-        Cmd::Images { out_dir } => {
-            images::build(&root, out_dir).map(|dir| println!("{}", dir.display()))
+        Cmd::Images { out_dir, debug, components } => {
+            images::build(&root, out_dir, !debug, &components)
+                .map(|dir| println!("{}", dir.display()))
         }
         Cmd::Bench { name } => bench::run_bench(&root, &name),
     }

@@ -420,10 +420,18 @@ pub fn mounts(
                 Some(sub) => base.join(sub),
                 None => base.clone(),
             };
+            // The kubelet's mapping (the API refuses Bidirectional for unprivileged
+            // containers, as upstream's does).
+            let propagation = match m.mount_propagation.as_deref() {
+                Some("HostToContainer") => api::MountPropagation::PropagationHostToContainer,
+                Some("Bidirectional") => api::MountPropagation::PropagationBidirectional,
+                _ => api::MountPropagation::PropagationPrivate,
+            };
             Ok(api::Mount {
                 container_path: m.mount_path.clone(),
                 host_path: host.to_string_lossy().into_owned(),
                 readonly: m.read_only.unwrap_or(false),
+                propagation: propagation as i32,
                 ..Default::default()
             })
         })

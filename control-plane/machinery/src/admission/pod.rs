@@ -761,6 +761,16 @@ fn validate_container_common(
         &p.child("volumeMounts"),
         errs,
     );
+    // Upstream: a mount that propagates back to the host is for privileged containers only.
+    let privileged = c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false);
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        if m.mount_propagation.as_deref() == Some("Bidirectional") && !privileged {
+            errs.push(FieldError::forbidden(
+                &p.child("volumeMounts").index(i).child("mountPropagation"),
+                "Bidirectional mount propagation is available only to privileged containers",
+            ));
+        }
+    }
     match c.image_pull_policy.as_deref().unwrap_or_default() {
         "Always" | "IfNotPresent" | "Never" => {}
         "" => errs.push(FieldError::required(&p.child("imagePullPolicy"), "")),

@@ -277,6 +277,17 @@ fn pod_rejections() {
             "FieldValueNotFound",
         ),
         (
+            "bidirectional propagation unprivileged",
+            &|p| {
+                p["spec"]["volumes"] =
+                    json!([{"name": "bpf", "hostPath": {"path": "/sys/fs/bpf"}}]);
+                p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "bpf",
+                    "mountPath": "/sys/fs/bpf", "mountPropagation": "Bidirectional"}]);
+            },
+            "spec.containers[0].volumeMounts[0].mountPropagation: Forbidden: Bidirectional mount propagation is available only to privileged containers",
+            "FieldValueForbidden",
+        ),
+        (
             "two volume sources",
             &|p| {
                 p["spec"]["volumes"] =

@@ -32,6 +32,8 @@ use crate::containerd::{self, Containerd, ContainerdConfig};
 use crate::images;
 use crate::network;
 
+pub mod proxy;
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,19 @@ pub enum Error {
     },
     #[error("test images")]
     Images(#[from] images::Error),
+    #[error("the proxy DaemonSet was not rolled out within {timeout:?}: {detail}")]
+    ProxyNotReady { timeout: Duration, detail: String },
+}
+
+/// Where the lab's data plane runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyMode {
+    /// Inside each agent (the default).
+    #[default]
+    InProcess,
+    /// The `deploy/proxy` DaemonSet, applied with kubectl once the nodes are Ready.
+    Daemonset,
 }
 
 /// What [`up`] builds. See the module docs for the layout.
@@ -116,6 +131,10 @@ pub struct LabConfig {
     pub metric_resolution: Option<Duration>,
     /// More arguments for skiff-server (`skiff-bench lab-load` turns the audit log on).
     pub server_args: Vec<String>,
+    /// Where the data plane runs.
+    pub proxy: ProxyMode,
+    /// The project's `deploy/` (default: beside the agent crate's sources).
+    pub deploy_dir: Option<PathBuf>,
 }
 
 impl Default for LabConfig {
@@ -137,6 +156,8 @@ impl Default for LabConfig {
             dns_upstreams: Vec::new(),
             metric_resolution: None,
             server_args: Vec::new(),
+            proxy: ProxyMode::InProcess,
+            deploy_dir: None,
         }
     }
 }
@@ -189,6 +210,9 @@ pub struct LabState {
     /// [`LabConfig::server_args`].
     #[serde(default)]
     pub server_args: Vec<String>,
+    /// [`LabConfig::proxy`]: with `Daemonset`, the agents run with `--no-proxy`.
+    #[serde(default)]
+    pub proxy: ProxyMode,
 }
 
 impl NodeState {
@@ -277,24 +301,31 @@ impl LabState {
             .arg(ContainerdConfig::under(&node.containerd_dir).cni_bin_dir)
             .arg("--cni-data-dir")
             .arg(node.dir.join("ipam"))
-            .args(["--cgroup-parent", &node.cgroup_parent])
-            .arg("--proxy-pin-dir")
-            .arg(&node.pin_dir)
-            .arg("--proxy-cgroup")
-            .arg(cgroup2_dir(&node.cgroup_parent))
-            .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"])
-            // The nodes share the host's disk, which the build under test fills: a share of
-            // it (the kubelet's nodefs.available<10%) would taint every node with
-            // disk-pressure on a busy build machine. An amount says what a lab needs.
-            .args([
-                "--eviction-hard",
-                "memory.available<100Mi,nodefs.available<1Gi,pid.available<10%",
-            ])
-            // The lab's own resolv.conf: no upstream resolvers unless the lab was given some
-            // on its segment (names outside the cluster are REFUSED, nothing leaves the machine).
-            .arg("--resolv-conf")
-            .arg(self.dir.join("resolv.conf"))
-            .env("RUST_LOG", &self.log_filter);
+            .args(["--cgroup-parent", &node.cgroup_parent]);
+        match self.proxy {
+            ProxyMode::InProcess => {
+                c.arg("--proxy-pin-dir")
+                    .arg(&node.pin_dir)
+                    .arg("--proxy-cgroup")
+                    .arg(cgroup2_dir(&node.cgroup_parent))
+                    .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"]);
+            }
+            ProxyMode::Daemonset => {
+                c.arg("--no-proxy");
+            }
+        }
+        // The nodes share the host's disk, which the build under test fills: a share of
+        // it (the kubelet's nodefs.available<10%) would taint every node with
+        // disk-pressure on a busy build machine. An amount says what a lab needs.
+        c.args([
+            "--eviction-hard",
+            "memory.available<100Mi,nodefs.available<1Gi,pid.available<10%",
+        ])
+        // The lab's own resolv.conf: no upstream resolvers unless the lab was given some
+        // on its segment (names outside the cluster are REFUSED, nothing leaves the machine).
+        .arg("--resolv-conf")
+        .arg(self.dir.join("resolv.conf"))
+        .env("RUST_LOG", &self.log_filter);
         c
     }
 
@@ -453,6 +484,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         log_filter: config.log_filter.clone(),
         metric_resolution_ms: config.metric_resolution.map(|d| d.as_millis() as u64),
         server_args: config.server_args.clone(),
+        proxy: config.proxy,
     };
     state.save()?;
     match build(&mut state, config).await {
@@ -511,7 +543,16 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     state.start_server()?;
 
     // Nodes: namespace, lab0, CNI plugins, containerd, images.
-    let archives = images::build_test_images(&state.dir.join("images"))?;
+    let mut archives = images::build_test_images(&state.dir.join("images"))?;
+    if state.proxy == ProxyMode::Daemonset {
+        // The image users install, from the binaries under test.
+        archives.extend(images::build_component_images(
+            &state.bin_dir,
+            &state.dir.join("images"),
+            env!("CARGO_PKG_VERSION"),
+            &["proxy".to_string()],
+        )?);
+    }
     let skiff_cni = state.bin_dir.join("skiff-cni");
     for i in 0..state.nodes.len() {
         let n = state.nodes[i].clone();
@@ -539,7 +580,11 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         let mut cc = ContainerdConfig::under(&n.containerd_dir);
         cc.log_file = n.dir.join("containerd.log");
         cc.cgroup_parent = n.cgroup_parent.clone();
-        network::install_cni_from(&cc.cni_bin_dir, &skiff_cni)?;
+        match state.proxy {
+            ProxyMode::InProcess => network::install_cni_from(&cc.cni_bin_dir, &skiff_cni)?,
+            // skiff-cni comes from the proxy DaemonSet's init container.
+            ProxyMode::Daemonset => network::install_loopback(&cc.cni_bin_dir)?,
+        }
         std::fs::create_dir_all(&cc.cni_conf_dir)
             .map_err(|source| Error::Write { path: cc.cni_conf_dir.clone(), source })?;
         let c = Containerd::start(&cc, Some(&n.netns))
@@ -588,7 +633,12 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     for name in &names {
         state.start_agent(name)?;
     }
-    wait_ready(state, config.ready_timeout).await
+    wait_ready(state, config.ready_timeout).await?;
+    if state.proxy == ProxyMode::Daemonset {
+        let deploy = config.deploy_dir.clone().unwrap_or_else(proxy::default_deploy_dir);
+        proxy::install(state, &deploy, config.ready_timeout.max(Duration::from_secs(120))).await?;
+    }
+    Ok(())
 }
 
 /// Waits until every node of the lab is Ready (through kubectl-free API calls).
@@ -997,6 +1047,9 @@ pub enum LabCommand {
         /// `--server-arg=--audit-level=Metadata`.
         #[arg(long = "server-arg", allow_hyphen_values = true)]
         server_args: Vec<String>,
+        /// Where the data plane runs: in each agent, or the deploy/proxy DaemonSet.
+        #[arg(long, value_enum, default_value = "in-process")]
+        proxy: ProxyMode,
     },
     /// Take the lab in DIR down and remove every trace of it.
     Down {
@@ -1062,6 +1115,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
             bin_dir,
             log_filter,
             server_args,
+            proxy,
         } => {
             let config = LabConfig {
                 name,
@@ -1072,6 +1126,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
                 bin_dir,
                 log_filter,
                 server_args,
+                proxy,
                 ..Default::default()
             };
             let state = up(&config).await?;

@@ -1,0 +1,246 @@
+//! `skiff-proxy run --config FILE`: the daemon's settings as a file (what the DaemonSet's
+//! ConfigMap holds), after kube-proxy's `--config` with its KubeProxyConfiguration.
+//!
+//! Two kinds are read:
+//! - `proxy.skiff.dev/v1alpha1` `ProxyConfiguration`: every setting of `skiff-proxy run`,
+//!   decoded strictly (an unknown or misspelt field is an error naming it).
+//! - `kubeproxy.config.k8s.io/v1alpha1` `KubeProxyConfiguration`, so a kube-proxy ConfigMap
+//!   can be reused: the fields with the same meaning (`hostnameOverride`,
+//!   `healthzBindAddress`, `metricsBindAddress`, `clientConnection.kubeconfig`) are taken,
+//!   the rest (modes, iptables, ipvs, conntrack tuning) mean nothing here and are listed in
+//!   [`FileConfig::ignored`] for a log line.
+//!
+//! Command-line flags win over the file, as they do for kube-proxy's flags that the file
+//! does not set.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// `apiVersion` of skiff's own kind.
+pub const API_VERSION: &str = "proxy.skiff.dev/v1alpha1";
+/// skiff's own kind.
+pub const KIND: &str = "ProxyConfiguration";
+const KUBE_PROXY_API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+const KUBE_PROXY_KIND: &str = "KubeProxyConfiguration";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error(
+        "{path}: apiVersion {api_version:?} kind {kind:?} is not a proxy configuration \
+         ({API_VERSION} {KIND}, or {KUBE_PROXY_API_VERSION} {KUBE_PROXY_KIND})"
+    )]
+    Kind { path: PathBuf, api_version: String, kind: String },
+}
+
+/// `nodePortMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodePortMode {
+    Snat,
+    Dsr,
+}
+
+/// kube-proxy's `clientConnection`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConnection {
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// The settings a file gives (every field optional: unset ones keep the flag or default).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    /// The node's name (kube-proxy's field).
+    pub hostname_override: Option<String>,
+    /// The node's address (default: the Node's InternalIP).
+    #[serde(rename = "nodeIP")]
+    pub node_ip: Option<Ipv4Addr>,
+    /// kube-proxy's field and default (0.0.0.0:10256).
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// kube-proxy's field and default (127.0.0.1:10249).
+    pub metrics_bind_address: Option<SocketAddr>,
+    pub client_connection: Option<ClientConnection>,
+    /// bpffs directory of the pinned maps and links (default /sys/fs/bpf/skiff).
+    pub pin_dir: Option<PathBuf>,
+    /// cgroup v2 directory of the socket-LB hooks (default: the cgroup v2 root).
+    pub cgroup_path: Option<PathBuf>,
+    /// Attach the socket-LB hooks (default true).
+    #[serde(rename = "socketLB")]
+    pub socket_lb: Option<bool>,
+    /// Interfaces of the per-packet tc path.
+    pub tc_interfaces: Option<Vec<String>>,
+    /// Node-facing interfaces of the XDP NodePort path.
+    pub xdp_interfaces: Option<Vec<String>>,
+    pub node_port_mode: Option<NodePortMode>,
+    /// Log lines as `text` or `json`.
+    pub log_format: Option<String>,
+    /// Fields of a KubeProxyConfiguration that mean nothing to skiff (not decoded).
+    #[serde(skip)]
+    pub ignored: Vec<String>,
+}
+
+/// Reads and checks a configuration file.
+pub fn load(path: &Path) -> Result<FileConfig, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+    parse(&text).map_err(|e| match e {
+        ParseError::Message(message) => Error::Parse { path: path.to_path_buf(), message },
+        ParseError::Kind { api_version, kind } => {
+            Error::Kind { path: path.to_path_buf(), api_version, kind }
+        }
+    })
+}
+
+#[derive(Debug)]
+enum ParseError {
+    Message(String),
+    Kind { api_version: String, kind: String },
+}
+
+fn parse(text: &str) -> Result<FileConfig, ParseError> {
+    let value: serde_json::Value =
+        serde_saphyr::from_str(text).map_err(|e| ParseError::Message(e.to_string()))?;
+    let serde_json::Value::Object(mut fields) = value else {
+        return Err(ParseError::Message("the file is not a mapping".into()));
+    };
+    let text_of = |v: Option<&serde_json::Value>| {
+        v.and_then(serde_json::Value::as_str).unwrap_or_default().to_string()
+    };
+    let api_version = text_of(fields.get("apiVersion"));
+    let kind = text_of(fields.get("kind"));
+    let mut ignored = Vec::new();
+    match (api_version.as_str(), kind.as_str()) {
+        (API_VERSION, KIND) => {}
+        (KUBE_PROXY_API_VERSION, KUBE_PROXY_KIND) => {
+            const SHARED: &[&str] = &[
+                "apiVersion",
+                "kind",
+                "hostnameOverride",
+                "healthzBindAddress",
+                "metricsBindAddress",
+                "clientConnection",
+            ];
+            fields.retain(|k, _| {
+                let keep = SHARED.contains(&k.as_str());
+                if !keep {
+                    ignored.push(k.clone());
+                }
+                keep
+            });
+            // Only the kubeconfig of clientConnection (qps, burst, contentType are client
+            // tuning skiff leaves to kube-rs).
+            if let Some(serde_json::Value::Object(cc)) = fields.get_mut("clientConnection") {
+                cc.retain(|k, _| {
+                    let keep = k == "kubeconfig";
+                    if !keep {
+                        ignored.push(format!("clientConnection.{k}"));
+                    }
+                    keep
+                });
+                if cc.get("kubeconfig").and_then(serde_json::Value::as_str) == Some("") {
+                    cc.remove("kubeconfig");
+                }
+            }
+            // kube-proxy writes empty strings for unset fields.
+            fields.retain(|_, v| v.as_str() != Some(""));
+        }
+        _ => return Err(ParseError::Kind { api_version, kind }),
+    }
+    let mut config: FileConfig = serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| ParseError::Message(e.to_string()))?;
+    if let Some(f) = &config.log_format
+        && !matches!(f.as_str(), "text" | "json")
+    {
+        return Err(ParseError::Message(format!("logFormat {f:?}: expected \"text\" or \"json\"")));
+    }
+    config.ignored = ignored;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skiffs_kind_gives_every_setting() {
+        let c = parse(
+            "apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\n\
+             hostnameOverride: node-1\nnodeIP: 10.0.0.5\nhealthzBindAddress: 0.0.0.0:10256\n\
+             metricsBindAddress: 0.0.0.0:10249\npinDir: /sys/fs/bpf/x\ncgroupPath: /sys/fs/cgroup/k\n\
+             socketLB: false\ntcInterfaces: [eth0]\nxdpInterfaces: [eth0, eth1]\n\
+             nodePortMode: dsr\nlogFormat: json\n",
+        )
+        .unwrap();
+        assert_eq!(c.hostname_override.as_deref(), Some("node-1"));
+        assert_eq!(c.node_ip, Some(Ipv4Addr::new(10, 0, 0, 5)));
+        assert_eq!(c.metrics_bind_address, Some("0.0.0.0:10249".parse().unwrap()));
+        assert_eq!(c.pin_dir, Some(PathBuf::from("/sys/fs/bpf/x")));
+        assert_eq!(c.socket_lb, Some(false));
+        assert_eq!(c.xdp_interfaces, Some(vec!["eth0".into(), "eth1".into()]));
+        assert_eq!(c.node_port_mode, Some(NodePortMode::Dsr));
+        assert!(c.ignored.is_empty());
+    }
+
+    #[test]
+    fn a_kube_proxy_configuration_gives_the_shared_fields() {
+        // The shape kubeadm writes into kube-proxy's ConfigMap.
+        let c = parse(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             bindAddress: 0.0.0.0\nclientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n  qps: 5\n\
+             clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: 0.0.0.0:10256\nhostnameOverride: \"\"\n\
+             iptables:\n  masqueradeAll: false\nmetricsBindAddress: 127.0.0.1:10249\nmode: iptables\n",
+        )
+        .unwrap();
+        assert_eq!(c.hostname_override, None, "empty means unset");
+        assert_eq!(
+            c.client_connection.and_then(|cc| cc.kubeconfig),
+            Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf"))
+        );
+        assert_eq!(c.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
+        let mut ignored = c.ignored.clone();
+        ignored.sort();
+        assert_eq!(
+            ignored,
+            ["bindAddress", "clientConnection.qps", "clusterCIDR", "iptables", "mode"]
+        );
+    }
+
+    #[test]
+    fn bad_files_name_what_is_wrong() {
+        let err =
+            parse("apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\npinDri: /x\n")
+                .unwrap_err();
+        assert!(format!("{err:?}").contains("pinDri"), "{err:?}");
+        let err = parse("apiVersion: v1\nkind: ConfigMap\n").unwrap_err();
+        assert!(matches!(err, ParseError::Kind { .. }), "{err:?}");
+        let err =
+            parse("apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\nnodeIP: nope\n")
+                .unwrap_err();
+        assert!(format!("{err:?}").contains("invalid"), "{err:?}");
+        let err = parse(
+            "apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\nnodePortMode: nat\n",
+        )
+        .unwrap_err();
+        assert!(format!("{err:?}").contains("nat"), "{err:?}");
+        let err = parse("- a\n- b\n").unwrap_err();
+        assert!(format!("{err:?}").contains("mapping"), "{err:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let err = load(&dir.path().join("missing.yaml")).unwrap_err();
+        assert!(err.to_string().contains("missing.yaml"), "{err}");
+    }
+}
