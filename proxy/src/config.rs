@@ -79,6 +79,10 @@ pub struct FileConfig {
     pub pin_dir: Option<PathBuf>,
     /// cgroup v2 directory of the socket-LB hooks (default: the cgroup v2 root).
     pub cgroup_path: Option<PathBuf>,
+    /// Mount a bpffs at the pin dir's parent when there is none (default true; false in a
+    /// pod, where the host must have mounted it).
+    #[serde(rename = "mountBPFFS")]
+    pub mount_bpffs: Option<bool>,
     /// Attach the socket-LB hooks (default true).
     #[serde(rename = "socketLB")]
     pub socket_lb: Option<bool>,
@@ -182,7 +186,7 @@ mod tests {
             "apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\n\
              hostnameOverride: node-1\nnodeIP: 10.0.0.5\nhealthzBindAddress: 0.0.0.0:10256\n\
              metricsBindAddress: 0.0.0.0:10249\npinDir: /sys/fs/bpf/x\ncgroupPath: /sys/fs/cgroup/k\n\
-             socketLB: false\ntcInterfaces: [eth0]\nxdpInterfaces: [eth0, eth1]\n\
+             socketLB: false\nmountBPFFS: false\ntcInterfaces: [eth0]\nxdpInterfaces: [eth0, eth1]\n\
              nodePortMode: dsr\nlogFormat: json\n",
         )
         .unwrap();
@@ -191,6 +195,7 @@ mod tests {
         assert_eq!(c.metrics_bind_address, Some("0.0.0.0:10249".parse().unwrap()));
         assert_eq!(c.pin_dir, Some(PathBuf::from("/sys/fs/bpf/x")));
         assert_eq!(c.socket_lb, Some(false));
+        assert_eq!(c.mount_bpffs, Some(false));
         assert_eq!(c.xdp_interfaces, Some(vec!["eth0".into(), "eth1".into()]));
         assert_eq!(c.node_port_mode, Some(NodePortMode::Dsr));
         assert!(c.ignored.is_empty());

@@ -97,6 +97,10 @@ pub struct ProxyConfig {
     /// How long a change may wait for its sync before `/healthz` answers 503 (default 60 s,
     /// kube-proxy's twice its 30 s sync period).
     pub health_timeout: Duration,
+    /// Mount a bpffs at the pin dir's parent when none is there (default true, for a proxy
+    /// in the host's mount namespace); false in a pod, where such a mount would be the
+    /// pod's own and vanish with it: a missing bpffs is then an error saying so.
+    pub mount_bpffs: bool,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
     /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
     pub debounce: Duration,
@@ -117,6 +121,7 @@ impl Default for ProxyConfig {
             healthz_addr: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 10256))),
             health_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(10),
+            mount_bpffs: true,
         }
     }
 }
@@ -147,7 +152,11 @@ pub struct RunningDataplane {
 /// Loads the object, pins maps, attaches the programs the config asks for.
 pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
     if let Some(parent) = config.pin_dir.parent() {
-        loader::ensure_bpffs(parent)?;
+        if config.mount_bpffs {
+            loader::ensure_bpffs(parent)?;
+        } else if !loader::bpffs_mounted(parent)? {
+            return Err(loader::Error::NoBpffs(parent.to_path_buf()).into());
+        }
     }
     let options = loader::LoadOptions::default().nodeport_mode(config.nodeport_mode);
     let mut dataplane = Dataplane::load_with(&config.pin_dir, config.node_ip, &options)?;
@@ -414,5 +423,27 @@ pub async fn sync_observed(
         drop(_g);
         changed.notified().await;
         tokio::time::sleep(config.debounce).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a pod (mount_bpffs false) a missing bpffs is an error that says what to do, not
+    /// a private mount whose pins would vanish with the pod.
+    #[test]
+    fn a_proxy_that_may_not_mount_refuses_a_missing_bpffs() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ProxyConfig {
+            pin_dir: dir.path().join("skiff"),
+            mount_bpffs: false,
+            ..ProxyConfig::default()
+        };
+        let err = start_dataplane(&config).err().expect("no bpffs there");
+        let text = err.to_string();
+        let chain = std::error::Error::source(&err).map(|e| e.to_string()).unwrap_or_default();
+        assert!(format!("{text}: {chain}").contains("no bpffs mounted at"), "{text}: {chain}");
+        assert!(!loader::bpffs_mounted(dir.path()).unwrap(), "nothing was mounted");
     }
 }

@@ -34,6 +34,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "no bpffs mounted at {0}: mount it on the host (`mount -t bpf bpf {0}`, as systemd \
+         does at boot) and give the proxy the host's {0}; a bpffs of the pod's own would \
+         lose the pinned maps and links, and forwarding with them, when the pod goes"
+    )]
+    NoBpffs(PathBuf),
     #[error("mounting bpffs at {path}")]
     MountBpffs {
         path: PathBuf,
@@ -508,16 +514,20 @@ fn parse_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
 }
 
 /// Mounts bpffs at `dir` unless a bpffs is already mounted there.
-pub fn ensure_bpffs(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::PinDir { path: dir.into(), source })?;
+/// Whether a bpffs is mounted exactly at `dir` (this process's mount namespace).
+pub fn bpffs_mounted(dir: &Path) -> Result<bool> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
-    let mounted = info.lines().any(|l| {
+    Ok(info.lines().any(|l| {
         l.split_once(" - ").is_some_and(|(pre, post)| {
             post.starts_with("bpf ")
                 && pre.split_whitespace().nth(4) == Some(&*dir.to_string_lossy())
         })
-    });
-    if mounted {
+    }))
+}
+
+pub fn ensure_bpffs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::PinDir { path: dir.into(), source })?;
+    if bpffs_mounted(dir)? {
         return Ok(());
     }
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();

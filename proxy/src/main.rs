@@ -65,6 +65,10 @@ struct RunArgs {
     /// Do not attach the socket-LB hooks (per-packet tc path only).
     #[arg(long)]
     no_socket_lb: bool,
+    /// Do not mount a bpffs where none is: in a pod, the host's must be given (a missing one
+    /// is then an error).
+    #[arg(long)]
+    no_mount_bpffs: bool,
     /// cgroup v2 directory for the socket LB (default: the cgroup v2 root).
     #[arg(long)]
     cgroup: Option<PathBuf>,
@@ -180,6 +184,7 @@ async fn main() -> Result<()> {
                 node_ip,
                 pin_dir: cli.pin_dir.or(file.pin_dir.clone()).unwrap_or(default_pin_dir),
                 socket_lb: !args.no_socket_lb && file.socket_lb.unwrap_or(true),
+                mount_bpffs: !args.no_mount_bpffs && file.mount_bpffs.unwrap_or(true),
                 cgroup: args.cgroup.take().or(file.cgroup_path.clone()),
                 tc_interfaces: or_file(args.tc_interfaces, &file.tc_interfaces),
                 xdp_interfaces: or_file(args.xdp_interfaces, &file.xdp_interfaces),

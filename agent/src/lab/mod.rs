@@ -84,6 +84,8 @@ pub enum Error {
     },
     #[error("test images")]
     Images(#[from] images::Error),
+    #[error("bpffs on the host (what systemd mounts on a real node)")]
+    Bpffs(#[from] skiff_proxy::loader::Error),
     #[error("the proxy DaemonSet was not rolled out within {timeout:?}: {detail}")]
     ProxyNotReady { timeout: Duration, detail: String },
 }
@@ -213,7 +215,14 @@ pub struct LabState {
     /// [`LabConfig::proxy`]: with `Daemonset`, the agents run with `--no-proxy`.
     #[serde(default)]
     pub proxy: ProxyMode,
+    /// Whether `up` mounted the host's bpffs at [`BPFFS`] (the proxy pods need the host's:
+    /// one of their own would go with them); `down` unmounts it when nothing is left in it.
+    #[serde(default)]
+    pub mounted_bpffs: bool,
 }
+
+/// Where a node has its bpffs (systemd mounts it there at boot).
+pub const BPFFS: &str = "/sys/fs/bpf";
 
 impl NodeState {
     /// The node's agent log (appended to across restarts).
@@ -485,6 +494,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         metric_resolution_ms: config.metric_resolution.map(|d| d.as_millis() as u64),
         server_args: config.server_args.clone(),
         proxy: config.proxy,
+        mounted_bpffs: false,
     };
     state.save()?;
     match build(&mut state, config).await {
@@ -545,6 +555,12 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
     // Nodes: namespace, lab0, CNI plugins, containerd, images.
     let mut archives = images::build_test_images(&state.dir.join("images"))?;
     if state.proxy == ProxyMode::Daemonset {
+        let bpffs = Path::new(BPFFS);
+        if !skiff_proxy::loader::bpffs_mounted(bpffs)? {
+            skiff_proxy::loader::ensure_bpffs(bpffs)?;
+            state.mounted_bpffs = true;
+            state.save()?;
+        }
         // The image users install, from the binaries under test.
         archives.extend(images::build_component_images(
             &state.bin_dir,
@@ -776,6 +792,17 @@ pub async fn down(dir: &Path) -> Result<()> {
     let _ =
         Command::new("ip").args(["netns", "del", &state.lab_netns]).stderr(Stdio::null()).status();
     let _ = std::fs::remove_dir_all(&state.server_data_dir);
+    // Empty but for what the kernel's bpf_preload puts in every bpffs.
+    let empty = |d: &Path| {
+        std::fs::read_dir(d).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .all(|e| matches!(e.file_name().to_str(), Some("maps.debug" | "progs.debug")))
+        })
+    };
+    if state.mounted_bpffs && empty(Path::new(BPFFS)) {
+        let _ = Command::new("umount").arg(BPFFS).stderr(Stdio::null()).status();
+    }
     std::fs::remove_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })
 }
 

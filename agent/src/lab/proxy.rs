@@ -72,6 +72,7 @@ patches:
         apiVersion: proxy.skiff.dev/v1alpha1
         kind: ProxyConfiguration
         socketLB: true
+        mountBPFFS: false
         tcInterfaces: [lab0]
         xdpInterfaces: [lab0]
         nodePortMode: snat

@@ -119,6 +119,21 @@ pub fn pod_cgroup_parent(config: &AgentConfig, uid: &str) -> String {
     format!("{parent}/pod{uid}")
 }
 
+/// Whether any container of `pod` asks for `privileged`.
+fn any_privileged(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    let privileged = |sc: Option<&k8s_openapi::api::core::v1::SecurityContext>| {
+        sc.and_then(|s| s.privileged).unwrap_or(false)
+    };
+    spec.containers.iter().any(|c| privileged(c.security_context.as_ref()))
+        || spec.init_containers.iter().flatten().any(|c| privileged(c.security_context.as_ref()))
+        || spec
+            .ephemeral_containers
+            .iter()
+            .flatten()
+            .any(|c| privileged(c.security_context.as_ref()))
+}
+
 /// The sandbox config of `pod` (attempt counts sandbox re-creations).
 pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::PodSandboxConfig {
     let uid = pod.uid().unwrap_or_default();
@@ -158,6 +173,10 @@ pub fn sandbox_config(pod: &Pod, config: &AgentConfig, attempt: u32) -> api::Pod
                     ipc: mode(host_ipc),
                     ..Default::default()
                 }),
+                // The kubelet's rule: the sandbox is privileged when any of its containers
+                // (init and ephemeral ones included) is; containerd refuses a privileged
+                // container in an unprivileged sandbox.
+                privileged: any_privileged(pod),
                 ..Default::default()
             }),
             ..Default::default()
@@ -176,6 +195,21 @@ mod tests {
             "spec": spec,
         }))
         .expect("pod")
+    }
+
+    #[test]
+    fn a_privileged_container_makes_a_privileged_sandbox() {
+        let config = AgentConfig::new("n");
+        let plain = pod(json!({"containers": [{"name": "c"}]}));
+        let sc =
+            |p: &Pod| sandbox_config(p, &config, 0).linux.and_then(|l| l.security_context).unwrap();
+        assert!(!sc(&plain).privileged);
+        let init = pod(json!({"containers": [{"name": "c"}],
+            "initContainers": [{"name": "i", "securityContext": {"privileged": true}}]}));
+        assert!(sc(&init).privileged);
+        let main =
+            pod(json!({"containers": [{"name": "c", "securityContext": {"privileged": true}}]}));
+        assert!(sc(&main).privileged);
     }
 
     #[test]

@@ -348,7 +348,13 @@ pub async fn sync_pod<R: Runtime>(
         st,
         sandbox_id: sb.id.clone(),
         sandbox_config: sandbox_config(pod, &ctx.config, sb.attempt),
-        pod_ip: sb.ip.clone(),
+        // A host-network pod's IP is the node's (what its status says, what probes and
+        // `status.podIP` env vars use), not the sandbox's, which has none.
+        pod_ip: if spec.host_network.unwrap_or(false) {
+            ctx.host_ip.clone()
+        } else {
+            sb.ip.clone()
+        },
         volume_paths: None,
         next: relist,
         acted: false,
