@@ -136,7 +136,9 @@ pub async fn start_with<R: Runtime + Clone>(
                     }
                 }
             }
-            Some(crate::dns::serve_with(informers.clone(), d).await.map_err(Error::Dns)?)
+            let server = crate::dns::serve_with(informers.clone(), d).await.map_err(Error::Dns)?;
+            crate::metrics::set_dns_source(server.stats_reader());
+            Some(server)
         }
         None => None,
     };

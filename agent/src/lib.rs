@@ -17,6 +17,7 @@ pub mod agent;
 pub mod cgroups;
 pub mod config;
 pub mod dns;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod pods;

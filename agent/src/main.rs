@@ -102,6 +102,10 @@ struct RunArgs {
     /// The node's resolv.conf (upstreams of the cluster DNS for other names).
     #[arg(long, default_value = "/etc/resolv.conf")]
     resolv_conf: PathBuf,
+    /// Address of the agent's /healthz and /metrics (the kubelet's healthz address; empty:
+    /// not served).
+    #[arg(long, default_value = "127.0.0.1:10248")]
+    healthz_bind_address: String,
     /// Do not run the eBPF service proxy in process.
     #[arg(long)]
     no_proxy: bool,
@@ -159,8 +163,21 @@ async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> 
             }
             &joined
         }
+        // A pod (the agent as a DaemonSet): its ServiceAccount, as any in-cluster client.
+        (None, None, None) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            let cfg = kube::Config::incluster().context(
+                "in a pod (KUBERNETES_SERVICE_HOST is set) but its ServiceAccount token or CA \
+                 is unreadable under /var/run/secrets/kubernetes.io/serviceaccount",
+            )?;
+            tracing::info!(server = %cfg.cluster_url, "in-cluster: the pod's ServiceAccount");
+            let client = kube::Client::try_from(cfg.clone()).context("building the API client")?;
+            return Ok((client, cfg));
+        }
         (None, None, None) => {
-            bail!("--kubeconfig FILE, or --server URL --token TOKEN, is required")
+            bail!(
+                "--kubeconfig FILE, or --server URL --token TOKEN, is required (or run in a pod \
+                 with a ServiceAccount)"
+            )
         }
         _ => bail!("use either --kubeconfig FILE or --server URL --token TOKEN (both together)"),
     };
@@ -261,6 +278,19 @@ async fn main() -> anyhow::Result<()> {
         })
     });
     let _proxy = proxy.map(|h| h.abort_handle());
+    let _metrics = match cli.run.healthz_bind_address.as_str() {
+        "" => None,
+        a => {
+            let addr: std::net::SocketAddr =
+                a.parse().with_context(|| format!("--healthz-bind-address {a:?}"))?;
+            let task = tokio::spawn(async move {
+                if let Err(e) = skiff_agent::metrics::serve(addr).await {
+                    tracing::error!(%addr, error = %e, "/healthz and /metrics not served");
+                }
+            });
+            Some(AbortOnDrop(task))
+        }
+    };
     tokio::select! {
         r = agent::run_with(informers, config, runtime) => r.context("skiff-agent")?,
         signal = skiff_core::logging::shutdown_signal() => {
@@ -269,4 +299,13 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Aborts the task when dropped (the endpoint goes with `main`).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

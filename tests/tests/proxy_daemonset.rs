@@ -271,6 +271,57 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
     assert_eq!(seen, names, "the ClusterIP spreads over both backends");
     let by_name = lab::hits(&k, NS, "client", &format!("http://web.{NS}.svc.cluster.local/"), 3);
     assert!(by_name.iter().all(|b| names.contains(b)), "by DNS name: {by_name:?}");
+    // The agent's own /healthz and /metrics (kubelet names), on the node's loopback.
+    let node_get = |node: &str, url: &str| {
+        let out = lab
+            .state
+            .node_command(node, &["timeout", "3", "/bin/busybox", "wget", "-q", "-O-", url])
+            .expect("node")
+            .stdin(Stdio::null())
+            .output()
+            .expect("wget on the node");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(node_get("node-1", "http://127.0.0.1:10248/healthz"), "ok");
+    let metrics = node_get("node-1", "http://127.0.0.1:10248/metrics");
+    let value = |line_start: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line_start} missing from the agent's metrics:\n{metrics}"))
+    };
+    assert!(value("kubelet_runtime_operations_total{operation_type=\"run_pod_sandbox\"}") >= 2.0);
+    assert!(
+        value(
+            "kubelet_runtime_operations_duration_seconds_count{operation_type=\"create_container\"}"
+        ) >= 2.0
+    );
+    assert!(
+        value("kubelet_pod_start_duration_seconds_count") >= 2.0,
+        "web and client started here"
+    );
+    assert!(value("skiff_dns_requests_total{result=\"local\"}") >= 1.0, "the lookups by name");
+
+    // A process of the node itself (not in a pod) reaches the ClusterIP, as with kube-proxy.
+    for n in &lab.state.nodes {
+        let out = lab
+            .state
+            .node_command(&n.name, &["timeout", "3", "/bin/busybox", "wget", "-q", "-O-"])
+            .expect("node")
+            .arg(format!("http://{web_ip}/"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("wget on the node");
+        let body = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            out.status.success() && names.contains(&body),
+            "{}: a node process to the ClusterIP: {body:?} {}",
+            n.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for n in &lab.state.nodes {
         let url = format!("http://{}:30080/", n.ip);
         let body = wait_for(&format!("NodePort on {}", n.name), Duration::from_secs(20), || {

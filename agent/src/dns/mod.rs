@@ -185,6 +185,12 @@ impl DnsServer {
         self.handler.counters.snapshot()
     }
 
+    /// A reader of the counters that outlives no one (for the metrics endpoint).
+    pub fn stats_reader(&self) -> impl Fn() -> DnsStats + Send + Sync + 'static {
+        let handler = Arc::downgrade(&self.handler);
+        move || handler.upgrade().map(|h| h.counters.snapshot()).unwrap_or_default()
+    }
+
     /// Forwarded answers currently cached.
     pub fn forward_cache_len(&self) -> usize {
         self.handler.forwarder.cached()

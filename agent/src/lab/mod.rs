@@ -284,11 +284,24 @@ impl LabState {
         c
     }
 
-    /// A command run in a node's network namespace.
+    /// A command run as a process of the node itself: in its network namespace and in its
+    /// `host` cgroup, beside the pods' under the node's cgroup. On a real node every process
+    /// is under the cgroup v2 root, where the proxy attaches its socket-LB hooks, so node
+    /// processes reach ClusterIPs as with kube-proxy; in the lab the node's cgroup plays the
+    /// root, and this puts node processes under it.
     pub fn node_command(&self, node: &str, args: &[&str]) -> Option<Command> {
         let n = self.node(node)?;
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", n.netns)).args(args);
+        let cg = cgroup2_dir(&n.cgroup_parent).join("host");
+        if let Err(e) = std::fs::create_dir_all(&cg) {
+            tracing::warn!(cgroup = %cg.display(), error = %e, "the node's host cgroup");
+        }
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(r#"cg=$1; ns=$2; shift 2; echo $$ > "$cg/cgroup.procs" && exec nsenter --net="$ns" "$@""#)
+            .arg("sh")
+            .arg(&cg)
+            .arg(format!("/run/netns/{}", n.netns))
+            .args(args);
         Some(c)
     }
 

@@ -32,6 +32,10 @@ pub struct WorkerState {
     /// Whether this worker decided yet about tokens written before it started (an agent
     /// restart): those are refreshed at once, their age is unknown.
     pub(super) tokens_checked: bool,
+    /// When this worker first saw the pod (`kubelet_pod_start_duration_seconds`).
+    pub(super) first_seen: Option<Instant>,
+    /// Whether the pod's start was measured (or it ran before this worker saw it).
+    pub(super) start_measured: bool,
 }
 
 /// The outcome of a pass.

@@ -316,6 +316,11 @@ pub async fn sync_pod<R: Runtime>(
     }
     let uid = pod.uid().unwrap_or_default();
     let relist = ctx.config.pod_relist;
+    if st.first_seen.is_none() {
+        st.first_seen = Some(Instant::now());
+        // Running before this worker saw it (an agent restart): no start to measure.
+        st.start_measured = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    }
     if is_terminal(pod) {
         termination::stop_all(ctx, pod, &uid).await?;
         return Ok(Step::Wait(relist * 10));
@@ -449,6 +454,12 @@ pub async fn sync_pod<R: Runtime>(
     // Status.
     let obs = if pass.acted { ctx.cache.observe(&ctx.runtime, &uid, true).await? } else { obs };
     let computed = status::compute(pod, &obs, &st.know, &ctx.host_ip, &ctx.runtime_name);
+    if !st.start_measured && computed.phase.as_deref() == Some("Running") {
+        if let Some(seen) = st.first_seen {
+            crate::metrics::pod_started(seen.elapsed());
+        }
+        st.start_measured = true;
+    }
     let base = st.last_written.as_ref().or(pod.status.as_ref());
     if status::differs(base, &computed) {
         ctx.write_status(pod, &computed).await?;

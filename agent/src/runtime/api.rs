@@ -989,20 +989,29 @@ pub struct VersionResponse {
 
 /// One unary RPC on `grpc`: waits for the channel, sends `request` to `path`, decodes the
 /// answer.
+/// Every call is counted and timed under `operation` (the kubelet's runtime operation
+/// metrics, [`crate::metrics::runtime_operation`]).
 async fn unary<Req, Resp>(
     grpc: &mut Grpc<Channel>,
     path: &'static str,
+    operation: &'static str,
     request: tonic::Request<Req>,
 ) -> Result<tonic::Response<Resp>, tonic::Status>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("CRI channel not ready: {e}")))?;
-    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-    grpc.unary(request, http::uri::PathAndQuery::from_static(path), codec).await
+    let started = std::time::Instant::now();
+    let r = async {
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("CRI channel not ready: {e}")))?;
+        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+        grpc.unary(request, http::uri::PathAndQuery::from_static(path), codec).await
+    }
+    .await;
+    crate::metrics::runtime_operation(operation, started.elapsed(), r.is_ok());
+    r
 }
 
 /// Declares a CRI service client: a cheap-to-clone handle on one channel, one method per
@@ -1032,7 +1041,8 @@ macro_rules! client {
                     &mut self,
                     request: tonic::Request<$req>,
                 ) -> Result<tonic::Response<$resp>, tonic::Status> {
-                    unary(&mut self.grpc, concat!("/", $service, "/", $rpc), request).await
+                    let path = concat!("/", $service, "/", $rpc);
+                    unary(&mut self.grpc, path, stringify!($method), request).await
                 }
             )*
         }
