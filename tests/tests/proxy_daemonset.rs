@@ -185,24 +185,46 @@ impl Traffic {
         Traffic { cluster_ip, node_port, streams }
     }
 
+    /// Joins everything: (ok, failed) through the ClusterIP and the NodePort, and the lines
+    /// each held connection got (by the way it went).
+    fn finish(self) -> TrafficResult {
+        let cluster_ip = self.cluster_ip.join().expect("ClusterIP load");
+        let node_port = self.node_port.join().expect("NodePort load");
+        let streams = self
+            .streams
+            .into_iter()
+            .map(|(via, t)| {
+                let text = t.join().expect("stream");
+                let complete = text.lines().count() == STREAM_LINES
+                    && text.lines().last() == Some(format!("line{}", STREAM_LINES - 1).as_str());
+                (via, text.lines().count(), complete)
+            })
+            .collect();
+        TrafficResult { cluster_ip, node_port, streams }
+    }
+
     /// Joins everything and asserts nothing failed.
     fn check(self, what: &str) {
-        let (ok, fail) = self.cluster_ip.join().expect("ClusterIP load");
+        let r = self.finish();
+        let (ok, fail) = r.cluster_ip;
         eprintln!("pd: {what}: ClusterIP {ok} ok, {fail} failed");
         assert!(ok > 0 && fail == 0, "{what}: ClusterIP requests failed: {ok} ok, {fail} failed");
-        let (ok, fail) = self.node_port.join().expect("NodePort load");
+        let (ok, fail) = r.node_port;
         eprintln!("pd: {what}: NodePort {ok} ok, {fail} failed");
         assert!(ok > 0 && fail == 0, "{what}: NodePort requests failed: {ok} ok, {fail} failed");
-        for (via, t) in self.streams {
-            let text = t.join().expect("stream");
-            let lines = text.lines().count();
-            assert_eq!(
-                lines, STREAM_LINES,
+        for (via, lines, complete) in r.streams {
+            assert!(
+                complete,
                 "{what}: the connection through the {via} was cut after {lines} lines"
             );
-            assert_eq!(text.lines().last(), Some(format!("line{}", STREAM_LINES - 1).as_str()));
         }
     }
+}
+
+struct TrafficResult {
+    cluster_ip: (u64, u64),
+    node_port: (u64, u64),
+    streams: Vec<(&'static str, usize, bool)>,
 }
 
 /// Waits until each of the `nodes` runs one Ready proxy pod, none of them one of `gone`, with
@@ -385,4 +407,171 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
         &["-n", proxy::NAMESPACE, "rollout", "status", "ds/skiff-proxy", "--timeout=60s"],
         None,
     );
+}
+
+/// The median of `v` (sorted here).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A DaemonSet of the proxy's shape that only serves its readiness port: the baseline of
+/// `bench_install` (what any host-network DaemonSet costs to roll out here).
+fn plain_daemonset() -> String {
+    r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: plain, namespace: kube-system}
+spec:
+  selector: {matchLabels: {app: plain}}
+  template:
+    metadata: {labels: {app: plain}}
+    spec:
+      hostNetwork: true
+      tolerations: [{operator: Exists}]
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: httpd
+        image: skiff.test/tools:1
+        imagePullPolicy: Never
+        command: ["sh", "-c", "mkdir -p /tmp/w; echo ok > /tmp/w/readyz; exec httpd -f -p 10257 -h /tmp/w"]
+        readinessProbe: {httpGet: {path: /readyz, port: 10257}, periodSeconds: 2}
+"#
+    .to_string()
+}
+
+/// Until the DaemonSet `name` in kube-system has `n` Ready pods (or, `n == 0`, no pods
+/// left with `selector`).
+fn wait_daemonset(k: &Kubectl, name: &str, selector: &str, n: usize) {
+    wait_for(&format!("DaemonSet {name} with {n} ready"), Duration::from_secs(120), || {
+        let pods = lab::pods(k, proxy::NAMESPACE, selector);
+        let all = {
+            let out =
+                k.run(&["-n", proxy::NAMESPACE, "get", "pods", "-l", selector, "-o", "name"], None);
+            String::from_utf8_lossy(&out.stdout).lines().count()
+        };
+        let done = if n == 0 {
+            all == 0
+        } else {
+            pods.len() == n && pods.iter().all(|p| p.ready && p.phase == "Running")
+        };
+        done.then_some(())
+    })
+}
+
+/// `cargo xtask bench install`: in a 3-node lab, the time from `kubectl apply -k` of
+/// deploy/proxy to every node's proxy Ready and a Service programmed in every node's maps
+/// (a fresh install: nothing pinned), against a host-network DaemonSet of the same shape that
+/// does nothing (same run, same nodes); and requests failed during a rolling update of the
+/// proxy DaemonSet under load (target 0). A table and `target/bench/install.json`.
+#[test]
+#[ignore = "benchmark: run by `cargo xtask bench install`"]
+fn bench_install() {
+    const ROUNDS: usize = 3;
+    let lab = Lab::start(
+        "pd",
+        LabConfig {
+            nodes: 3,
+            subnet: LAB_SUBNET.parse().expect("subnet"),
+            ready_timeout: Duration::from_secs(120),
+            proxy: ProxyMode::Daemonset,
+            ..Default::default()
+        },
+    );
+    let k = lab.kubectl();
+    kubectl_ok(&k, &["apply", "-f", "-"], Some(&workload()));
+    lab::ready_pods(&k, NS, "app=web", 2);
+    lab::ready_pods(&k, NS, "app=stream", 1);
+    lab::ready_pods(&k, NS, "app=client", 1);
+    let web_ip =
+        kubectl_ok(&k, &["-n", NS, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"], None);
+    let stream_ip = kubectl_ok(
+        &k,
+        &["-n", NS, "get", "svc", "stream", "-o", "jsonpath={.spec.clusterIP}"],
+        None,
+    );
+    let overlay = lab.dir.join("proxy");
+    let frontend = format!("{web_ip}:80");
+    let programmed_everywhere = || {
+        lab.state.nodes.iter().all(|n| {
+            let out = Command::new(bin_dir().join("skiff-proxy"))
+                .arg("--pin-dir")
+                .arg(&n.pin_dir)
+                .args(["maps", "services"])
+                .output();
+            out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&frontend))
+        })
+    };
+    let uninstall = || {
+        let out = k.run(&["delete", "-k", &overlay.to_string_lossy(), "--wait=true"], None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        wait_daemonset(&k, "skiff-proxy", "k8s-app=skiff-proxy", 0);
+        for n in &lab.state.nodes {
+            let _ = Command::new(bin_dir().join("skiff-proxy"))
+                .arg("--pin-dir")
+                .arg(&n.pin_dir)
+                .arg("unpin")
+                .output();
+            let _ = std::fs::remove_dir_all(&n.pin_dir);
+        }
+        assert!(!programmed_everywhere(), "nothing left pinned");
+    };
+
+    let (mut ready_ms, mut programmed_ms, mut plain_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        uninstall();
+        let t0 = Instant::now();
+        proxy::apply(&lab.state, &overlay).expect("kubectl apply -k");
+        wait_daemonset(&k, "skiff-proxy", "k8s-app=skiff-proxy", 3);
+        ready_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        wait_for("the Service in every node's maps", Duration::from_secs(60), || {
+            programmed_everywhere().then_some(())
+        });
+        programmed_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+
+        let t0 = Instant::now();
+        kubectl_ok(&k, &["apply", "-f", "-"], Some(&plain_daemonset()));
+        wait_daemonset(&k, "plain", "app=plain", 3);
+        plain_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        kubectl_ok(&k, &["-n", proxy::NAMESPACE, "delete", "ds", "plain", "--wait=true"], None);
+        wait_daemonset(&k, "plain", "app=plain", 0);
+    }
+
+    // A rolling update under load.
+    let before = proxies(&k);
+    let traffic = Traffic::start(&lab, &k, &web_ip, &stream_ip);
+    let t0 = Instant::now();
+    kubectl_ok(&k, &["-n", proxy::NAMESPACE, "rollout", "restart", "ds/skiff-proxy"], None);
+    replaced(&k, 3, &before, None);
+    let rollout_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let r = traffic.finish();
+    let failed = r.cluster_ip.1 + r.node_port.1;
+    let total = failed + r.cluster_ip.0 + r.node_port.0;
+    let cut = r.streams.iter().filter(|s| !s.2).count();
+
+    let (ready, programmed, plain) =
+        (median(ready_ms.clone()), median(programmed_ms.clone()), median(plain_ms.clone()));
+    println!("\n{:<58} {:>10}", "install (3-node lab, median of 3)", "ms");
+    println!("{:<58} {ready:>10.0}", "kubectl apply -k deploy/proxy -> every proxy Ready");
+    println!("{:<58} {programmed:>10.0}", "  ... -> a Service programmed on every node");
+    println!("{:<58} {plain:>10.0}", "baseline: host-network DaemonSet of the same shape -> Ready");
+    println!("{:<58} {:>10.2}", "ratio (proxy Ready / baseline)", ready / plain);
+    println!("{:<58} {rollout_ms:>10.0}", "rolling update (rollout restart) -> replaced");
+    println!(
+        "{:<58} {failed:>10}",
+        format!("requests failed during the rolling update (of {total}; target 0)")
+    );
+    println!("{:<58} {cut:>10}", "held connections cut (of 2; target 0)");
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out).expect("target/bench");
+    let json = serde_json::json!({
+        "nodes": 3,
+        "install_ready_ms": {"median": ready, "samples": ready_ms},
+        "install_programmed_ms": {"median": programmed, "samples": programmed_ms},
+        "baseline_daemonset_ready_ms": {"median": plain, "samples": plain_ms},
+        "ratio_ready_to_baseline": ready / plain,
+        "rolling_update": {"ms": rollout_ms, "requests": total, "failed": failed,
+            "connections_cut": cut},
+    });
+    std::fs::write(out.join("install.json"), serde_json::to_vec_pretty(&json).unwrap())
+        .expect("install.json");
 }

@@ -49,8 +49,24 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
                 "--nocapture",
             ]))
         }
+        // tests/tests/proxy_daemonset.rs bench_install: kubectl apply -k deploy/proxy to
+        // every proxy Ready and programmed in a 3-node lab, and a rolling update under load.
+        "install" => {
+            run(cargo().current_dir(root).args(["build", "--workspace", "--bins"]))?;
+            run(cargo().current_dir(root).args([
+                "test",
+                "-p",
+                "skiff-tests",
+                "--test",
+                "proxy_daemonset",
+                "bench_install",
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]))
+        }
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, lab-load, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, install, lab-load, scheduler)"
         ),
     }
 }
