@@ -66,6 +66,8 @@ pub enum Error {
     BinaryMissing(PathBuf),
     #[error("no image of {0:?} (the components are proxy, cni, agent, server)")]
     UnknownComponent(String),
+    #[error("{path} links libraries this machine lacks: {missing:?}")]
+    LibraryMissing { path: PathBuf, missing: Vec<String> },
     #[error("running ldd on {path}")]
     Ldd {
         path: PathBuf,
@@ -229,7 +231,7 @@ pub fn build_component_images(
         .map_err(|source| Error::Write { path: out_dir.to_path_buf(), source })?;
     let mut archives = Vec::new();
     for c in wanted {
-        let layer = component_layer(bin_dir, c)?;
+        let layer = component_layer(bin_dir, out_dir, c)?;
         let entrypoint = format!("/usr/bin/{}", c.binaries[0]);
         let config = serde_json::json!({
             "Env": [PATH_ENV],
@@ -254,7 +256,7 @@ pub fn build_component_images(
 }
 
 /// The one layer of a component image.
-fn component_layer(bin_dir: &Path, c: &Component) -> Result<Vec<u8>> {
+fn component_layer(bin_dir: &Path, out_dir: &Path, c: &Component) -> Result<Vec<u8>> {
     let mut files: std::collections::BTreeMap<String, Entry> = Default::default();
     for dir in ["dev/", "etc/", "proc/", "root/", "run/", "sys/", "usr/", "usr/bin/", "var/"] {
         files.insert(dir.to_string(), Entry::Dir(0o755));
@@ -276,7 +278,7 @@ fn component_layer(bin_dir: &Path, c: &Component) -> Result<Vec<u8>> {
         if !path.is_file() {
             return Err(Error::BinaryMissing(path));
         }
-        files.insert(format!("usr/bin/{b}"), Entry::File(0o755, stripped(&path)?));
+        files.insert(format!("usr/bin/{b}"), Entry::File(0o755, stripped(&path, out_dir)?));
         libs.extend(shared_libraries(&path)?);
     }
     for lib in libs {
@@ -298,14 +300,14 @@ fn component_layer(bin_dir: &Path, c: &Component) -> Result<Vec<u8>> {
     tar(&entries)
 }
 
-/// `path`'s bytes without debug sections (a temporary stripped copy), or as they are when
-/// `strip` is not installed.
-fn stripped(path: &Path) -> Result<Vec<u8>> {
-    let tmp = std::env::temp_dir().join(format!(
-        "skiff-image-{}-{}",
-        std::process::id(),
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-    ));
+/// `path`'s bytes without debug sections (a stripped copy in a private temporary directory
+/// under `scratch`), or as they are when `strip` is not installed.
+fn stripped(path: &Path, scratch: &Path) -> Result<Vec<u8>> {
+    let dir = tempfile::Builder::new()
+        .prefix(".strip-")
+        .tempdir_in(scratch)
+        .map_err(|source| Error::Write { path: scratch.to_path_buf(), source })?;
+    let tmp = dir.path().join("binary");
     let ok = std::process::Command::new("strip")
         .arg("--strip-debug")
         .arg("-o")
@@ -315,19 +317,24 @@ fn stripped(path: &Path) -> Result<Vec<u8>> {
         .status()
         .is_ok_and(|s| s.success());
     let from = if ok { tmp.as_path() } else { path };
-    let data = std::fs::read(from).map_err(|source| Error::Read { path: from.into(), source });
-    let _ = std::fs::remove_file(&tmp);
-    data
+    std::fs::read(from).map_err(|source| Error::Read { path: from.into(), source })
 }
 
 /// The shared libraries (and the dynamic loader) `binary` needs, from `ldd`; none for a
-/// static binary.
+/// static binary. A library ldd cannot find is an error: the image would not run.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let out = std::process::Command::new("ldd")
         .arg(binary)
         .output()
         .map_err(|source| Error::Ldd { path: binary.to_path_buf(), source })?;
-    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+    let text = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<String> =
+        text.lines().filter(|l| l.contains("=> not found")).map(|l| l.trim().to_string()).collect();
+    if !missing.is_empty() {
+        return Err(Error::LibraryMissing { path: binary.to_path_buf(), missing });
+    }
+    // ldd exits non-zero for a static binary ("not a dynamic executable"): no libraries.
+    Ok(parse_ldd(&text))
 }
 
 /// The absolute paths in `ldd` output (`libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6

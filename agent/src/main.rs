@@ -87,6 +87,10 @@ struct RunArgs {
     /// Leave CNI config, plugins and routes to someone else.
     #[arg(long)]
     no_network: bool,
+    /// Do not install skiff-cni and loopback into the CNI bin dir (something else does:
+    /// the proxy DaemonSet's init container); the conflist and routes stay the agent's.
+    #[arg(long)]
+    no_install_cni: bool,
     /// Port of the logs/exec endpoint (published as the Node's kubelet endpoint).
     #[arg(long, default_value_t = 10250)]
     streaming_port: u16,
@@ -212,6 +216,7 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
         glue.cni_conf_dir = args.cni_conf_dir.clone();
         glue.cni_bin_dir = args.cni_bin_dir.clone();
         glue.cni_data_dir = args.cni_data_dir.clone();
+        glue.install_plugins = !args.no_install_cni;
         if let Some(r) = glue.routes.as_mut() {
             r.cluster_cidr = args.cluster_cidr;
             r.service_cidr = args.service_cidr;

@@ -3,7 +3,8 @@
 //!
 //! - `kubelet_runtime_operations_total`, `kubelet_runtime_operations_errors_total` and
 //!   `kubelet_runtime_operations_duration_seconds` by `operation_type` (the CRI method):
-//!   every CRI call, measured where every call goes through ([`runtime_operation`]).
+//!   every CRI call, measured where every call goes through ([`runtime_operation`]), named
+//!   as the kubelet names them (`run_podsandbox`, `create_container`, `pull_image`, ...).
 //! - `kubelet_pod_start_duration_seconds`: from the agent first seeing a pod to the pod
 //!   running ([`pod_started`]).
 //! - `skiff_dns_requests_total` by `result` (local, forwarded, formerr, dropped, overloaded,
@@ -191,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn healthz_and_the_kubelets_metric_names() {
-        runtime_operation("run_pod_sandbox", Duration::from_millis(30), true);
+        runtime_operation("run_podsandbox", Duration::from_millis(30), true);
         runtime_operation("pull_image", Duration::from_millis(5), false);
         pod_started(Duration::from_millis(1500));
         set_dns_source(|| DnsStats { queries: 7, local: 5, forwarded: 2, ..Default::default() });
@@ -216,7 +217,7 @@ mod tests {
         assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok"), "{health}");
         let text = get("/metrics").await;
         for want in [
-            "kubelet_runtime_operations_total{operation_type=\"run_pod_sandbox\"} 1",
+            "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"} 1",
             "kubelet_runtime_operations_errors_total{operation_type=\"pull_image\"} 1",
             "kubelet_runtime_operations_duration_seconds_count{operation_type=\"pull_image\"} 1",
             "kubelet_pod_start_duration_seconds_count 1",

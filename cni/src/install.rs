@@ -52,11 +52,20 @@ pub fn install(source: &Path, bin_dir: &Path) -> Result<bool, Error> {
     if std::fs::read(&dest).is_ok_and(|old| old == data) {
         return Ok(false);
     }
-    let tmp = bin_dir.join(format!(".{PLUGIN_NAME}.{}", std::process::id()));
+    // A name of this install's own (in a container the pid is often 1 for every
+    // installer), created exclusively, synced before it is renamed into place.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let tmp = bin_dir.join(format!(".{PLUGIN_NAME}.{}.{nanos}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::write(&tmp, &data)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o755).open(&tmp)?;
+        f.write_all(&data)?;
+        f.sync_all()?;
         std::fs::rename(&tmp, &dest)
     };
     write().map_err(|source| {

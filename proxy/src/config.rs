@@ -10,8 +10,8 @@
 //!   the rest (modes, iptables, ipvs, conntrack tuning) mean nothing here and are listed in
 //!   [`FileConfig::ignored`] for a log line.
 //!
-//! Command-line flags win over the file, as they do for kube-proxy's flags that the file
-//! does not set.
+//! Flags given on the command line win over the file (kube-proxy instead ignores most flags
+//! once `--config` is given); the `--no-*` flags can only turn a setting off.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

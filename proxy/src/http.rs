@@ -124,19 +124,22 @@ async fn read_path(stream: &mut tokio::net::TcpStream) -> Option<String> {
     line.split_whitespace().nth(1).map(str::to_string)
 }
 
-/// Serves `/metrics` on `addr` (kube-proxy's sync metrics, then the counters of the maps
-/// pinned in `pin_dir`) until the task is dropped.
-/// Binds `addr`, waiting while another process holds it: during a DaemonSet update the
-/// previous proxy pod (host network, same ports) may still be on its way out when the next
-/// one starts. Other errors return at once.
+/// Binds `addr`, waiting (up to 30 s) while another process holds it: during a DaemonSet
+/// update the previous proxy pod (host network, same ports) may still be on its way out
+/// when the next one starts. Other errors, or a port still taken after that (a kube-proxy
+/// left running?), return the bind error.
 async fn bind_when_free(addr: SocketAddr) -> Result<TcpListener> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut warned = false;
     loop {
         match TcpListener::bind(addr).await {
             Ok(l) => return Ok(l),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
                 if !warned {
-                    warn!(%addr, "address in use (the previous proxy still exiting?); waiting for it");
+                    warn!(%addr, "address in use (the previous proxy still exiting, or a kube-proxy left running?); waiting up to 30 s");
                     warned = true;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -146,6 +149,8 @@ async fn bind_when_free(addr: SocketAddr) -> Result<TcpListener> {
     }
 }
 
+/// Serves `/metrics` on `addr` (kube-proxy's sync metrics, then the counters of the maps
+/// pinned in `pin_dir`) until the task is dropped.
 pub async fn serve_metrics(
     addr: SocketAddr,
     pin_dir: PathBuf,

@@ -513,7 +513,19 @@ fn parse_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
-/// Mounts bpffs at `dir` unless a bpffs is already mounted there.
+/// Whether `dir` is on a bpffs (the filesystem's magic, so a directory inside a bpffs
+/// counts); false when it does not exist.
+pub fn on_bpffs(dir: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: `path` is NUL-terminated and `st` is a plain struct the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+    rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
+}
+
 /// Whether a bpffs is mounted exactly at `dir` (this process's mount namespace).
 pub fn bpffs_mounted(dir: &Path) -> Result<bool> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
@@ -525,6 +537,7 @@ pub fn bpffs_mounted(dir: &Path) -> Result<bool> {
     }))
 }
 
+/// Mounts bpffs at `dir` unless a bpffs is already mounted there.
 pub fn ensure_bpffs(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::PinDir { path: dir.into(), source })?;
     if bpffs_mounted(dir)? {

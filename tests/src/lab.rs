@@ -84,6 +84,27 @@ impl Lab {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        if self.state.proxy == lab::ProxyMode::Daemonset {
+            let out = k.run(
+                &[
+                    "--request-timeout=10s",
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-l",
+                    "k8s-app=skiff-proxy",
+                    "--all-containers",
+                    "--prefix",
+                    "--tail=40",
+                ],
+                None,
+            );
+            eprintln!(
+                "lab: the proxy pods' logs:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let logs = std::iter::once(("skiff-server".to_string(), self.state.server_log()))
             .chain(self.state.nodes.iter().map(|n| (n.name.clone(), n.agent_log())));
         for (name, log) in logs {

@@ -268,8 +268,16 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
     for n in &lab.state.nodes {
         let cni = n.containerd_dir.join("cni/bin/skiff-cni");
         assert!(cni.is_file(), "{} has no skiff-cni from the init container", n.name);
-        let log = std::fs::read_to_string(n.agent_log()).unwrap_or_default();
-        assert!(!log.contains("proxy ended"), "{}: the agent ran a proxy", n.name);
+    }
+    for p in &first {
+        // The init container put the plugin there (the agents run --no-install-cni)...
+        let init =
+            kubectl_ok(&k, &["-n", proxy::NAMESPACE, "logs", &p.name, "-c", "install-cni"], None);
+        assert!(init.contains("skiff-cni: installed in"), "{}: {init:?}", p.name);
+        // ... and the pod attached the socket-LB hooks itself: nothing ran a proxy before.
+        let log =
+            kubectl_ok(&k, &["-n", proxy::NAMESPACE, "logs", &p.name, "-c", "skiff-proxy"], None);
+        assert!(log.contains("newly_attached=4"), "{}: {log}", p.name);
     }
 
     // 2. Services, NodePorts and DNS as with the in-process proxy.
@@ -314,7 +322,7 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{line_start} missing from the agent's metrics:\n{metrics}"))
     };
-    assert!(value("kubelet_runtime_operations_total{operation_type=\"run_pod_sandbox\"}") >= 2.0);
+    assert!(value("kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"}") >= 2.0);
     assert!(
         value(
             "kubelet_runtime_operations_duration_seconds_count{operation_type=\"create_container\"}"

@@ -332,8 +332,9 @@ impl LabState {
                     .arg(cgroup2_dir(&node.cgroup_parent))
                     .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"]);
             }
+            // The data plane and skiff-cni come from the DaemonSet.
             ProxyMode::Daemonset => {
-                c.arg("--no-proxy");
+                c.args(["--no-proxy", "--no-install-cni"]);
             }
         }
         // The nodes share the host's disk, which the build under test fills: a share of
@@ -442,7 +443,7 @@ impl LabState {
 /// On failure everything made so far is removed.
 pub async fn up(config: &LabConfig) -> Result<LabState> {
     if let Some(state) = LabState::load(&config.dir)? {
-        if state.running() && state.nodes.len() == config.nodes {
+        if state.running() && state.nodes.len() == config.nodes && state.proxy == config.proxy {
             tracing::info!(dir = %config.dir.display(), "lab already running");
             return Ok(state);
         }

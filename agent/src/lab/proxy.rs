@@ -87,7 +87,7 @@ patches:
         spec:
           initContainers:
           - name: install-cni
-            command: [/usr/bin/skiff-cni, install, --bin-dir, "/host/opt/cni/bin/$(NODE_NAME)/containerd/cni/bin"]
+            command: [/usr/bin/skiff-cni, install, --bin-dir, "/host/cni/bin/$(NODE_NAME)/containerd/cni/bin"]
             env:
             - name: NODE_NAME
               valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}
@@ -117,6 +117,8 @@ patches:
 pub async fn install(state: &LabState, deploy_dir: &Path, timeout: Duration) -> Result<()> {
     let dir = state.dir.join("proxy");
     std::fs::create_dir_all(&dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
+    // Both sides resolved: kustomize resolves symlinks in the root it is given.
+    let dir = std::fs::canonicalize(&dir).map_err(|source| Error::Write { path: dir, source })?;
     let deploy = std::fs::canonicalize(deploy_dir.join("proxy"))
         .map_err(|source| Error::Write { path: deploy_dir.join("proxy"), source })?;
     let text = overlay(state, &relative(&dir, &deploy), env!("CARGO_PKG_VERSION"));
@@ -169,6 +171,34 @@ pub async fn wait_rolled_out(state: &LabState, timeout: Duration) -> Result<()> 
             Err(e) => e.to_string(),
         };
         if Instant::now() > deadline {
+            // What the pods say, for whoever reads the error (the lab goes down after it).
+            let kubectl = |args: &[&str]| {
+                std::process::Command::new(kubectl())
+                    .arg("--kubeconfig")
+                    .arg(&state.kubeconfig)
+                    .arg("--request-timeout=10s")
+                    .args(["-n", NAMESPACE])
+                    .args(args)
+                    .output()
+                    .map(|o| {
+                        format!(
+                            "{}{}",
+                            String::from_utf8_lossy(&o.stdout),
+                            String::from_utf8_lossy(&o.stderr)
+                        )
+                    })
+                    .unwrap_or_default()
+            };
+            let pods = kubectl(&["describe", "pods", "-l", "k8s-app=skiff-proxy"]);
+            let logs = kubectl(&[
+                "logs",
+                "-l",
+                "k8s-app=skiff-proxy",
+                "--all-containers",
+                "--prefix",
+                "--tail=30",
+            ]);
+            let detail = format!("{detail}\n{pods}\n{logs}");
             return Err(Error::ProxyNotReady { timeout, detail });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -989,6 +989,19 @@ pub struct VersionResponse {
 
 /// One unary RPC on `grpc`: waits for the channel, sends `request` to `path`, decodes the
 /// answer.
+/// The kubelet's `operation_type` of a CRI method (`run_pod_sandbox` is its
+/// `run_podsandbox`, `list_pod_sandbox` its `list_podsandbox`, ...).
+fn operation_type(method: &'static str) -> &'static str {
+    match method {
+        "run_pod_sandbox" => "run_podsandbox",
+        "stop_pod_sandbox" => "stop_podsandbox",
+        "remove_pod_sandbox" => "remove_podsandbox",
+        "pod_sandbox_status" => "podsandbox_status",
+        "list_pod_sandbox" => "list_podsandbox",
+        other => other,
+    }
+}
+
 /// Every call is counted and timed under `operation` (the kubelet's runtime operation
 /// metrics, [`crate::metrics::runtime_operation`]).
 async fn unary<Req, Resp>(
@@ -1042,7 +1055,8 @@ macro_rules! client {
                     request: tonic::Request<$req>,
                 ) -> Result<tonic::Response<$resp>, tonic::Status> {
                     let path = concat!("/", $service, "/", $rpc);
-                    unary(&mut self.grpc, path, stringify!($method), request).await
+                    unary(&mut self.grpc, path, operation_type(stringify!($method)), request)
+                        .await
                 }
             )*
         }
