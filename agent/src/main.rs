@@ -293,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
                     tracing::error!(%addr, error = %e, "/healthz and /metrics not served");
                 }
             });
-            Some(AbortOnDrop(task))
+            Some(skiff_core::supervisor::AbortOnDrop(task))
         }
     };
     tokio::select! {
@@ -304,13 +304,4 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Aborts the task when dropped (the endpoint goes with `main`).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -19,6 +19,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use skiff_core::informers::{Informer, Informers};
+use skiff_core::supervisor::AbortOnDrop;
 use tokio::sync::Notify;
 
 use crate::config::{AgentConfig, NodeResources, Threshold, Thresholds};
@@ -489,14 +490,6 @@ impl NodeAgent {
             .await
             .map_err(|source| Error::ReportStatus { name: name.clone(), source })?;
         Ok(())
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

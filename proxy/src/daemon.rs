@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tracing::{info, info_span, warn};
 
 use skiff_core::informers::Informers;
+use skiff_core::supervisor::AbortOnDrop;
 
 use crate::desired::{NodeContext, compute};
 use crate::loader::{self, Dataplane};
@@ -282,15 +283,6 @@ pub async fn run_with(informers: &Informers, config: ProxyConfig) -> Result<()> 
     let r = sync_observed(informers, &config, &mut running.maps, &status).await;
     drop((metrics, health, eligibility));
     r
-}
-
-/// A task aborted when this is dropped (the daemon's servers end with it).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// The taint the cluster autoscaler puts on a node it is about to delete.

@@ -203,6 +203,16 @@ pub enum ReconcileError<E: std::error::Error + 'static> {
     Panicked(String),
 }
 
+/// A task aborted when this is dropped: a component's helper (an HTTP endpoint, a watch)
+/// that must end with the component.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
