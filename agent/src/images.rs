@@ -161,16 +161,19 @@ pub fn build_test_images_from(busybox: &Path, out_dir: &Path) -> Result<Vec<Path
     for (file, name, cmd) in
         [("pause.tar", PAUSE_IMAGE, PAUSE_CMD), ("tools.tar", TOOLS_IMAGE, &["sh"][..])]
     {
-        let path = out_dir.join(file);
-        let bytes = oci_archive(name, &layer, cmd)?;
-        // Write then rename: a concurrent reader never sees half an archive.
-        let tmp = out_dir.join(format!(".{file}.{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|source| Error::Write { path: tmp.clone(), source })?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|source| Error::Write { path: path.clone(), source })?;
-        archives.push(path);
+        archives.push(write_archive(out_dir, file, &oci_archive(name, &layer, cmd)?)?);
     }
     Ok(archives)
+}
+
+/// Writes `bytes` to `<out_dir>/<file>` through a temporary file renamed over it: a
+/// concurrent reader never sees half an archive.
+fn write_archive(out_dir: &Path, file: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let path = out_dir.join(file);
+    let tmp = out_dir.join(format!(".{file}.{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|source| Error::Write { path: tmp.clone(), source })?;
+    std::fs::rename(&tmp, &path).map_err(|source| Error::Write { path: path.clone(), source })?;
+    Ok(path)
 }
 
 /// skiff's own images: `skiff/<component>:<version>` (`docker.io/skiff/...` once
@@ -244,13 +247,7 @@ pub fn build_component_images(
         });
         let name = component_image(c.name, version);
         let bytes = oci_archive_with(&name, &layer, config, "cargo xtask images")?;
-        let file = format!("{}.tar", c.name);
-        let path = out_dir.join(&file);
-        let tmp = out_dir.join(format!(".{file}.{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|source| Error::Write { path: tmp.clone(), source })?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|source| Error::Write { path: path.clone(), source })?;
-        archives.push(path);
+        archives.push(write_archive(out_dir, &format!("{}.tar", c.name), &bytes)?);
     }
     Ok(archives)
 }
@@ -570,6 +567,18 @@ fn octal(field: &mut [u8], value: u64) {
 mod tests {
     use super::*;
 
+    /// `tar -xf archive -C dir` with GNU tar.
+    fn untar(archive: &Path, dir: &Path) {
+        let x = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(archive)
+            .arg("-C")
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(x.success(), "tar -xf {}", archive.display());
+    }
+
     #[test]
     fn tar_is_readable_by_gnu_tar() {
         let dir = tempfile::tempdir().unwrap();
@@ -585,14 +594,7 @@ mod tests {
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(listing.contains("a/l -> f"), "{listing}");
         assert!(listing.contains("root/root"), "{listing}");
-        let x = std::process::Command::new("tar")
-            .arg("-xf")
-            .arg(&path)
-            .arg("-C")
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(x.success());
+        untar(&path, dir.path());
         assert_eq!(std::fs::read(dir.path().join("a/l")).unwrap(), b"hello");
     }
 
@@ -606,14 +608,7 @@ mod tests {
         for (x, y) in first.iter().zip(&second) {
             assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{x:?}");
         }
-        let out = std::process::Command::new("tar")
-            .arg("-xf")
-            .arg(&first[1])
-            .arg("-C")
-            .arg(a.path())
-            .status()
-            .unwrap();
-        assert!(out.success());
+        untar(&first[1], a.path());
         let index: serde_json::Value =
             serde_json::from_slice(&std::fs::read(a.path().join("index.json")).unwrap()).unwrap();
         let m = &index["manifests"][0];
@@ -650,14 +645,7 @@ mod tests {
             build_component_images(bins.path(), out.path(), "9.9.9", &["cni".to_string()]).unwrap();
         assert_eq!(archives, vec![out.path().join("cni.tar")]);
         let root = tempfile::tempdir().unwrap();
-        let x = std::process::Command::new("tar")
-            .arg("-xf")
-            .arg(&archives[0])
-            .arg("-C")
-            .arg(root.path())
-            .status()
-            .unwrap();
-        assert!(x.success());
+        untar(&archives[0], root.path());
         let index: serde_json::Value =
             serde_json::from_slice(&std::fs::read(root.path().join("index.json")).unwrap())
                 .unwrap();
@@ -678,14 +666,7 @@ mod tests {
             .path()
             .join("blobs/sha256")
             .join(manifest["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:"));
-        let x = std::process::Command::new("tar")
-            .arg("-xf")
-            .arg(&layer)
-            .arg("-C")
-            .arg(&rootfs)
-            .status()
-            .unwrap();
-        assert!(x.success());
+        untar(&layer, &rootfs);
         assert!(rootfs.join("usr/bin/skiff-cni").is_file());
         assert!(!rootfs.join("bin/sh").exists(), "no shell in the base");
         // chroot needs root, as the whole suite does.
