@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod cgroups;
 pub mod config;
+pub mod credentials;
 pub mod dns;
 pub mod metrics;
 pub mod network;

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -9,6 +10,7 @@ use clap::{Args, Parser};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use skiff_agent::agent;
 use skiff_agent::config::{self, AgentConfig};
+use skiff_agent::credentials;
 use skiff_agent::runtime::cri::CriRuntime;
 
 #[derive(Debug, Parser)]
@@ -110,6 +112,10 @@ struct RunArgs {
     /// not served).
     #[arg(long, default_value = "127.0.0.1:10248")]
     healthz_bind_address: String,
+    /// Renew the node's client certificate before it expires, through a
+    /// CertificateSigningRequest (the kubelet's flag; on by default, as kubeadm sets it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    rotate_certificates: bool,
     /// Do not run the eBPF service proxy in process.
     #[arg(long)]
     no_proxy: bool,
@@ -146,17 +152,21 @@ fn proxy_config(args: &RunArgs, config: &AgentConfig) -> Option<skiff_proxy::dae
     })
 }
 
-async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
+/// The API client, its config, and the node identity that rotation renews (a node client
+/// certificate from a kubeconfig; not a ServiceAccount).
+type Connected = (kube::Client, kube::Config, Option<Arc<credentials::Identity>>);
+
+async fn client(args: &RunArgs) -> anyhow::Result<Connected> {
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => config::host_name().context("no --node-name and no host name")?,
+    };
     // Joining with a bootstrap token: once, then the node's own kubeconfig (the token is
-    // single-use) under the root dir is what later starts use.
+    // single-use) under the root dir is what later starts use, its certificate rotated.
     let joined;
     let path: &Path = match (&args.kubeconfig, &args.server, &args.token) {
         (Some(p), None, None) => p,
         (None, Some(server), Some(token)) => {
-            let node_name = match &args.node_name {
-                Some(n) => n.clone(),
-                None => config::host_name().context("no --node-name and no host name")?,
-            };
             let dir = args.root_dir.join("pki");
             joined = dir.join("kubelet.kubeconfig");
             if !joined.exists() {
@@ -175,7 +185,7 @@ async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> 
             )?;
             tracing::info!(server = %cfg.cluster_url, "in-cluster: the pod's ServiceAccount");
             let client = kube::Client::try_from(cfg.clone()).context("building the API client")?;
-            return Ok((client, cfg));
+            return Ok((client, cfg, None));
         }
         (None, None, None) => {
             bail!(
@@ -189,8 +199,16 @@ async fn client(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Config)> 
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("loading {}", path.display()))?;
+    // A node certificate: refused at once when expired, else rotated before it expires.
+    if args.rotate_certificates
+        && credentials::check_node_certificate(&cfg, path, &node_name)?.is_some()
+    {
+        let (client, identity) = credentials::client(cfg.clone(), path, &node_name)
+            .context("building the API client")?;
+        return Ok((client, cfg, Some(identity)));
+    }
     let client = kube::Client::try_from(cfg.clone()).context("building the API client")?;
-    Ok((client, cfg))
+    Ok((client, cfg, None))
 }
 
 fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<AgentConfig> {
@@ -262,7 +280,9 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     skiff_core::logging::init(cli.log_format, skiff_core::logging::LogStream::Stdout);
-    let (client, kube_config) = client(&cli.run).await?;
+    let (client, kube_config, identity) = client(&cli.run).await?;
+    let _rotation = identity
+        .map(|id| skiff_core::supervisor::AbortOnDrop(tokio::spawn(id.rotate(client.clone()))));
     let config = agent_config(&cli.run, &kube_config)?;
     let runtime = CriRuntime::connect(&config.containerd_socket).await.with_context(|| {
         format!("connecting to containerd at {}", config.containerd_socket.display())

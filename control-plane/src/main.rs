@@ -51,6 +51,10 @@ struct Args {
     /// besides the host's name and addresses, which it always holds.
     #[arg(long, value_delimiter = ',')]
     tls_san: Vec<String>,
+    /// Lifetime of the certificates the cluster CA signs for CertificateSigningRequests
+    /// (kube-controller-manager's flag; a request's `expirationSeconds` may shorten it).
+    #[arg(long, default_value = "8760h", value_parser = positive_duration)]
+    cluster_signing_duration: std::time::Duration,
     /// Terminated pods kept before the pod GC deletes the oldest (0 disables).
     #[arg(long, default_value_t = 12500)]
     terminated_pod_gc_threshold: usize,
@@ -292,6 +296,7 @@ async fn main() -> Result<()> {
         .audit_level
         .parse()
         .with_context(|| format!("--audit-level {:?}", args.audit_level))?;
+    config.api.auth.signing_duration = args.cluster_signing_duration;
     config.encryption_provider_config = args.encryption_provider_config;
     config.encryption_key_file = args.encryption_key_file;
     if !args.no_controllers {
@@ -305,6 +310,7 @@ async fn main() -> Result<()> {
             local_path_helper_image: args.local_path_helper_image,
             hpa_sync_period: args.horizontal_pod_autoscaler_sync_period,
             hpa_downscale_stabilization: args.horizontal_pod_autoscaler_downscale_stabilization,
+            cluster_signing_duration: args.cluster_signing_duration,
             ..Default::default()
         };
         config.controllers = Some(controllers);

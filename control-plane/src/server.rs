@@ -265,6 +265,12 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
         if cc.root_ca_pem.is_none() {
             cc.root_ca_pem = Some(pki.ca_cert_pem.clone());
         }
+        if cc.signing_ca.is_none() {
+            cc.signing_ca = Some(skiff_controllers::context::SigningCa {
+                cert_pem: pki.ca_cert_pem.clone(),
+                key_pem: pki.ca_key_pem.clone(),
+            });
+        }
         if cc.apiserver_endpoint.is_none() {
             cc.apiserver_endpoint = apiserver_endpoint(&config, addr.port());
         }

@@ -21,6 +21,10 @@ use skiff_proxy::maps::ServiceMaps;
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 
+/// Connections made to show that a random backend choice reaches both backends: all of them
+/// landing on one of two has odds of 2^-(SPREAD-1) (12 gave 2^-11, and CI met them once).
+const SPREAD: usize = 40;
+
 fn services(maps: &mut ServiceMaps) {
     let backends: Vec<_> = BACKEND_IPS
         .iter()
@@ -217,7 +221,7 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
 
     let mut seen = BTreeSet::new();
     for (i, (peer, data)) in
-        socket_lb_tcp(&rig.client, &cg, "10.96.0.10", "t", 12).iter().enumerate()
+        socket_lb_tcp(&rig.client, &cg, "10.96.0.10", "t", SPREAD).iter().enumerate()
     {
         assert_eq!(peer, "10.96.0.10 80", "getpeername shows the VIP: {data}");
         let parts: Vec<&str> = data.split('|').collect();
@@ -226,7 +230,7 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
         assert_eq!(parts[2], format!("t{i}"));
         seen.insert(parts[0].to_string());
     }
-    assert_eq!(seen.len(), 2, "both backends chosen over 12 connections: {seen:?}");
+    assert_eq!(seen.len(), 2, "both backends chosen over {SPREAD} connections: {seen:?}");
 
     let out = run_client_in(&rig.client, &cg.path, CLIENT_PY, &["udp", "10.96.0.10", "80", "u1"]);
     let (peer, data) = lines(&out);
@@ -268,7 +272,7 @@ fn clusterip_tcp_and_udp_through_socket_lb() {
     assert!(maps.conntrack().unwrap().is_empty());
     let stats = maps.service_stats().unwrap();
     let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
-    assert_eq!(tcp.1.new_conns, 12 + 8, "client and hairpin connections");
+    assert_eq!(tcp.1.new_conns, SPREAD as u64 + 8, "client and hairpin connections");
 }
 
 #[test]
@@ -285,7 +289,7 @@ fn clusterip_tcp_and_udp_through_tc() {
     });
 
     let mut seen = BTreeSet::new();
-    for i in 0..12 {
+    for i in 0..SPREAD {
         let (peer, data) = in_netns(&rig.client, || {
             let mut s = TcpStream::connect_timeout(&sockaddr(VIP, 80), Duration::from_secs(5))
                 .expect("connect through tc DNAT");
@@ -309,7 +313,7 @@ fn clusterip_tcp_and_udp_through_tc() {
         assert_eq!(parts[1], "10.201.0.2", "client address preserved");
         seen.insert(parts[0].to_string());
     }
-    assert_eq!(seen.len(), 2, "both backends chosen: {seen:?}");
+    assert_eq!(seen.len(), 2, "both backends chosen over {SPREAD} connections: {seen:?}");
 
     let (from, data) = in_netns(&rig.client, || {
         let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
@@ -337,7 +341,7 @@ fn clusterip_tcp_and_udp_through_tc() {
     assert!(!maps.conntrack().unwrap().is_empty(), "per-packet path keeps conntrack");
     let stats = maps.service_stats().unwrap();
     let tcp = stats.iter().find(|(id, _)| *id == 1).expect("tcp service counted");
-    assert_eq!(tcp.1.new_conns, 12);
+    assert_eq!(tcp.1.new_conns, SPREAD as u64);
 }
 
 #[test]
@@ -479,7 +483,7 @@ fn traffic_policies_local_end_to_end() {
         .collect();
     assert_eq!(seen, BTreeSet::from(["10.201.1.2".to_string()]), "iTP Local");
     // Without the policies both endpoints serve (Cluster).
-    let seen: BTreeSet<_> = socket_lb_tcp(&rig.client, &cg, "10.96.0.21", "c", 16)
+    let seen: BTreeSet<_> = socket_lb_tcp(&rig.client, &cg, "10.96.0.21", "c", SPREAD)
         .iter()
         .map(|(_, data)| backend_of(data))
         .collect();

@@ -499,6 +499,13 @@ fn join_token_single_use() {
         .expect("joining with the token");
     let node = Kubectl::new(33, &kubeconfig);
     node.ok(&["get", "nodes"]);
+    // The request is stored, approved and issued, by the token's user.
+    let listed = server.kubectl(33).ok(&["get", "csr", "--no-headers"]);
+    let row = listed.lines().find(|l| l.contains(&format!("system:bootstrap:{id}")));
+    assert!(
+        row.is_some_and(|r| r.starts_with("node-csr-") && r.contains("Approved,Issued")),
+        "{listed}"
+    );
     assert_eq!(can_i(&node, &["create", "namespaces"]), "no");
     assert_eq!(can_i(&node, &["patch", "nodes/n3"]), "yes");
     assert_eq!(can_i(&node, &["patch", "nodes/n1"]), "no");
@@ -516,4 +523,222 @@ fn join_token_single_use() {
     });
     assert_unauthorized(&as_token, &["get", "pods", "-A"]);
     assert!(!Path::new(&dir.path().join("again/kubelet.kubeconfig")).exists());
+}
+
+/// A CertificateSigningRequest object for `pem` (signer, usages, optional lifetime).
+fn csr_yaml(name: &str, pem: &str, signer: &str, usages: &[&str], seconds: Option<u32>) -> String {
+    use base64::Engine;
+    let request = base64::engine::general_purpose::STANDARD.encode(pem.as_bytes());
+    let expiration = seconds.map(|s| format!("\n  expirationSeconds: {s}")).unwrap_or_default();
+    format!(
+        "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {{name: {name}}}\nspec:\n  request: {request}\n  signerName: {signer}\n  usages: [{}]{expiration}\n",
+        usages.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// The certificates.k8s.io/v1 API with real kubectl and the controllers running: a user's
+/// request is stored pending with the requester stamped in, `kubectl certificate approve`
+/// by an admin gets it signed by the signing controller and the certificate authenticates;
+/// approving needs `approve` on the signer; system:masters through kube-apiserver-client,
+/// malformed requests and short lifetimes are refused with upstream's messages; a node's
+/// request for its own certificate is approved and signed by the controllers, another's
+/// is not.
+#[test]
+fn certificate_signing_requests() {
+    use skiff_core::certificates as certs;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        controllers: Some(Default::default()),
+        ..Default::default()
+    };
+    let server = TestServer::start_with(dir, config);
+    let admin = server.kubectl(33);
+    // alice may create and read requests, and write their approval, but approve nothing.
+    admin.ok(&[
+        "create",
+        "clusterrole",
+        "csr-user",
+        "--verb=create,get,list,watch",
+        "--resource=certificatesigningrequests",
+    ]);
+    admin.ok(&[
+        "create",
+        "clusterrole",
+        "csr-approval",
+        "--verb=get,update,patch",
+        "--resource=certificatesigningrequests/approval",
+    ]);
+    admin.ok(&[
+        "create",
+        "clusterrolebinding",
+        "alice-csr",
+        "--clusterrole=csr-user",
+        "--user=alice",
+    ]);
+    admin.ok(&[
+        "create",
+        "clusterrolebinding",
+        "alice-approval",
+        "--clusterrole=csr-approval",
+        "--user=alice",
+    ]);
+    let alice = Kubectl::new(33, &server.cert_kubeconfig("alice.kubeconfig", "alice", &["devs"]));
+
+    let (pem, key) = certs::new_request("alice", "devs", &[], &[]).expect("request");
+    let yaml = csr_yaml(
+        "alice-1",
+        &pem,
+        certs::KUBE_APISERVER_CLIENT,
+        &["client auth", "digital signature"],
+        Some(3600),
+    );
+    alice.ok_stdin(&["create", "-f", "-"], Some(&yaml));
+    let table = admin.ok(&["get", "csr", "alice-1"]);
+    assert!(
+        table.contains("SIGNERNAME")
+            && table.contains("REQUESTOR")
+            && table.contains("REQUESTEDDURATION"),
+        "{table}"
+    );
+    let row = table.lines().nth(1).unwrap_or_default().to_string();
+    for want in ["alice-1", "kubernetes.io/kube-apiserver-client", "alice", "60m", "Pending"] {
+        assert!(row.contains(want), "{want} in {row}");
+    }
+    let groups = admin.ok(&["get", "csr", "alice-1", "-o", "jsonpath={.spec.groups}"]);
+    assert!(groups.contains("devs") && groups.contains("system:authenticated"), "{groups}");
+    // Approving needs `approve` on signers/kubernetes.io/kube-apiserver-client.
+    assert_forbidden(
+        &alice,
+        &["certificate", "approve", "alice-1"],
+        "user not permitted to approve requests with signerName \"kubernetes.io/kube-apiserver-client\"",
+    );
+    admin.ok(&["certificate", "approve", "alice-1"]);
+    wait_until(|| {
+        admin
+            .run(&["get", "csr", "alice-1"], None)
+            .stdout
+            .windows(15)
+            .any(|w| w == b"Approved,Issued")
+    });
+    let cert_b64 = admin.ok(&["get", "csr", "alice-1", "-o", "jsonpath={.status.certificate}"]);
+    use base64::Engine;
+    let cert = String::from_utf8(
+        base64::engine::general_purpose::STANDARD.decode(cert_b64.trim()).expect("base64"),
+    )
+    .expect("PEM");
+    let (not_before, not_after) = certs::validity(&cert).expect("a certificate");
+    let lifetime = not_after.duration_since(not_before).expect("ordered").as_secs();
+    assert_eq!(lifetime, 3600 + 300, "expirationSeconds is honoured (plus the backdating)");
+    // The signed certificate authenticates as alice, in her groups.
+    let issued = server.dir.path().join("alice-issued.kubeconfig");
+    std::fs::write(&issued, server.pki().kubeconfig(&server.url(), "alice", &cert, &key))
+        .expect("kubeconfig");
+    let whoami =
+        Kubectl::new(33, &issued).ok(&["auth", "whoami", "-o", "jsonpath={.status.userInfo}"]);
+    assert!(whoami.contains("\"username\":\"alice\"") && whoami.contains("devs"), "{whoami}");
+    // An approval stays: replacing it with a denial is refused.
+    let err = alice.fails(&[
+        "patch",
+        "csr",
+        "alice-1",
+        "--subresource=approval",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Denied","status":"True","reason":"No"}]}}"#,
+    ]);
+    assert!(err.contains("updates may not remove a condition of type \"Approved\""), "{err}");
+
+    // Denied requests are never signed.
+    let (pem2, _) = certs::new_request("alice", "devs", &[], &[]).expect("request");
+    alice.ok_stdin(
+        &["create", "-f", "-"],
+        Some(&csr_yaml("alice-2", &pem2, certs::KUBE_APISERVER_CLIENT, &["client auth"], None)),
+    );
+    admin.ok(&["certificate", "deny", "alice-2"]);
+    let row = admin.ok(&["get", "csr", "alice-2", "--no-headers"]);
+    assert!(row.contains("Denied") && row.contains("<none>"), "{row}");
+
+    // CertificateSubjectRestriction.
+    let (masters, _) = certs::new_request("mallory", "system:masters", &[], &[]).expect("request");
+    let out = alice.run(
+        &["create", "-f", "-"],
+        Some(&csr_yaml("mallory", &masters, certs::KUBE_APISERVER_CLIENT, &["client auth"], None)),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"), "{err}");
+    // Validation: 422 with the field.
+    let bad = csr_yaml(
+        "bad",
+        "hello",
+        "kubernetes.io/kube-apiserver-client",
+        &["client auth", "flying"],
+        Some(60),
+    )
+    .replace("signerName: kubernetes.io/kube-apiserver-client", "signerName: nodomain");
+    let out = alice.run(&["create", "-f", "-"], Some(&bad));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "is invalid",
+        "spec.request: Invalid value",
+        "PEM block type must be CERTIFICATE REQUEST",
+        "spec.signerName: Invalid value: \"nodomain\"",
+        "spec.usages[1]: Unsupported value: \"flying\"",
+        "spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 600 seconds",
+    ] {
+        assert!(err.contains(want), "{want:?} in {err}");
+    }
+
+    // A node renews its own certificate: approved (selfnodeclient) and signed by the
+    // controllers; a request for another node's name is left pending.
+    let node = server.cert_kubeconfig("n5.kubeconfig", "system:node:n5", &["system:nodes"]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let node_client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(&node).expect("kubeconfig");
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+        kube::Client::try_from(cfg).expect("client")
+    });
+    let (renewed, _) = rt
+        .block_on(skiff_core::join::request_node_certificate(
+            &node_client,
+            "n5",
+            std::time::Duration::from_secs(30),
+        ))
+        .expect("a renewed node certificate");
+    let (nb, na) = certs::validity(&renewed).expect("certificate");
+    assert!(
+        na.duration_since(nb).expect("ordered").as_secs() > 300 * 24 * 3600,
+        "the signing duration, a year"
+    );
+    let listed = admin.ok(&["get", "csr", "--no-headers"]);
+    let row = listed.lines().find(|l| l.contains("system:node:n5")).unwrap_or_default();
+    assert!(
+        row.contains("kube-apiserver-client-kubelet") && row.contains("Approved,Issued"),
+        "{listed}"
+    );
+    let reason = admin.ok(&[
+        "get",
+        "csr",
+        row.split_whitespace().next().unwrap_or_default(),
+        "-o",
+        "jsonpath={.status.conditions[0].reason}",
+    ]);
+    assert_eq!(reason, "AutoApproved");
+    let (other, _) =
+        certs::new_request("system:node:n6", certs::NODES_GROUP, &[], &[]).expect("request");
+    Kubectl::new(33, &node).ok_stdin(
+        &["create", "-f", "-"],
+        Some(&csr_yaml(
+            "n6-by-n5",
+            &other,
+            certs::KUBE_APISERVER_CLIENT_KUBELET,
+            &["digital signature", "client auth"],
+            None,
+        )),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let row = admin.ok(&["get", "csr", "n6-by-n5", "--no-headers"]);
+    assert!(row.contains("Pending"), "another node's certificate is not approved: {row}");
 }

@@ -56,7 +56,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
 
 /// Installs what is missing, builds, starts an N-node lab and returns once the nodes are
 /// Ready.
-pub fn up(root: &Path, nodes: usize, release: bool, proxy: &str) -> Result<()> {
+pub fn up(root: &Path, nodes: usize, release: bool, proxy: &str, join: bool) -> Result<()> {
     if !matches!(proxy, "in-process" | "daemonset") {
         anyhow::bail!("--proxy {proxy:?}: expected in-process or daemonset");
     }
@@ -66,7 +66,8 @@ pub fn up(root: &Path, nodes: usize, release: bool, proxy: &str) -> Result<()> {
     run(Command::new(bin.join("skiff-lab"))
         .args(["images", "build"])
         .arg(bin.parent().unwrap_or(&bin).join("images")))?;
-    run(Command::new(bin.join("skiff-lab")).args([
+    let mut lab = Command::new(bin.join("skiff-lab"));
+    lab.args([
         "up",
         "--nodes",
         &nodes.to_string(),
@@ -76,8 +77,11 @@ pub fn up(root: &Path, nodes: usize, release: bool, proxy: &str) -> Result<()> {
         SERVER_DIR,
         "--proxy",
         proxy,
-    ]))
-    .context("starting the lab (logs under /var/lib/skiff/lab)")?;
+    ]);
+    if join {
+        lab.arg("--join");
+    }
+    run(&mut lab).context("starting the lab (logs under /var/lib/skiff/lab)")?;
     let kubeconfig = Path::new(SERVER_DIR).join("admin.kubeconfig");
     println!(
         "\nskiff is up: {nodes} node(s), logs under {LAB_DIR}/ (server.log, node-*/agent.log, \

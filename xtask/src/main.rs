@@ -46,6 +46,10 @@ enum Cmd {
         /// skiff/proxy image built from these binaries).
         #[arg(long, default_value = "in-process")]
         proxy: String,
+        /// Each agent joins with its own bootstrap token over the lab network and runs as its
+        /// node (a node certificate, rotated before it expires), as on real machines.
+        #[arg(long)]
+        join: bool,
     },
     /// Stop everything `up` started and remove every trace of it.
     Down,
@@ -87,7 +91,7 @@ fn main() -> Result<()> {
     let root = project_root();
     match cli.command {
         Cmd::Setup => setup::all(&root),
-        Cmd::Up { nodes, release, proxy } => cluster::up(&root, nodes, release, &proxy),
+        Cmd::Up { nodes, release, proxy, join } => cluster::up(&root, nodes, release, &proxy, join),
         Cmd::Down => cluster::down(&root),
         Cmd::Test => test(&root),
         Cmd::Lint => lint(&root),

@@ -137,6 +137,10 @@ pub struct LabConfig {
     pub proxy: ProxyMode,
     /// The project's `deploy/` (default: beside the agent crate's sources).
     pub deploy_dir: Option<PathBuf>,
+    /// How the agents get their identity: `false` (the default), the server's admin
+    /// kubeconfig; `true`, as on real machines: each joins with its own bootstrap token
+    /// (`--server https://<lab address>:6443 --token T`) and holds a node certificate.
+    pub join: bool,
 }
 
 impl Default for LabConfig {
@@ -160,6 +164,7 @@ impl Default for LabConfig {
             server_args: Vec::new(),
             proxy: ProxyMode::InProcess,
             deploy_dir: None,
+            join: false,
         }
     }
 }
@@ -185,6 +190,10 @@ pub struct NodeState {
     pub pin_dir: PathBuf,
     pub containerd: Option<Proc>,
     pub agent: Option<Proc>,
+    /// The node's join token ([`LabConfig::join`]): the agent joins with it once and keeps
+    /// the node kubeconfig it got under its root dir.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 /// What a lab is made of (`<dir>/lab.json`).
@@ -219,6 +228,9 @@ pub struct LabState {
     /// one of their own would go with them); `down` unmounts it when nothing is left in it.
     #[serde(default)]
     pub mounted_bpffs: bool,
+    /// [`LabConfig::join`].
+    #[serde(default)]
+    pub join: bool,
 }
 
 /// Where a node has its bpffs (systemd mounts it there at boot).
@@ -305,14 +317,22 @@ impl LabState {
         Some(c)
     }
 
+    /// The apiserver's URL on the lab segment.
+    pub fn server_url(&self) -> String {
+        format!("https://{}:6443", self.host_ip)
+    }
+
     /// The agent command line of a node (also used to restart an agent).
     pub fn agent_command(&self, node: &NodeState) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", node.netns))
-            .arg(self.bin_dir.join("skiff-agent"))
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--node-name", &node.name, "--node-ip", &node.ip.to_string()])
+        c.arg(format!("--net=/run/netns/{}", node.netns)).arg(self.bin_dir.join("skiff-agent"));
+        match &node.token {
+            // As on a real machine: the server only by its lab address, TLS verified with
+            // the CA that cluster-info's signature vouches for.
+            Some(token) => c.args(["--server", &self.server_url(), "--token", token]),
+            None => c.arg("--kubeconfig").arg(&self.kubeconfig),
+        };
+        c.args(["--node-name", &node.name, "--node-ip", &node.ip.to_string()])
             .arg("--containerd-socket")
             .arg(ContainerdConfig::under(&node.containerd_dir).socket)
             .arg("--root-dir")
@@ -487,6 +507,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
                 name,
                 containerd: None,
                 agent: None,
+                token: None,
             }
         })
         .collect();
@@ -509,6 +530,7 @@ pub async fn up(config: &LabConfig) -> Result<LabState> {
         server_args: config.server_args.clone(),
         proxy: config.proxy,
         mounted_bpffs: false,
+        join: config.join,
     };
     state.save()?;
     match build(&mut state, config).await {
@@ -659,6 +681,31 @@ async fn build(state: &mut LabState, config: &LabConfig) -> Result<()> {
         text.push_str(&format!("nameserver {ns}\n"));
     }
     std::fs::write(&resolv, text).map_err(|source| Error::Write { path: resolv, source })?;
+    if state.join {
+        for i in 0..state.nodes.len() {
+            // The admin kubeconfig is written as the server starts serving: a few tries.
+            let mut tries = 0;
+            let token = loop {
+                match skiff_core::join::create_token(&state.kubeconfig, Duration::from_secs(3600))
+                    .await
+                {
+                    Ok(t) => break t,
+                    Err(e) if tries >= 20 => {
+                        return Err(Error::Command {
+                            command: "creating a join token".into(),
+                            stderr: format!("{:#}", anyhow::Error::from(e)),
+                        });
+                    }
+                    Err(_) => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            state.nodes[i].token = Some(token);
+            state.save()?;
+        }
+    }
     let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
     for name in &names {
         state.start_agent(name)?;
@@ -1091,6 +1138,10 @@ pub enum LabCommand {
         /// Where the data plane runs: in each agent, or the deploy/proxy DaemonSet.
         #[arg(long, value_enum, default_value = "in-process")]
         proxy: ProxyMode,
+        /// Each agent joins with its own bootstrap token and runs as its node (a node
+        /// certificate, rotated), as on real machines; default: the admin kubeconfig.
+        #[arg(long)]
+        join: bool,
     },
     /// Take the lab in DIR down and remove every trace of it.
     Down {
@@ -1157,6 +1208,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
             log_filter,
             server_args,
             proxy,
+            join,
         } => {
             let config = LabConfig {
                 name,
@@ -1168,6 +1220,7 @@ pub async fn run_command(command: LabCommand) -> anyhow::Result<()> {
                 log_filter,
                 server_args,
                 proxy,
+                join,
                 ..Default::default()
             };
             let state = up(&config).await?;

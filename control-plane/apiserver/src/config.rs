@@ -74,6 +74,9 @@ pub struct AuthConfig {
     /// The cluster CA, which signs node client certificates for joining agents.
     pub ca_cert_pem: String,
     pub ca_key_pem: String,
+    /// Lifetime of the node client certificates signed at join (kube-controller-manager's
+    /// `--cluster-signing-duration`; zero: its one year).
+    pub signing_duration: std::time::Duration,
     /// Token issuer and the audiences the apiserver accepts (upstream defaults).
     pub issuer: String,
     pub audiences: Vec<String>,

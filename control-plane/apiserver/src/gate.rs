@@ -107,7 +107,13 @@ impl Special {
             ("authentication.k8s.io", "selfsubjectreviews", "") => {
                 Some(Special::SelfSubjectReview { version: a.version.clone() })
             }
-            ("certificates.k8s.io", "certificatesigningrequests", "") => Some(Special::NodeCsr),
+            // Joining: a bootstrap token's request is signed at once (and the token used up);
+            // every other one is stored for the approving and signing controllers.
+            ("certificates.k8s.io", "certificatesigningrequests", "")
+                if a.user.name.starts_with("system:bootstrap:") =>
+            {
+                Some(Special::NodeCsr)
+            }
             _ => None,
         }
     }

@@ -385,38 +385,6 @@ impl rustls::client::danger::ServerCertVerifier for UnverifiedServer {
     }
 }
 
-/// Sign a PEM certificate signing request as a client certificate for `user` in
-/// `groups`: the subject the requester asked for is ignored, only its public key is used.
-pub fn sign_client_csr(
-    ca_cert_pem: &str,
-    ca_key_pem: &str,
-    csr_pem: &str,
-    user: &str,
-    groups: &[&str],
-    valid_days: i64,
-) -> Result<String> {
-    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(gen_err("loading the CA key"))?;
-    let issuer =
-        Issuer::from_ca_cert_pem(ca_cert_pem, ca_key).map_err(gen_err("loading the CA"))?;
-    let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
-        .map_err(gen_err("parsing the certificate signing request"))?;
-    let mut params =
-        CertificateParams::new(Vec::<String>::new()).map_err(gen_err("a client certificate"))?;
-    params.distinguished_name.push(DnType::CommonName, user);
-    for g in groups {
-        params.distinguished_name.push(DnType::OrganizationName, *g);
-    }
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let now = unix_now();
-    let epoch = rcgen::date_time_ymd(1970, 1, 1);
-    params.not_before = epoch + std::time::Duration::from_secs(now.saturating_sub(300));
-    params.not_after =
-        epoch + std::time::Duration::from_secs(now + valid_days.max(1) as u64 * 86_400);
-    csr.params = params;
-    let cert = csr.signed_by(&issuer).map_err(gen_err("a node client certificate"))?;
-    Ok(cert.pem())
-}
-
 fn client_cert(
     issuer: &Issuer<'_, KeyPair>,
     user: &str,
@@ -433,13 +401,6 @@ fn client_cert(
     let key = KeyPair::generate().map_err(gen_err("a client key"))?;
     let cert = params.signed_by(&key, issuer).map_err(gen_err("a client certificate"))?;
     Ok((cert.pem(), key.serialize_pem()))
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
 }
 
 fn write(path: &Path, content: &str) -> Result<()> {

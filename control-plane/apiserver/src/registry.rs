@@ -2,8 +2,8 @@
 //! round-trip that prunes unknown fields, and its selectable fields.
 
 use k8s_openapi::api::{
-    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, networking,
-    policy, rbac, scheduling, storage,
+    admissionregistration, apps, autoscaling, batch, certificates, coordination, core, discovery,
+    networking, policy, rbac, scheduling, storage,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -176,6 +176,14 @@ const RW: &[&str] =
     &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 const STATUS: SubresourceDesc = SubresourceDesc {
     name: "status",
+    kind: "",
+    group: "",
+    version: "",
+    verbs: &["get", "patch", "update"],
+};
+/// certificatesigningrequests/approval: the Approved and Denied conditions only.
+const APPROVAL: SubresourceDesc = SubresourceDesc {
+    name: "approval",
     kind: "",
     group: "",
     version: "",
@@ -600,6 +608,22 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+        },
+        ResourceType {
+            desc: desc(
+                "certificates.k8s.io",
+                "v1",
+                "CertificateSigningRequest",
+                "certificatesigningrequests",
+                "certificatesigningrequest",
+                false,
+            )
+            .with_short_names(&["csr"])
+            .with_subresources(&[STATUS, APPROVAL]),
+            normalize: normalize::<certificates::v1::CertificateSigningRequest>(),
+            fields: &["spec.signerName"],
+            tracks_generation: false,
+            has_status: true,
         },
         ResourceType {
             desc: desc("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true),

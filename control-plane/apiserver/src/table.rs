@@ -407,6 +407,14 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Groups", "string", 1, "Groups in the binding."),
             col("ServiceAccounts", "string", 1, "ServiceAccounts in the binding."),
         ],
+        "CertificateSigningRequest" => vec![
+            NAME,
+            AGE,
+            col("SignerName", "string", 0, "The signer the request is addressed to."),
+            col("Requestor", "string", 0, "The user who created the request."),
+            col("RequestedDuration", "string", 0, "The lifetime the request asked for."),
+            col("Condition", "string", 0, "Approved, Denied or Pending, and Failed or Issued."),
+        ],
         "PriorityClass" => vec![
             NAME,
             col(
@@ -1260,6 +1268,38 @@ fn cells(kind: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
                 json!(of("User")),
                 json!(of("Group")),
                 json!(of("ServiceAccount")),
+            ]
+        }
+        "CertificateSigningRequest" => {
+            let has = |ty: &str| {
+                arr(o, &["status", "conditions"])
+                    .iter()
+                    .any(|c| c["type"] == ty && c["status"] == "True")
+            };
+            let mut condition = if has("Denied") {
+                "Denied".to_string()
+            } else if has("Approved") {
+                "Approved".to_string()
+            } else {
+                "Pending".to_string()
+            };
+            if has("Failed") {
+                condition.push_str(",Failed");
+            }
+            if !str_at(o, &["status", "certificate"]).is_empty() {
+                condition.push_str(",Issued");
+            }
+            let duration = o
+                .pointer("/spec/expirationSeconds")
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<none>".to_string(), human_duration);
+            vec![
+                json!(name),
+                json!(age),
+                json!(str_at(o, &["spec", "signerName"])),
+                json!(str_at(o, &["spec", "username"])),
+                json!(duration),
+                json!(condition),
             ]
         }
         "PriorityClass" => vec![

@@ -70,8 +70,27 @@ pub struct ControllerConfig {
     /// How long a scale-down waits for the highest recommendation of the window
     /// (`--horizontal-pod-autoscaler-downscale-stabilization`, 5 min).
     pub hpa_downscale_stabilization: Duration,
+    /// The CA the signing controller signs approved CertificateSigningRequests with
+    /// (kube-controller-manager's `--cluster-signing-cert-file`/`-key-file`); `None`: no
+    /// signer runs.
+    pub signing_ca: Option<SigningCa>,
+    /// `--cluster-signing-duration`: the longest lifetime it signs (upstream one year).
+    pub cluster_signing_duration: Duration,
     /// How a stopped or panicking controller is restarted.
     pub supervision: Supervision,
+}
+
+/// The cluster CA's certificate and key (PEM).
+#[derive(Clone)]
+pub struct SigningCa {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SigningCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigningCa").finish_non_exhaustive()
+    }
 }
 
 /// The local-path teardown helper's image by default (k3s's is a busybox too).
@@ -95,6 +114,8 @@ impl Default for ControllerConfig {
             local_path_helper_image: DEFAULT_HELPER_IMAGE.into(),
             hpa_sync_period: Duration::from_secs(15),
             hpa_downscale_stabilization: Duration::from_secs(300),
+            signing_ca: None,
+            cluster_signing_duration: Duration::from_secs(365 * 86_400),
             supervision: Supervision::default(),
         }
     }

@@ -15,6 +15,7 @@ pub use context::{Context, ControllerConfig, DEFAULT_HELPER_IMAGE};
 
 use skiff_core::supervisor::{self, ComponentHealth};
 
+pub mod certificates;
 pub mod clusterrole_aggregation;
 pub mod context;
 pub mod cronjob;
@@ -108,6 +109,7 @@ pub async fn run(client: Client, config: ControllerConfig, health: Arc<Component
     c.spawn("persistentvolume-binder", volume::run);
     c.spawn("volume-protection", volume_protection::run);
     c.spawn("clusterrole-aggregation", clusterrole_aggregation::run);
+    c.spawn("certificatesigningrequests", certificates::run);
     if let Some(root) = ctx.config.local_path_root.clone() {
         c.spawn("local-path-provisioner", move |ctx| local_path::run(ctx, root.clone()));
     }

@@ -43,6 +43,10 @@ pub enum Error {
     Key(#[source] rcgen::Error),
     #[error("the apiserver returned no certificate")]
     NoCertificate,
+    #[error("CertificateSigningRequest {name} was {outcome}: {message}")]
+    NotIssued { name: String, outcome: &'static str, message: String },
+    #[error("CertificateSigningRequest {0} was neither approved and signed nor denied in time")]
+    Pending(String),
     #[error("writing {path}")]
     Write {
         path: PathBuf,
@@ -53,6 +57,10 @@ pub enum Error {
 
 pub const CLUSTER_INFO: &str = "cluster-info";
 const JWS_PREFIX: &str = "jws-kubeconfig-";
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s.as_bytes())
+}
 
 fn b64url(data: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
@@ -170,7 +178,6 @@ pub async fn bootstrap(
     params.distinguished_name.push(rcgen::DnType::OrganizationName, "system:nodes");
     let csr_pem = params.serialize_request(&key).map_err(Error::Key)?.pem().map_err(Error::Key)?;
     // 3. The exchange, authenticated by the token, TLS verified with the CA.
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let token_kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {ca_b64}\ncontexts:\n- name: bootstrap\n  context:\n    cluster: skiff\n    user: bootstrap\ncurrent-context: bootstrap\nusers:\n- name: bootstrap\n  user:\n    token: {token}\n"
     );
@@ -182,7 +189,7 @@ pub async fn bootstrap(
     let client = kube::Client::try_from(config).map_err(|e| Error::Client(server_url.into(), e))?;
     let csr = json!({
         "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-        "metadata": {"name": format!("node-csr-{node_name}")},
+        "metadata": {"generateName": "node-csr-"},
         "spec": {"request": b64(&csr_pem), "signerName": KUBELET_CLIENT_SIGNER,
                  "usages": ["digital signature", "client auth"]},
     });
@@ -201,18 +208,110 @@ pub async fn bootstrap(
     // 4. The node's kubeconfig.
     std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.into(), source })?;
     let path = dir.join("kubelet.kubeconfig");
-    let user = format!("system:node:{node_name}");
-    let cfg = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {ca_b64}\ncontexts:\n- name: {user}@skiff\n  context:\n    cluster: skiff\n    user: {user}\ncurrent-context: {user}@skiff\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert_b64}\n    client-key-data: {key}\n",
-        key = b64(&key.serialize_pem()),
-    );
-    write_private(&path, &cfg)?;
+    let cert_pem = base64::engine::general_purpose::STANDARD
+        .decode(cert_b64)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or(Error::NoCertificate)?;
+    let cfg = node_kubeconfig(server_url, &ca_b64, node_name, &cert_pem, &key.serialize_pem());
+    replace_private(&path, &cfg)?;
     let ca_pem = base64::engine::general_purpose::STANDARD
         .decode(&ca_b64)
         .map_err(|e| Error::ClusterInfo(format!("CA data: {e}")))?;
     std::fs::write(dir.join("ca.crt"), ca_pem)
         .map_err(|source| Error::Write { path: dir.join("ca.crt"), source })?;
     Ok(path)
+}
+
+/// A new node client certificate through a stored CertificateSigningRequest, asked as the
+/// node itself (rotation): the request is created and, for up to `wait`, polled until the
+/// approving and signing controllers (or an administrator: `kubectl certificate approve`)
+/// issued it. Returns the certificate and its new key (PEM).
+pub async fn request_node_certificate(
+    client: &kube::Client,
+    node_name: &str,
+    wait: Duration,
+) -> Result<(String, String), Error> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let (csr_pem, key_pem) = crate::certificates::new_request(
+        &format!("{}{node_name}", crate::certificates::NODE_PREFIX),
+        crate::certificates::NODES_GROUP,
+        &[],
+        &[],
+    )
+    .map_err(Error::Key)?;
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": "node-csr-"},
+        "spec": {"request": b64(&csr_pem), "signerName": KUBELET_CLIENT_SIGNER,
+                 "usages": ["digital signature", "client auth"]},
+    }))
+    .map_err(|e| Error::ClusterInfo(format!("building the request: {e}")))?;
+    let created = api
+        .create(&PostParams::default(), &csr)
+        .await
+        .map_err(|source| Error::Api { step: "requesting a new node certificate", source })?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    tracing::info!(csr = %name, "requested a new node client certificate");
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut last_log = tokio::time::Instant::now();
+    loop {
+        let current = api
+            .get(&name)
+            .await
+            .map_err(|source| Error::Api { step: "reading the certificate request", source })?;
+        let status = current.status.unwrap_or_default();
+        for c in status.conditions.iter().flatten() {
+            let outcome = match c.type_.as_str() {
+                "Denied" => "denied",
+                "Failed" => "not signed",
+                _ => continue,
+            };
+            return Err(Error::NotIssued {
+                name,
+                outcome,
+                message: c.message.clone().unwrap_or_default(),
+            });
+        }
+        if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
+            let cert = String::from_utf8(cert.0).map_err(|_| Error::NoCertificate)?;
+            return Ok((cert, key_pem));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Pending(name));
+        }
+        if last_log.elapsed() >= Duration::from_secs(30) {
+            tracing::info!(csr = %name, "waiting for the certificate request to be approved and signed");
+            last_log = tokio::time::Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The node kubeconfig of [`bootstrap`]: the server, its CA and the node's client
+/// certificate and key, embedded.
+pub fn node_kubeconfig(
+    server_url: &str,
+    ca_b64: &str,
+    node_name: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> String {
+    let user = format!("system:node:{node_name}");
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {ca_b64}\ncontexts:\n- name: {user}@skiff\n  context:\n    cluster: skiff\n    user: {user}\ncurrent-context: {user}@skiff\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n",
+        cert = b64(cert_pem),
+        key = b64(key_pem),
+    )
+}
+
+/// Writes `content` to `path` (mode 0600) through a temporary file and a rename, so a crash
+/// leaves the old or the new file, never half of one.
+pub fn replace_private(path: &Path, content: &str) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    write_private(&tmp, content)?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Write { path: path.to_path_buf(), source })
 }
 
 fn write_private(path: &Path, content: &str) -> Result<(), Error> {
@@ -230,7 +329,7 @@ fn write_private(path: &Path, content: &str) -> Result<(), Error> {
 }
 
 /// The signer of node client certificates (upstream's name).
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const KUBELET_CLIENT_SIGNER: &str = crate::certificates::KUBE_APISERVER_CLIENT_KUBELET;
 
 /// `<6 [a-z0-9]>.<16 [a-z0-9]>`: a bootstrap token's id and secret.
 pub fn parse_bootstrap(token: &str) -> Option<(&str, &str)> {

@@ -10,6 +10,7 @@
 //! control plane's crates, the node agent, the proxy.
 
 pub mod autoscaling;
+pub mod certificates;
 pub mod cidr;
 pub mod cron;
 pub mod events;

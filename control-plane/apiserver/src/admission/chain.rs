@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::certificates::{CsrAuthority, CsrRequester};
 use super::escalation::RbacEscalation;
 use super::limitranger::LimitRanger;
 use super::namespace::NamespaceLifecycle;
@@ -34,10 +35,13 @@ impl Chain {
                 Box::new(StorageObjectInUseProtection),
                 Box::new(Priority::default()),
                 Box::new(MutatingWebhooks),
+                // Upstream's strategy, after every mutation: the requester is who asked.
+                Box::new(CsrRequester),
             ],
             validating: vec![
                 Box::new(NodeRestriction),
-                Box::new(RbacEscalation { authz }),
+                Box::new(RbacEscalation { authz: authz.clone() }),
+                Box::new(CsrAuthority { authz }),
                 Box::new(LimitRanger),
                 Box::new(Priority::default()),
                 Box::new(ValidatingWebhooks),

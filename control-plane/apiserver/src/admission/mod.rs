@@ -8,6 +8,7 @@
 //!
 //! [`handles`]: MutatingPlugin::handles
 
+mod certificates;
 pub mod chain;
 mod escalation;
 mod limitranger;

@@ -252,6 +252,11 @@ pub fn objects() -> Vec<Value> {
             vec![
                 rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
                 rule(
+                    &["certificates.k8s.io"],
+                    &["certificatesigningrequests"],
+                    &["create", "get", "list", "watch"],
+                ),
+                rule(
                     &["coordination.k8s.io"],
                     &["leases"],
                     &["create", "get", "list", "watch", "update"],
@@ -327,6 +332,34 @@ pub fn objects() -> Vec<Value> {
             "system:node-bootstrapper",
             "system:node-bootstrapper",
             &[("Group", "system:bootstrappers")],
+        ),
+        // What the approving controller asks (a SubjectAccessReview of the requester): who
+        // may have node client certificates approved automatically, as kubeadm binds them.
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests/nodeclient"],
+                &["create"],
+            )],
+        ),
+        binding(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            &[("Group", "system:bootstrappers")],
+        ),
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests/selfnodeclient"],
+                &["create"],
+            )],
+        ),
+        binding(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            &[("Group", "system:nodes")],
         ),
     ]);
     objects

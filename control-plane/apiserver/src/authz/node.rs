@@ -213,7 +213,11 @@ pub fn authorize(state: &State, a: &Attributes) -> Decision {
         {
             Decision::Allow
         }
-        ("certificates.k8s.io", "certificatesigningrequests", "") if a.verb == "create" => {
+        // Its certificate requests (rotation): create, and read them back (upstream's
+        // system:node role).
+        ("certificates.k8s.io", "certificatesigningrequests", "")
+            if matches!(a.verb.as_str(), "create" | "get" | "list" | "watch") =>
+        {
             Decision::Allow
         }
         _ => Decision::NoOpinion(String::new()),

@@ -75,7 +75,7 @@ pub async fn resource(
         return metrics_api::serve(server, &server.resource_metrics, rt, &info, &query, output);
     }
     match (info.verb, name, info.subresource.as_deref()) {
-        (Verb::Get, Some(name), None | Some("status")) => {
+        (Verb::Get, Some(name), None | Some("status") | Some("approval")) => {
             let (obj, _) = get_object(t, name).await?;
             Ok(render_object(rt, obj, output))
         }
@@ -103,7 +103,11 @@ pub async fn resource(
                     .await?;
             Ok(json_response(StatusCode::CREATED, &obj))
         }
-        (Verb::Update, Some(name), sub @ (None | Some("status") | Some("finalize"))) => {
+        (
+            Verb::Update,
+            Some(name),
+            sub @ (None | Some("status") | Some("finalize") | Some("approval")),
+        ) => {
             let answer = Answer::for_output(output);
             let (written, code, warnings) = update(
                 t,
@@ -121,7 +125,7 @@ pub async fn resource(
                     .await?;
             Ok(render_scale(obj, output))
         }
-        (Verb::Patch, Some(name), sub @ (None | Some("status"))) => {
+        (Verb::Patch, Some(name), sub @ (None | Some("status") | Some("approval"))) => {
             let answer = Answer::for_output(output);
             let (written, code, warnings) = patch(
                 t,

@@ -321,7 +321,7 @@ pub(super) fn prepare_update(
     let binding = sub == Some("binding");
     if !binding {
         admission::default_object(g, &mut new).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if sub == Some("status") {
+        if matches!(sub, Some("status") | Some("approval")) {
             match old.get("spec") {
                 Some(spec) => new["spec"] = spec.clone(),
                 None => {

@@ -66,6 +66,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("policy", "PodDisruptionBudget") => k(true, Subdomain, true, true),
         ("discovery.k8s.io", "EndpointSlice") => k(true, Subdomain, false, false),
         ("coordination.k8s.io", "Lease") => k(true, Subdomain, false, false),
+        ("certificates.k8s.io", "CertificateSigningRequest") => k(false, PathSegment, true, false),
         ("rbac.authorization.k8s.io", "Role" | "RoleBinding") => k(true, PathSegment, false, false),
         ("rbac.authorization.k8s.io", "ClusterRole" | "ClusterRoleBinding") => {
             k(false, PathSegment, false, false)

@@ -27,6 +27,7 @@
 mod apps;
 pub mod autoscaling;
 mod batch;
+mod certificates;
 mod core;
 mod field;
 mod kind;
@@ -144,6 +145,7 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("apps", "ControllerRevision") => {}
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
+        ("certificates.k8s.io", "CertificateSigningRequest") => certificates::prepare_create(o),
         ("batch", "CronJob") => {
             o.insert("status".into(), serde_json::json!({}));
         }
@@ -180,8 +182,9 @@ pub fn prepare_for_update(
     let (Some(n), Some(o)) = (new.as_object_mut(), old.as_object()) else {
         return Prepared::default();
     };
+    let csr = (gvk.group, gvk.kind) == ("certificates.k8s.io", "CertificateSigningRequest");
     match subresource {
-        Some("status") => {
+        Some("status") | Some("approval") => {
             let keys: Vec<String> = n
                 .keys()
                 .chain(o.keys())
@@ -200,6 +203,7 @@ pub fn prepare_for_update(
                     restore_meta_field(n, o, "ownerReferences");
                     pod::backfill_qos_class(n, o);
                 }
+                _ if csr => certificates::prepare_update(subresource, n, o),
                 _ => {}
             }
         }
@@ -212,6 +216,7 @@ pub fn prepare_for_update(
                 ("", "Namespace") => core::prepare_namespace_update(n, o),
                 ("", "Service") => service::prepare_service_update(n, o),
                 ("apps", kind) => apps::prepare_update(kind, n, o),
+                _ if csr => certificates::prepare_update(None, n, o),
                 _ => {}
             }
         }
@@ -304,6 +309,9 @@ pub fn validate(
         }
         ("batch", "Job", _) => batch::validate_job(subresource, new, old),
         ("batch", "CronJob", _) => batch::validate_cronjob(subresource, new, old),
+        ("certificates.k8s.io", "CertificateSigningRequest", _) => {
+            certificates::validate(subresource, new, old)
+        }
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         ("networking.k8s.io", "Ingress", _) => networking::validate_ingress(subresource, new, old),
         ("networking.k8s.io", "IngressClass", _) => networking::validate_ingress_class(new, old),

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::Resource;
 use k8s_openapi::api::{
-    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, networking,
-    policy, rbac, scheduling, storage,
+    admissionregistration, apps, autoscaling, batch, certificates, coordination, core, discovery,
+    networking, policy, rbac, scheduling, storage,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
@@ -99,6 +99,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<storage::v1::StorageClass>(g, true),
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
+        kind::<certificates::v1::CertificateSigningRequest>(g, true),
         kind::<rbac::v1::Role>(g, true),
         kind::<rbac::v1::ClusterRole>(g, true),
         kind::<rbac::v1::RoleBinding>(g, true),
