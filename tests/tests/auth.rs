@@ -478,6 +478,13 @@ fn join_token_single_use() {
             std::time::Duration::from_secs(600),
         ))
         .expect("creating a join token");
+    // A second token does not take the first one's signature away.
+    let second = rt
+        .block_on(skiff_core::join::create_token(
+            &server.kubeconfig,
+            std::time::Duration::from_secs(600),
+        ))
+        .expect("creating a second join token");
     // The token alone reads nothing.
     let as_token =
         Kubectl::new(33, &server.token_kubeconfig("join.kubeconfig", Some(&token), None));
@@ -523,6 +530,8 @@ fn join_token_single_use() {
     });
     assert_unauthorized(&as_token, &["get", "pods", "-A"]);
     assert!(!Path::new(&dir.path().join("again/kubelet.kubeconfig")).exists());
+    rt.block_on(skiff_core::join::bootstrap(&server.url(), &second, "n4", &dir.path().join("n4")))
+        .expect("joining with the second token");
 }
 
 /// A CertificateSigningRequest object for `pem` (signer, usages, optional lifetime).

@@ -967,8 +967,10 @@ pub fn log_tail(log: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("({}: {e})", log.display()));
     let all: Vec<&str> = text.lines().collect();
     let start = all.len().saturating_sub(lines);
-    // A panic's message comes before its backtrace, which alone can fill the tail.
-    let panic = all[..start].iter().rposition(|l| l.contains("panicked at"));
+    // A panic's message (or an error's, `Error: ...` then `Caused by:`) comes before its
+    // backtrace, which alone can fill the tail.
+    let panic =
+        all[..start].iter().rposition(|l| l.contains("panicked at") || l.starts_with("Error: "));
     let tail = match panic {
         Some(at) => {
             let message = &all[at..(at + PANIC_MESSAGE_LINES).min(start)];

@@ -130,8 +130,11 @@ pub async fn create_token(admin_kubeconfig: &Path, ttl: Duration) -> Result<Stri
         "metadata": {"name": CLUSTER_INFO, "namespace": "kube-public"},
         "data": {"kubeconfig": kubeconfig, format!("{JWS_PREFIX}{id}"): jws},
     });
+    // One field manager per token: an apply owns its signature, and the next token's apply
+    // (which does not name it) leaves it in place.
+    let manager = format!("skiff-token-{id}");
     Api::<ConfigMap>::namespaced(client, "kube-public")
-        .patch(CLUSTER_INFO, &PatchParams::apply("skiff-token").force(), &Patch::Apply(&patch))
+        .patch(CLUSTER_INFO, &PatchParams::apply(&manager).force(), &Patch::Apply(&patch))
         .await
         .map_err(|source| Error::Api { step: "signing cluster-info", source })?;
     Ok(token)

@@ -94,7 +94,8 @@ pub async fn sign_node_csr(
                 .and_then(Value::as_str)
                 .filter(|p| !p.is_empty())
                 .unwrap_or("node-csr-");
-            format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+            // Five characters, as the apiserver's generateName suffixes.
+            format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..5])
         }
     };
     let key = csr_rt.key(None, &name);
