@@ -136,12 +136,23 @@ struct RunArgs {
     /// replies leaving the node (repeatable).
     #[arg(long = "proxy-tc-interface")]
     proxy_tc_interfaces: Vec<String>,
+    /// CIDRs of the node's addresses that serve NodePorts besides the node address
+    /// (skiff-proxy's and kube-proxy's `--nodeport-addresses`; default `primary`).
+    #[arg(long = "proxy-nodeport-addresses", value_delimiter = ',')]
+    proxy_nodeport_addresses: Vec<String>,
 }
 
 /// The in-process proxy's config (None: --no-proxy, or an IPv6 node address).
-fn proxy_config(args: &RunArgs, config: &AgentConfig) -> Option<skiff_proxy::daemon::ProxyConfig> {
-    let std::net::IpAddr::V4(node_ip) = config.effective_node_ip() else { return None };
-    (!args.no_proxy).then(|| skiff_proxy::daemon::ProxyConfig {
+fn proxy_config(
+    args: &RunArgs,
+    config: &AgentConfig,
+) -> anyhow::Result<Option<skiff_proxy::daemon::ProxyConfig>> {
+    let std::net::IpAddr::V4(node_ip) = config.effective_node_ip() else { return Ok(None) };
+    let nodeport_addresses =
+        skiff_proxy::config::parse_nodeport_addresses(&args.proxy_nodeport_addresses)
+            .map_err(|e| anyhow::anyhow!("--proxy-nodeport-addresses: {e}"))?;
+    Ok((!args.no_proxy).then(|| skiff_proxy::daemon::ProxyConfig {
+        nodeport_addresses,
         node_name: config.node_name.clone(),
         node_ip,
         pin_dir: args.proxy_pin_dir.clone(),
@@ -149,7 +160,7 @@ fn proxy_config(args: &RunArgs, config: &AgentConfig) -> Option<skiff_proxy::dae
         xdp_interfaces: args.proxy_xdp_interfaces.clone(),
         tc_interfaces: args.proxy_tc_interfaces.clone(),
         ..Default::default()
-    })
+    }))
 }
 
 /// The API client, its config, and the node identity that rotation renews (a node client
@@ -290,7 +301,7 @@ async fn main() -> anyhow::Result<()> {
     // One watch of each kind for the whole process: the proxy, the DNS, the routes and the
     // Node heartbeat read the same informers.
     let informers = skiff_core::informers::Informers::new(client.clone());
-    let proxy = proxy_config(&cli.run, &config).map(|pc| {
+    let proxy = proxy_config(&cli.run, &config)?.map(|pc| {
         let informers = informers.clone();
         tokio::spawn(async move {
             loop {

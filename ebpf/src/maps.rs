@@ -11,8 +11,8 @@ use aya_ebpf::{
 };
 use skiff_ebpf_common::{
     AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MAX_BACKENDS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY, ServiceKey, ServiceValue,
-    SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode, svc_flags,
+    MAX_BACKENDS, MAX_NODE_ADDRS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY, ServiceKey,
+    ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode, svc_flags,
 };
 
 /// Service frontends and their backend slots. Preallocated: an insert then takes a free
@@ -216,6 +216,21 @@ fn spill(key: StatsKey, add: &Counters) {
 #[inline(always)]
 pub fn node_ip_be() -> u32 {
     CONFIG.get(0).map(|c| c.node_ip_be).unwrap_or(0)
+}
+
+/// Further addresses of this node that serve NodePorts (`--nodeport-addresses`).
+#[map(name = "SKIFF_NODE_ADDRS")]
+pub static NODE_ADDRS: HashMap<u32, u32> = HashMap::pinned(MAX_NODE_ADDRS, 0);
+
+/// Whether NodePorts are served on `daddr_be`: the node's address (`node_ip_be`, 0 when
+/// unset) or one of [`NODE_ADDRS`].
+#[inline(always)]
+pub fn serves_node_ports(daddr_be: u32, node_ip_be: u32) -> bool {
+    if node_ip_be != 0 && daddr_be == node_ip_be {
+        return true;
+    }
+    // SAFETY: only whether the key exists is read.
+    unsafe { NODE_ADDRS.get(daddr_be) }.is_some()
 }
 
 /// Whether NodePort/ExternalIP/LB traffic to remote backends uses direct server return.

@@ -27,7 +27,10 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
+    maps::{
+        count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, serves_node_ports,
+        source_allowed,
+    },
     packet::{
         Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
         csum_replace4, dsr_outer, dsr_outer_header, fib_route, parse, ptr_at, redirect_to_next_hop,
@@ -117,7 +120,7 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
     // reaching a NodePort of their own node).
     let node_ip = node_ip_be();
     if node_ip != 0
-        && flow.daddr_be == node_ip
+        && serves_node_ports(flow.daddr_be, node_ip)
         && let Some(frontend) = lookup_frontend(0, flow.dport_be, flow.proto)
         && frontend.flags & svc_flags::NODE_PORT != 0
     {

@@ -24,7 +24,10 @@ use skiff_ebpf_common::{
 
 use crate::{
     ct,
-    maps::{count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, source_allowed},
+    maps::{
+        count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, serves_node_ports,
+        source_allowed,
+    },
     packet::{
         Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
         csum_replace4, dsr_outer, dsr_outer_header, fib_route, parse, ptr_at, redirect_to_next_hop,
@@ -96,7 +99,8 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, u32> {
         count_traffic(reply.rev_nat_id, reply.backend_id, packet_len(ctx), false);
         return forward_out(ctx, reply.client_addr_be, reply.nat_addr_be);
     }
-    let Some((vip_be, frontend)) = external_frontend(&flow, to_node) else {
+    let nodeport = to_node || serves_node_ports(flow.daddr_be, 0);
+    let Some((vip_be, frontend)) = external_frontend(&flow, nodeport) else {
         return Ok(xdp_action::XDP_PASS);
     };
     if flow.irregular != 0 {
@@ -148,11 +152,12 @@ fn packet_len(ctx: &XdpContext) -> u64 {
 }
 
 /// The frontend an external packet addresses: a NodePort when it is addressed to this
-/// node (`to_node`), else an ExternalIP/LB IP by address; with the frontend's key address.
+/// node (`nodeport`: its address or one of `--nodeport-addresses`), else an ExternalIP/LB
+/// IP by address; with the frontend's key address.
 #[inline(always)]
-fn external_frontend(flow: &Flow, to_node: bool) -> Option<(u32, ServiceValue)> {
+fn external_frontend(flow: &Flow, nodeport: bool) -> Option<(u32, ServiceValue)> {
     const EXTERNAL: u16 = svc_flags::EXTERNAL_IP | svc_flags::LOAD_BALANCER;
-    if to_node
+    if nodeport
         && let Some(f) = lookup_frontend(0, flow.dport_be, flow.proto)
         && f.flags & svc_flags::NODE_PORT != 0
     {

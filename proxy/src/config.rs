@@ -91,11 +91,31 @@ pub struct FileConfig {
     /// Node-facing interfaces of the XDP NodePort path.
     pub xdp_interfaces: Option<Vec<String>>,
     pub node_port_mode: Option<NodePortMode>,
+    /// kube-proxy's field: CIDRs of the node's addresses that serve NodePorts besides the
+    /// node address, or `["primary"]` (the default: the node address only).
+    pub node_port_addresses: Option<Vec<String>>,
     /// Log lines as `text` or `json`.
     pub log_format: Option<String>,
     /// Fields of a KubeProxyConfiguration that mean nothing to skiff (not decoded).
     #[serde(skip)]
     pub ignored: Vec<String>,
+}
+
+/// kube-proxy's `--nodeport-addresses`/`nodePortAddresses`: CIDRs, or `primary` (also
+/// empty: the node address alone). The CIDRs, empty for `primary`.
+pub fn parse_nodeport_addresses(list: &[String]) -> Result<Vec<skiff_core::cidr::Cidr>, String> {
+    let items: Vec<&str> =
+        list.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()).collect();
+    if items == ["primary"] || items.is_empty() {
+        return Ok(Vec::new());
+    }
+    items
+        .iter()
+        .map(|s| {
+            skiff_core::cidr::Cidr::parse(s)
+                .ok_or_else(|| format!("{s:?} is not an IPv4 CIDR (or \"primary\" alone)"))
+        })
+        .collect()
 }
 
 /// Reads and checks a configuration file.
@@ -138,6 +158,7 @@ fn parse(text: &str) -> Result<FileConfig, ParseError> {
                 "healthzBindAddress",
                 "metricsBindAddress",
                 "clientConnection",
+                "nodePortAddresses",
             ];
             fields.retain(|k, _| {
                 let keep = SHARED.contains(&k.as_str());
@@ -171,6 +192,10 @@ fn parse(text: &str) -> Result<FileConfig, ParseError> {
         && !matches!(f.as_str(), "text" | "json")
     {
         return Err(ParseError::Message(format!("logFormat {f:?}: expected \"text\" or \"json\"")));
+    }
+    if let Some(list) = &config.node_port_addresses {
+        parse_nodeport_addresses(list)
+            .map_err(|e| ParseError::Message(format!("nodePortAddresses: {e}")))?;
     }
     config.ignored = ignored;
     Ok(config)
@@ -208,9 +233,22 @@ mod tests {
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
              bindAddress: 0.0.0.0\nclientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n  qps: 5\n\
              clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: 0.0.0.0:10256\nhostnameOverride: \"\"\n\
-             iptables:\n  masqueradeAll: false\nmetricsBindAddress: 127.0.0.1:10249\nmode: iptables\n",
+             iptables:\n  masqueradeAll: false\nmetricsBindAddress: 127.0.0.1:10249\nmode: iptables\n\
+             nodePortAddresses:\n- 10.0.0.0/8\n- 192.168.0.0/16\n",
         )
         .unwrap();
+        let cidrs = parse_nodeport_addresses(c.node_port_addresses.as_deref().unwrap()).unwrap();
+        assert_eq!(cidrs.len(), 2);
+        assert!(cidrs[1].contains(Ipv4Addr::new(192, 168, 3, 4)));
+        // kubeadm writes null; `primary` and empty mean the node address alone.
+        let null = parse(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             nodePortAddresses: null\n",
+        )
+        .unwrap();
+        assert_eq!(null.node_port_addresses, None);
+        assert!(parse_nodeport_addresses(&["primary".into()]).unwrap().is_empty());
+        assert!(parse_nodeport_addresses(&["10.1.0.0/16,10.2.0.0/16".into()]).unwrap().len() == 2);
         assert_eq!(c.hostname_override, None, "empty means unset");
         assert_eq!(
             c.client_connection.and_then(|cc| cc.kubeconfig),
@@ -242,6 +280,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:?}").contains("nat"), "{err:?}");
+        let err = parse(
+            "apiVersion: proxy.skiff.dev/v1alpha1\nkind: ProxyConfiguration\n\
+             nodePortAddresses: [10.0.0.0/8, 10.0.0.0/33]\n",
+        )
+        .unwrap_err();
+        assert!(format!("{err:?}").contains("10.0.0.0/33"), "{err:?}");
         let err = parse("- a\n- b\n").unwrap_err();
         assert!(format!("{err:?}").contains("mapping"), "{err:?}");
         let dir = tempfile::tempdir().unwrap();

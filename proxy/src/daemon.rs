@@ -102,6 +102,10 @@ pub struct ProxyConfig {
     /// in the host's mount namespace); false in a pod, where such a mount would be the
     /// pod's own and vanish with it: a missing bpffs is then an error saying so.
     pub mount_bpffs: bool,
+    /// `--nodeport-addresses`: the node's addresses in these CIDRs serve NodePorts too
+    /// (default none: the node address alone, kube-proxy's `primary`). Followed as the
+    /// node's addresses change.
+    pub nodeport_addresses: Vec<skiff_core::cidr::Cidr>,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
     /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
     pub debounce: Duration,
@@ -123,6 +127,7 @@ impl Default for ProxyConfig {
             health_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(10),
             mount_bpffs: true,
+            nodeport_addresses: Vec::new(),
         }
     }
 }
@@ -206,8 +211,50 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
             }
         }
     }
-    let maps = ServiceMaps::open_pinned(&config.pin_dir)?;
+    let mut maps = ServiceMaps::open_pinned(&config.pin_dir)?;
+    set_nodeport_addresses(&mut maps, config)?;
     Ok(RunningDataplane { dataplane, maps })
+}
+
+/// The node's addresses in `--nodeport-addresses` (but the node address, which always
+/// serves NodePorts) into the data plane.
+fn set_nodeport_addresses(maps: &mut ServiceMaps, config: &ProxyConfig) -> Result<Vec<Ipv4Addr>> {
+    let mut addrs = Vec::new();
+    if !config.nodeport_addresses.is_empty() {
+        let local = crate::netaddrs::local_ipv4().unwrap_or_else(|e| {
+            warn!(error = %e, "listing the node's addresses");
+            Vec::new()
+        });
+        addrs = local
+            .into_iter()
+            .filter(|a| {
+                *a != config.node_ip && config.nodeport_addresses.iter().any(|c| c.contains(*a))
+            })
+            .take(skiff_ebpf_common::MAX_NODE_ADDRS as usize)
+            .collect();
+    }
+    maps.set_node_addresses(&addrs)?;
+    Ok(addrs)
+}
+
+/// Follows the node's addresses for `--nodeport-addresses` (kube-proxy re-reads them on
+/// every sync): every 5 s, logging a change.
+async fn follow_nodeport_addresses(config: ProxyConfig) {
+    let mut last = None;
+    loop {
+        let set = ServiceMaps::open_pinned(&config.pin_dir)
+            .map_err(Error::from)
+            .and_then(|mut maps| set_nodeport_addresses(&mut maps, &config));
+        match set {
+            Ok(addrs) if last.as_ref() != Some(&addrs) => {
+                info!(addresses = ?addrs, "NodePorts also served on");
+                last = Some(addrs);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %error_chain(&e), "updating the NodePort addresses"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// An error with its causes, for one log line.
@@ -280,8 +327,10 @@ pub async fn run_with(informers: &Informers, config: ProxyConfig) -> Result<()> 
         let node = informers.selected::<Node>(&format!("metadata.name={}", config.node_name));
         AbortOnDrop(tokio::spawn(watch_node_eligibility(node, status.clone())))
     });
+    let addresses = (!config.nodeport_addresses.is_empty())
+        .then(|| AbortOnDrop(tokio::spawn(follow_nodeport_addresses(config.clone()))));
     let r = sync_observed(informers, &config, &mut running.maps, &status).await;
-    drop((metrics, health, eligibility));
+    drop((metrics, health, eligibility, addresses));
     r
 }
 

@@ -15,5 +15,6 @@ pub mod kbtf;
 pub mod loader;
 pub mod maglev;
 pub mod maps;
+pub mod netaddrs;
 pub mod status;
 pub mod sync;

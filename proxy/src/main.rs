@@ -82,6 +82,11 @@ struct RunArgs {
     /// (direct server return over IPIP; every node must use it).
     #[arg(long, value_enum)]
     nodeport_mode: Option<NodePortModeArg>,
+    /// CIDRs of this node's addresses that serve NodePorts besides the node address
+    /// (kube-proxy's flag; comma-separated or repeated; default `primary`: the node address
+    /// alone).
+    #[arg(long = "nodeport-addresses")]
+    nodeport_addresses: Vec<String>,
     /// Address of /metrics (kube-proxy's `--metrics-bind-address`; default 127.0.0.1:10249).
     #[arg(long, alias = "metrics-bind-address")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -178,8 +183,14 @@ async fn main() -> Result<()> {
             let or_file = |flag: Vec<String>, file: &Option<Vec<String>>| {
                 if flag.is_empty() { file.clone().unwrap_or_default() } else { flag }
             };
+            let nodeport_addresses = skiff_proxy::config::parse_nodeport_addresses(&or_file(
+                std::mem::take(&mut args.nodeport_addresses),
+                &file.node_port_addresses,
+            ))
+            .map_err(|e| anyhow::anyhow!("--nodeport-addresses: {e}"))?;
             let defaults = ProxyConfig::default();
             let config = ProxyConfig {
+                nodeport_addresses,
                 node_name,
                 node_ip,
                 pin_dir: cli.pin_dir.or(file.pin_dir.clone()).unwrap_or(default_pin_dir),

@@ -67,6 +67,7 @@ pub struct ServiceMaps {
     svc_stats: Array<MapData, Counters>,
     be_stats: Array<MapData, Counters>,
     stats_spill: PerCpuHashMap<MapData, StatsKey, Counters>,
+    node_addrs: HashMap<MapData, u32, u32>,
 }
 
 macro_rules! typed {
@@ -92,7 +93,37 @@ impl ServiceMaps {
             svc_stats: typed!(dir, map_names::SVC_STATS),
             be_stats: typed!(dir, map_names::BE_STATS),
             stats_spill: typed!(dir, map_names::STATS),
+            node_addrs: typed!(dir, map_names::NODE_ADDRS),
         })
+    }
+
+    /// The further node addresses that serve NodePorts (`--nodeport-addresses`), replacing
+    /// those set before. At most `MAX_NODE_ADDRS`.
+    pub fn set_node_addresses(&mut self, addrs: &[std::net::Ipv4Addr]) -> Result<()> {
+        let name = map_names::NODE_ADDRS;
+        let want: Vec<u32> = addrs.iter().map(|a| u32::from(*a).to_be()).collect();
+        let have: Vec<u32> = self
+            .node_addrs
+            .keys()
+            .collect::<std::result::Result<_, _>>()
+            .map_err(access(name, "keys"))?;
+        for k in have.iter().filter(|k| !want.contains(k)) {
+            ignore_missing(self.node_addrs.remove(k)).map_err(access(name, "remove"))?;
+        }
+        for k in want.iter().filter(|k| !have.contains(k)) {
+            self.node_addrs.insert(k, 1, 0).map_err(access(name, "insert"))?;
+        }
+        Ok(())
+    }
+
+    /// The further node addresses that serve NodePorts.
+    pub fn node_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        let keys: Vec<u32> = self
+            .node_addrs
+            .keys()
+            .collect::<std::result::Result<_, _>>()
+            .map_err(access(map_names::NODE_ADDRS, "keys"))?;
+        Ok(keys.into_iter().map(|k| std::net::Ipv4Addr::from(u32::from_be(k))).collect())
     }
 
     /// Writes a backend (the array entry of its id).

@@ -707,3 +707,50 @@ fn dsr_end_to_end(tc_fallback: bool) {
     assert_eq!(dropped(&maps_a), vec![], "no drops on A");
     assert_eq!(dropped(&maps_b), vec![], "no drops on B");
 }
+
+/// `--nodeport-addresses`: the node's further addresses in the CIDRs serve NodePorts as its
+/// address does (local backend with the client's address kept, remote backend SNATed to
+/// the node address and translated back); addresses outside them, and every address once
+/// the setting is gone, do not (the kernel refuses: nothing listens there).
+#[test]
+fn nodeport_on_the_addresses_nodeport_addresses_selects() {
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let extra = Ipv4Addr::new(10, 201, 0, 9);
+    rig.node.ip(&["addr", "add", "10.201.0.9/24", "dev", "n0"]);
+    // The daemon picks the node's addresses in the CIDRs: not the node address (it always
+    // serves NodePorts), not 10.201.1.1 (outside), not loopback.
+    let config = ProxyConfig {
+        metrics_addr: None,
+        nodeport_addresses: vec![skiff_core::cidr::Cidr::parse("10.201.0.0/24").unwrap()],
+        ..lab.proxy_config()
+    };
+    let running =
+        in_netns(&rig.node, || skiff_proxy::daemon::start_dataplane(&config).expect("start"));
+    assert_eq!(running.maps.node_addresses().unwrap(), vec![extra]);
+    drop(running);
+    let (mut dp, maps) = lab.load();
+    let _attached = attach_nodeport_xdp(&mut dp, rig);
+    assert_eq!(maps.node_addresses().unwrap(), vec![extra], "kept in the pinned map");
+    let mut running = skiff_proxy::daemon::RunningDataplane { dataplane: dp, maps };
+    put_nodeport_services(&mut running.maps);
+    for i in 0..3 {
+        let data = talk(&rig.client, extra, 30080, &format!("l{i}")).expect("local backend");
+        assert_eq!(data, format!("10.201.1.2|10.201.0.2|l{i}"));
+        let data = talk(&rig.client, extra, 30081, &format!("r{i}")).unwrap_or_else(|e| {
+            dump_state(rig, &running.maps);
+            panic!("remote backend through {extra}: {e:?}")
+        });
+        assert_eq!(data, format!("10.201.1.3|10.201.0.1|r{i}"), "SNAT to the node address");
+    }
+    assert_eq!(
+        talk(&rig.client, NODE_CLIENT_SIDE, 30080, "n").expect("node address"),
+        "10.201.1.2|10.201.0.2|n"
+    );
+    running.maps.set_node_addresses(&[]).unwrap();
+    assert_eq!(
+        talk(&rig.client, extra, 30080, "gone"),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "no NodePort on an address the setting does not name"
+    );
+}

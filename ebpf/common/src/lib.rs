@@ -52,6 +52,9 @@ pub mod map_names {
     pub const SOURCE_RANGES: &str = "SKIFF_SRC_RANGES";
     /// `AffinityKey` → `AffinityValue`, LRU: sessionAffinity ClientIP.
     pub const AFFINITY: &str = "SKIFF_AFFINITY";
+    /// `u32` address (network order) → `u32` 1: this node's further addresses that serve
+    /// NodePorts (`--nodeport-addresses`), besides `Config::node_ip_be`.
+    pub const NODE_ADDRS: &str = "SKIFF_NODE_ADDRS";
     /// Array of one `u32`: the conntrack generation, bumped by the proxy after each batch
     /// of conntrack deletions so the programs' flow caches stop using what they copied
     /// (see `FlowCacheEntry`). Its own map, not a `Config` field: the proxy is its only
@@ -247,6 +250,9 @@ impl Backend {
 
 /// `StatsKey` half that is not set: the key counts only the other id.
 pub const STATS_ANY: u32 = u32::MAX;
+
+/// How many further node addresses serve NodePorts (`map_names::NODE_ADDRS`).
+pub const MAX_NODE_ADDRS: u32 = 64;
 
 /// Rev-nat ids are `1..MAX_REV_NAT` (frontends of one node; id 0 is never allocated).
 pub const MAX_REV_NAT: u32 = 65_536;
