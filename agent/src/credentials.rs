@@ -46,7 +46,10 @@ impl tower::Service<http::Request<Body>> for Current {
 }
 
 fn https(config: &kube::Config) -> Result<Https, kube::Error> {
-    let connector = config.rustls_https_connector()?;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    let connector = config.rustls_https_connector_with_connector(http)?;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, Body>(connector);
     Ok(BoxCloneService::new(client.map_err(BoxError::from)))

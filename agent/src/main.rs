@@ -211,8 +211,8 @@ async fn client(args: &RunArgs) -> anyhow::Result<Connected> {
         .await
         .with_context(|| format!("loading {}", path.display()))?;
     // A node certificate: refused at once when expired, else rotated before it expires.
-    if args.rotate_certificates
-        && credentials::check_node_certificate(&cfg, path, &node_name)?.is_some()
+    if credentials::check_node_certificate(&cfg, path, &node_name)?.is_some()
+        && args.rotate_certificates
     {
         let (client, identity) = credentials::client(cfg.clone(), path, &node_name)
             .context("building the API client")?;

@@ -363,13 +363,13 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
                         }
                     };
                 // rustls verified the chain against the cluster CA; the leaf names the user.
-                let cert = PeerCert(
-                    tls.get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| apiserver::authn::user_from_cert(c.as_ref())),
-                );
+                let cert = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| PeerCert::from_der(c.as_ref()))
+                    .unwrap_or_default();
                 let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let seen_by_service = seen.clone();
                 let service = TowerToHyperService::new(

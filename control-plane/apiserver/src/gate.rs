@@ -45,7 +45,10 @@ fn admit(server: &ApiServer, req: &mut Request) -> Result<Option<Special>, ApiEr
             UserInfo::new("system:admin", &[names::MASTERS, names::AUTHENTICATED])
         })
     } else {
-        let cert = req.extensions().get::<PeerCert>().and_then(|p| p.0.as_ref());
+        let cert = match req.extensions().get::<PeerCert>() {
+            Some(p) => p.user()?,
+            None => None,
+        };
         match authenticate(server, &server.auth, req.headers(), cert)? {
             Some(user) => with_authenticated(user),
             None => UserInfo::anonymous(),

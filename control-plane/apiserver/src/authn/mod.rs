@@ -17,10 +17,32 @@ pub use crate::config::{AuthConfig, DEFAULT_ISSUER};
 use crate::state::State;
 use skiff_core::names;
 
-/// The verified client certificate's user, put in each request's extensions by the TLS
-/// listener for the connection (`None`: no certificate was presented).
+/// The verified client certificate's user and the end of its validity, put in each
+/// request's extensions by the TLS listener for the connection (`None`: no certificate was
+/// presented). The handshake checked the validity once; every request checks the end again,
+/// as upstream's x509 authenticator verifies per request: a connection outliving its
+/// certificate is no longer authenticated by it.
 #[derive(Debug, Clone, Default)]
-pub struct PeerCert(pub Option<UserInfo>);
+pub struct PeerCert(pub Option<UserInfo>, pub Option<std::time::SystemTime>);
+
+impl PeerCert {
+    /// From a verified DER leaf certificate.
+    pub fn from_der(der: &[u8]) -> PeerCert {
+        let not_after = x509_parser::parse_x509_certificate(der).ok().and_then(|(_, c)| {
+            let secs = c.validity().not_after.timestamp();
+            (secs >= 0).then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64))
+        });
+        PeerCert(user_from_cert(der), not_after)
+    }
+
+    /// The user, unless the certificate expired since the handshake (an error then).
+    pub fn user(&self) -> Result<Option<&UserInfo>, ApiError> {
+        match (&self.0, self.1) {
+            (Some(_), Some(end)) if end < std::time::SystemTime::now() => Err(unauthorized()),
+            (user, _) => Ok(user.as_ref()),
+        }
+    }
+}
 
 /// The identity of in-process callers (`ApiServer::client()`), inserted by a tower layer
 /// around the in-memory service. Requests from the network never carry it: extensions are
@@ -103,4 +125,30 @@ pub(crate) fn with_authenticated(mut user: UserInfo) -> UserInfo {
         user.groups.push(names::AUTHENTICATED.to_string());
     }
     user
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::{PeerCert, UserInfo};
+
+    #[test]
+    fn a_certificate_past_its_end_no_longer_authenticates_its_connection() {
+        let user = UserInfo::new("system:node:n1", &["system:nodes"]);
+        let valid = PeerCert(Some(user.clone()), Some(SystemTime::now() + Duration::from_secs(60)));
+        assert_eq!(valid.user().unwrap().map(|u| u.name.as_str()), Some("system:node:n1"));
+        let expired = PeerCert(Some(user), Some(SystemTime::now() - Duration::from_secs(1)));
+        assert_eq!(expired.user().unwrap_err().code, 401);
+        assert!(PeerCert::default().user().unwrap().is_none());
+        // From a real certificate: its subject and its end.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "alice");
+        params.not_after = (SystemTime::now() - Duration::from_secs(10)).into();
+        let cert = params.self_signed(&key).unwrap();
+        let peer = PeerCert::from_der(cert.der());
+        assert_eq!(peer.0.as_ref().map(|u| u.name.as_str()), Some("alice"));
+        assert!(peer.user().is_err(), "expired ten seconds ago");
+    }
 }
