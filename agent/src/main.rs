@@ -151,8 +151,12 @@ fn proxy_config(
     let nodeport_addresses =
         skiff_proxy::config::parse_nodeport_addresses(&args.proxy_nodeport_addresses)
             .map_err(|e| anyhow::anyhow!("--proxy-nodeport-addresses: {e}"))?;
+    // The agent's --cluster-cidr is the pod range the proxy tells off-cluster sources by.
+    let cluster_cidrs =
+        skiff_core::cidr::Cidr::parse(&args.cluster_cidr.to_string()).into_iter().collect();
     Ok((!args.no_proxy).then(|| skiff_proxy::daemon::ProxyConfig {
         nodeport_addresses,
+        cluster_cidrs,
         node_name: config.node_name.clone(),
         node_ip,
         pin_dir: args.proxy_pin_dir.clone(),

@@ -10,9 +10,10 @@ use aya_ebpf::{
     },
 };
 use skiff_ebpf_common::{
-    AffinityKey, AffinityValue, Backend, Config, Counters, CtKey, CtValue, FlowEvent, MAGLEV_M,
-    MAX_BACKENDS, MAX_NODE_ADDRS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY, ServiceKey,
-    ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode, svc_flags,
+    AffinityKey, AffinityValue, Backend, CLUSTER_OUTSIDE, Config, Counters, CtKey, CtValue,
+    FlowEvent, MAGLEV_M, MAX_BACKENDS, MAX_NODE_ADDRS, MAX_REV_NAT, MaglevTable, RevNat, STATS_ANY,
+    ServiceKey, ServiceValue, SockRevKey, SourceRangeKey, StatsKey, drop_reason, nodeport_mode,
+    svc_flags,
 };
 
 /// Service frontends and their backend slots. Preallocated: an insert then takes a free
@@ -129,6 +130,14 @@ pub fn source_allowed(frontend: &ServiceValue, saddr_be: u32) -> bool {
         SourceRangeKey { rev_nat_id_be: frontend.rev_nat_id.to_be(), addr_be: saddr_be },
     );
     SOURCE_RANGES.get(key).is_some()
+}
+
+/// Whether a new flow from `saddr_be` comes from outside the cluster's pod ranges
+/// (`--cluster-cidr`, see [`CLUSTER_OUTSIDE`]): false when none are set.
+#[inline(always)]
+pub fn from_outside_cluster(saddr_be: u32) -> bool {
+    let key = Key::new(64, SourceRangeKey { rev_nat_id_be: 0, addr_be: saddr_be });
+    SOURCE_RANGES.get(key).is_some_and(|v| *v == CLUSTER_OUTSIDE)
 }
 
 /// New-flow events for `skiff-proxy flows` (256 KiB).

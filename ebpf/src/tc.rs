@@ -16,8 +16,9 @@ use aya_ebpf::{
         BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_INGRESS,
         BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_redir_neigh, bpf_redir_neigh__bindgen_ty_1,
     },
-    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_change_tail},
+    helpers::{bpf_redirect, bpf_redirect_neigh, bpf_skb_adjust_room, bpf_skb_change_tail},
     macros::classifier,
     programs::TcContext,
 };
@@ -28,8 +29,8 @@ use skiff_ebpf_common::{
 use crate::{
     ct,
     maps::{
-        count_drop, count_traffic, dsr_on, lookup_frontend, node_ip_be, serves_node_ports,
-        source_allowed,
+        count_drop, count_traffic, dsr_on, from_outside_cluster, lookup_frontend, node_ip_be,
+        serves_node_ports, source_allowed,
     },
     packet::{
         Flow, IP_DST_OFF, IP_SRC_OFF, IPIP_LEN, Ipv4Hdr, L3_OFF, Parsed, csum_replace2,
@@ -99,7 +100,10 @@ fn try_tc(ctx: &TcContext, egress: bool) -> Result<i32, u32> {
         return deliver(ctx, &flow, fwd);
     }
     if let Some(frontend) = lookup_frontend(flow.daddr_be, flow.dport_be, flow.proto) {
-        return to_frontend(ctx, &flow, flow.daddr_be, &frontend, 0, egress);
+        // From outside the pod ranges (`--cluster-cidr`): SNAT for a remote backend, so its
+        // replies come back through this node (kube-proxy's masquerade).
+        let snat = if from_outside_cluster(flow.saddr_be) { node_ip_be() } else { 0 };
+        return to_frontend(ctx, &flow, flow.daddr_be, &frontend, snat, egress);
     }
     if let Some(reply) = ct::lookup_reply(&flow) {
         if flow.irregular != 0 {
@@ -188,6 +192,22 @@ fn forward_out(ctx: &TcContext, daddr_be: u32, saddr_be: u32) -> Result<i32, u32
         saddr_be,
         daddr_be,
     );
+    if rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        // The next hop is not resolved yet: the kernel resolves it and sends the packet. The
+        // stack would not: the packet's source is now this node's own address, which it
+        // drops as martian on ingress (the first SNATed packet to a new neighbour).
+        const AF_INET: u32 = 2;
+        let mut nh = bpf_redir_neigh {
+            nh_family: AF_INET,
+            // SAFETY: the lookup wrote the next hop (the gateway, or the destination).
+            __bindgen_anon_1: bpf_redir_neigh__bindgen_ty_1 {
+                ipv4_nh: unsafe { params.__bindgen_anon_4.ipv4_dst },
+            },
+        };
+        let len = core::mem::size_of::<bpf_redir_neigh>() as i32;
+        // SAFETY: helper with a pointer to this stack variable and its size.
+        return Ok(unsafe { bpf_redirect_neigh(params.ifindex, &mut nh, len, 0) } as i32);
+    }
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return Ok(ACT_OK);
     }

@@ -94,6 +94,9 @@ pub struct FileConfig {
     /// kube-proxy's field: CIDRs of the node's addresses that serve NodePorts besides the
     /// node address, or `["primary"]` (the default: the node address only).
     pub node_port_addresses: Option<Vec<String>>,
+    /// kube-proxy's field: the pod ranges, comma-separated (see `--cluster-cidr`).
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
     /// Log lines as `text` or `json`.
     pub log_format: Option<String>,
     /// Fields of a KubeProxyConfiguration that mean nothing to skiff (not decoded).
@@ -115,6 +118,16 @@ pub fn parse_nodeport_addresses(list: &[String]) -> Result<Vec<skiff_core::cidr:
             skiff_core::cidr::Cidr::parse(s)
                 .ok_or_else(|| format!("{s:?} is not an IPv4 CIDR (or \"primary\" alone)"))
         })
+        .collect()
+}
+
+/// kube-proxy's `--cluster-cidr`/`clusterCIDR`: comma-separated CIDRs (the IPv6 one of a
+/// dual-stack pair is skipped: the data plane is IPv4).
+pub fn parse_cluster_cidrs(text: &str) -> Result<Vec<skiff_core::cidr::Cidr>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !s.contains(':'))
+        .map(|s| skiff_core::cidr::Cidr::parse(s).ok_or_else(|| format!("{s:?} is not a CIDR")))
         .collect()
 }
 
@@ -159,6 +172,7 @@ fn parse(text: &str) -> Result<FileConfig, ParseError> {
                 "metricsBindAddress",
                 "clientConnection",
                 "nodePortAddresses",
+                "clusterCIDR",
             ];
             fields.retain(|k, _| {
                 let keep = SHARED.contains(&k.as_str());
@@ -196,6 +210,9 @@ fn parse(text: &str) -> Result<FileConfig, ParseError> {
     if let Some(list) = &config.node_port_addresses {
         parse_nodeport_addresses(list)
             .map_err(|e| ParseError::Message(format!("nodePortAddresses: {e}")))?;
+    }
+    if let Some(c) = &config.cluster_cidr {
+        parse_cluster_cidrs(c).map_err(|e| ParseError::Message(format!("clusterCIDR: {e}")))?;
     }
     config.ignored = ignored;
     Ok(config)
@@ -237,6 +254,9 @@ mod tests {
              nodePortAddresses:\n- 10.0.0.0/8\n- 192.168.0.0/16\n",
         )
         .unwrap();
+        assert_eq!(c.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
+        assert_eq!(parse_cluster_cidrs("10.244.0.0/16,fd00::/48").unwrap().len(), 1);
+        assert!(parse_cluster_cidrs("10.244.0.0/33").is_err());
         let cidrs = parse_nodeport_addresses(c.node_port_addresses.as_deref().unwrap()).unwrap();
         assert_eq!(cidrs.len(), 2);
         assert!(cidrs[1].contains(Ipv4Addr::new(192, 168, 3, 4)));
@@ -257,10 +277,7 @@ mod tests {
         assert_eq!(c.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
         let mut ignored = c.ignored.clone();
         ignored.sort();
-        assert_eq!(
-            ignored,
-            ["bindAddress", "clientConnection.qps", "clusterCIDR", "iptables", "mode"]
-        );
+        assert_eq!(ignored, ["bindAddress", "clientConnection.qps", "iptables", "mode"]);
     }
 
     #[test]

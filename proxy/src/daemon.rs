@@ -106,6 +106,11 @@ pub struct ProxyConfig {
     /// (default none: the node address alone, kube-proxy's `primary`). Followed as the
     /// node's addresses change.
     pub nodeport_addresses: Vec<skiff_core::cidr::Cidr>,
+    /// `--cluster-cidr`: the pod ranges. A new flow to a Service address arriving through
+    /// the tc path from outside them is SNATed to the node for a remote backend, so the
+    /// replies come back this way (kube-proxy's masquerade of off-cluster traffic). Empty
+    /// (the default): sources are left alone.
+    pub cluster_cidrs: Vec<skiff_core::cidr::Cidr>,
     /// Coalesce watch events for this long before a sync (default 10 ms: a burst of
     /// EndpointSlice updates becomes one sync, well below the 10 ms programming target).
     pub debounce: Duration,
@@ -128,6 +133,7 @@ impl Default for ProxyConfig {
             debounce: Duration::from_millis(10),
             mount_bpffs: true,
             nodeport_addresses: Vec::new(),
+            cluster_cidrs: Vec::new(),
         }
     }
 }
@@ -213,6 +219,9 @@ pub fn start_dataplane(config: &ProxyConfig) -> Result<RunningDataplane> {
     }
     let mut maps = ServiceMaps::open_pinned(&config.pin_dir)?;
     set_nodeport_addresses(&mut maps, config)?;
+    let cidrs: Vec<(Ipv4Addr, u8)> =
+        config.cluster_cidrs.iter().map(|c| (c.base(), c.prefix())).collect();
+    maps.set_cluster_cidrs(&cidrs)?;
     Ok(RunningDataplane { dataplane, maps })
 }
 

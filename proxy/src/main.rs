@@ -82,6 +82,10 @@ struct RunArgs {
     /// (direct server return over IPIP; every node must use it).
     #[arg(long, value_enum)]
     nodeport_mode: Option<NodePortModeArg>,
+    /// The pod ranges, comma-separated (kube-proxy's flag): traffic to a Service address from
+    /// outside them is SNATed to the node for remote backends (default: none).
+    #[arg(long)]
+    cluster_cidr: Option<String>,
     /// CIDRs of this node's addresses that serve NodePorts besides the node address
     /// (kube-proxy's flag; comma-separated or repeated; default `primary`: the node address
     /// alone).
@@ -188,9 +192,15 @@ async fn main() -> Result<()> {
                 &file.node_port_addresses,
             ))
             .map_err(|e| anyhow::anyhow!("--nodeport-addresses: {e}"))?;
+            let cluster_cidrs = match args.cluster_cidr.take().or(file.cluster_cidr.clone()) {
+                Some(c) => skiff_proxy::config::parse_cluster_cidrs(&c)
+                    .map_err(|e| anyhow::anyhow!("--cluster-cidr: {e}"))?,
+                None => Vec::new(),
+            };
             let defaults = ProxyConfig::default();
             let config = ProxyConfig {
                 nodeport_addresses,
+                cluster_cidrs,
                 node_name,
                 node_ip,
                 pin_dir: cli.pin_dir.or(file.pin_dir.clone()).unwrap_or(default_pin_dir),

@@ -97,6 +97,35 @@ impl ServiceMaps {
         })
     }
 
+    /// `--cluster-cidr`: the pod ranges (see `CLUSTER_OUTSIDE`), replacing those set
+    /// before; empty: no source is outside.
+    pub fn set_cluster_cidrs(&mut self, cidrs: &[(std::net::Ipv4Addr, u8)]) -> Result<()> {
+        use skiff_ebpf_common::{CLUSTER_INSIDE, CLUSTER_OUTSIDE};
+        let name = map_names::SOURCE_RANGES;
+        let mut want: Vec<(LpmKey<SourceRangeKey>, u32)> =
+            cidrs.iter().map(|(a, l)| (Self::range_key(0, *a, *l), CLUSTER_INSIDE)).collect();
+        if !want.is_empty() {
+            want.push((Self::range_key(0, std::net::Ipv4Addr::UNSPECIFIED, 0), CLUSTER_OUTSIDE));
+        }
+        let have: Vec<LpmKey<SourceRangeKey>> = self
+            .source_ranges
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| k.data().rev_nat_id_be == 0)
+            .collect();
+        for k in &have {
+            let kept =
+                want.iter().any(|(w, _)| w.prefix_len() == k.prefix_len() && w.data() == k.data());
+            if !kept {
+                ignore_missing(self.source_ranges.remove(k)).map_err(access(name, "remove"))?;
+            }
+        }
+        for (k, v) in &want {
+            self.source_ranges.insert(k, v, 0).map_err(access(name, "insert"))?;
+        }
+        Ok(())
+    }
+
     /// The further node addresses that serve NodePorts (`--nodeport-addresses`), replacing
     /// those set before. At most `MAX_NODE_ADDRS`.
     pub fn set_node_addresses(&mut self, addrs: &[std::net::Ipv4Addr]) -> Result<()> {

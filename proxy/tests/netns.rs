@@ -754,3 +754,48 @@ fn nodeport_on_the_addresses_nodeport_addresses_selects() {
         "no NodePort on an address the setting does not name"
     );
 }
+
+/// `--cluster-cidr`: a new flow to a ClusterIP through the tc path from outside the pod
+/// ranges is SNATed to the node for its remote backend, and the reply is translated back
+/// (kube-proxy's masquerade of off-cluster traffic); from inside them, or with no ranges
+/// set, the backend sees the client's address.
+#[test]
+fn clusterip_from_outside_the_cluster_cidr_is_masqueraded() {
+    let lab = Lab::new();
+    let rig = &lab.rig;
+    let (mut dp, mut maps) = lab.load();
+    services(&mut maps);
+    let _attached = in_netns(&rig.node, || {
+        ["n0", "n1"].map(|i| {
+            (
+                dp.attach_tc(i, TcAttachType::Ingress).expect("tc ingress"),
+                dp.attach_tc(i, TcAttachType::Egress).expect("tc egress"),
+            )
+        })
+    });
+    let source_of = |maps: &ServiceMaps, tag: &str| {
+        let data = talk(&rig.client, VIP, 80, tag).unwrap_or_else(|e| {
+            dump_state(rig, maps);
+            panic!("{tag}: {e:?}")
+        });
+        let parts: Vec<&str> = data.split('|').collect();
+        assert_eq!(parts.len(), 3, "{data}");
+        assert_eq!(parts[2], tag);
+        parts[1].to_string()
+    };
+    // The pod range does not hold the client (10.201.0.2).
+    maps.set_cluster_cidrs(&[(Ipv4Addr::new(10, 244, 0, 0), 16)]).unwrap();
+    for i in 0..3 {
+        assert_eq!(source_of(&maps, &format!("o{i}")), "10.201.0.1", "SNATed to the node address");
+    }
+    // A pod range holding it: no SNAT.
+    maps.set_cluster_cidrs(&[
+        (Ipv4Addr::new(10, 244, 0, 0), 16),
+        (Ipv4Addr::new(10, 201, 0, 0), 24),
+    ])
+    .unwrap();
+    assert_eq!(source_of(&maps, "in"), "10.201.0.2");
+    // None set: sources are left alone.
+    maps.set_cluster_cidrs(&[]).unwrap();
+    assert_eq!(source_of(&maps, "none"), "10.201.0.2");
+}

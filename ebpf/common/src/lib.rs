@@ -487,6 +487,14 @@ pub struct SourceRangeKey {
 }
 const _: () = assert!(size_of::<SourceRangeKey>() == 8);
 
+/// `--cluster-cidr`, kept in `SOURCE_RANGES` under rev-nat id 0 (never a frontend's): the
+/// value of `0.0.0.0/0` there ([`CLUSTER_OUTSIDE`]) and of each pod range
+/// ([`CLUSTER_INSIDE`]). A new flow to a frontend from a source the longest match calls
+/// outside is SNATed to the node for remote backends, as kube-proxy masquerades off-cluster
+/// traffic; without entries (no `--cluster-cidr`) nothing is.
+pub const CLUSTER_INSIDE: u32 = 1;
+pub const CLUSTER_OUTSIDE: u32 = 2;
+
 /// Size of a Maglev lookup table (prime; Maglev wants M >> backends: fine up to ~100).
 pub const MAGLEV_M: usize = 1021;
 
