@@ -555,14 +555,7 @@ fn csr_yaml(name: &str, pem: &str, signer: &str, usages: &[&str], seconds: Optio
 #[test]
 fn certificate_signing_requests() {
     use skiff_core::certificates as certs;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = ServerConfig {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        controllers: Some(Default::default()),
-        ..Default::default()
-    };
-    let server = TestServer::start_with(dir, config);
+    let server = TestServer::start_with_controllers();
     let admin = server.kubectl(33);
     // alice may create and read requests, and write their approval, but approve nothing.
     admin.ok(&[

@@ -1,4 +1,5 @@
-//! End-to-end: a 3-node lab (`skiff_agent::lab`, the code behind `cargo xtask up`) driven by
+//! End-to-end: a 3-node lab (`skiff_agent::lab`, the code behind `cargo xtask up`), its agents
+//! joined with their own bootstrap tokens and running as their nodes (`--join`), driven by
 //! real kubectl 1.33. One cluster, the scenarios in sequence (the destructive ones
 //! last): a Deployment + Service spread over the nodes, ClusterIP from a pod on another node
 //! spreading over every backend, NodePort from an outside namespace on every node, scale-up
@@ -99,6 +100,8 @@ fn start_cluster(nodes: usize) -> Cluster {
             log_filter: "info".into(),
             // `kubectl top` answers after two scrapes.
             metric_resolution: Some(Duration::from_secs(2)),
+            // As on real machines: each agent joins with its own token and runs as its node.
+            join: true,
             ..Default::default()
         },
     )

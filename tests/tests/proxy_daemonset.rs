@@ -1,6 +1,7 @@
-//! The data plane installed as users install it: a 2-node lab whose agents run without the
-//! in-process proxy (`cargo xtask up --proxy daemonset`), `deploy/proxy` applied with real
-//! kubectl 1.33 (`apply -k`) from the skiff/proxy image built from the binaries under test.
+//! The data plane installed as users install it: a 2-node lab whose agents, joined as their
+//! nodes, run without the in-process proxy (`cargo xtask up --proxy daemonset --join`),
+//! `deploy/proxy` applied with real kubectl 1.33 (`apply -k`) from the skiff/proxy image
+//! built from the binaries under test.
 //! Services, NodePorts and DNS work; then, under continuous requests to a ClusterIP (from a
 //! pod) and to a NodePort (from outside the nodes), with long-lived connections open through
 //! both, the proxy DaemonSet is restarted (`kubectl rollout restart`), one proxy pod is
@@ -252,6 +253,9 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
             subnet: LAB_SUBNET.parse().expect("subnet"),
             ready_timeout: Duration::from_secs(120),
             proxy: ProxyMode::Daemonset,
+            // As on real machines: the agents run as their nodes (the proxy pods' tokens,
+            // ConfigMap and image through the Node authorizer).
+            join: true,
             ..Default::default()
         },
     );
