@@ -99,22 +99,8 @@ fn certificate_of(auth: &kube::config::AuthInfo) -> Option<String> {
 
 /// Whether `cert_pem` is this node's client certificate (`CN=system:node:<node>`).
 fn is_node_certificate(cert_pem: &str, node_name: &str) -> bool {
-    use x509_parser::prelude::FromDer;
-    let Some(der) = rustls_pemfile_first(cert_pem) else { return false };
-    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(&der) else {
-        return false;
-    };
-    cert.subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
+    certs::common_name(cert_pem)
         .is_some_and(|cn| cn == format!("{}{node_name}", certs::NODE_PREFIX))
-}
-
-fn rustls_pemfile_first(pem: &str) -> Option<Vec<u8>> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    CertificateDer::from_pem_slice(pem.as_bytes()).ok().map(|c| c.to_vec())
 }
 
 /// What the node's kubeconfig says about its certificate, checked before the agent

@@ -93,6 +93,17 @@ fn certificate(kubeconfig: &std::path::Path) -> String {
         .expect("PEM")
 }
 
+/// The status of a node's Ready condition, as kubectl reads it.
+fn node_ready(k: &Kubectl, node: &str) -> String {
+    k.ok(&[
+        "get",
+        "node",
+        node,
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+    ])
+}
+
 /// Runs `cmd` to its end (bounded): exit success, and stdout with stderr.
 fn run_bounded(mut cmd: Command, timeout: Duration) -> (bool, String) {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
@@ -237,14 +248,7 @@ fn agents_join_with_tokens_run_as_their_nodes_and_rotate_their_certificates() {
         (phase == "Running").then_some(())
     });
     for node in ["node-1", "node-2"] {
-        let ready = k.ok(&[
-            "get",
-            "node",
-            node,
-            "-o",
-            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-        ]);
-        assert_eq!(ready, "True", "{node}");
+        assert_eq!(node_ready(&k, node), "True", "{node}");
     }
 
     // 5. Bad input. The expired first certificate put back: refused at start, saying so.
@@ -282,13 +286,6 @@ fn agents_join_with_tokens_run_as_their_nodes_and_rotate_their_certificates() {
     assert!(out.contains("joining") && out.contains("6553"), "{out}");
     assert!(!scratch.path().join("pki/kubelet.kubeconfig").exists());
     wait_for("node-2 Ready again", Duration::from_secs(60), || {
-        let ready = k.ok(&[
-            "get",
-            "node",
-            "node-2",
-            "-o",
-            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-        ]);
-        (ready == "True").then_some(())
+        (node_ready(&k, "node-2") == "True").then_some(())
     });
 }

@@ -250,18 +250,35 @@ pub fn sign(
     Ok(cert.pem())
 }
 
-/// The validity window of the first certificate of a PEM bundle.
-pub fn validity(cert_pem: &str) -> Option<(SystemTime, SystemTime)> {
+/// What `read` takes from the first certificate of a PEM bundle.
+fn with_certificate<T>(
+    cert_pem: &str,
+    read: impl FnOnce(&x509_parser::certificate::X509Certificate<'_>) -> Option<T>,
+) -> Option<T> {
     let (label, der) = pem_block(cert_pem)?;
     if label != "CERTIFICATE" {
         return None;
     }
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(&der).ok()?;
-    let at = |t: x509_parser::time::ASN1Time| {
-        let secs = t.timestamp();
-        (secs >= 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64))
-    };
-    Some((at(cert.validity().not_before)?, at(cert.validity().not_after)?))
+    read(&cert)
+}
+
+/// The validity window of the first certificate of a PEM bundle.
+pub fn validity(cert_pem: &str) -> Option<(SystemTime, SystemTime)> {
+    with_certificate(cert_pem, |cert| {
+        let at = |t: x509_parser::time::ASN1Time| {
+            let secs = t.timestamp();
+            (secs >= 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64))
+        };
+        Some((at(cert.validity().not_before)?, at(cert.validity().not_after)?))
+    })
+}
+
+/// The subject common name of the first certificate of a PEM bundle.
+pub fn common_name(cert_pem: &str) -> Option<String> {
+    with_certificate(cert_pem, |cert| {
+        cert.subject().iter_common_name().next()?.as_str().ok().map(str::to_string)
+    })
 }
 
 /// Whether `pem` is one or more PEM `CERTIFICATE` blocks, each a parseable certificate (what
@@ -378,10 +395,9 @@ mod tests {
         let cert = sign(&ca_pem, &ca_key, &csr, &short).unwrap();
         let (not_before, not_after) = validity(&cert).unwrap();
         assert_eq!(not_after.duration_since(not_before).unwrap(), Duration::from_secs(99));
+        assert_eq!(common_name(&cert).as_deref(), Some("system:node:n1"));
         let (_, der) = pem_block(&cert).unwrap();
         let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(&der).unwrap();
-        let cn = parsed.subject().iter_common_name().next().unwrap().as_str().unwrap();
-        assert_eq!(cn, "system:node:n1");
         let eku = parsed.extended_key_usage().unwrap().unwrap().value;
         assert!(eku.client_auth && !eku.server_auth);
         // The CA verifies it.
