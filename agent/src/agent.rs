@@ -181,13 +181,13 @@ pub async fn start_with<R: Runtime + Clone>(
     })
 }
 
-/// The node's network glue: plugins installed, the conflist written once the node has a
-/// podCIDR (node IPAM assigns it after registration), then the route sync.
 /// Whether the process watches every Node (for the routes to other nodes' pods).
 fn routes_all_nodes(config: &AgentConfig) -> bool {
     config.network.as_ref().is_some_and(|glue| glue.routes.is_some())
 }
 
+/// The node's network glue: plugins installed, the node file and conflist written once the
+/// node has a podCIDR (node IPAM assigns it after registration), then the route sync.
 async fn network_glue(informers: Arc<Informers>, node_name: String, glue: NetworkGlue) {
     let all_nodes = glue.routes.is_some();
     let nodes = crate::node::node_informer(&informers, &node_name, all_nodes);
@@ -197,15 +197,22 @@ async fn network_glue(informers: Arc<Informers>, node_name: String, glue: Networ
         tracing::error!(error = %e, "installing the CNI plugins");
     }
     let cidr = wait_for_pod_cidr(&nodes, &node_name).await;
-    match crate::network::write_cni_config(
-        &glue.cni_conf_dir,
-        &match &glue.cni_data_dir {
-            Some(dir) => crate::network::CniSettings::new(cidr).data_dir(dir),
-            None => crate::network::CniSettings::new(cidr),
-        },
-    ) {
-        Ok(path) => tracing::info!(path = %path.display(), %cidr, "CNI config written"),
-        Err(e) => tracing::error!(error = %e, "writing the CNI config"),
+    let settings = match &glue.cni_data_dir {
+        Some(dir) => crate::network::CniSettings::new(cidr).data_dir(dir),
+        None => crate::network::CniSettings::new(cidr),
+    };
+    // The node file first: a conflist naming it works from then on.
+    match crate::network::write_node_config(&glue.cni_node_config, &settings) {
+        Ok(()) => {
+            tracing::info!(path = %glue.cni_node_config.display(), %cidr, "CNI node file written")
+        }
+        Err(e) => tracing::error!(error = %e, "writing the CNI node file"),
+    }
+    if glue.install_plugins {
+        match crate::network::write_cni_config(&glue.cni_conf_dir, &settings) {
+            Ok(path) => tracing::info!(path = %path.display(), %cidr, "CNI config written"),
+            Err(e) => tracing::error!(error = %e, "writing the CNI config"),
+        }
     }
     if let Some(routes) = glue.routes {
         loop {

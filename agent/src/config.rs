@@ -31,8 +31,13 @@ pub struct NetworkGlue {
     pub cni_conf_dir: PathBuf,
     /// containerd's CNI bin dir.
     pub cni_bin_dir: PathBuf,
-    /// Install skiff-cni and loopback into `cni_bin_dir` at start.
+    /// Install skiff-cni and loopback into `cni_bin_dir` at start, and write the conflist
+    /// once the node has a podCIDR. Without: both come from elsewhere (the proxy
+    /// DaemonSet's init container, whose conflist reads the pod CIDR from `cni_node_config`).
     pub install_plugins: bool,
+    /// The node file skiff-cni reads the pod CIDR and MTU from when its conflist names it
+    /// (always written once the node has a podCIDR).
+    pub cni_node_config: PathBuf,
     /// Keep routes to other nodes' pod CIDRs (netlink, in the agent's network namespace).
     pub routes: Option<skiff_cni::routes::RouteConfig>,
     /// skiff-cni's IPAM store directory (conflist `dataDir`); `None`: skiff-cni's default.
@@ -48,6 +53,7 @@ impl NetworkGlue {
             cni_conf_dir: "/etc/skiff/cni/net.d".into(),
             cni_bin_dir: "/var/lib/skiff/cni/bin".into(),
             install_plugins: true,
+            cni_node_config: skiff_cni::config::DEFAULT_NODE_CONFIG.into(),
             routes: Some(skiff_cni::routes::RouteConfig::new(node_name)),
             cni_data_dir: None,
         }

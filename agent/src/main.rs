@@ -89,10 +89,15 @@ struct RunArgs {
     /// Leave CNI config, plugins and routes to someone else.
     #[arg(long)]
     no_network: bool,
-    /// Do not install skiff-cni and loopback into the CNI bin dir (something else does:
-    /// the proxy DaemonSet's init container); the conflist and routes stay the agent's.
+    /// Do not install skiff-cni and loopback into the CNI bin dir nor write the conflist
+    /// (something else does: the proxy DaemonSet's init container, whose conflist reads the
+    /// pod CIDR from --cni-node-config); the node file and routes stay the agent's.
     #[arg(long)]
     no_install_cni: bool,
+    /// The node file (pod CIDR, MTU) a conflist written before the node had a podCIDR reads
+    /// at each plugin call; written once the node has one.
+    #[arg(long, default_value = skiff_cni::config::DEFAULT_NODE_CONFIG)]
+    cni_node_config: PathBuf,
     /// Port of the logs/exec endpoint (published as the Node's kubelet endpoint).
     #[arg(long, default_value_t = 10250)]
     streaming_port: u16,
@@ -250,6 +255,7 @@ fn agent_config(args: &RunArgs, kube_config: &kube::Config) -> anyhow::Result<Ag
         glue.cni_bin_dir = args.cni_bin_dir.clone();
         glue.cni_data_dir = args.cni_data_dir.clone();
         glue.install_plugins = !args.no_install_cni;
+        glue.cni_node_config = args.cni_node_config.clone();
         if let Some(r) = glue.routes.as_mut() {
             r.cluster_cidr = args.cluster_cidr;
             r.service_cidr = args.service_cidr;

@@ -2,7 +2,9 @@
 //! the Node watch, the in-process eBPF proxy.
 //!
 //! - [`write_cni_config`] writes the one conflist containerd reads (`max_conf_num = 1`):
-//!   skiff-cni with this node's pod CIDR (the configuration `skiff_cni::config` parses).
+//!   skiff-cni with this node's pod CIDR (the configuration `skiff_cni::config` parses),
+//!   and [`write_node_config`] the node file a conflist written by the proxy DaemonSet's
+//!   init container reads the pod CIDR from (`skiff_cni::install`).
 //! - [`install_cni`] copies skiff-cni and a `loopback` plugin (containerd's CRI brings up
 //!   each pod's `lo` through it) into containerd's CNI `bin_dir`.
 //! - [`run_routes`] keeps skiff-cni's route library ([`skiff_cni::routes::sync`]) in step
@@ -48,11 +50,7 @@ pub enum Error {
     WatchEnded,
 }
 
-/// The CNI spec version of the conflist: containerd 1.6's libcni knows versions up to
-/// 1.0.0 (skiff-cni speaks 0.4.0, 1.0.0 and 1.1.0).
-pub const CNI_VERSION: &str = "1.0.0";
-/// The conflist's file name in the conf dir.
-pub const CONFLIST_NAME: &str = "10-skiff.conflist";
+pub use skiff_cni::install::{CNI_VERSION, CONFLIST_NAME};
 
 /// What the node's conflist says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,31 +85,37 @@ impl CniSettings {
         self
     }
 
-    /// The conflist JSON.
+    fn list(&self) -> skiff_cni::install::Conflist {
+        use skiff_cni::install::{Conflist, PodCidrSource};
+        let mut list = Conflist::new(PodCidrSource::Inline(self.pod_cidr.to_string()));
+        list.network_name = self.network_name.clone();
+        list.data_dir = Some(self.data_dir.clone());
+        list.mtu = Some(self.mtu);
+        list
+    }
+
+    /// The conflist JSON (skiff-cni's own shape, the pod CIDR inline).
     pub fn conflist(&self) -> serde_json::Value {
-        serde_json::json!({
-            "cniVersion": CNI_VERSION,
-            "name": self.network_name,
-            "plugins": [{
-                "type": "skiff-cni",
-                "podCIDR": self.pod_cidr.to_string(),
-                "dataDir": self.data_dir,
-                "mtu": self.mtu,
-            }],
-        })
+        self.list().to_json()
+    }
+
+    /// The node file: the pod CIDR and MTU, for a conflist that names it.
+    pub fn node_config(&self) -> skiff_cni::config::NodeConfig {
+        skiff_cni::config::NodeConfig { pod_cidr: self.pod_cidr.to_string(), mtu: Some(self.mtu) }
     }
 }
 
 /// Writes [`CONFLIST_NAME`] into `conf_dir` (created if missing), atomically.
 pub fn write_cni_config(conf_dir: &Path, settings: &CniSettings) -> Result<PathBuf> {
-    std::fs::create_dir_all(conf_dir)
-        .map_err(|source| Error::Write { path: conf_dir.to_path_buf(), source })?;
-    let path = conf_dir.join(CONFLIST_NAME);
-    let tmp = conf_dir.join(format!(".{CONFLIST_NAME}.tmp"));
-    let body = serde_json::to_vec_pretty(&settings.conflist()).unwrap_or_default();
-    std::fs::write(&tmp, body).map_err(|source| Error::Write { path: tmp.clone(), source })?;
-    std::fs::rename(&tmp, &path).map_err(|source| Error::Write { path: path.clone(), source })?;
-    Ok(path)
+    settings.list().write(conf_dir).map(|(path, _)| path).map_err(|e| match e {
+        skiff_cni::install::Error::Write { path, source } => Error::Write { path, source },
+        e => Error::Write { path: conf_dir.to_path_buf(), source: std::io::Error::other(e) },
+    })
+}
+
+/// Writes the node file at `path` (its directory created if missing), atomically.
+pub fn write_node_config(path: &Path, settings: &CniSettings) -> Result<()> {
+    settings.node_config().write(path).map_err(|source| Error::Write { path: path.into(), source })
 }
 
 /// Where the reference CNI plugins live on Debian (containernetworking-plugins).

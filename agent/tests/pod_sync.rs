@@ -553,7 +553,7 @@ async fn crash_loop_backoff_doubles_from_10s_on_paused_time() {
 }
 
 #[tokio::test]
-async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
+async fn network_glue_writes_the_node_file_and_conflist_once_the_node_has_a_pod_cidr() {
     let (_api, client) = skiff_agent::testing::apiserver().await;
     let rt = MemoryRuntime::new();
     let dir = tempfile::tempdir().expect("tmp");
@@ -561,7 +561,8 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
     c.network = Some(skiff_agent::config::NetworkGlue {
         cni_conf_dir: dir.path().join("net.d"),
         cni_bin_dir: dir.path().join("bin"),
-        install_plugins: false,
+        install_plugins: true,
+        cni_node_config: dir.path().join("run/node.json"),
         routes: None,
         cni_data_dir: None,
     });
@@ -569,6 +570,7 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
     let conflist = dir.path().join("net.d").join(skiff_agent::network::CONFLIST_NAME);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!conflist.exists(), "no conflist before the node has a podCIDR");
+    assert!(!dir.path().join("run/node.json").exists(), "nor a node file");
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = json!({"spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"]}});
     nodes
@@ -583,6 +585,10 @@ async fn network_glue_writes_the_conflist_once_the_node_has_a_pod_cidr() {
     }
     let body = std::fs::read_to_string(&conflist).expect("conflist written");
     assert!(body.contains("10.244.7.0/24"), "{body}");
+    // The node file, which a conflist from the proxy DaemonSet's init container reads.
+    let node = skiff_cni::config::NodeConfig::read(&dir.path().join("run/node.json"))
+        .expect("node file written");
+    assert_eq!(node.pod_cidr, "10.244.7.0/24");
 }
 
 #[tokio::test]

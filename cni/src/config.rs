@@ -27,6 +27,56 @@ pub enum Error {
     Invalid(String),
     #[error("unsupported cniVersion {0:?} (supported: 0.4.0, 1.0.0, 1.1.0)")]
     IncompatibleVersion(String),
+    /// The conflist names a node file ([`NODE_CONFIG_FIELD`]) that is not there yet: the
+    /// node agent writes it once the Node has `spec.podCIDR` (CNI code 11, try again).
+    #[error(
+        "this node has no pod CIDR yet: {0} is missing (skiff-agent writes it once the Node has spec.podCIDR)"
+    )]
+    NoPodCidrYet(PathBuf),
+}
+
+/// The conflist field naming the node file the pod CIDR (and MTU) are read from at each
+/// call, for a conflist written before the node had a pod CIDR (a DaemonSet's init
+/// container, as flannel's `subnet.env`).
+pub const NODE_CONFIG_FIELD: &str = "nodeConfig";
+
+/// Where the node agent keeps the node file by default.
+pub const DEFAULT_NODE_CONFIG: &str = "/run/skiff/cni/node.json";
+
+/// The node file: what only the node agent knows, written by it (atomically) once the
+/// Node has a pod CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+}
+
+impl NodeConfig {
+    /// Reads a node file; a missing one is [`Error::NoPodCidrYet`].
+    pub fn read(path: &std::path::Path) -> Result<Self> {
+        let body = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NoPodCidrYet(path.to_path_buf()));
+            }
+            Err(e) => return Err(Error::Invalid(format!("reading {}: {e}", path.display()))),
+        };
+        serde_json::from_slice(&body)
+            .map_err(|e| Error::Invalid(format!("node file {}: {e}", path.display())))
+    }
+
+    /// Writes a node file atomically (a plugin call reads the old file or the new one).
+    pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self).unwrap_or_default())?;
+        std::fs::rename(&tmp, path)
+    }
 }
 
 /// The fields specific to skiff-cni (unknown fields are ignored, as the spec requires).
@@ -35,6 +85,7 @@ pub enum Error {
 struct SkiffFields {
     #[serde(rename = "podCIDR")]
     pod_cidr: Option<String>,
+    node_config: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     mtu: Option<u32>,
 }
@@ -86,6 +137,17 @@ impl PluginConfig {
     /// (CNI code 6), an unknown version [`Error::IncompatibleVersion`] (1), anything
     /// semantically wrong [`Error::Invalid`] (7).
     pub fn parse(payload: &[u8]) -> Result<Self> {
+        Self::parse_with(payload, false)
+    }
+
+    /// As [`Self::parse`], for DEL: a node file not written yet is no error there (DEL
+    /// releases by container ID and never consults the range, and a runtime must be able
+    /// to tear a sandbox down whatever the node's state), the range left as `0.0.0.0/0`.
+    pub fn parse_for_del(payload: &[u8]) -> Result<Self> {
+        Self::parse_with(payload, true)
+    }
+
+    fn parse_with(payload: &[u8], del: bool) -> Result<Self> {
         let raw: Value = serde_json::from_slice(payload).map_err(Error::Decode)?;
         let version = raw
             .get("cniVersion")
@@ -103,9 +165,25 @@ impl PluginConfig {
         if common.name.is_empty() || common.name.contains('/') || common.name.starts_with('.') {
             return Err(Error::Invalid(format!("invalid network name {:?}", common.name)));
         }
-        let fields: SkiffFields = serde_json::from_value(raw.clone())
+        let mut fields: SkiffFields = serde_json::from_value(raw.clone())
             .map_err(|e| Error::Invalid(format!("skiff-cni fields: {e}")))?;
-        let pod_cidr = fields.pod_cidr.ok_or_else(|| Error::Invalid("podCIDR missing".into()))?;
+        // An inline podCIDR wins; otherwise the node file's (its MTU only when the conflist
+        // sets none).
+        if fields.pod_cidr.is_none()
+            && let Some(path) = &fields.node_config
+        {
+            match NodeConfig::read(path) {
+                Ok(node) => {
+                    fields.pod_cidr = Some(node.pod_cidr);
+                    fields.mtu = fields.mtu.or(node.mtu);
+                }
+                Err(Error::NoPodCidrYet(_)) if del => fields.pod_cidr = Some("0.0.0.0/0".into()),
+                Err(e) => return Err(e),
+            }
+        }
+        let pod_cidr = fields
+            .pod_cidr
+            .ok_or_else(|| Error::Invalid("podCIDR missing (and no nodeConfig file)".into()))?;
         let pod_cidr: Ipv4Network =
             pod_cidr.parse().map_err(|e| Error::Invalid(format!("podCIDR {pod_cidr:?}: {e}")))?;
         if pod_cidr.prefix() > 30 {

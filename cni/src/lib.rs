@@ -38,8 +38,12 @@
 //! }
 //! ```
 //!
-//! - `podCIDR` (required): this node's pod range; pods get its addresses except the
-//!   network and broadcast ones, as `/32`s.
+//! - `podCIDR`: this node's pod range; pods get its addresses except the network and
+//!   broadcast ones, as `/32`s. Without it, `nodeConfig` names a file holding
+//!   `{"podCIDR": ..., "mtu": ...}` ([`config::NodeConfig`]), read at each call: the shape
+//!   `skiff-cni install --conf-dir` writes from a DaemonSet's init container before the node
+//!   has a pod CIDR ([`install`]); until the agent wrote that file ADD answers code 11,
+//!   STATUS 50, and DEL succeeds.
 //! - `dataDir` (default [`config::DEFAULT_DATA_DIR`]): IPAM state, under
 //!   `<dataDir>/networks/<name>/`.
 //! - `mtu` (default 1500): both veth ends; 1450 with VXLAN.
@@ -47,7 +51,7 @@
 //! Spec versions 0.4.0, 1.0.0 and 1.1.0; STATUS and GC need a 1.1.0 configuration (error
 //! code 1 otherwise, as libcni's skel). Error codes: 1 incompatible version, 4 invalid
 //! environment (CNI_COMMAND, CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS), 5 IPAM store I/O,
-//! 6 undecodable JSON, 7 invalid configuration (missing or unparsable `podCIDR`, wrong
+//! 6 undecodable JSON, 7 invalid configuration (missing or unparsable `podCIDR` or node file, wrong
 //! `type`, bad `mtu`, CHECK without `prevResult`, GC without valid attachments), 11 address
 //! pool exhausted (addresses free up as pods go: try again later), 50 from STATUS when no
 //! ADD could succeed (pool exhausted or store unusable), 999 any other failure.

@@ -4,18 +4,17 @@
 use std::io::{Read, Write};
 
 fn main() {
-    // `skiff-cni install --bin-dir DIR` (a DaemonSet's init container); everything else is
+    // `skiff-cni install --bin-dir DIR [--conf-dir DIR ...]` (a DaemonSet's init container); everything else is
     // libcni calling the plugin, which passes no arguments.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("install") {
-        let done = skiff_cni::install::parse_args(&args[1..]).and_then(|dir| {
-            let me = std::path::PathBuf::from("/proc/self/exe");
-            skiff_cni::install::install(&me, &dir).map(|changed| (dir, changed))
-        });
+        let done = skiff_cni::install::parse_args(&args[1..])
+            .and_then(|a| skiff_cni::install::run(std::path::Path::new("/proc/self/exe"), &a));
         match done {
-            Ok((dir, changed)) => {
-                let what = if changed { "installed" } else { "already installed" };
-                println!("skiff-cni: {what} in {}", dir.display());
+            Ok(done) => {
+                for line in done {
+                    println!("skiff-cni: {line}");
+                }
                 std::process::exit(0);
             }
             Err(e) => {

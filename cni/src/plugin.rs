@@ -67,6 +67,8 @@ impl From<config::Error> for CniError {
             config::Error::Decode(_) => code::DECODE_FAILURE,
             config::Error::Invalid(_) => code::INVALID_CONFIG,
             config::Error::IncompatibleVersion(_) => code::INCOMPATIBLE_VERSION,
+            // The agent writes the node file shortly: the runtime retries the sandbox.
+            config::Error::NoPodCidrYet(_) => code::TRY_AGAIN_LATER,
         };
         Self::new(code, e.to_string(), chain(&e))
     }
@@ -204,7 +206,17 @@ fn dispatch(env: &dyn Fn(&str) -> Option<String>, payload: &[u8]) -> Result<Stri
         Command::Add | Command::Del | Command::Check => Some(args(env, cmd)?),
         _ => None,
     };
-    let cfg = PluginConfig::parse(payload)?;
+    let cfg = match cmd {
+        Command::Del => PluginConfig::parse_for_del(payload)?,
+        // STATUS's answer for "no ADD could succeed now".
+        Command::Status => PluginConfig::parse(payload).map_err(|e| match e {
+            config::Error::NoPodCidrYet(_) => {
+                CniError::new(code::NOT_AVAILABLE, e.to_string(), chain(&e))
+            }
+            e => e.into(),
+        })?,
+        _ => PluginConfig::parse(payload)?,
+    };
     if matches!(cmd, Command::Status | Command::Gc) && cfg.cni_version != "1.1.0" {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
@@ -444,6 +456,27 @@ mod tests {
             assert_eq!((rc, v["code"].as_u64()), (1, Some(1)), "{cmd}: {v}");
             assert_eq!(v["cniVersion"], "1.0.0");
         }
+    }
+
+    #[test]
+    fn a_node_file_not_written_yet_is_try_again_for_add_and_not_available_for_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = format!(
+            r#"{{"cniVersion":"1.1.0","name":"n","type":"skiff-cni","nodeConfig":"{}","dataDir":"{}"}}"#,
+            dir.path().join("node.json").display(),
+            dir.path().display()
+        );
+        let add = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/proc/self/ns/net"),
+        ];
+        let (v, rc) = run_with(&add, &cfg);
+        assert_eq!((rc, v["code"].as_u64()), (1, Some(11)), "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("no pod CIDR yet"), "{v}");
+        let (v, rc) = run_with(&[("CNI_COMMAND", "STATUS")], &cfg);
+        assert_eq!((rc, v["code"].as_u64()), (1, Some(50)), "{v}");
     }
 
     #[test]

@@ -261,8 +261,9 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
     );
     let k = lab.kubectl();
 
-    // 1. Installed from deploy/: a Ready proxy per node, skiff-cni put on each node by the
-    // init container (the lab installed only `loopback`), the agents without a proxy.
+    // 1. Installed from deploy/: a Ready proxy per node, skiff-cni and its conflist put on
+    // each node by the init container (the lab installed only `loopback`), the agents
+    // without a proxy.
     let first = lab::ready_pods(&k, proxy::NAMESPACE, "k8s-app=skiff-proxy", 2);
     let version = env!("CARGO_PKG_VERSION");
     for p in &first {
@@ -272,12 +273,25 @@ fn the_data_plane_as_a_daemonset_survives_restart_delete_and_upgrade() {
     for n in &lab.state.nodes {
         let cni = n.containerd_dir.join("cni/bin/skiff-cni");
         assert!(cni.is_file(), "{} has no skiff-cni from the init container", n.name);
+        // The init container's conflist names the node file (the agent, --no-install-cni,
+        // writes no conflist of its own, only the node file with its pod CIDR).
+        let conflist = n.containerd_dir.join("cni/net.d/10-skiff.conflist");
+        let list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&conflist).expect("conflist")).expect("json");
+        let entry = &list["plugins"][0];
+        assert_eq!(entry["nodeConfig"], n.cni_node_config().to_string_lossy().as_ref(), "{list}");
+        assert!(entry.get("podCIDR").is_none(), "not the agent's conflist: {list}");
+        let node: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(n.cni_node_config()).expect("node file"))
+                .expect("json");
+        assert!(node["podCIDR"].as_str().is_some_and(|c| c.starts_with("10.244.")), "{node}");
     }
     for p in &first {
         // The init container put the plugin there (the agents run --no-install-cni)...
         let init =
             kubectl_ok(&k, &["-n", proxy::NAMESPACE, "logs", &p.name, "-c", "install-cni"], None);
-        assert!(init.contains("skiff-cni: installed in"), "{}: {init:?}", p.name);
+        assert!(init.contains("skiff-cni: installed /host/"), "{}: {init:?}", p.name);
+        assert!(init.contains("skiff-cni: wrote /host/"), "{}: {init:?}", p.name);
         // ... and the pod attached the socket-LB hooks itself: nothing ran a proxy before.
         let log =
             kubectl_ok(&k, &["-n", proxy::NAMESPACE, "logs", &p.name, "-c", "skiff-proxy"], None);

@@ -236,10 +236,19 @@ pub struct LabState {
 /// Where a node has its bpffs (systemd mounts it there at boot).
 pub const BPFFS: &str = "/sys/fs/bpf";
 
+/// The name of a node's CNI node file in its directory ([`NodeState::cni_node_config`]).
+pub const CNI_NODE_FILE: &str = "cni-node.json";
+
 impl NodeState {
     /// The node's agent log (appended to across restarts).
     pub fn agent_log(&self) -> PathBuf {
         self.dir.join("agent.log")
+    }
+
+    /// The node file skiff-cni reads the pod CIDR from (the agent writes it; the proxy
+    /// DaemonSet's conflist names it). Nodes sharing the machine need one each.
+    pub fn cni_node_config(&self) -> PathBuf {
+        self.dir.join(CNI_NODE_FILE)
     }
 }
 
@@ -343,6 +352,8 @@ impl LabState {
             .arg(ContainerdConfig::under(&node.containerd_dir).cni_bin_dir)
             .arg("--cni-data-dir")
             .arg(node.dir.join("ipam"))
+            .arg("--cni-node-config")
+            .arg(node.cni_node_config())
             .args(["--cgroup-parent", &node.cgroup_parent]);
         match self.proxy {
             ProxyMode::InProcess => {
@@ -352,7 +363,7 @@ impl LabState {
                     .arg(cgroup2_dir(&node.cgroup_parent))
                     .args(["--proxy-xdp-interface", "lab0", "--proxy-tc-interface", "lab0"]);
             }
-            // The data plane and skiff-cni come from the DaemonSet.
+            // The data plane, skiff-cni and its conflist come from the DaemonSet.
             ProxyMode::Daemonset => {
                 c.args(["--no-proxy", "--no-install-cni"]);
             }

@@ -87,7 +87,15 @@ patches:
         spec:
           initContainers:
           - name: install-cni
-            command: [/usr/bin/skiff-cni, install, --bin-dir, "/host/cni/bin/$(NODE_NAME)/containerd/cni/bin"]
+            # The lab directory is mounted whole: each node's bin and conf dirs under it; the
+            # node file and IPAM dir are paths on the host, where the plugin runs.
+            command:
+            - /usr/bin/skiff-cni
+            - install
+            - --bin-dir=/host/cni/bin/$(NODE_NAME)/containerd/cni/bin
+            - --conf-dir=/host/cni/bin/$(NODE_NAME)/containerd/cni/net.d
+            - --node-config={dir}/$(NODE_NAME)/{node_file}
+            - --data-dir={dir}/$(NODE_NAME)/ipam
             env:
             - name: NODE_NAME
               valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}
@@ -103,12 +111,15 @@ patches:
           volumes:
           - name: cni-bin
             hostPath: {{path: "{dir}", type: Directory}}
+          - name: cni-conf
+            hostPath: {{path: "{dir}", type: Directory}}
           - name: cgroup
             hostPath: {{path: "{cgroup}", type: Directory}}
 "#,
         base = base.display(),
         host = state.host_ip,
         dir = state.dir.display(),
+        node_file = super::CNI_NODE_FILE,
         cgroup = cgroup_root.display(),
     )
 }
@@ -262,9 +273,21 @@ mod tests {
             .collect();
         assert!(args.contains(&"--pin-dir=/sys/fs/bpf/skiff-t1-$(NODE_NAME)"), "{args:?}");
         let mounts = spec["initContainers"][0]["volumeMounts"].as_array().unwrap();
-        assert_eq!(mounts.len(), 1, "{mounts:?}");
-        let cni = spec["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "cni-bin");
-        assert_eq!(cni.unwrap()["hostPath"]["path"], dir.path().to_string_lossy().as_ref());
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
+        for name in ["cni-bin", "cni-conf"] {
+            let v = spec["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name);
+            assert_eq!(v.unwrap()["hostPath"]["path"], dir.path().to_string_lossy().as_ref());
+        }
+        let install = spec["initContainers"][0]["command"].as_array().unwrap();
+        let node_file =
+            format!("--node-config={}/$(NODE_NAME)/cni-node.json", dir.path().display());
+        assert!(install.iter().any(|a| a == &node_file), "{install:?}");
+        assert!(
+            install
+                .iter()
+                .any(|a| a == "--conf-dir=/host/cni/bin/$(NODE_NAME)/containerd/cni/net.d"),
+            "{install:?}"
+        );
         for k in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
             kind(k);
         }
