@@ -197,7 +197,12 @@ impl Kubectl {
 
     /// Run and require failure; returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args, None);
+        self.fails_stdin(args, None)
+    }
+
+    /// Run with `stdin` and require failure; returns stderr.
+    pub fn fails_stdin(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
         assert!(
             !out.status.success(),
             "{args:?} unexpectedly succeeded: {}",

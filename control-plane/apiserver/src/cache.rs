@@ -394,6 +394,12 @@ pub struct WatchCache {
     /// Store key prefix of each resource, in registry order.
     prefixes: Vec<String>,
     caches: Vec<Arc<ResourceCache>>,
+    /// Custom resources' caches by store prefix (`/registry/<group>/<plural>/`), made for
+    /// any such key: a CRD's objects are cached from the start, whether or not the CRD is
+    /// served yet (see [`crate::custom`]).
+    custom: std::sync::RwLock<HashMap<String, Arc<ResourceCache>>>,
+    history_limit: usize,
+    expecting: bool,
     rev: AtomicI64,
     rev_tx: watch::Sender<Revision>,
 }
@@ -415,8 +421,16 @@ impl WatchCache {
             })
             .collect();
         let prefixes = registry.all().iter().map(ResourceType::prefix).collect();
-        let cache =
-            Arc::new(WatchCache { registry, prefixes, caches, rev: AtomicI64::new(0), rev_tx });
+        let cache = Arc::new(WatchCache {
+            registry,
+            prefixes,
+            caches,
+            custom: Default::default(),
+            history_limit,
+            expecting,
+            rev: AtomicI64::new(0),
+            rev_tx,
+        });
         let rev = cache.load(&store).await?;
         let follower = cache.clone();
         tokio::spawn(async move { follower.follow(store, rev).await });
@@ -427,15 +441,36 @@ impl WatchCache {
         let listed = store.list("/registry/").await?;
         let mut per: Vec<BTreeMap<String, Arc<CachedObject>>> =
             self.caches.iter().map(|_| BTreeMap::new()).collect();
+        let mut custom: HashMap<String, BTreeMap<String, Arc<CachedObject>>> = HashMap::new();
         for kv in &listed.kvs {
-            if let Some((idx, rt)) = self.resource_of(&kv.key)
-                && let Some(obj) = cached_object(rt, kv, kv.mod_revision)
-            {
-                per[idx].insert(kv.key.clone(), Arc::new(obj));
+            match self.resource_of(&kv.key) {
+                Some(Owner::Builtin(idx, rt)) => {
+                    if let Some(obj) = cached_object(rt, kv, kv.mod_revision) {
+                        per[idx].insert(kv.key.clone(), Arc::new(obj));
+                    }
+                }
+                Some(Owner::Custom(prefix)) => {
+                    if let Some(obj) =
+                        cached_object(crate::custom::index_type(), kv, kv.mod_revision)
+                    {
+                        custom
+                            .entry(prefix.to_string())
+                            .or_default()
+                            .insert(kv.key.clone(), Arc::new(obj));
+                    }
+                }
+                None => {}
             }
         }
         for (cache, objects) in self.caches.iter().zip(per) {
             cache.reset(objects, listed.revision);
+        }
+        // Every known custom prefix is reset, those whose objects are all gone included.
+        let known: Vec<String> =
+            self.custom.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        for prefix in known.into_iter().chain(custom.keys().cloned().collect::<Vec<_>>()) {
+            let objects = custom.remove(&prefix).unwrap_or_default();
+            self.custom_cache(&prefix).reset(objects, listed.revision);
         }
         self.set_rev(listed.revision);
         Ok(listed.revision)
@@ -483,8 +518,11 @@ impl WatchCache {
     }
 
     fn dispatch(&self, event: store::Event) {
-        let Some((idx, rt)) = self.resource_of(&event.kv.key) else { return };
-        let cache = &self.caches[idx];
+        let (cache, rt) = match self.resource_of(&event.kv.key) {
+            Some(Owner::Builtin(idx, rt)) => (self.caches[idx].clone(), rt),
+            Some(Owner::Custom(prefix)) => (self.custom_cache(prefix), crate::custom::index_type()),
+            None => return,
+        };
         let prev = cache.get(&event.kv.key);
         let (kind, obj) = match event.kind {
             EventKind::Put => {
@@ -509,9 +547,31 @@ impl WatchCache {
         self.rev_tx.send_replace(rev);
     }
 
-    fn resource_of(&self, key: &str) -> Option<(usize, &ResourceType)> {
-        let idx = self.prefixes.iter().position(|p| key.starts_with(p.as_str()))?;
-        Some((idx, &self.registry.all()[idx]))
+    fn resource_of<'k>(&self, key: &'k str) -> Option<Owner<'_, 'k>> {
+        match self.prefixes.iter().position(|p| key.starts_with(p.as_str())) {
+            Some(idx) => Some(Owner::Builtin(idx, &self.registry.all()[idx])),
+            None => crate::custom::custom_prefix(key, |g| self.registry.is_builtin_group(g))
+                .map(Owner::Custom),
+        }
+    }
+
+    /// The cache of a custom resource's prefix, made empty (at the current revision) the
+    /// first time.
+    fn custom_cache(&self, prefix: &str) -> Arc<ResourceCache> {
+        if let Some(c) = self.custom.read().unwrap_or_else(|e| e.into_inner()).get(prefix) {
+            return c.clone();
+        }
+        let mut map = self.custom.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(prefix.to_string())
+            .or_insert_with(|| {
+                Arc::new(ResourceCache::new(
+                    self.revision(),
+                    self.history_limit,
+                    self.expecting,
+                    BROADCAST_CAPACITY,
+                ))
+            })
+            .clone()
     }
 
     /// The revision every cache has caught up to.
@@ -528,7 +588,10 @@ impl WatchCache {
         tokio::time::timeout(timeout, rx.wait_for(|r| *r >= rev)).await.is_ok_and(|r| r.is_ok())
     }
 
-    pub fn resource(&self, rt: &ResourceType) -> &Arc<ResourceCache> {
+    pub fn resource(&self, rt: &ResourceType) -> Arc<ResourceCache> {
+        if rt.custom.is_some() {
+            return self.custom_cache(&rt.prefix());
+        }
         let idx = match self.registry.all().iter().position(|t| std::ptr::eq(t, rt)) {
             Some(idx) => idx,
             None => {
@@ -536,8 +599,14 @@ impl WatchCache {
                 self.prefixes.iter().position(|p| *p == prefix).unwrap_or(0)
             }
         };
-        &self.caches[idx]
+        self.caches[idx].clone()
     }
+}
+
+/// Whose cache a store key goes to.
+enum Owner<'r, 'k> {
+    Builtin(usize, &'r ResourceType),
+    Custom(&'k str),
 }
 
 /// Decode a stored value into a cached object with `rv` as its resourceVersion.

@@ -80,9 +80,20 @@ pub fn group(state: &State, group: &str) -> ApiResult<Response> {
     Ok(json_response(StatusCode::OK, &body))
 }
 
+/// (group, version) pairs of every served resource, built-in and custom, in discovery order.
+fn group_versions(descs: &[ResourceDesc]) -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for d in descs {
+        if !out.contains(&(d.group, d.version)) {
+            out.push((d.group, d.version));
+        }
+    }
+    out
+}
+
 fn groups(state: &State) -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-    for (g, v) in state.registry.group_versions() {
+    for (g, v) in group_versions(&state.registry.served_descs()) {
         if g.is_empty() {
             continue;
         }
@@ -103,13 +114,9 @@ fn group_json(group: &str, versions: &[&str]) -> Value {
 }
 
 pub fn resource_list(state: &State, group: &str, version: &str) -> ApiResult<Response> {
-    let descs: Vec<&ResourceDesc> = state
-        .registry
-        .all()
-        .iter()
-        .map(|t| &t.desc)
-        .filter(|d| d.group == group && d.version == version)
-        .collect();
+    let all = state.registry.served_descs();
+    let descs: Vec<&ResourceDesc> =
+        all.iter().filter(|d| d.group == group && d.version == version).collect();
     if descs.is_empty() {
         return Err(ApiError::path_not_found());
     }
@@ -162,22 +169,21 @@ fn storage_hash(d: &ResourceDesc) -> String {
 fn discovery_list(state: &State, version: &str, legacy: bool) -> Value {
     let mut items: Vec<Value> = Vec::new();
     let mut group_names: Vec<&'static str> = Vec::new();
-    for (g, _) in state.registry.group_versions() {
+    let all = state.registry.served_descs();
+    let gvs = group_versions(&all);
+    for &(g, _) in &gvs {
         if g.is_empty() == legacy && !group_names.contains(&g) {
             group_names.push(g);
         }
     }
     for g in group_names {
         let mut versions = Vec::new();
-        for (gg, v) in state.registry.group_versions() {
+        for &(gg, v) in &gvs {
             if gg != g {
                 continue;
             }
-            let resources: Vec<Value> = state
-                .registry
-                .all()
+            let resources: Vec<Value> = all
                 .iter()
-                .map(|t| &t.desc)
                 .filter(|d| d.group == g && d.version == v)
                 .map(|d| {
                     let subs: Vec<Value> = d

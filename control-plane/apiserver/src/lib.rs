@@ -13,6 +13,7 @@ pub mod authn;
 pub mod authz;
 pub mod cache;
 mod componentstatus;
+pub mod custom;
 pub mod config;
 mod discovery;
 mod gate;
@@ -114,6 +115,7 @@ impl ApiServer {
             heavy: tokio::sync::Semaphore::new(heavy_permits()),
         });
         server.repair_allocations();
+        tokio::spawn(custom::follow_crds(server.state.clone()));
         server.bootstrap().await?;
         server.ensure_policy().await?;
         Ok(server)

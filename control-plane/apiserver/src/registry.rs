@@ -8,6 +8,7 @@ use k8s_openapi::api::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::sync::{Arc, RwLock};
 
 use skiff_core::json::ValueAt;
 use skiff_machinery::{ResourceDesc, SubresourceDesc};
@@ -24,6 +25,8 @@ pub struct ResourceType {
     pub tracks_generation: bool,
     /// The resource has a status subresource (writes to the main resource keep status).
     pub has_status: bool,
+    /// What a CustomResourceDefinition says of a custom resource (`None`: built-in).
+    pub custom: Option<Arc<crate::custom::CustomInfo>>,
 }
 
 impl ResourceType {
@@ -172,9 +175,9 @@ const fn normalize_in_one_pass<K: Serialize + DeserializeOwned>() -> Normalizer 
     Normalizer { clean_json: clean_json::<K>, ..normalize::<K>() }
 }
 
-const RW: &[&str] =
+pub(crate) const RW: &[&str] =
     &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
-const STATUS: SubresourceDesc = SubresourceDesc {
+pub(crate) const STATUS: SubresourceDesc = SubresourceDesc {
     name: "status",
     kind: "",
     group: "",
@@ -192,7 +195,7 @@ const APPROVAL: SubresourceDesc = SubresourceDesc {
 /// namespaces/finalize: the only way to change a Namespace's `spec.finalizers`.
 const FINALIZE: SubresourceDesc =
     SubresourceDesc { name: "finalize", kind: "", group: "", version: "", verbs: &["update"] };
-const SCALE: SubresourceDesc = SubresourceDesc {
+pub(crate) const SCALE: SubresourceDesc = SubresourceDesc {
     name: "scale",
     kind: "Scale",
     group: "autoscaling",
@@ -254,6 +257,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["status.phase"],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Node", "nodes", "node", false)
@@ -263,6 +267,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["spec.unschedulable"],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Pod", "pods", "pod", true)
@@ -282,6 +287,7 @@ pub fn builtin() -> Vec<ResourceType> {
             ],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Service", "services", "service", true)
@@ -292,6 +298,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Endpoints", "endpoints", "endpoints", true)
@@ -300,6 +307,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "ConfigMap", "configmaps", "configmap", true)
@@ -308,6 +316,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Secret", "secrets", "secret", true),
@@ -315,6 +324,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["type"],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true)
@@ -323,6 +333,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true)
@@ -332,6 +343,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "LimitRange", "limitranges", "limitrange", true)
@@ -340,6 +352,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         // Read-only and not stored: each read reports the control plane's health now
         // (apiserver::componentstatus).
@@ -353,6 +366,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -370,6 +384,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         // Read-only and not stored: the nodes' and pods' use now, scraped from the agents
         // (apiserver::metrics_api; upstream serves these from metrics-server).
@@ -382,6 +397,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: ResourceDesc {
@@ -392,6 +408,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("", "v1", "Event", "events", "event", true).with_short_names(&["ev"]),
@@ -411,6 +428,7 @@ pub fn builtin() -> Vec<ResourceType> {
             ],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -427,6 +445,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -443,6 +462,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -460,6 +480,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["status.replicas"],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("apps", "v1", "Deployment", "deployments", "deployment", true)
@@ -470,6 +491,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true)
@@ -480,6 +502,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["status.replicas"],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("apps", "v1", "DaemonSet", "daemonsets", "daemonset", true)
@@ -490,6 +513,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("apps", "v1", "StatefulSet", "statefulsets", "statefulset", true)
@@ -500,6 +524,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -514,6 +539,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("batch", "v1", "Job", "jobs", "job", true)
@@ -523,6 +549,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["status.successful"],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("batch", "v1", "CronJob", "cronjobs", "cronjob", true)
@@ -533,6 +560,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -549,6 +577,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("networking.k8s.io", "v1", "Ingress", "ingresses", "ingress", true)
@@ -558,6 +587,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -572,6 +602,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: true,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -587,6 +618,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -601,6 +633,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["addressType"],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc("coordination.k8s.io", "v1", "Lease", "leases", "lease", true),
@@ -608,6 +641,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -624,6 +658,27 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &["spec.signerName"],
             tracks_generation: false,
             has_status: true,
+            custom: None,
+        },
+        ResourceType {
+            desc: desc(
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+                "customresourcedefinitions",
+                "customresourcedefinition",
+                false,
+            )
+            .with_short_names(&["crd", "crds"])
+            .with_categories(&["api-extensions"])
+            .with_subresources(&[STATUS]),
+            normalize: normalize::<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            >(),
+            fields: &[],
+            tracks_generation: true,
+            has_status: true,
+            custom: None,
         },
         ResourceType {
             desc: desc("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true),
@@ -631,6 +686,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -645,6 +701,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -659,6 +716,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -673,6 +731,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -688,6 +747,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -703,6 +763,7 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
         ResourceType {
             desc: desc(
@@ -718,18 +779,88 @@ pub fn builtin() -> Vec<ResourceType> {
             fields: &[],
             tracks_generation: false,
             has_status: false,
+            custom: None,
         },
     ]
 }
 
-/// Lookup of served resources by (group, version, plural).
+/// Lookup of served resources by (group, version, plural): the built-in kinds, fixed for
+/// the process, and the custom resources of the Established CustomResourceDefinitions, a
+/// snapshot replaced whenever a CRD changes (a request holds the `Arc` it looked up).
 pub struct Registry {
     types: Vec<ResourceType>,
+    custom: RwLock<Arc<crate::custom::CustomTypes>>,
+}
+
+/// A resource a request found: a built-in one borrowed from the registry, or a custom one
+/// from the snapshot of the moment.
+pub enum Served<'a> {
+    Builtin(&'a ResourceType),
+    Custom(Arc<ResourceType>),
+}
+
+impl std::ops::Deref for Served<'_> {
+    type Target = ResourceType;
+
+    fn deref(&self) -> &ResourceType {
+        match self {
+            Served::Builtin(rt) => rt,
+            Served::Custom(rt) => rt,
+        }
+    }
 }
 
 impl Registry {
     pub fn new() -> Self {
-        Registry { types: builtin() }
+        Registry { types: builtin(), custom: RwLock::default() }
+    }
+
+    /// The custom resources served now.
+    pub fn custom(&self) -> Arc<crate::custom::CustomTypes> {
+        self.custom.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the custom resources (from the CRDs in the watch cache).
+    pub fn set_custom(&self, types: crate::custom::CustomTypes) {
+        *self.custom.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(types);
+    }
+
+    /// A built-in or custom resource by (group, version, plural).
+    pub fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<Served<'_>> {
+        match self.find(group, version, plural) {
+            Some(rt) => Some(Served::Builtin(rt)),
+            None => self.custom().find(group, version, plural).map(Served::Custom),
+        }
+    }
+
+    /// A built-in or custom resource by (group, kind): the first version served.
+    pub fn lookup_kind(&self, group: &str, kind: &str) -> Option<Served<'_>> {
+        match self.find_kind(group, kind) {
+            Some(rt) => Some(Served::Builtin(rt)),
+            None => self.custom().find_kind(group, kind).map(Served::Custom),
+        }
+    }
+
+    /// Every served resource's description: the built-in ones, then the custom ones, each
+    /// custom group's versions in Kubernetes' version priority (v2 > v1 > v1beta2 >
+    /// v1beta1 > v1alpha1 > other names), which makes the first one the preferred version.
+    pub fn served_descs(&self) -> Vec<ResourceDesc> {
+        let mut out = self.descs();
+        let mut custom: Vec<ResourceDesc> =
+            self.custom().all().iter().map(|t| t.desc.clone()).collect();
+        custom.sort_by(|a, b| {
+            a.group
+                .cmp(b.group)
+                .then_with(|| version_priority(b.version).cmp(&version_priority(a.version)))
+                .then_with(|| a.plural.cmp(b.plural))
+        });
+        out.extend(custom);
+        out
+    }
+
+    /// Whether a built-in resource lives in `group`.
+    pub fn is_builtin_group(&self, group: &str) -> bool {
+        self.types.iter().any(|t| t.desc.group == group)
     }
 
     pub fn all(&self) -> &[ResourceType] {
@@ -770,6 +901,33 @@ impl Registry {
     /// Which resource does a store key belong to?
     pub fn for_key(&self, key: &str) -> Option<&ResourceType> {
         self.types.iter().find(|t| key.starts_with(&t.prefix()))
+    }
+}
+
+/// Kubernetes' version priority (`version.CompareKubeAwareVersionStrings`): GA over beta
+/// over alpha, higher numbers first, names that are not Kubernetes versions last (by name,
+/// reversed so that the comparison's order is ascending priority).
+pub fn version_priority(v: &str) -> (u8, u64, u64, std::cmp::Reverse<String>) {
+    let parse = |s: &str| -> Option<(u64, u8, u64)> {
+        let rest = s.strip_prefix('v')?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let major: u64 = rest[..digits].parse().ok()?;
+        let tail = &rest[digits..];
+        if tail.is_empty() {
+            return Some((major, 3, 0));
+        }
+        let (level, n) = if let Some(n) = tail.strip_prefix("beta") {
+            (2, n)
+        } else if let Some(n) = tail.strip_prefix("alpha") {
+            (1, n)
+        } else {
+            return None;
+        };
+        Some((major, level, n.parse().ok()?))
+    };
+    match parse(v) {
+        Some((major, level, minor)) => (level, major, minor, std::cmp::Reverse(String::new())),
+        None => (0, 0, 0, std::cmp::Reverse(v.to_string())),
     }
 }
 

@@ -18,6 +18,7 @@ use skiff_core::supervisor::{self, ComponentHealth};
 pub mod certificates;
 pub mod clusterrole_aggregation;
 pub mod context;
+pub mod crd;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
@@ -110,6 +111,7 @@ pub async fn run(client: Client, config: ControllerConfig, health: Arc<Component
     c.spawn("volume-protection", volume_protection::run);
     c.spawn("clusterrole-aggregation", clusterrole_aggregation::run);
     c.spawn("certificatesigningrequests", certificates::run);
+    c.spawn("customresourcedefinitions", crd::run);
     if let Some(root) = ctx.config.local_path_root.clone() {
         c.spawn("local-path-provisioner", move |ctx| local_path::run(ctx, root.clone()));
     }

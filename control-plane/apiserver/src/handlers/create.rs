@@ -106,10 +106,25 @@ pub(super) async fn create_object(
         let name = meta_str(&candidate, "name").unwrap_or_default().to_string();
         admission::prepare_for_create(g, &mut candidate);
         admission::drop_omitted_empties(g, &mut candidate);
+        // A custom resource with a status subresource starts without one (upstream's
+        // custom resource strategy).
+        if rt.custom.is_some()
+            && rt.has_status
+            && let Some(m) = candidate.as_object_mut()
+        {
+            m.remove("status");
+        }
         // Validation reads no managed fields: its typed view is built without them (their
         // fieldsV1 trees would be copied into it for nothing).
         let managed = meta_mut(&mut candidate).remove("managedFields");
-        let errs = admission::validate(g, Operation::Create, None, &candidate, None);
+        let mut errs = admission::validate(g, Operation::Create, None, &candidate, None);
+        if rt.custom.is_some() {
+            errs.extend(admission::apiextensions::validate_custom_meta(
+                rt.desc.namespaced,
+                &candidate,
+                None,
+            ));
+        }
         if let Some(managed) = managed {
             meta_mut(&mut candidate).insert("managedFields".into(), managed);
         }

@@ -48,10 +48,11 @@ pub async fn resource(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let rt = server
+    let served = server
         .registry
-        .find(&info.group, &info.version, &info.resource)
+        .lookup(&info.group, &info.version, &info.resource)
         .ok_or_else(ApiError::path_not_found)?;
+    let rt: &crate::registry::ResourceType = &served;
     if let Some(sub) = info.subresource.as_deref()
         && !rt.has_subresource(sub)
     {

@@ -32,6 +32,14 @@ pub(super) async fn patch(
         return Err(ApiError::too_large(negotiate::MAX_BODY));
     }
     let body_type = negotiate::patch_type(headers)?;
+    // Custom resources have no patch strategies to merge by (upstream answers 415 too).
+    if rt.custom.is_some() && body_type == negotiate::BodyType::StrategicMergePatch {
+        return Err(ApiError::unsupported_media_type(&[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ]));
+    }
     validate_patch_options(query, body_type)?;
     let validation = query.field_validation()?;
     let dry_run = query.dry_run()?;

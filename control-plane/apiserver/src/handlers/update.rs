@@ -343,6 +343,9 @@ pub(super) fn prepare_update(
         // Sets metadata.generation (old + 1 when the spec changed).
         admission::prepare_for_update(g, sub, &mut new, old);
         admission::drop_omitted_empties(g, &mut new);
+        if rt.custom.is_some() {
+            admission::apiextensions::bump_custom_generation(rt.has_status, &mut new, old);
+        }
     }
     let reservation = if rt.kind() == "Service" && rt.group().is_empty() && sub.is_none() {
         Some(server.alloc.allocate_update(&mut new, old)?)
@@ -356,6 +359,8 @@ pub(super) fn prepare_update(
     };
     let errs = if binding {
         Vec::new()
+    } else if rt.custom.is_some() {
+        admission::apiextensions::validate_custom_meta(rt.desc.namespaced, &new, Some(old))
     } else {
         admission::validate(g, Operation::Update, sub, &new, Some(old))
     };

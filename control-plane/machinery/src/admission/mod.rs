@@ -24,6 +24,7 @@
 //!
 //! Kinds not listed in `kind_info` pass through untouched and valid.
 
+pub mod apiextensions;
 mod apps;
 pub mod autoscaling;
 mod batch;
@@ -146,6 +147,7 @@ pub fn prepare_for_create(gvk: Gvk, obj: &mut Value) {
         ("apps", _) => apps::prepare_create(gvk.kind, o),
         ("batch", "Job") => batch::prepare_job_create(o),
         ("certificates.k8s.io", "CertificateSigningRequest") => certificates::prepare_create(o),
+        (apiextensions::GROUP, "CustomResourceDefinition") => apiextensions::prepare_crd_create(o),
         ("batch", "CronJob") => {
             o.insert("status".into(), serde_json::json!({}));
         }
@@ -311,6 +313,16 @@ pub fn validate(
         ("batch", "CronJob", _) => batch::validate_cronjob(subresource, new, old),
         ("certificates.k8s.io", "CertificateSigningRequest", _) => {
             certificates::validate(subresource, new, old)
+        }
+        (apiextensions::GROUP, "CustomResourceDefinition", _) => {
+            let mut errs = apiextensions::validate_crd(new, old);
+            if let Ok((n, o)) = kind::typed_pair::<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            >(new, old)
+            {
+                errs.splice(0..0, kind::validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata)));
+            }
+            errs
         }
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         ("networking.k8s.io", "Ingress", _) => networking::validate_ingress(subresource, new, old),

@@ -365,6 +365,25 @@ pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
     ("io.k8s.api.scheduling.v1.PriorityClassList", &[(1, "metadata"), (2, "items")]),
     ("io.k8s.api.storage.v1.StorageClass", &[(1, "metadata"), (2, "provisioner"), (3, "parameters"), (4, "reclaimPolicy"), (5, "mountOptions"), (6, "allowVolumeExpansion"), (7, "volumeBindingMode"), (8, "allowedTopologies")]),
     ("io.k8s.api.storage.v1.StorageClassList", &[(1, "metadata"), (2, "items")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceColumnDefinition", &[(1, "name"), (2, "type"), (3, "format"), (4, "description"), (5, "priority"), (6, "jsonPath")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceConversion", &[(1, "strategy"), (2, "webhook")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition", &[(1, "metadata"), (2, "spec"), (3, "status")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionCondition", &[(1, "type"), (2, "status"), (3, "lastTransitionTime"), (4, "reason"), (5, "message")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionList", &[(1, "metadata"), (2, "items")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionNames", &[(1, "plural"), (2, "singular"), (3, "shortNames"), (4, "kind"), (5, "listKind"), (6, "categories")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionSpec", &[(1, "group"), (3, "names"), (4, "scope"), (7, "versions"), (9, "conversion"), (10, "preserveUnknownFields")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionStatus", &[(1, "conditions"), (2, "acceptedNames"), (3, "storedVersions")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionVersion", &[(1, "name"), (2, "served"), (3, "storage"), (7, "deprecated"), (8, "deprecationWarning"), (4, "schema"), (5, "subresources"), (6, "additionalPrinterColumns"), (9, "selectableFields")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceSubresourceScale", &[(1, "specReplicasPath"), (2, "statusReplicasPath"), (3, "labelSelectorPath")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceSubresources", &[(1, "status"), (2, "scale")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceValidation", &[(1, "openAPIV3Schema")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.ExternalDocumentation", &[(1, "description"), (2, "url")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps", &[(1, "id"), (4, "description"), (5, "type"), (6, "format"), (7, "title"), (8, "default"), (9, "maximum"), (10, "exclusiveMaximum"), (11, "minimum"), (12, "exclusiveMinimum"), (13, "maxLength"), (14, "minLength"), (15, "pattern"), (16, "maxItems"), (17, "minItems"), (18, "uniqueItems"), (19, "multipleOf"), (20, "enum"), (21, "maxProperties"), (22, "minProperties"), (23, "required"), (24, "items"), (25, "allOf"), (26, "oneOf"), (27, "anyOf"), (28, "not"), (29, "properties"), (30, "additionalProperties"), (31, "patternProperties"), (32, "dependencies"), (33, "additionalItems"), (34, "definitions"), (35, "externalDocs"), (36, "example"), (37, "nullable")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.SelectableField", &[(1, "jsonPath")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.ServiceReference", &[(1, "namespace"), (2, "name"), (3, "path"), (4, "port")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.ValidationRule", &[(1, "rule"), (2, "message"), (3, "messageExpression"), (4, "reason"), (5, "fieldPath"), (6, "optionalOldSelf")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.WebhookClientConfig", &[(3, "url"), (1, "service"), (2, "caBundle")]),
+    ("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.WebhookConversion", &[(2, "clientConfig"), (3, "conversionReviewVersions")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIGroup", &[(1, "name"), (2, "versions"), (3, "preferredVersion"), (4, "serverAddressByClientCIDRs")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIGroupList", &[(1, "groups")]),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.APIResource", &[(1, "name"), (6, "singularName"), (2, "namespaced"), (8, "group"), (9, "version"), (3, "kind"), (4, "verbs"), (5, "shortNames"), (7, "categories"), (10, "storageVersionHash")]),
@@ -403,3 +422,14 @@ pub(super) static FIELDS: &[(&str, &[(u32, &str)])] = &[
 // - io.k8s.api.core.v1.PodStatus.allocated_resources (tag 19)
 // - io.k8s.api.core.v1.PodStatus.resources (tag 20)
 // - io.k8s.api.core.v1.VolumeProjection.pod_certificate (tag 6)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionCondition.observed_generation (tag 6)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionStatus.observed_generation (tag 4)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.schema (tag 2)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.ref (tag 3)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_preserve_unknown_fields (tag 38)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_embedded_resource (tag 39)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_int_or_string (tag 40)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_list_map_keys (tag 41)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_list_type (tag 42)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_map_type (tag 43)
+// - io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps.x_kubernetes_validations (tag 44)

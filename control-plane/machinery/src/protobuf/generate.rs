@@ -62,7 +62,7 @@ fn k8s_pb_src() -> PathBuf {
 /// (OpenAPI package prefix, k8s-pb module dir) pairs: `io.k8s.api.apps.v1` ↔ `api/apps/v1`.
 fn package_dir(component: &str) -> Option<(String, String)> {
     let (package, message) = component.rsplit_once('.')?;
-    let dir = package.strip_prefix("io.k8s.")?.replace('.', "/");
+    let dir = package.strip_prefix("io.k8s.")?.replace('.', "/").replace('-', "_");
     Some((dir, message.to_string()))
 }
 

@@ -100,6 +100,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<discovery::v1::EndpointSlice>(g, true),
         kind::<coordination::v1::Lease>(g, true),
         kind::<certificates::v1::CertificateSigningRequest>(g, true),
+        kind::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(g, true),
         kind::<rbac::v1::Role>(g, true),
         kind::<rbac::v1::ClusterRole>(g, true),
         kind::<rbac::v1::RoleBinding>(g, true),

@@ -1,0 +1,201 @@
+//! CustomResourceDefinitions end to end with real kubectl (1.33 and 1.27): a CRD applied,
+//! named and Established by the controllers, its resource in discovery and served with
+//! every verb like a built-in one, bad CRDs refused with their causes, names in conflict
+//! not accepted, and deleting the CRD deleting its objects first.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use skiff_tests::{Kubectl, TestServer};
+
+const CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names:
+    plural: widgets
+    singular: widget
+    kind: Widget
+    shortNames: [wg]
+    categories: [all]
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer}
+              color: {type: string}
+          status:
+            type: object
+            properties:
+              ready: {type: boolean}
+"#;
+
+fn json(k: &Kubectl, args: &[&str]) -> Value {
+    serde_json::from_str(&k.ok(args)).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(33);
+    k.ok_stdin(&["apply", "-f", "-"], Some(CRD));
+    k.ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=20s"]);
+    let crd = json(&k, &["get", "crd", "widgets.example.com", "-o", "json"]);
+    let status = &crd["status"];
+    assert_eq!(status["acceptedNames"]["kind"], "Widget");
+    assert_eq!(status["acceptedNames"]["listKind"], "WidgetList");
+    assert_eq!(status["storedVersions"], serde_json::json!(["v1"]));
+    let names = status["conditions"].as_array().unwrap();
+    assert!(
+        names.iter().any(|c| c["type"] == "NamesAccepted" && c["status"] == "True"),
+        "{status}"
+    );
+    assert_eq!(
+        crd["metadata"]["finalizers"],
+        serde_json::json!(["customresourcecleanup.apiextensions.k8s.io"])
+    );
+
+    // Discovery: kubectl finds it by plural, short name and category.
+    wait_for("widgets in discovery", || {
+        k.ok(&["api-resources", "--api-group=example.com"]).contains("widgets")
+    });
+    let resources = k.ok(&["api-resources", "--api-group=example.com", "-o", "wide"]);
+    assert!(resources.contains("wg") && resources.contains("Widget"), "{resources}");
+
+    // The verbs.
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\nspec: {size: 3, color: red}\n"),
+    );
+    let w = json(&k, &["get", "wg", "w1", "-o", "json"]);
+    assert_eq!(w["spec"]["size"], 3);
+    assert_eq!(w["metadata"]["generation"], 1);
+    assert!(w["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    let table = k.ok(&["get", "widgets"]);
+    assert!(table.contains("w1"), "{table}");
+    k.ok(&["patch", "widget", "w1", "--type=merge", "-p", r#"{"spec":{"size":4}}"#]);
+    let w = json(&k, &["get", "widget", "w1", "-o", "json"]);
+    assert_eq!(
+        (w["spec"]["size"].clone(), w["metadata"]["generation"].clone()),
+        (4.into(), 2.into())
+    );
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/color","value":"blue"}]"#,
+    ]);
+    assert_eq!(json(&k, &["get", "widget", "w1", "-o", "json"])["spec"]["color"], "blue");
+    // No patch strategies for custom resources: 415 as upstream.
+    let err =
+        k.fails(&["patch", "widget", "w1", "--type=strategic", "-p", r#"{"spec":{"size":5}}"#]);
+    assert!(
+        err.contains("UnsupportedMediaType")
+            || err.contains("415")
+            || err.contains("not supported"),
+        "{err}"
+    );
+    // The main resource ignores status; the status subresource writes it.
+    k.ok(&["patch", "widget", "w1", "--type=merge", "-p", r#"{"status":{"ready":true}}"#]);
+    assert!(json(&k, &["get", "widget", "w1", "-o", "json"]).get("status").is_none());
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"ready":true}}"#,
+    ]);
+    let w = json(&k, &["get", "widget", "w1", "-o", "json"]);
+    assert_eq!(w["status"]["ready"], true);
+    assert_eq!(
+        w["metadata"]["generation"], 3,
+        "spec.color changed once more, status did not count"
+    );
+    // Server-side apply, labels, list and watch.
+    k.ok_stdin(
+        &["apply", "--server-side", "--field-manager=tester", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w2, namespace: default, labels: {tier: a}}\nspec: {size: 1}\n"),
+    );
+    let listed = json(&k, &["get", "widgets", "-l", "tier=a", "-o", "json"]);
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["metadata"]["name"], "w2");
+    assert_eq!(listed["kind"], "List");
+    let all = k.ok(&["get", "all", "-n", "default"]);
+    assert!(all.contains("widget.example.com/w1"), "the 'all' category: {all}");
+    // Bad names are refused with their cause.
+    let err = k.fails_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: Bad_Name, namespace: default}\n"),
+    );
+    assert!(err.contains("metadata.name: Invalid value: \"Bad_Name\""), "{err}");
+    // kubectl 1.27 too.
+    let old = server.kubectl(27);
+    assert!(old.ok(&["get", "wg", "-n", "default"]).contains("w2"));
+
+    // A bad CRD: 422 with the causes.
+    let bad = CRD
+        .replace("name: widgets.example.com", "name: gadgets.example.com")
+        .replace("storage: true", "storage: false");
+    let err = k.fails_stdin(&["apply", "-f", "-"], Some(&bad));
+    assert!(err.contains("metadata.name: Invalid value: \"gadgets.example.com\": must be spec.names.plural+\".\"+spec.group"), "{err}");
+    assert!(err.contains("must have exactly one version marked as storage version"), "{err}");
+
+    // Names another CRD of the group accepted are not accepted; the CRD is not served.
+    let clash = CRD
+        .replace("name: widgets.example.com", "name: gizmos.example.com")
+        .replace("plural: widgets", "plural: gizmos")
+        .replace("singular: widget", "singular: gizmo")
+        .replace("kind: Widget", "kind: Gizmo");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&clash));
+    wait_for("the short-name conflict", || {
+        let c = json(&k, &["get", "crd", "gizmos.example.com", "-o", "json"]);
+        c["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| c["type"] == "NamesAccepted" && c["reason"] == "ShortNamesConflict")
+        })
+    });
+    let err = k.fails(&["get", "gizmos.example.com"]);
+    assert!(err.contains("the server doesn't have a resource type"), "{err}");
+
+    // Deleting the CRD deletes its objects, then the CRD; the resource leaves discovery.
+    k.ok(&["delete", "crd", "widgets.example.com", "--timeout=30s"]);
+    let err = k.fails(&["get", "crd", "widgets.example.com"]);
+    assert!(err.contains("NotFound"), "{err}");
+    wait_for("widgets out of discovery", || {
+        !k.ok(&["api-resources", "--api-group=example.com"]).contains("widgets")
+    });
+    // The names it held are free now: the other CRD of the group gets them.
+    k.ok(&["wait", "--for=condition=Established", "crd/gizmos.example.com", "--timeout=20s"]);
+    k.ok(&["delete", "crd", "gizmos.example.com", "--timeout=30s"]);
+    // Re-created, it starts empty.
+    k.ok_stdin(&["apply", "-f", "-"], Some(CRD));
+    k.ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=20s"]);
+    wait_for("widgets served again", || k.run(&["get", "widgets", "-A"], None).status.success());
+    let listed = json(&k, &["get", "widgets", "-A", "-o", "json"]);
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(0), "{listed}");
+}
