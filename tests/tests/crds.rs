@@ -28,6 +28,10 @@ spec:
     storage: true
     subresources:
       status: {}
+    additionalPrinterColumns:
+    - {name: Size, type: integer, jsonPath: .spec.size}
+    - {name: Ready, type: boolean, jsonPath: .status.ready}
+    - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
     schema:
       openAPIV3Schema:
         type: object
@@ -92,8 +96,13 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     assert_eq!(w["spec"]["size"], 3);
     assert_eq!(w["metadata"]["generation"], 1);
     assert!(w["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    // The CRD's printer columns.
     let table = k.ok(&["get", "widgets"]);
-    assert!(table.contains("w1"), "{table}");
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "SIZE", "READY", "AGE"], "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    // No status yet: the Ready cell is null, which kubectl prints empty.
+    assert_eq!((row.len(), &row[..2]), (3, &["w1", "3"][..]), "{table}");
     k.ok(&["patch", "widget", "w1", "--type=merge", "-p", r#"{"spec":{"size":4}}"#]);
     let w = json(&k, &["get", "widget", "w1", "-o", "json"]);
     assert_eq!(
