@@ -59,6 +59,14 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+fn wait_for_long(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 #[test]
 fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     let server = TestServer::start_with_controllers();
@@ -166,6 +174,44 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     // kubectl 1.27 too.
     let old = server.kubectl(27);
     assert!(old.ok(&["get", "wg", "-n", "default"]).contains("w2"));
+
+    // Garbage collection across custom and built-in kinds: a ConfigMap owned by a Widget,
+    // a Widget owned by a ConfigMap; and a namespace's deletion deleting its Widgets.
+    let uid = |kind: &str, name: &str| {
+        json(&k, &["get", kind, name, "-n", "default", "-o", "json"])["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let w2 = uid("widget", "w2");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned-by-widget\n  namespace: default\n  ownerReferences:\n  - {{apiVersion: example.com/v1, kind: Widget, name: w2, uid: {w2}}}\n"
+    )));
+    k.ok(&["create", "configmap", "owner", "-n", "default"]);
+    let owner = uid("configmap", "owner");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&format!(
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: owned-by-cm\n  namespace: default\n  ownerReferences:\n  - {{apiVersion: v1, kind: ConfigMap, name: owner, uid: {owner}}}\n"
+    )));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        k.run(&["get", "configmap", "owned-by-widget", "-n", "default"], None).status.success(),
+        "kept while its owner lives"
+    );
+    k.ok(&["delete", "widget", "w2", "-n", "default"]);
+    k.ok(&["delete", "configmap", "owner", "-n", "default"]);
+    let gone = |kind: &str, name: &str| {
+        let out = k.run(&["get", kind, name, "-n", "default"], None);
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound")
+    };
+    wait_for_long("the Widget's ConfigMap collected", || gone("configmap", "owned-by-widget"));
+    wait_for_long("the ConfigMap's Widget collected", || gone("widget", "owned-by-cm"));
+    k.ok(&["create", "namespace", "doomed"]);
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w3, namespace: doomed}\n"),
+    );
+    k.ok(&["delete", "namespace", "doomed", "--timeout=60s"]);
+    assert!(k.fails(&["get", "namespace", "doomed"]).contains("NotFound"));
 
     // A bad CRD: 422 with the causes.
     let bad = CRD

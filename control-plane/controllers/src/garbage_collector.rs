@@ -46,6 +46,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The owner's kind is not (yet) discovered: the dependent is looked at again later,
+    /// never collected for it (upstream's collector retries unresolvable owners too).
+    #[error("owner {kind} of {api_version} is not a served kind (yet)")]
+    UnknownOwnerKind { api_version: String, kind: String },
     #[error("looking up owner {owner}")]
     GetOwner {
         owner: String,
@@ -76,7 +80,10 @@ struct Graph {
 
 struct Collector {
     client: Client,
-    resources: Vec<(ApiResource, bool)>,
+    /// The watched resources (and whether namespaced), append-only: an `Item`'s `res`
+    /// indexes it. Discovery is run again every [`REDISCOVER`], so custom resources of
+    /// CRDs created later are collected too (upstream's GC resyncs its resources as well).
+    resources: std::sync::RwLock<Vec<(ApiResource, bool)>>,
     graph: Mutex<Graph>,
     queue: mpsc::UnboundedSender<String>,
     queued: Mutex<HashSet<String>>,
@@ -86,10 +93,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Run the garbage collector until dropped.
-pub async fn run(ctx: Arc<Context>) -> Result<()> {
-    let discovery = Discovery::new(ctx.client.clone()).run().await.map_err(Error::Discovery)?;
-    let resources: Vec<(ApiResource, bool)> = discovery
+/// How often the served resources are discovered again.
+const REDISCOVER: Duration = Duration::from_secs(10);
+
+/// The resources the collector watches: every one that supports watch and delete.
+async fn discover(client: &Client) -> Result<Vec<(ApiResource, bool)>> {
+    let discovery = Discovery::new(client.clone()).run().await.map_err(Error::Discovery)?;
+    Ok(discovery
         .groups()
         .flat_map(|g| g.recommended_resources())
         .filter(|(ar, caps)| {
@@ -98,19 +108,31 @@ pub async fn run(ctx: Arc<Context>) -> Result<()> {
                 && !IGNORED.contains(&(ar.group.as_str(), ar.plural.as_str()))
         })
         .map(|(ar, caps)| (ar, caps.scope == Scope::Namespaced))
-        .collect();
+        .collect())
+}
+
+/// Run the garbage collector until dropped.
+pub async fn run(ctx: Arc<Context>) -> Result<()> {
+    let resources = discover(&ctx.client).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let gc = Arc::new(Collector {
         client: ctx.client.clone(),
-        resources,
+        resources: std::sync::RwLock::new(resources),
         graph: Mutex::new(Graph::default()),
         queue: tx,
         queued: Mutex::new(HashSet::new()),
     });
     let mut tasks = tokio::task::JoinSet::new();
-    for res in 0..gc.resources.len() {
+    for res in 0..gc.resource_count() {
         tasks.spawn(gc.clone().watch(res));
     }
+    let rediscover = gc.clone();
+    tasks.spawn(async move {
+        loop {
+            tokio::time::sleep(REDISCOVER).await;
+            rediscover.rediscover().await;
+        }
+    });
     let (work_tx, work_rx) = mpsc::unbounded_channel::<String>();
     tasks.spawn(async move {
         while let Some(uid) = rx.recv().await {
@@ -127,10 +149,21 @@ pub async fn run(ctx: Arc<Context>) -> Result<()> {
                 async move {
                     lock(&gc.queued).remove(&uid);
                     if let Err(e) = gc.process(&uid).await {
-                        tracing::warn!(uid, error = %e, "garbage collector");
+                        // An owner of a kind not discovered yet: a CRD's, created moments
+                        // ago, or one that never is; looked at again after a discovery.
+                        let later = match e {
+                            Error::UnknownOwnerKind { .. } => {
+                                tracing::debug!(uid, error = %e, "garbage collector");
+                                REDISCOVER
+                            }
+                            _ => {
+                                tracing::warn!(uid, error = %e, "garbage collector");
+                                Duration::from_secs(1)
+                            }
+                        };
                         let gc = gc.clone();
                         tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            tokio::time::sleep(later).await;
                             gc.enqueue(&uid);
                         });
                     }
@@ -143,6 +176,38 @@ pub async fn run(ctx: Arc<Context>) -> Result<()> {
 }
 
 impl Collector {
+    fn resource_count(&self) -> usize {
+        self.resources.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn resource(&self, res: usize) -> (ApiResource, bool) {
+        self.resources.read().unwrap_or_else(|e| e.into_inner())[res].clone()
+    }
+
+    /// Watches the resources served since the last discovery (a CRD's, say).
+    async fn rediscover(self: &Arc<Self>) {
+        let found = match discover(&self.client).await {
+            Ok(f) => f,
+            Err(e) => return tracing::debug!(error = %e, "garbage collector discovery"),
+        };
+        let mut added = Vec::new();
+        {
+            let mut resources = self.resources.write().unwrap_or_else(|e| e.into_inner());
+            for (ar, namespaced) in found {
+                let known =
+                    resources.iter().any(|(k, _)| k.group == ar.group && k.plural == ar.plural);
+                if !known {
+                    tracing::info!(group = %ar.group, resource = %ar.plural, "garbage collector watches a new resource");
+                    resources.push((ar, namespaced));
+                    added.push(resources.len() - 1);
+                }
+            }
+        }
+        for res in added {
+            tokio::spawn(self.clone().watch(res));
+        }
+    }
+
     fn enqueue(&self, uid: &str) {
         if lock(&self.queued).insert(uid.to_string()) {
             let _ = self.queue.send(uid.to_string());
@@ -150,17 +215,17 @@ impl Collector {
     }
 
     fn api(&self, res: usize, namespace: Option<&str>) -> Api<DynamicObject> {
-        let (ar, _) = &self.resources[res];
+        let (ar, _) = self.resource(res);
         match namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
-            None => Api::all_with(self.client.clone(), ar),
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
         }
     }
 
     async fn watch(self: Arc<Self>, res: usize) {
         // `Api<PartialObjectMeta<_>>` lists and watches with `as=PartialObjectMetadata`.
         let api: Api<PartialObjectMeta<DynamicObject>> =
-            Api::all_with(self.client.clone(), &self.resources[res].0);
+            Api::all_with(self.client.clone(), &self.resource(res).0);
         let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
         while let Some(ev) = stream.next().await {
             match ev {
@@ -234,7 +299,7 @@ impl Collector {
     }
 
     fn describe(&self, item: &Item) -> String {
-        let (ar, _) = &self.resources[item.res];
+        let (ar, _) = self.resource(item.res);
         match &item.namespace {
             Some(ns) => format!("{} {ns}/{}", ar.plural, item.name),
             None => format!("{} {}", ar.plural, item.name),
@@ -314,15 +379,21 @@ impl Collector {
         if lock(&self.graph).items.contains_key(&o.uid) {
             return Ok(true);
         }
-        let Some(res) = self
+        let found = self
             .resources
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .position(|(ar, _)| ar.api_version == o.api_version && ar.kind == o.kind)
-        else {
-            // A kind the API does not serve cannot be an existing owner.
-            return Ok(false);
+            .position(|(ar, _)| ar.api_version == o.api_version && ar.kind == o.kind);
+        let Some(res) = found else {
+            // A kind not discovered (yet): its objects may exist, so the dependent stays
+            // and is retried; the next discovery may bring the kind.
+            return Err(Error::UnknownOwnerKind {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+            });
         };
-        let ns = if self.resources[res].1 { item.namespace.as_deref() } else { None };
+        let ns = if self.resource(res).1 { item.namespace.as_deref() } else { None };
         match self.api(res, ns).get_metadata_opt(&o.name).await {
             Ok(Some(m)) => Ok(m.uid().as_deref() == Some(o.uid.as_str())),
             Ok(None) => Ok(false),
