@@ -213,6 +213,21 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     k.ok(&["delete", "namespace", "doomed", "--timeout=60s"]);
     assert!(k.fails(&["get", "namespace", "doomed"]).contains("NotFound"));
 
+    // A deprecated version warns on every request.
+    let old_things = CRD
+        .replace("name: widgets.example.com", "name: oldthings.example.com")
+        .replace("plural: widgets", "plural: oldthings")
+        .replace("singular: widget", "singular: oldthing")
+        .replace("kind: Widget", "kind: OldThing")
+        .replace("shortNames: [wg]", "shortNames: [ot]")
+        .replace("  - name: v1\n    served: true\n", "  - name: v1alpha1\n    deprecated: true\n    deprecationWarning: oldthings are going away\n    served: true\n");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&old_things));
+    k.ok(&["wait", "--for=condition=Established", "crd/oldthings.example.com", "--timeout=20s"]);
+    wait_for("oldthings served", || k.run(&["get", "oldthings"], None).status.success());
+    let out = k.run(&["get", "oldthings"], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Warning: oldthings are going away"), "{stderr}");
+
     // A bad CRD: 422 with the causes.
     let bad = CRD
         .replace("name: widgets.example.com", "name: gadgets.example.com")

@@ -48,6 +48,28 @@ pub async fn resource(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
+    // A deprecated custom resource version warns on every request, as upstream.
+    let deprecation = server
+        .registry
+        .lookup(&info.group, &info.version, &info.resource)
+        .and_then(|rt| rt.custom.as_ref().and_then(|c| c.deprecation.clone()));
+    let answer = serve(server, info, query, headers, body).await;
+    match (answer, deprecation) {
+        (Ok(resp), Some(warning)) => {
+            let code = resp.status();
+            Ok(with_warnings(resp, code, &[warning]))
+        }
+        (answer, _) => answer,
+    }
+}
+
+async fn serve(
+    server: &Arc<ApiServer>,
+    info: RequestInfo,
+    query: Query,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let served = server
         .registry
         .lookup(&info.group, &info.version, &info.resource)
