@@ -39,8 +39,8 @@ spec:
           spec:
             type: object
             properties:
-              size: {type: integer}
-              color: {type: string}
+              size: {type: integer, minimum: 0}
+              color: {type: string, default: grey}
           status:
             type: object
             properties:
@@ -153,6 +153,40 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
         w["metadata"]["generation"], 3,
         "spec.color changed once more, status did not count"
     );
+    // The schema: type and bounds checked with upstream's messages, unknown fields refused
+    // (kubectl asks for fieldValidation=Strict) or pruned (Ignore), defaults applied.
+    let err = k.fails_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: bad, namespace: default}\nspec: {size: big}\n"),
+    );
+    assert!(err.contains("spec.size: Invalid value: \"string\": spec.size in body must be of type integer: \"string\""), "{err}");
+    let err = k.fails_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: bad, namespace: default}\nspec: {size: -1}\n"),
+    );
+    assert!(
+        err.contains(
+            "spec.size: Invalid value: -1: spec.size in body should be greater than or equal to 0"
+        ),
+        "{err}"
+    );
+    let err = k.fails_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: extra, namespace: default}\nspec: {size: 1, shape: round}\n"),
+    );
+    assert!(err.contains("unknown field \"spec.shape\""), "{err}");
+    k.ok_stdin(
+        &["apply", "--validate=false", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: extra, namespace: default}\nspec: {size: 1, shape: round}\n"),
+    );
+    let extra = json(&k, &["get", "widget", "extra", "-o", "json"]);
+    assert_eq!(
+        extra["spec"],
+        serde_json::json!({"size": 1, "color": "grey"}),
+        "pruned and defaulted"
+    );
+    k.ok(&["delete", "widget", "extra"]);
+
     // Server-side apply, labels, list and watch.
     k.ok_stdin(
         &["apply", "--server-side", "--field-manager=tester", "-f", "-"],
@@ -235,6 +269,17 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     let err = k.fails_stdin(&["apply", "-f", "-"], Some(&bad));
     assert!(err.contains("metadata.name: Invalid value: \"gadgets.example.com\": must be spec.names.plural+\".\"+spec.group"), "{err}");
     assert!(err.contains("must have exactly one version marked as storage version"), "{err}");
+
+    // A schema that is not structural.
+    let unstructural = CRD
+        .replace("name: widgets.example.com", "name: things.example.com")
+        .replace("plural: widgets", "plural: things")
+        .replace("singular: widget", "singular: thing")
+        .replace("kind: Widget", "kind: Thing")
+        .replace("shortNames: [wg]", "shortNames: [th]")
+        .replace("size: {type: integer, minimum: 0}", "size: {minimum: 0}");
+    let err = k.fails_stdin(&["apply", "-f", "-"], Some(&unstructural));
+    assert!(err.contains("spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[size].type: Required value: must not be empty for specified object fields"), "{err}");
 
     // Names another CRD of the group accepted are not accepted; the CRD is not served.
     let clash = CRD

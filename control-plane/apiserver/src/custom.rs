@@ -31,6 +31,9 @@ pub struct CustomInfo {
     pub columns: Vec<Value>,
     /// `schema.openAPIV3Schema` of this version.
     pub schema: Option<Value>,
+    /// The same, parsed: what custom objects are pruned, defaulted and validated with
+    /// (`None` when it does not parse, which the CRD's validation refuses).
+    pub structural: Option<Arc<skiff_machinery::crd::Structural>>,
     /// `subresources.scale` of this version.
     pub scale: Option<Value>,
     /// The warning of a `deprecated` version.
@@ -172,6 +175,10 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
                 storage_version: storage_version.clone(),
                 columns: v["additionalPrinterColumns"].as_array().cloned().unwrap_or_default(),
                 schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+                structural: v
+                    .pointer("/schema/openAPIV3Schema")
+                    .and_then(|s| skiff_machinery::crd::Structural::from_value(s).ok())
+                    .map(Arc::new),
                 scale,
                 deprecation,
             })),

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod apply;
+pub mod crd;
 pub mod jsonpatch;
 pub mod openapi;
 pub mod protobuf;

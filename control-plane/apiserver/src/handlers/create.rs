@@ -118,12 +118,15 @@ pub(super) async fn create_object(
         // fieldsV1 trees would be copied into it for nothing).
         let managed = meta_mut(&mut candidate).remove("managedFields");
         let mut errs = admission::validate(g, Operation::Create, None, &candidate, None);
-        if rt.custom.is_some() {
+        if let Some(info) = &rt.custom {
             errs.extend(admission::apiextensions::validate_custom_meta(
                 rt.desc.namespaced,
                 &candidate,
                 None,
             ));
+            if let Some(schema) = &info.structural {
+                errs.extend(admission::apiextensions::validate_custom(schema, &candidate));
+            }
         }
         if let Some(managed) = managed {
             meta_mut(&mut candidate).insert("managedFields".into(), managed);

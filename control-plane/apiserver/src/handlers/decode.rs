@@ -131,6 +131,9 @@ pub(super) fn decode_for(
     }
     let mut obj = negotiate::decode_object(body_type, body)?;
     check_type_meta(rt, &mut obj)?;
+    if let Some(schema) = rt.custom.as_ref().and_then(|c| c.structural.as_deref()) {
+        return decode_custom(rt, schema, obj, validation, warnings);
+    }
     // The typed round trip drops exactly the fields the schema does not know (both come from
     // the same types): when it changes nothing, there is no unknown field to look for.
     match (rt.normalize.borrowed)(&obj) {
@@ -145,6 +148,41 @@ pub(super) fn decode_for(
             Err(normalize_error(rt, e))
         }
     }
+}
+
+/// A custom resource's body: its metadata normalized, the fields its schema does not know
+/// pruned (reported as fieldValidation says), nulls dropped and defaults applied.
+fn decode_custom(
+    rt: &ResourceType,
+    schema: &skiff_machinery::crd::Structural,
+    obj: Value,
+    validation: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> ApiResult<Value> {
+    let mut obj = (rt.normalize.owned)(obj).map_err(|e| normalize_error(rt, e))?;
+    let pruned = admission::apiextensions::decode_custom(schema, &mut obj);
+    report_unknown(&pruned, validation, warnings)?;
+    Ok(obj)
+}
+
+/// Unknown fields as fieldValidation says: an error (Strict), warnings (Warn) or nothing.
+fn report_unknown(
+    unknown: &[String],
+    validation: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> ApiResult<()> {
+    if unknown.is_empty() || validation == FieldValidation::Ignore {
+        return Ok(());
+    }
+    let msgs: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field \"{}\"", p.trim_start_matches('.')))
+        .collect();
+    if validation == FieldValidation::Strict {
+        return Err(ApiError::bad_request(format!("strict decoding error: {}", msgs.join(", "))));
+    }
+    warnings.extend(msgs);
+    Ok(())
 }
 
 /// kind/apiVersion must name this resource (or be absent); they are filled in.
@@ -192,18 +230,7 @@ pub(super) fn validate_fields(
         return Ok(());
     };
     let unknown = schemas.unknown_fields(schemas.field(root), obj);
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    let msgs: Vec<String> = unknown
-        .iter()
-        .map(|p| format!("unknown field \"{}\"", p.trim_start_matches('.')))
-        .collect();
-    if validation == FieldValidation::Strict {
-        return Err(ApiError::bad_request(format!("strict decoding error: {}", msgs.join(", "))));
-    }
-    warnings.extend(msgs);
-    Ok(())
+    report_unknown(&unknown, validation, warnings)
 }
 
 /// The schema of a kind's objects (an empty schema for kinds without one).
@@ -217,7 +244,12 @@ pub(super) fn kind_schema(rt: &ResourceType) -> schema::FieldSchema<'static> {
 }
 
 pub(super) fn normalize(rt: &ResourceType, obj: Value) -> ApiResult<Value> {
-    (rt.normalize.owned)(obj).map_err(|e| normalize_error(rt, e))
+    let mut obj = (rt.normalize.owned)(obj).map_err(|e| normalize_error(rt, e))?;
+    // A patched custom object is pruned and defaulted as a decoded one is.
+    if let Some(schema) = rt.custom.as_ref().and_then(|c| c.structural.as_deref()) {
+        admission::apiextensions::decode_custom(schema, &mut obj);
+    }
+    Ok(obj)
 }
 
 pub(super) fn normalize_error(rt: &ResourceType, e: serde_json::Error) -> ApiError {

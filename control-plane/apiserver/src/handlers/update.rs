@@ -359,8 +359,13 @@ pub(super) fn prepare_update(
     };
     let errs = if binding {
         Vec::new()
-    } else if rt.custom.is_some() {
-        admission::apiextensions::validate_custom_meta(rt.desc.namespaced, &new, Some(old))
+    } else if let Some(info) = &rt.custom {
+        let mut errs =
+            admission::apiextensions::validate_custom_meta(rt.desc.namespaced, &new, Some(old));
+        if let Some(schema) = &info.structural {
+            errs.extend(admission::apiextensions::validate_custom(schema, &new));
+        }
+        errs
     } else {
         admission::validate(g, Operation::Update, sub, &new, Some(old))
     };

@@ -13,7 +13,7 @@ pub const GROUP: &str = "apiextensions.k8s.io";
 /// The printer column types upstream accepts.
 const COLUMN_TYPES: &[&str] = &["integer", "number", "string", "boolean", "date"];
 
-fn strs<'a>(v: Option<&'a Value>) -> Vec<&'a str> {
+fn strs(v: Option<&Value>) -> Vec<&str> {
     v.and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
@@ -105,7 +105,10 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
         }
         match v.pointer("/schema/openAPIV3Schema") {
             Some(schema) if schema.is_object() => {
-                errs.extend(structural_errors(schema, &p.child("schema").child("openAPIV3Schema")));
+                errs.extend(crate::crd::check_structural(
+                    schema,
+                    &p.child("schema").child("openAPIV3Schema"),
+                ));
             }
             _ => errs.push(FieldError::required(
                 &p.child("schema").child("openAPIV3Schema"),
@@ -171,19 +174,6 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
                 "must appear in spec.versions",
             ));
         }
-    }
-    errs
-}
-
-/// The structural-schema rules of a version's schema.
-fn structural_errors(schema: &Value, path: &Path) -> Vec<FieldError> {
-    let mut errs = Vec::new();
-    if schema.get("type").and_then(Value::as_str) != Some("object") {
-        errs.push(FieldError::invalid(
-            &path.child("type"),
-            schema.get("type").and_then(Value::as_str).unwrap_or_default(),
-            "must be object at the root",
-        ));
     }
     errs
 }
@@ -334,6 +324,21 @@ pub(crate) fn prepare_crd_create(obj: &mut serde_json::Map<String, Value>) {
             list.push(CLEANUP_FINALIZER.into());
         }
     }
+}
+
+/// A custom resource decoded from a request: the fields its schema does not know pruned
+/// (their paths returned, for fieldValidation's warnings or errors), then nulls where the
+/// schema allows none dropped and the defaults applied, as upstream's decoder does.
+pub fn decode_custom(schema: &crate::crd::Structural, obj: &mut Value) -> Vec<String> {
+    let pruned = crate::crd::prune(schema, obj);
+    crate::crd::prune_non_nullable_nulls(schema, obj);
+    crate::crd::apply_defaults(schema, obj);
+    pruned
+}
+
+/// The schema's validation of a custom resource (after the metadata checks).
+pub fn validate_custom(schema: &crate::crd::Structural, obj: &Value) -> Vec<FieldError> {
+    crate::crd::validate(schema, obj, &Path::root(""))
 }
 
 /// The metadata rules of a custom resource (upstream validates custom objects' names as
