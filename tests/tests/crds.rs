@@ -28,6 +28,7 @@ spec:
     storage: true
     subresources:
       status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
     additionalPrinterColumns:
     - {name: Size, type: integer, jsonPath: .spec.size}
     - {name: Ready, type: boolean, jsonPath: .status.ready}
@@ -41,10 +42,13 @@ spec:
             properties:
               size: {type: integer, minimum: 0}
               color: {type: string, default: grey}
+              replicas: {type: integer}
           status:
             type: object
             properties:
               ready: {type: boolean}
+              replicas: {type: integer}
+              selector: {type: string}
 "#;
 
 fn json(k: &Kubectl, args: &[&str]) -> Value {
@@ -186,6 +190,26 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
         "pruned and defaulted"
     );
     k.ok(&["delete", "widget", "extra"]);
+
+    // The scale subresource at the CRD's paths: kubectl scale and the Scale it reads.
+    k.ok(&["scale", "widget", "w1", "--replicas=5"]);
+    assert_eq!(json(&k, &["get", "widget", "w1", "-o", "json"])["spec"]["replicas"], 5);
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"replicas":4,"selector":"app=w"}}"#,
+    ]);
+    let scale = json(&k, &["get", "widget", "w1", "--subresource=scale", "-o", "json"]);
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(
+        (scale["spec"]["replicas"].clone(), scale["status"]["replicas"].clone()),
+        (5.into(), 4.into())
+    );
+    assert_eq!(scale["status"]["selector"], "app=w");
 
     // Server-side apply, labels, list and watch.
     k.ok_stdin(

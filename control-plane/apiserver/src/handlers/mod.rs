@@ -29,7 +29,7 @@ use self::create::create_rendered;
 use self::delete::{delete, delete_collection};
 use self::patch::patch;
 use self::read::{component_statuses, get_object, list};
-use self::subresources::{bind, scale, to_scale};
+use self::subresources::{bind, scale, scale_of};
 use self::update::update;
 use self::verb::Answer;
 use crate::negotiate;
@@ -104,7 +104,7 @@ async fn serve(
         }
         (Verb::Get, Some(name), Some("scale")) => {
             let (obj, _) = get_object(t, name).await?;
-            Ok(render_scale(to_scale(&obj), output))
+            Ok(render_scale(scale_of(rt, &obj), output))
         }
         (Verb::List, None, None) => list(t, &query, output).await,
         (Verb::Watch, _, None) => watch::serve(&server.state, rt, ns, name, &query, output).await,

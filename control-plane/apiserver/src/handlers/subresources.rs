@@ -18,6 +18,78 @@ use skiff_machinery::jsonpatch;
 use skiff_store::{self as store, StoreExt};
 
 /// autoscaling/v1 Scale of a workload.
+/// A custom resource's scale paths (`subresources.scale` of its CRD version): spec and
+/// status replicas, and the label selector (a string), each a `.`-separated path.
+struct ScalePaths {
+    spec: Vec<String>,
+    status: Vec<String>,
+    selector: Option<Vec<String>>,
+}
+
+fn scale_paths(rt: &crate::registry::ResourceType) -> Option<ScalePaths> {
+    let scale = rt.custom.as_ref()?.scale.as_ref()?;
+    let split = |k: &str| {
+        scale[k]
+            .as_str()
+            .map(|p| p.trim_start_matches('.').split('.').map(str::to_string).collect::<Vec<_>>())
+    };
+    Some(ScalePaths {
+        spec: split("specReplicasPath")?,
+        status: split("statusReplicasPath")?,
+        selector: split("labelSelectorPath"),
+    })
+}
+
+fn at_path<'v>(obj: &'v Value, path: &[String]) -> Option<&'v Value> {
+    path.iter().try_fold(obj, |v, p| v.get(p))
+}
+
+/// The Scale of `obj`: a built-in kind's `spec.replicas`, or a custom resource's at the
+/// paths its CRD names (upstream: replicas 0 where a path finds nothing).
+pub(super) fn scale_of(rt: &crate::registry::ResourceType, obj: &Value) -> Value {
+    let Some(paths) = scale_paths(rt) else { return to_scale(obj) };
+    let meta = obj.get("metadata").cloned().unwrap_or_default();
+    let selector = paths
+        .selector
+        .as_ref()
+        .and_then(|p| at_path(obj, p))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+        },
+        "spec": {"replicas": at_path(obj, &paths.spec).and_then(Value::as_i64).unwrap_or(0)},
+        "status": {
+            "replicas": at_path(obj, &paths.status).and_then(Value::as_i64).unwrap_or(0),
+            "selector": selector,
+        },
+    })
+}
+
+/// `obj` with `replicas` where its Scale's spec reads them.
+fn set_replicas(rt: &crate::registry::ResourceType, obj: &mut Value, replicas: i64) {
+    let path = match scale_paths(rt) {
+        Some(p) => p.spec,
+        None => vec!["spec".to_string(), "replicas".to_string()],
+    };
+    let Some((last, parents)) = path.split_last() else { return };
+    let mut cur = obj;
+    for p in parents {
+        if !cur.get(p).is_some_and(Value::is_object) {
+            cur[p.as_str()] = json!({});
+        }
+        cur = &mut cur[p.as_str()];
+    }
+    cur[last.as_str()] = json!(replicas);
+}
+
 pub(super) fn to_scale(obj: &Value) -> Value {
     // A ReplicationController's selector is a plain label map; the apps kinds' a
     // LabelSelector (matchLabels).
@@ -86,7 +158,7 @@ pub(super) async fn scale(
         _ => None,
     };
     let obj = guaranteed_update(t, name, Writer { manager: &manager, sub: None, track: true, admit: true, dry_run }, precondition.filter(|s| !s.is_empty()), |current| {
-        let current_scale = to_scale(current);
+        let current_scale = scale_of(t.rt, current);
         let new_scale = match (&scale_body, &patch_value) {
             (Some(b), _) => b.clone(),
             (None, Some(p)) => {
@@ -110,11 +182,11 @@ pub(super) async fn scale(
             ));
         }
         let mut out = current.clone();
-        out["spec"]["replicas"] = json!(replicas);
+        set_replicas(t.rt, &mut out, replicas);
         Ok(out)
     })
     .await?;
-    Ok(to_scale(&obj))
+    Ok(scale_of(t.rt, &obj))
 }
 
 /// pods/binding: assign a pod to a node once.
