@@ -49,6 +49,17 @@ spec:
               ready: {type: boolean}
               replicas: {type: integer}
               selector: {type: string}
+  - name: v1beta1
+    served: true
+    storage: false
+    subresources:
+      status: {}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+          status: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
 fn json(k: &Kubectl, args: &[&str]) -> Value {
@@ -191,6 +202,47 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     );
     k.ok(&["delete", "widget", "extra"]);
 
+    // Another served version (conversion None): the same objects, apiVersion rewritten;
+    // writes through it are stored at the storage version.
+    let beta = json(&k, &["get", "widgets.v1beta1.example.com", "w1", "-o", "json"]);
+    assert_eq!(beta["apiVersion"], "example.com/v1beta1");
+    assert_eq!(beta["spec"]["size"], 4);
+    k.ok(&[
+        "patch",
+        "widgets.v1beta1.example.com",
+        "w1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"color":"green"}}"#,
+    ]);
+    let v1 = json(&k, &["get", "widgets.v1.example.com", "w1", "-o", "json"]);
+    assert_eq!(
+        (v1["apiVersion"].clone(), v1["spec"]["color"].clone()),
+        ("example.com/v1".into(), "green".into())
+    );
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1beta1\nkind: Widget\nmetadata: {name: w4, namespace: default}\nspec: {size: 9}\n"),
+    );
+    let listed = json(&k, &["get", "widgets.v1beta1.example.com", "-o", "json"]);
+    let versions: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["apiVersion"].as_str().unwrap())
+        .collect();
+    assert!(
+        versions.len() >= 2 && versions.iter().all(|v| *v == "example.com/v1beta1"),
+        "{versions:?}"
+    );
+    let w4 = json(&k, &["get", "widget", "w4", "-o", "json"]);
+    assert_eq!(
+        (w4["apiVersion"].clone(), w4["spec"]["color"].clone()),
+        ("example.com/v1".into(), "grey".into()),
+        "stored at v1, v1's defaults on read"
+    );
+    k.ok(&["delete", "widgets.v1beta1.example.com", "w4"]);
+
     // The scale subresource at the CRD's paths: kubectl scale and the Scale it reads.
     k.ok(&["scale", "widget", "w1", "--replicas=5"]);
     assert_eq!(json(&k, &["get", "widget", "w1", "-o", "json"])["spec"]["replicas"], 5);
@@ -281,8 +333,10 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
         .replace("  - name: v1\n    served: true\n", "  - name: v1alpha1\n    deprecated: true\n    deprecationWarning: oldthings are going away\n    served: true\n");
     k.ok_stdin(&["apply", "-f", "-"], Some(&old_things));
     k.ok(&["wait", "--for=condition=Established", "crd/oldthings.example.com", "--timeout=20s"]);
-    wait_for("oldthings served", || k.run(&["get", "oldthings"], None).status.success());
-    let out = k.run(&["get", "oldthings"], None);
+    // (v1beta1 is the preferred version: the deprecated one is asked for by name.)
+    let deprecated = ["get", "oldthings.v1alpha1.example.com"];
+    wait_for("oldthings served", || k.run(&deprecated, None).status.success());
+    let out = k.run(&deprecated, None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("Warning: oldthings are going away"), "{stderr}");
 

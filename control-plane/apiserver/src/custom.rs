@@ -34,6 +34,9 @@ pub struct CustomInfo {
     /// The same, parsed: what custom objects are pruned, defaulted and validated with
     /// (`None` when it does not parse, which the CRD's validation refuses).
     pub structural: Option<Arc<skiff_machinery::crd::Structural>>,
+    /// Whether the schema has any `default` (objects read from storage are defaulted then,
+    /// as upstream does, so a default added later shows on old objects).
+    pub has_defaults: bool,
     /// `subresources.scale` of this version.
     pub scale: Option<Value>,
     /// The warning of a `deprecated` version.
@@ -89,6 +92,53 @@ impl CustomTypes {
             .or(Some(first))
             .cloned()
     }
+}
+
+/// Conversion between a CRD's versions, strategy `None` (upstream's nop converter): only
+/// `apiVersion` changes. Objects are stored at the storage version and served at the
+/// version of the request.
+pub fn to_storage_version(rt: &ResourceType, obj: &mut Value) {
+    if let Some(info) = &rt.custom
+        && let Some(m) = obj.as_object_mut()
+    {
+        m.insert("apiVersion".into(), format!("{}/{}", rt.desc.group, info.storage_version).into());
+    }
+}
+
+/// A stored custom object as the request's version serves it: its apiVersion, and the
+/// version's defaults applied (upstream defaults on reads from storage too).
+pub fn to_request_version(rt: &ResourceType, obj: &mut Value) {
+    let Some(info) = &rt.custom else { return };
+    if let Some(m) = obj.as_object_mut()
+        && m.get("apiVersion").and_then(Value::as_str) != Some(rt.desc.api_version().as_str())
+    {
+        m.insert("apiVersion".into(), rt.desc.api_version().into());
+    }
+    if info.has_defaults
+        && let Some(schema) = &info.structural
+    {
+        skiff_machinery::crd::apply_defaults(schema, obj);
+    }
+}
+
+fn has_default(schema: &Value) -> bool {
+    match schema {
+        Value::Object(m) => m.contains_key("default") || m.values().any(has_default),
+        Value::Array(a) => a.iter().any(has_default),
+        _ => false,
+    }
+}
+
+/// [`to_request_version`] of stored JSON: `None` when the bytes serve as they are (a
+/// built-in kind, or the storage version asked for of a schema without defaults).
+pub fn json_to_request_version(rt: &ResourceType, json: &[u8]) -> Option<bytes::Bytes> {
+    let info = rt.custom.as_ref()?;
+    if info.storage_version == rt.desc.version && !info.has_defaults {
+        return None;
+    }
+    let mut v: Value = serde_json::from_slice(json).ok()?;
+    to_request_version(rt, &mut v);
+    serde_json::to_vec(&v).ok().map(bytes::Bytes::from)
 }
 
 /// Whether the CRD's `Established` condition is True.
@@ -175,6 +225,7 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
                 storage_version: storage_version.clone(),
                 columns: v["additionalPrinterColumns"].as_array().cloned().unwrap_or_default(),
                 schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+                has_defaults: v.pointer("/schema/openAPIV3Schema").is_some_and(has_default),
                 structural: v
                     .pointer("/schema/openAPIV3Schema")
                     .and_then(|s| skiff_machinery::crd::Structural::from_value(s).ok())

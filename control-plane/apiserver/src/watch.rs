@@ -75,7 +75,13 @@ pub async fn serve(
     };
     let ctx = WatchTask {
         state: state.clone(),
-        rt_index: state.registry.all().iter().position(|t| std::ptr::eq(t, rt)).unwrap_or(0),
+        rt: match state.registry.all().iter().position(|t| std::ptr::eq(t, rt)) {
+            Some(i) => Watched::Builtin(i),
+            None => match state.registry.custom().find(rt.group(), rt.desc.version, rt.plural()) {
+                Some(custom) => Watched::Custom(custom),
+                None => return Err(ApiError::path_not_found()),
+            },
+        },
         filter,
         prefix: prefix.clone(),
         encoder,
@@ -142,9 +148,16 @@ fn line(kind: &str, object: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// The resource a watch is of: a built-in one (its registry index) or a custom one (from
+/// the registry's snapshot when the watch started).
+enum Watched {
+    Builtin(usize),
+    Custom(Arc<ResourceType>),
+}
+
 struct WatchTask {
     state: Arc<State>,
-    rt_index: usize,
+    rt: Watched,
     filter: Filter,
     prefix: String,
     encoder: Encoder,
@@ -156,7 +169,10 @@ struct WatchTask {
 
 impl WatchTask {
     fn rt(&self) -> &ResourceType {
-        &self.state.registry.all()[self.rt_index]
+        match &self.rt {
+            Watched::Builtin(i) => &self.state.registry.all()[*i],
+            Watched::Custom(rt) => rt,
+        }
     }
 
     /// The line for one event as this watcher sees it (selector transitions become
@@ -176,7 +192,10 @@ impl WatchTask {
             _ => return None,
         };
         match self.encoder.output {
-            Output::Json => Some(line(kind.as_str(), &ev.obj.json)),
+            Output::Json => match crate::custom::json_to_request_version(self.rt(), &ev.obj.json) {
+                Some(converted) => Some(line(kind.as_str(), &converted)),
+                None => Some(line(kind.as_str(), &ev.obj.json)),
+            },
             Output::Table(version) => {
                 let obj = ev.obj.value();
                 let t = table::table(self.rt(), std::slice::from_ref(&obj), version, None, *first);

@@ -163,6 +163,7 @@ pub(super) async fn create_object(
             }
             return Ok(Written::Object(candidate));
         }
+        crate::custom::to_storage_version(rt, &mut candidate);
         let stored = encode(&candidate);
         let key = rt.key(ns, &name);
         let cache = server.cache.resource(rt);

@@ -99,7 +99,8 @@ async fn serve(
     }
     match (info.verb, name, info.subresource.as_deref()) {
         (Verb::Get, Some(name), None | Some("status") | Some("approval")) => {
-            let (obj, _) = get_object(t, name).await?;
+            let (mut obj, _) = get_object(t, name).await?;
+            crate::custom::to_request_version(rt, &mut obj);
             Ok(render_object(rt, obj, output))
         }
         (Verb::Get, Some(name), Some("scale")) => {

@@ -190,7 +190,10 @@ pub(super) async fn list(t: Target<'_>, query: &Query, output: Output) -> ApiRes
                 if i > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(&o.json);
+                match crate::custom::json_to_request_version(rt, &o.json) {
+                    Some(converted) => out.extend_from_slice(&converted),
+                    None => out.extend_from_slice(&o.json),
+                }
             }
             out.extend_from_slice(b"]}");
             Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(out)))

@@ -129,6 +129,9 @@ pub(super) async fn guaranteed_write(
                 (current, rev, true)
             }
         };
+        // The write works at the request's version (a custom resource's may not be the
+        // storage version); it is stored at the storage version again.
+        crate::custom::to_request_version(rt, &mut current);
         let decided = async {
             if let Some(want) = &precondition
                 && want != &rev.to_string()
@@ -202,6 +205,7 @@ pub(super) async fn guaranteed_write(
                     set_resource_version(&mut obj, rev);
                     return unwritten(obj);
                 }
+                crate::custom::to_storage_version(rt, &mut obj);
                 let stored = encode(&obj);
                 let cache = server.cache.resource(rt);
                 cache.expect(rt, &key, &stored, &obj);

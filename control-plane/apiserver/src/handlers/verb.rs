@@ -115,9 +115,14 @@ impl Written {
     pub(super) fn respond(self, rt: &ResourceType, output: Output) -> Response {
         match (self, output) {
             (Written::Json(json), Output::Json) => {
+                let json = crate::custom::json_to_request_version(rt, &json).unwrap_or(json);
                 bytes_response(StatusCode::OK, "application/json", json)
             }
-            (written, output) => render_object(rt, written.object(), output),
+            (written, output) => {
+                let mut obj = written.object();
+                crate::custom::to_request_version(rt, &mut obj);
+                render_object(rt, obj, output)
+            }
         }
     }
 }
