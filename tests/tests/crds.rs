@@ -103,6 +103,12 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
         serde_json::json!(["customresourcecleanup.apiextensions.k8s.io"])
     );
 
+    let table = k.ok(&["get", "crds"]);
+    assert!(
+        table.starts_with("NAME") && table.contains("CREATED AT"),
+        "upstream's columns: {table}"
+    );
+
     // Discovery: kubectl finds it by plural, short name and category.
     wait_for("widgets in discovery", || {
         k.ok(&["api-resources", "--api-group=example.com"]).contains("widgets")
@@ -281,6 +287,31 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
         Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: Bad_Name, namespace: default}\n"),
     );
     assert!(err.contains("metadata.name: Invalid value: \"Bad_Name\""), "{err}");
+    // RBAC on custom resources, through the aggregated roles charts rely on: a ClusterRole
+    // labelled aggregate-to-view extends `view`.
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: widgets-view\n  labels: {rbac.authorization.k8s.io/aggregate-to-view: \"true\"}\nrules:\n- {apiGroups: [example.com], resources: [widgets], verbs: [get, list, watch]}\n"),
+    );
+    k.ok(&[
+        "create",
+        "rolebinding",
+        "bob-view",
+        "--clusterrole=view",
+        "--user=bob",
+        "-n",
+        "default",
+    ]);
+    let bob = Kubectl::new(33, &server.cert_kubeconfig("bob.kubeconfig", "bob", &[]));
+    wait_for("view aggregating widgets", || {
+        bob.run(&["get", "widgets", "-n", "default"], None).status.success()
+    });
+    let err = bob.fails(&["delete", "widget", "w1", "-n", "default"]);
+    assert!(
+        err.contains("Forbidden") && err.contains("widgets.example.com \"w1\" is forbidden"),
+        "{err}"
+    );
+
     // kubectl 1.27 too.
     let old = server.kubectl(27);
     assert!(old.ok(&["get", "wg", "-n", "default"]).contains("w2"));

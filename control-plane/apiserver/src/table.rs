@@ -407,6 +407,16 @@ fn columns(kind: &str) -> Vec<Col> {
             col("Groups", "string", 1, "Groups in the binding."),
             col("ServiceAccounts", "string", 1, "ServiceAccounts in the binding."),
         ],
+        // Upstream's CRD table: the name and when it was created (a timestamp, not an age).
+        "CustomResourceDefinition" => vec![
+            NAME,
+            col(
+                "Created At",
+                "date",
+                0,
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+            ),
+        ],
         "CertificateSigningRequest" => vec![
             NAME,
             AGE,
@@ -1457,6 +1467,9 @@ fn cells(kind: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
                 json!(of("Group")),
                 json!(of("ServiceAccount")),
             ]
+        }
+        "CustomResourceDefinition" => {
+            vec![json!(name), json!(str_at(o, &["metadata", "creationTimestamp"]))]
         }
         "CertificateSigningRequest" => {
             let has = |ty: &str| {
