@@ -386,3 +386,46 @@ fn secrets_are_encrypted_at_rest_and_still_readable() {
     let cm = raw_value(&data, "/registry/core/configmaps/default/open");
     assert!(contains(&cm, "visible-value"));
 }
+
+#[test]
+fn webhooks_apply_to_custom_resources() {
+    let webhook = Webhook::start();
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(KUBECTL);
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {plural: widgets, kind: Widget}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}\n",
+        ),
+    );
+    k.ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=20s"]);
+    // The pod configurations, aimed at the custom resource.
+    let configs = webhook_configs(&format!("https://{}", webhook.addr), &webhook.ca_pem, "Fail")
+        .replace("apiGroups: [\"\"]", "apiGroups: [\"example.com\"]")
+        .replace("resources: [\"pods\"]", "resources: [\"widgets\"]");
+    k.ok_stdin(&["apply", "-f", "-"], Some(&configs));
+    let widget = |name: &str| {
+        format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: {name}, namespace: default}}\n"
+        )
+    };
+    let mut served = false;
+    for _ in 0..100 {
+        if k.run(&["get", "widgets"], None).status.success() {
+            served = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(served, "widgets served");
+    let err = k.run(&["create", "-f", "-"], Some(&widget("denied")));
+    assert!(!err.status.success(), "the denied widget was created");
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        stderr.contains("admission webhook \"deny.skiff.test\" denied the request"),
+        "{stderr}"
+    );
+    k.ok_stdin(&["create", "-f", "-"], Some(&widget("mutated")));
+    let label = k.ok(&["get", "widget", "mutated", "-o", "jsonpath={.metadata.labels.webhook}"]);
+    assert_eq!(label, "mutated");
+}

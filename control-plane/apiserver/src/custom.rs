@@ -287,7 +287,7 @@ pub fn index_type() -> &'static ResourceType {
 
 /// The store prefix (`/registry/<group>/<plural>/`) a custom object's key is under: a
 /// group with a dot (every CRD's), not a built-in one.
-pub fn custom_prefix<'k>(key: &'k str, builtin_group: impl Fn(&str) -> bool) -> Option<&'k str> {
+pub fn custom_prefix(key: &str, builtin_group: impl Fn(&str) -> bool) -> Option<&str> {
     let rest = key.strip_prefix("/registry/")?;
     let (group, rest) = rest.split_once('/')?;
     let (plural, _) = rest.split_once('/')?;

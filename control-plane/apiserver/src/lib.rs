@@ -13,8 +13,8 @@ pub mod authn;
 pub mod authz;
 pub mod cache;
 mod componentstatus;
-pub mod custom;
 pub mod config;
+pub mod custom;
 mod discovery;
 mod gate;
 mod handlers;
@@ -25,6 +25,7 @@ mod list_options;
 mod metrics;
 pub mod metrics_api;
 pub mod negotiate;
+mod openapi_custom;
 pub mod pki;
 pub mod proxy;
 pub mod registry;
@@ -107,6 +108,7 @@ impl ApiServer {
                 components: Arc::default(),
             }),
             openapi,
+            openapi_custom: Default::default(),
             metrics: metrics::Metrics::default(),
             resource_metrics: metrics_api::ResourceMetrics::default(),
             admission,
@@ -339,32 +341,14 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
         "/version" => return Ok(json_response(StatusCode::OK, &version())),
         "/metrics" => return Ok(server.metrics.render(server)),
         "/openapi/v3" | "/openapi/v3/" => {
-            return Ok(bytes_response(
-                StatusCode::OK,
-                "application/json",
-                server.openapi.v3_root().clone(),
-            ));
+            let docs = openapi_custom::docs(server).await;
+            return Ok(bytes_response(StatusCode::OK, "application/json", docs.v3_root().clone()));
         }
-        "/openapi/v2" | "/swagger.json" => return Ok(openapi_v2(server, &parts.headers)),
+        "/openapi/v2" | "/swagger.json" => return Ok(openapi_v2(server, &parts.headers).await),
         _ => {}
     }
     if let Some(gv) = path.strip_prefix("/openapi/v3/") {
-        return match server.openapi.v3_group_version(gv) {
-            Some(doc) => {
-                let mut resp = bytes_response(StatusCode::OK, "application/json", doc.body.clone());
-                if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", doc.hash)) {
-                    resp.headers_mut().insert(header::ETAG, etag);
-                }
-                if query.get("hash").is_some() {
-                    resp.headers_mut().insert(
-                        header::CACHE_CONTROL,
-                        HeaderValue::from_static("public, immutable"),
-                    );
-                }
-                Ok(resp)
-            }
-            None => Err(ApiError::path_not_found()),
-        };
+        return openapi_v3_group_version(server, gv, &query).await;
     }
     let watch_param = query.flag("watch");
     match request::parse(&parts.method, path, watch_param)? {
@@ -399,7 +383,6 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
     }
 }
 
-/// `/openapi/v2`: the gnostic protobuf kubectl 1.27/1.28 ask for, else JSON.
 /// Read a request body up to [`negotiate::MAX_BODY`]. A larger one is read to its end
 /// (up to a hard cap) and discarded before answering 413, so the client sees the Status
 /// instead of a connection reset in the middle of its upload.
@@ -424,23 +407,42 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     Ok(buf.freeze())
 }
 
-fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
+/// `/openapi/v3/<group-version>`: immutable when asked for by the hash the root lists.
+async fn openapi_v3_group_version(
+    server: &ApiServer,
+    gv: &str,
+    query: &Query,
+) -> Result<Response, ApiError> {
+    let docs = openapi_custom::docs(server).await;
+    let Some(doc) = docs.v3_group_version(gv) else {
+        return Err(ApiError::path_not_found());
+    };
+    let mut resp = bytes_response(StatusCode::OK, "application/json", doc.body.clone());
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", doc.hash)) {
+        resp.headers_mut().insert(header::ETAG, etag);
+    }
+    if query.get("hash").is_some() {
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("public, immutable"));
+    }
+    Ok(resp)
+}
+
+/// `/openapi/v2`: the gnostic protobuf kubectl 1.27/1.28 ask for, else JSON.
+async fn openapi_v2(server: &ApiServer, headers: &http::HeaderMap) -> Response {
     use skiff_machinery::openapi::{V2_PROTOBUF_ACCEPT, V2_PROTOBUF_CONTENT_TYPE};
+    let docs = openapi_custom::docs(server).await;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     let wants_proto = accept
         .split(',')
         .map(|m| m.split(';').next().unwrap_or("").trim())
         .any(|m| V2_PROTOBUF_ACCEPT.contains(&m));
     let mut resp = if wants_proto {
-        bytes_response(
-            StatusCode::OK,
-            V2_PROTOBUF_CONTENT_TYPE,
-            server.openapi.v2_protobuf().clone(),
-        )
+        bytes_response(StatusCode::OK, V2_PROTOBUF_CONTENT_TYPE, docs.v2_protobuf().clone())
     } else {
-        bytes_response(StatusCode::OK, "application/json", server.openapi.v2_json().clone())
+        bytes_response(StatusCode::OK, "application/json", docs.v2_json().clone())
     };
-    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", server.openapi.v2_hash())) {
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", docs.v2_hash())) {
         resp.headers_mut().insert(header::ETAG, etag);
     }
     resp.headers_mut().insert("Vary", HeaderValue::from_static("Accept"));

@@ -17,7 +17,11 @@ use skiff_machinery::openapi::OpenApiDocs;
 /// Shared state of every request handler.
 pub struct ApiServer {
     pub state: Arc<State>,
+    /// The OpenAPI documents of the built-in resources.
     pub openapi: OpenApiDocs,
+    /// Those with the custom resources served now, built when first asked for after a
+    /// change (`openapi_custom::docs`).
+    pub openapi_custom: crate::openapi_custom::CustomOpenApi,
     pub metrics: metrics::Metrics,
     /// The nodes' and containers' latest readings, for `metrics.k8s.io`.
     pub resource_metrics: metrics_api::ResourceMetrics,

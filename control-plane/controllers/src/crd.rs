@@ -359,7 +359,7 @@ mod tests {
         let other = crd("gadget", "gadgets", "Gadget", &["wg"]);
         let mut c = crd("widget", "widgets", "Widget", &["wg"]);
         c["status"] = json!({});
-        let s = desired_status(&c, &[other.clone()]);
+        let s = desired_status(&c, std::slice::from_ref(&other));
         let names = s["conditions"]
             .as_array()
             .unwrap()

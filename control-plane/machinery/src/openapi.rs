@@ -10,15 +10,19 @@
 //! single-object `x-kubernetes-group-version-kind` and `x-kubernetes-action`, and the query
 //! parameters kubectl probes for (`fieldValidation` on PATCH decides server-side validation).
 
+mod custom;
 pub mod gnostic;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::schema::{REF_PREFIX, Schemas};
 use super::{ResourceDesc, SubresourceDesc};
+
+pub use self::custom::{CustomResource, definition_name};
 
 /// Content-Type of the gnostic protobuf OpenAPI v2 response. Clients ask with either media
 /// type of [`V2_PROTOBUF_ACCEPT`] (kubectl 1.27 sends the `@` form), but Go's
@@ -63,48 +67,69 @@ pub struct OpenApiDocs {
     v2_json: Bytes,
     v2_protobuf: Bytes,
     v2_hash: String,
+    /// The built-in documents, which [`OpenApiDocs::with_custom`] adds custom resources to.
+    base: Arc<Base>,
+}
+
+/// What the built-in documents are made of, kept to build on.
+#[derive(Debug)]
+struct Base {
+    group_versions: HashMap<String, GroupVersionDoc>,
+    /// The v2 document as JSON (its `paths` and `definitions` are merged with the custom
+    /// resources' when serialized, never copied).
+    v2: Value,
+    /// The v2 document as gnostic protobuf: a protobuf message followed by another one
+    /// decodes as their merge, so the custom resources' paths and definitions are appended.
+    v2_protobuf: Bytes,
 }
 
 impl OpenApiDocs {
     pub fn build(resources: &[ResourceDesc]) -> Result<OpenApiDocs> {
         let schemas = Schemas::builtin();
+        let names = |g: &str, v: &str, k: &str| component_name(schemas, g, v, k);
+        let lookup = |name: &str| schemas.component(name);
         let mut by_gv: BTreeMap<String, Vec<Operation>> = BTreeMap::new();
         for r in resources {
             let prefix = gv_path(r.group, r.version);
             let ops =
                 by_gv.entry(prefix).or_insert_with(|| vec![api_resources_op(r.group, r.version)]);
-            ops.extend(operations(schemas, r)?);
+            ops.extend(operations(&names, r, PATCH_TYPES)?);
         }
 
         let mut group_versions = HashMap::new();
-        let mut root_paths = Map::new();
         let mut all_ops = Vec::new();
         for (gv, ops) in by_gv {
-            let doc = v3_document(schemas, &ops);
-            let body = serde_json::to_vec(&doc)
-                .map_err(|source| Error::Serialize { document: gv.clone(), source })?;
-            let hash = sha512_hex(&body);
-            root_paths.insert(
-                gv.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash={hash}")}),
-            );
-            group_versions.insert(gv, GroupVersionDoc { hash, body: Bytes::from(body) });
+            let doc = group_version_doc(&gv, &v3_document(&lookup, &ops))?;
+            group_versions.insert(gv, doc);
             all_ops.extend(ops);
         }
-        let root = serde_json::to_vec(&json!({ "paths": root_paths }))
-            .map_err(|source| Error::Serialize { document: "/openapi/v3".into(), source })?;
+        let root = v3_root(&group_versions)?;
 
-        let v2 = v2_document(schemas, &all_ops);
+        let (paths, roots) = v2_paths(&all_ops);
+        let definitions: Map<String, Value> = reachable(&lookup, roots)
+            .into_iter()
+            .map(|(name, s)| {
+                let converted = v2_schema(Some(&name), &s);
+                (name, converted)
+            })
+            .collect();
+        let v2 = v2_document(paths, definitions);
         let v2_json = serde_json::to_vec(&v2)
             .map_err(|source| Error::Serialize { document: "/openapi/v2".into(), source })?;
         let v2_hash = sha512_hex(&v2_json);
-        let v2_protobuf = gnostic::encode_document(&v2);
+        let v2_protobuf = Bytes::from(gnostic::encode_document(&v2));
+        let base = Arc::new(Base {
+            group_versions: group_versions.clone(),
+            v2,
+            v2_protobuf: v2_protobuf.clone(),
+        });
         Ok(OpenApiDocs {
-            root: Bytes::from(root),
+            root,
             group_versions,
             v2_json: Bytes::from(v2_json),
-            v2_protobuf: Bytes::from(v2_protobuf),
+            v2_protobuf,
             v2_hash,
+            base,
         })
     }
 
@@ -144,16 +169,44 @@ fn sha512_hex(bytes: &[u8]) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02X}")).collect()
 }
 
+/// A group-version document, serialized, with its hash.
+fn group_version_doc(gv: &str, doc: &Value) -> Result<GroupVersionDoc> {
+    let body = serde_json::to_vec(doc)
+        .map_err(|source| Error::Serialize { document: gv.to_string(), source })?;
+    let hash = sha512_hex(&body);
+    Ok(GroupVersionDoc { hash, body: Bytes::from(body) })
+}
+
+/// `/openapi/v3`: every group-version's URL with its content hash.
+fn v3_root(group_versions: &HashMap<String, GroupVersionDoc>) -> Result<Bytes> {
+    let paths: Map<String, Value> = group_versions
+        .iter()
+        .map(|(gv, doc)| {
+            let url = format!("/openapi/v3/{gv}?hash={}", doc.hash);
+            (gv.clone(), json!({ "serverRelativeURL": url }))
+        })
+        .collect();
+    let root = serde_json::to_vec(&json!({ "paths": paths }))
+        .map_err(|source| Error::Serialize { document: "/openapi/v3".into(), source })?;
+    Ok(Bytes::from(root))
+}
+
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
 }
 
-/// "rbac.authorization.k8s.io" → "RbacAuthorization", "" → "Core".
+/// "rbac.authorization.k8s.io" → "RbacAuthorization", "example.com" → "ExampleCom",
+/// "" → "Core" (upstream's `ToValidOperationID`: what is not alphanumeric is dropped and
+/// the letter after it capitalized).
 fn group_camel(group: &str) -> String {
     if group.is_empty() {
         return "Core".into();
     }
-    group.trim_end_matches(".k8s.io").split('.').map(capitalize).collect()
+    group
+        .trim_end_matches(".k8s.io")
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .map(capitalize)
+        .collect()
 }
 
 /// The tag upstream puts on operations: "apps_v1", "core_v1", "rbacAuthorization_v1".
@@ -186,6 +239,8 @@ struct Operation {
     response: Option<String>,
     query: &'static [&'static str],
     path_params: Vec<&'static str>,
+    /// The request media types of a patch.
+    patch_types: &'static [&'static str],
 }
 
 const LIST_QUERY: &[&str] = &[
@@ -342,25 +397,35 @@ fn api_resources_op(group: &str, version: &str) -> Operation {
         response: Some(API_RESOURCE_LIST.into()),
         query: &[],
         path_params: vec![],
+        patch_types: PATCH_TYPES,
     }
 }
+
+/// The component name of a (group, version, kind).
+type Names<'a> = dyn Fn(&str, &str, &str) -> Option<String> + 'a;
+/// A component schema by name.
+type Lookup<'a> = dyn Fn(&str) -> Option<&'a Value> + 'a;
 
 fn component_name(schemas: &Schemas, group: &str, version: &str, kind: &str) -> Option<String> {
     schemas.component_name_for_kind(group, version, kind).map(str::to_string)
 }
 
-/// Every operation of one resource and its subresources.
-fn operations(schemas: &Schemas, r: &ResourceDesc) -> Result<Vec<Operation>> {
+/// Every operation of one resource and its subresources, their bodies and responses named
+/// by `names`; patches accept `patch_types`.
+fn operations(
+    names: &Names<'_>,
+    r: &ResourceDesc,
+    patch_types: &'static [&'static str],
+) -> Result<Vec<Operation>> {
     let missing = |kind: &str| Error::MissingSchema {
         group: r.group.into(),
         version: r.version.into(),
         kind: kind.into(),
         resource: r.plural.into(),
     };
-    let kind_schema =
-        component_name(schemas, r.group, r.version, r.kind).ok_or_else(|| missing(r.kind))?;
+    let kind_schema = names(r.group, r.version, r.kind).ok_or_else(|| missing(r.kind))?;
     let list_kind = format!("{}List", r.kind);
-    let list_schema = component_name(schemas, r.group, r.version, &list_kind);
+    let list_schema = names(r.group, r.version, &list_kind);
     let base = format!("/{}", gv_path(r.group, r.version));
     let gc = group_camel(r.group);
     let v = capitalize(r.version);
@@ -395,6 +460,7 @@ fn operations(schemas: &Schemas, r: &ResourceDesc) -> Result<Vec<Operation>> {
         response,
         query,
         path_params: params.clone(),
+        patch_types,
     };
     let k = r.kind;
     let has = |verb: &str| r.verbs.contains(&verb);
@@ -518,18 +584,22 @@ fn operations(schemas: &Schemas, r: &ResourceDesc) -> Result<Vec<Operation>> {
         }
     }
     for sub in r.subresources {
-        ops.extend(subresource_operations(schemas, r, sub, &item, &item_params, &tag)?);
+        ops.extend(subresource_operations(names, r, sub, &item, &item_params, &tag, patch_types)?);
     }
     Ok(ops)
 }
 
+/// Subresources whose body is the parent kind when their description names no kind.
+const PARENT_KIND_SUBRESOURCES: &[&str] = &["status", "approval", "finalize"];
+
 fn subresource_operations(
-    schemas: &Schemas,
+    names: &Names<'_>,
     r: &ResourceDesc,
     sub: &SubresourceDesc,
     item: &str,
     item_params: &[&'static str],
     tag: &str,
+    patch_types: &'static [&'static str],
 ) -> Result<Vec<Operation>> {
     let path = format!("{item}/{}", sub.name);
     let gc = group_camel(r.group);
@@ -538,7 +608,13 @@ fn subresource_operations(
     let k = r.kind;
     let s = capitalize(sub.name);
     let mut ops = Vec::new();
-    if sub.kind.is_empty() {
+    let (sub_group, sub_version, sub_kind) =
+        if sub.kind.is_empty() && PARENT_KIND_SUBRESOURCES.contains(&sub.name) {
+            (r.group, r.version, r.kind)
+        } else {
+            (sub.group, sub.version, sub.kind)
+        };
+    if sub_kind.is_empty() {
         // Streaming subresources: logs are read, exec/attach/portforward are "connect".
         for verb in sub.verbs {
             let (method, prefix, action) = match (sub.name, *verb) {
@@ -563,19 +639,18 @@ fn subresource_operations(
                 response: None,
                 query: if sub.name == "log" { LOG_QUERY } else { &[] },
                 path_params: item_params.to_vec(),
+                patch_types,
             });
         }
         return Ok(ops);
     }
-    let schema = component_name(schemas, sub.group, sub.version, sub.kind).ok_or_else(|| {
-        Error::MissingSchema {
-            group: sub.group.into(),
-            version: sub.version.into(),
-            kind: sub.kind.into(),
-            resource: format!("{}/{}", r.plural, sub.name),
-        }
+    let schema = names(sub_group, sub_version, sub_kind).ok_or_else(|| Error::MissingSchema {
+        group: sub_group.into(),
+        version: sub_version.into(),
+        kind: sub_kind.into(),
+        resource: format!("{}/{}", r.plural, sub.name),
     })?;
-    let gvk = Some((sub.group.to_string(), sub.version.to_string(), sub.kind.to_string()));
+    let gvk = Some((sub_group.to_string(), sub_version.to_string(), sub_kind.to_string()));
     for verb in sub.verbs {
         let (method, action, id, description, body, query): (
             _,
@@ -631,6 +706,7 @@ fn subresource_operations(
             response: Some(schema.clone()),
             query,
             path_params: item_params.to_vec(),
+            patch_types,
         });
     }
     Ok(ops)
@@ -656,7 +732,7 @@ fn gvk_value(gvk: &(String, String, String)) -> Value {
     json!({"group": gvk.0, "kind": gvk.2, "version": gvk.1})
 }
 
-fn v3_document(schemas: &Schemas, ops: &[Operation]) -> Value {
+fn v3_document(lookup: &Lookup<'_>, ops: &[Operation]) -> Value {
     let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     let mut roots = BTreeSet::new();
     for op in ops {
@@ -678,7 +754,7 @@ fn v3_document(schemas: &Schemas, ops: &[Operation]) -> Value {
         if let Some(body) = &op.body {
             roots.insert(body.clone());
             let content: Map<String, Value> = if op.action == "patch" {
-                PATCH_TYPES
+                op.patch_types
                     .iter()
                     .map(|t| (t.to_string(), json!({"schema": schema_ref(body)})))
                     .collect()
@@ -729,7 +805,7 @@ fn v3_document(schemas: &Schemas, ops: &[Operation]) -> Value {
             .collect();
         item.insert("parameters".into(), Value::Array(path_params));
     }
-    let components = reachable(schemas, roots);
+    let components = reachable(lookup, roots);
     json!({
         "components": {
             "schemas": components,
@@ -743,14 +819,14 @@ fn v3_document(schemas: &Schemas, ops: &[Operation]) -> Value {
 }
 
 /// The components named in `roots` and every component they reference, transitively.
-fn reachable(schemas: &Schemas, roots: BTreeSet<String>) -> Map<String, Value> {
+fn reachable(lookup: &Lookup<'_>, roots: BTreeSet<String>) -> Map<String, Value> {
     let mut out = Map::new();
     let mut stack: Vec<String> = roots.into_iter().collect();
     while let Some(name) = stack.pop() {
         if out.contains_key(&name) {
             continue;
         }
-        let Some(schema) = schemas.component(&name) else { continue };
+        let Some(schema) = lookup(&name) else { continue };
         collect_refs(schema, &mut stack);
         out.insert(name, schema.clone());
     }
@@ -836,7 +912,8 @@ fn v2_schema(name: Option<&str>, v: &Value) -> Value {
     }
 }
 
-fn v2_document(schemas: &Schemas, ops: &[Operation]) -> Value {
+/// The Swagger 2.0 paths of `ops`, and the components they name.
+fn v2_paths(ops: &[Operation]) -> (Map<String, Value>, BTreeSet<String>) {
     let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     let mut roots = BTreeSet::new();
     for op in ops {
@@ -863,7 +940,7 @@ fn v2_document(schemas: &Schemas, ops: &[Operation]) -> Value {
             .collect();
         responses.insert("401".into(), json!({"description": "Unauthorized"}));
         let consumes: Vec<&str> =
-            if op.action == "patch" { PATCH_TYPES.to_vec() } else { vec!["*/*"] };
+            if op.action == "patch" { op.patch_types.to_vec() } else { vec!["*/*"] };
         let produces: Vec<&str> = if op.response.is_none() {
             vec!["*/*"]
         } else if op.action == "list" || op.action.starts_with("watch") {
@@ -898,13 +975,11 @@ fn v2_document(schemas: &Schemas, ops: &[Operation]) -> Value {
             .collect();
         item.insert("parameters".into(), Value::Array(path_params));
     }
-    let definitions: Map<String, Value> = reachable(schemas, roots)
-        .into_iter()
-        .map(|(name, s)| {
-            let converted = v2_schema(Some(&name), &s);
-            (name, converted)
-        })
-        .collect();
+    let paths = paths.into_iter().map(|(p, item)| (p, Value::Object(item))).collect();
+    (paths, roots)
+}
+
+fn v2_document(paths: Map<String, Value>, definitions: Map<String, Value>) -> Value {
     json!({
         "definitions": definitions,
         "info": {"title": "Kubernetes", "version": INFO_VERSION},
@@ -1249,5 +1324,424 @@ mod tests {
             docs.v2_protobuf().len()
         );
         assert!(docs.v2_protobuf().len() > 100_000);
+        let (w, schema) = (widget(), widget_schema());
+        let started = std::time::Instant::now();
+        let custom = docs.with_custom(&[CustomResource { desc: &w, schema: Some(&schema) }]);
+        println!("with_custom (one CRD): {:?}", started.elapsed());
+        let started = std::time::Instant::now();
+        let _ = OpenApiDocs::build(&resources());
+        println!("build (built-ins): {:?}", started.elapsed());
+        assert!(custom.unwrap().v2_protobuf().len() > docs.v2_protobuf().len());
+    }
+
+    // Custom resources (CRDs).
+
+    const CUSTOM_STATUS: SubresourceDesc =
+        SubresourceDesc { name: "status", kind: "", group: "", version: "", verbs: STATUS_VERBS };
+    const CUSTOM_SCALE: SubresourceDesc = SubresourceDesc {
+        name: "scale",
+        kind: "Scale",
+        group: "autoscaling",
+        version: "v1",
+        verbs: STATUS_VERBS,
+    };
+
+    fn widget() -> ResourceDesc {
+        ResourceDesc {
+            group: "example.com",
+            version: "v1",
+            kind: "Widget",
+            plural: "widgets",
+            singular: "widget",
+            namespaced: true,
+            verbs: RW,
+            short_names: &[],
+            categories: &[],
+            subresources: &[CUSTOM_STATUS, CUSTOM_SCALE],
+        }
+    }
+
+    fn gadget() -> ResourceDesc {
+        ResourceDesc {
+            group: "stable.example.com",
+            version: "v1beta1",
+            kind: "Gadget",
+            plural: "gadgets",
+            singular: "gadget",
+            namespaced: false,
+            verbs: RW,
+            short_names: &[],
+            categories: &[],
+            subresources: &[],
+        }
+    }
+
+    fn widget_schema() -> Value {
+        json!({
+            "type": "object",
+            "description": "A widget.",
+            "properties": {
+                "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}},
+                "spec": {
+                    "type": "object",
+                    "description": "What the widget should be.",
+                    "required": ["size", "note"],
+                    "example": {"size": 1},
+                    "properties": {
+                        "size": {"type": "integer", "description": "How big the widget is.", "default": 1, "minimum": 0},
+                        "port": {"x-kubernetes-int-or-string": true, "description": "A port."},
+                        "note": {"type": "string", "nullable": true, "description": "A note."},
+                        "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                                  "properties": {"known": {"type": "string"}}},
+                        "template": {"type": "object", "x-kubernetes-embedded-resource": true,
+                                     "properties": {"spec": {"type": "object", "properties": {"x": {"type": "string"}}}}},
+                        "shape": {"type": "string", "anyOf": [{"enum": ["round"]}, {"enum": ["square"]}]},
+                        "tags": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "set"}
+                    }
+                },
+                "status": {"type": "object", "properties": {"ready": {"type": "boolean", "description": "Whether it is ready."}}}
+            }
+        })
+    }
+
+    fn custom_docs() -> (OpenApiDocs, OpenApiDocs) {
+        let base = docs();
+        let (w, g) = (widget(), gadget());
+        let schema = widget_schema();
+        let gadget_schema = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        let custom = base
+            .with_custom(&[
+                CustomResource { desc: &w, schema: Some(&schema) },
+                CustomResource { desc: &g, schema: Some(&gadget_schema) },
+            ])
+            .expect("custom documents");
+        (base, custom)
+    }
+
+    #[test]
+    fn custom_kinds_are_named_like_upstream() {
+        assert_eq!(definition_name("example.com", "v1", "Widget"), "com.example.v1.Widget");
+        assert_eq!(
+            definition_name("stable.example.com", "v1beta1", "GadgetList"),
+            "com.example.stable.v1beta1.GadgetList"
+        );
+        assert_eq!(group_camel("my-group.example.com"), "MyGroupExampleCom");
+        assert_eq!(tag("stable.example.com", "v1beta1"), "stableExampleCom_v1beta1");
+    }
+
+    #[test]
+    fn custom_group_versions_join_the_v3_root() {
+        let (base, custom) = custom_docs();
+        let root: Value = serde_json::from_slice(custom.v3_root()).unwrap();
+        for gv in ["apis/example.com/v1", "apis/stable.example.com/v1beta1"] {
+            let doc = custom.v3_group_version(gv).expect(gv);
+            assert_eq!(
+                root["paths"][gv]["serverRelativeURL"],
+                format!("/openapi/v3/{gv}?hash={}", doc.hash)
+            );
+            assert!(base.v3_group_version(gv).is_none());
+        }
+        // The built-in group-versions are the very same documents.
+        let apps = custom.v3_group_version("apis/apps/v1").unwrap();
+        assert_eq!(apps.hash, base.v3_group_version("apis/apps/v1").unwrap().hash);
+        assert_eq!(
+            root["paths"]["api/v1"],
+            json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={}", base.v3_group_version("api/v1").unwrap().hash)})
+        );
+        assert_eq!(custom.v3_paths().count(), base.v3_paths().count() + 2);
+        // Built again on the custom documents: the built-in ones, plus only the new set.
+        let g = gadget();
+        let again = custom.with_custom(&[CustomResource { desc: &g, schema: None }]).unwrap();
+        assert!(again.v3_group_version("apis/example.com/v1").is_none());
+        assert!(again.v3_group_version("apis/stable.example.com/v1beta1").is_some());
+        let none = custom.with_custom(&[]).unwrap();
+        assert_eq!(none.v3_root(), base.v3_root());
+        assert_eq!(none.v2_json(), base.v2_json(), "merging nothing changes no byte");
+        assert_eq!(none.v2_hash(), base.v2_hash());
+        // Deterministic.
+        let (_, twice) = custom_docs();
+        assert_eq!(twice.v3_root(), custom.v3_root());
+        assert_eq!(twice.v2_json(), custom.v2_json());
+    }
+
+    #[test]
+    fn custom_v3_document_keeps_the_schema_and_adds_type_and_object_meta() {
+        let (_, custom) = custom_docs();
+        let doc = gv(&custom, "apis/example.com/v1");
+        assert_eq!(doc["openapi"], "3.0.0");
+        let schemas = &doc["components"]["schemas"];
+        assert_refs_resolve(&doc, schemas, REF_PREFIX);
+        let w = &schemas["com.example.v1.Widget"];
+        assert_eq!(
+            w["x-kubernetes-group-version-kind"],
+            json!([{"group": "example.com", "kind": "Widget", "version": "v1"}])
+        );
+        assert_eq!(w["description"], "A widget.");
+        assert_eq!(w["properties"]["apiVersion"]["type"], "string");
+        assert_eq!(w["properties"]["kind"]["type"], "string");
+        assert_eq!(
+            w["properties"]["metadata"]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
+        assert!(w["properties"]["metadata"].get("properties").is_none(), "replaced");
+        let spec = &w["properties"]["spec"];
+        assert_eq!(spec["properties"]["size"]["description"], "How big the widget is.");
+        assert_eq!(spec["properties"]["size"]["default"], 1);
+        assert_eq!(spec["properties"]["size"]["minimum"], 0);
+        assert!(spec.get("example").is_none(), "not kept by a structural schema");
+        // v3 keeps nullable, the junctors, preserve-unknown-fields' properties.
+        assert_eq!(spec["properties"]["note"]["nullable"], true);
+        assert_eq!(spec["required"], json!(["size", "note"]));
+        assert_eq!(spec["properties"]["shape"]["anyOf"].as_array().unwrap().len(), 2);
+        assert!(spec["properties"]["extra"]["properties"]["known"].is_object());
+        assert_eq!(spec["properties"]["tags"]["x-kubernetes-list-type"], "set");
+        // Unfolded: int-or-string as anyOf, embedded resources with TypeMeta and ObjectMeta.
+        assert_eq!(
+            spec["properties"]["port"]["anyOf"],
+            json!([{"type": "integer"}, {"type": "string"}])
+        );
+        let template = &spec["properties"]["template"];
+        assert_eq!(template["properties"]["kind"]["type"], "string");
+        assert_eq!(
+            template["properties"]["metadata"]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
+        assert_eq!(template["required"], json!(["kind", "apiVersion"]));
+        assert!(template["properties"]["spec"]["properties"]["x"].is_object());
+
+        let list = &schemas["com.example.v1.WidgetList"];
+        assert_eq!(
+            list["x-kubernetes-group-version-kind"],
+            json!([{"group": "example.com", "kind": "WidgetList", "version": "v1"}])
+        );
+        assert_eq!(list["required"], json!(["items"]));
+        assert_eq!(list["properties"]["items"]["type"], "array");
+        assert_eq!(
+            list["properties"]["items"]["items"]["$ref"],
+            "#/components/schemas/com.example.v1.Widget"
+        );
+        assert_eq!(
+            list["properties"]["metadata"]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"
+        );
+        for name in [
+            "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+            "io.k8s.apimachinery.pkg.apis.meta.v1.Status",
+            "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+            "io.k8s.api.autoscaling.v1.Scale",
+        ] {
+            assert!(schemas[name].is_object(), "{name} missing");
+        }
+        assert!(schemas.get("io.k8s.api.apps.v1.Deployment").is_none(), "only what is reached");
+    }
+
+    #[test]
+    fn custom_v3_paths_cover_every_verb_and_subresource() {
+        let (_, custom) = custom_docs();
+        let doc = gv(&custom, "apis/example.com/v1");
+        let paths = &doc["paths"];
+        let item = "/apis/example.com/v1/namespaces/{namespace}/widgets/{name}";
+        let collection = "/apis/example.com/v1/namespaces/{namespace}/widgets";
+        let ids = [
+            (collection, "get", "listExampleComV1NamespacedWidget"),
+            (collection, "post", "createExampleComV1NamespacedWidget"),
+            (collection, "delete", "deleteExampleComV1CollectionNamespacedWidget"),
+            ("/apis/example.com/v1/widgets", "get", "listExampleComV1WidgetForAllNamespaces"),
+            (item, "get", "readExampleComV1NamespacedWidget"),
+            (item, "put", "replaceExampleComV1NamespacedWidget"),
+            (item, "patch", "patchExampleComV1NamespacedWidget"),
+            (item, "delete", "deleteExampleComV1NamespacedWidget"),
+            (
+                "/apis/example.com/v1/watch/namespaces/{namespace}/widgets",
+                "get",
+                "watchExampleComV1NamespacedWidgetList",
+            ),
+            ("/apis/example.com/v1/", "get", "getExampleComV1APIResources"),
+        ];
+        for (path, method, id) in ids {
+            assert_eq!(paths[path][method]["operationId"], id, "{method} {path}");
+        }
+        let patch = &paths[item]["patch"];
+        assert_eq!(patch["tags"], json!(["exampleCom_v1"]));
+        assert_eq!(
+            patch["x-kubernetes-group-version-kind"],
+            json!({"group": "example.com", "kind": "Widget", "version": "v1"})
+        );
+        let content: Vec<&String> =
+            patch["requestBody"]["content"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            content,
+            [
+                "application/apply-patch+yaml",
+                "application/json-patch+json",
+                "application/merge-patch+json"
+            ]
+        );
+        let names: Vec<&str> = patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"fieldValidation"), "{names:?}");
+        assert_eq!(
+            patch["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/com.example.v1.Widget"
+        );
+        assert_eq!(
+            paths[collection]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/com.example.v1.WidgetList"
+        );
+        // Status: the Widget itself; scale: autoscaling/v1 Scale.
+        let status = &paths[format!("{item}/status")];
+        for (method, id) in [
+            ("get", "readExampleComV1NamespacedWidgetStatus"),
+            ("put", "replaceExampleComV1NamespacedWidgetStatus"),
+            ("patch", "patchExampleComV1NamespacedWidgetStatus"),
+        ] {
+            assert_eq!(status[method]["operationId"], id);
+            assert_eq!(status[method]["x-kubernetes-group-version-kind"]["kind"], "Widget");
+        }
+        let scale = &paths[format!("{item}/scale")];
+        assert_eq!(scale["get"]["operationId"], "readExampleComV1NamespacedWidgetScale");
+        assert_eq!(
+            scale["patch"]["x-kubernetes-group-version-kind"],
+            json!({"group": "autoscaling", "kind": "Scale", "version": "v1"})
+        );
+        // A cluster-scoped kind of a group with several labels.
+        let gadgets = gv(&custom, "apis/stable.example.com/v1beta1");
+        assert_eq!(
+            gadgets["paths"]["/apis/stable.example.com/v1beta1/gadgets/{name}"]["get"]["operationId"],
+            "readStableExampleComV1beta1Gadget"
+        );
+        assert!(
+            gadgets["paths"]["/apis/stable.example.com/v1beta1/gadgets/{name}/status"].is_null()
+        );
+        let g = &gadgets["components"]["schemas"]["com.example.stable.v1beta1.Gadget"];
+        assert_eq!(g["x-kubernetes-preserve-unknown-fields"], true);
+        assert_eq!(
+            g["properties"]["metadata"]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
+    }
+
+    fn find<'a>(v: &'a Value, key: &str) -> Vec<&'a Value> {
+        let mut out = Vec::new();
+        match v {
+            Value::Object(o) => {
+                if let Some(found) = o.get(key) {
+                    out.push(found);
+                }
+                o.values().for_each(|c| out.extend(find(c, key)));
+            }
+            Value::Array(a) => a.iter().for_each(|c| out.extend(find(c, key))),
+            _ => {}
+        }
+        out
+    }
+
+    #[test]
+    fn custom_v2_definitions_drop_what_v2_cannot_express() {
+        let (base, custom) = custom_docs();
+        let v2: Value = serde_json::from_slice(custom.v2_json()).unwrap();
+        let defs = &v2["definitions"];
+        assert_refs_resolve(&v2, defs, V2_REF_PREFIX);
+        let w = &defs["com.example.v1.Widget"];
+        assert_eq!(
+            w["x-kubernetes-group-version-kind"],
+            json!([{"group": "example.com", "kind": "Widget", "version": "v1"}])
+        );
+        assert_eq!(
+            w["properties"]["metadata"]["$ref"],
+            "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
+        for junctor in ["anyOf", "allOf", "oneOf", "not", "nullable"] {
+            assert!(find(w, junctor).is_empty(), "{junctor} left in {w}");
+        }
+        let spec = &w["properties"]["spec"];
+        assert_eq!(spec["properties"]["size"]["description"], "How big the widget is.");
+        // Nullable: untyped, and no longer required.
+        assert_eq!(spec["properties"]["note"], json!({"description": "A note."}));
+        assert_eq!(spec["required"], json!(["size"]));
+        // Preserving unknown fields: no properties, untyped.
+        assert_eq!(
+            spec["properties"]["extra"],
+            json!({"x-kubernetes-preserve-unknown-fields": true})
+        );
+        assert_eq!(
+            spec["properties"]["port"],
+            json!({"description": "A port.", "x-kubernetes-int-or-string": true})
+        );
+        assert_eq!(spec["properties"]["template"]["required"], json!(["kind", "apiVersion"]));
+        // A root that keeps unknown fields is a bare object.
+        assert_eq!(
+            defs["com.example.stable.v1beta1.Gadget"],
+            json!({"type": "object", "x-kubernetes-group-version-kind": [{"group": "stable.example.com", "kind": "Gadget", "version": "v1beta1"}]})
+        );
+        assert_eq!(
+            defs["com.example.v1.WidgetList"]["properties"]["items"]["items"]["$ref"],
+            "#/definitions/com.example.v1.Widget"
+        );
+        let patch =
+            &v2["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"]["patch"];
+        assert_eq!(patch["operationId"], "patchExampleComV1NamespacedWidget");
+        assert!(
+            !patch["consumes"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("application/strategic-merge-patch+json"))
+        );
+        // Everything built-in is still there.
+        let builtin: Value = serde_json::from_slice(base.v2_json()).unwrap();
+        for (name, d) in builtin["definitions"].as_object().unwrap() {
+            assert_eq!(&defs[name], d, "{name}");
+        }
+        for (path, item) in builtin["paths"].as_object().unwrap() {
+            assert_eq!(&v2["paths"][path], item, "{path}");
+        }
+        assert_ne!(custom.v2_hash(), base.v2_hash());
+        assert_eq!(custom.v2_hash(), sha512_hex(custom.v2_json()));
+    }
+
+    #[test]
+    fn custom_v2_protobuf_is_the_v2_json() {
+        let (_, custom) = custom_docs();
+        let decoded = gnostic::Document::decode(custom.v2_protobuf().as_ref()).unwrap();
+        let v2: Value = serde_json::from_slice(custom.v2_json()).unwrap();
+        let mut expected = gnostic::document(&v2);
+        let sort = |d: &mut gnostic::Document| {
+            d.paths.as_mut().unwrap().path.sort_by(|a, b| a.name.cmp(&b.name));
+            d.definitions
+                .as_mut()
+                .unwrap()
+                .additional_properties
+                .sort_by(|a, b| a.name.cmp(&b.name));
+        };
+        let mut decoded_sorted = decoded.clone();
+        sort(&mut decoded_sorted);
+        sort(&mut expected);
+        assert_eq!(decoded_sorted, expected);
+        let widget = decoded
+            .definitions
+            .as_ref()
+            .unwrap()
+            .additional_properties
+            .iter()
+            .find(|d| d.name == "com.example.v1.Widget")
+            .and_then(|d| d.value.as_ref())
+            .unwrap();
+        let spec = widget
+            .properties
+            .as_ref()
+            .unwrap()
+            .additional_properties
+            .iter()
+            .find(|p| p.name == "spec")
+            .and_then(|p| p.value.as_ref())
+            .unwrap();
+        assert_eq!(spec.description, "What the widget should be.");
+        assert!(
+            widget.vendor_extension.iter().any(|e| e.name == "x-kubernetes-group-version-kind")
+        );
     }
 }
