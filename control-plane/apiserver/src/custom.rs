@@ -58,14 +58,7 @@ impl CustomTypes {
     ) -> Self {
         let mut types = Vec::new();
         for crd in crds {
-            if !established(crd) {
-                continue;
-            }
-            let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
-            if group.is_empty() || builtin_group(group) {
-                continue;
-            }
-            types.extend(types_of(crd).into_iter().map(Arc::new));
+            types.extend(served_types(crd, &builtin_group));
         }
         CustomTypes { types }
     }
@@ -92,6 +85,19 @@ impl CustomTypes {
             .or(Some(first))
             .cloned()
     }
+}
+
+/// The resource types one CRD serves now (none unless Established and of a group that is
+/// not a built-in one).
+fn served_types(crd: &Value, builtin_group: impl Fn(&str) -> bool) -> Vec<Arc<ResourceType>> {
+    if !established(crd) {
+        return Vec::new();
+    }
+    let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+    if group.is_empty() || builtin_group(group) {
+        return Vec::new();
+    }
+    types_of(crd).into_iter().map(Arc::new).collect()
 }
 
 /// Conversion between a CRD's versions, strategy `None` (upstream's nop converter): only
@@ -331,14 +337,26 @@ pub async fn follow_crds(state: Arc<crate::state::State>) {
         return;
     };
     let cache = state.cache.resource(crds);
+    // Each CRD's types by its name, kept while its resourceVersion is the same: a change
+    // to one CRD parses only that one's schemas again.
+    let mut built: std::collections::HashMap<String, (i64, Vec<Arc<ResourceType>>)> =
+        Default::default();
     loop {
         // Subscribe before reading, so no change falls between the two.
         let sub = cache.subscribe(Some(state.cache.revision()), &crds.prefix());
-        let objects: Vec<Value> =
-            cache.list(&crds.prefix(), None).iter().map(|o| o.value()).collect();
-        state
-            .registry
-            .set_custom(CustomTypes::from_crds(&objects, |g| state.registry.is_builtin_group(g)));
+        let listed = cache.list(&crds.prefix(), None);
+        let mut next = std::collections::HashMap::with_capacity(listed.len());
+        let mut types = Vec::new();
+        for o in &listed {
+            let entry = match built.remove(&o.name) {
+                Some((rv, t)) if rv == o.rv => (rv, t),
+                _ => (o.rv, served_types(&o.value(), |g| state.registry.is_builtin_group(g))),
+            };
+            types.extend(entry.1.iter().cloned());
+            next.insert(o.name.clone(), entry);
+        }
+        built = next;
+        state.registry.set_custom(CustomTypes { types });
         let Ok(mut sub) = sub else {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             continue;

@@ -71,9 +71,18 @@ pub async fn run(ctx: Arc<Context>) {
     .await;
     let reader = store.clone();
     run_applier("customresourcedefinitions", store, rx, ctx, move |crd, ctx| {
-        let all: Vec<CustomResourceDefinition> =
-            reader.state().iter().map(|c| c.as_ref().clone()).collect();
-        async move { reconcile(&crd, &all, &ctx).await }
+        // Only the names the other CRDs of the group accepted (a CRD's schema can be a
+        // megabyte: reconciles must not copy every CRD).
+        let others: Vec<Value> = reader
+            .state()
+            .iter()
+            .filter(|c| c.spec.group == crd.spec.group && c.name_any() != crd.name_any())
+            .map(|c| {
+                let names = c.status.as_ref().and_then(|s| s.accepted_names.as_ref());
+                json!({"status": {"acceptedNames": serde_json::to_value(names).unwrap_or_default()}})
+            })
+            .collect();
+        async move { reconcile(&crd, &others, &ctx).await }
     })
     .await;
 }
@@ -243,19 +252,15 @@ fn same_status(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
+/// `others`: the other CRDs of the group, their `status.acceptedNames` only.
 async fn reconcile(
     crd: &CustomResourceDefinition,
-    all: &[CustomResourceDefinition],
+    others: &[Value],
     ctx: &Context,
 ) -> Result<Action, Error> {
     let name = crd.name_any();
     let value = as_value(crd);
-    let others: Vec<Value> = all
-        .iter()
-        .filter(|c| c.spec.group == crd.spec.group && c.name_any() != name)
-        .map(as_value)
-        .collect();
-    let status = desired_status(&value, &others);
+    let status = desired_status(&value, others);
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     if !same_status(&status, value.get("status").unwrap_or(&Value::Null)) {
         let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
