@@ -49,6 +49,18 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
                 "--nocapture",
             ]))
         }
+        // tests/tests/crds_bench.rs: custom resources against ConfigMaps, CRD readiness with
+        // 50 CRDs, RSS growth.
+        "crds" => run(cargo().current_dir(root).args([
+            "test",
+            "-p",
+            "skiff-tests",
+            "--test",
+            "crds_bench",
+            "--",
+            "--ignored",
+            "--nocapture",
+        ])),
         // tests/tests/proxy_daemonset.rs bench_install: kubectl apply -k deploy/proxy to
         // every proxy Ready and programmed in a 3-node lab, and a rolling update under load.
         "install" => {
@@ -66,7 +78,7 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
             ]))
         }
         other => bail!(
-            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, dataplane, dns, e2e, install, lab-load, scheduler)"
+            "unknown benchmark {other:?} (known: agent, apiserver, cni, controllers, crds, dataplane, dns, e2e, install, lab-load, scheduler)"
         ),
     }
 }
