@@ -98,13 +98,7 @@ fn a_kube_rs_operator_reconciles_custom_resources() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
-            &Default::default(),
-        )
-        .await
-        .expect("config");
-        let client = kube::Client::try_from(config).expect("client");
+        let client = skiff_tests::client_from(&kubeconfig).await;
 
         // The generated CRD, applied as operators install theirs.
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

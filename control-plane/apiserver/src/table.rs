@@ -686,6 +686,11 @@ fn custom_table(
             json!({"cells": cells, "object": partial_metadata(o, version)})
         })
         .collect();
+    table_json(defs, rows, version, rv)
+}
+
+/// A meta.k8s.io Table of these columns and rows.
+fn table_json(defs: Vec<Value>, rows: Vec<Value>, version: &str, rv: Option<&str>) -> Value {
     let mut t = json!({
         "kind": "Table",
         "apiVersion": format!("meta.k8s.io/{version}"),
@@ -854,17 +859,7 @@ pub fn table_of(
         .iter()
         .map(|o| json!({"cells": cells(kind, o, now), "object": partial_metadata(o, version)}))
         .collect();
-    let mut t = json!({
-        "kind": "Table",
-        "apiVersion": format!("meta.k8s.io/{version}"),
-        "metadata": {},
-        "columnDefinitions": defs,
-        "rows": rows,
-    });
-    if let Some(rv) = rv {
-        t["metadata"]["resourceVersion"] = json!(rv);
-    }
-    t
+    table_json(defs, rows, version, rv)
 }
 
 /// upstream's duration.HumanDuration

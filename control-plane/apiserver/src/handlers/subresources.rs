@@ -48,13 +48,23 @@ fn at_path<'v>(obj: &'v Value, path: &[String]) -> Option<&'v Value> {
 /// paths its CRD names (upstream: replicas 0 where a path finds nothing).
 pub(super) fn scale_of(rt: &crate::registry::ResourceType, obj: &Value) -> Value {
     let Some(paths) = scale_paths(rt) else { return to_scale(obj) };
-    let meta = obj.get("metadata").cloned().unwrap_or_default();
     let selector = paths
         .selector
         .as_ref()
         .and_then(|p| at_path(obj, p))
         .and_then(Value::as_str)
         .unwrap_or_default();
+    scale_json(
+        obj,
+        json!(at_path(obj, &paths.spec).and_then(Value::as_i64).unwrap_or(0)),
+        json!(at_path(obj, &paths.status).and_then(Value::as_i64).unwrap_or(0)),
+        selector,
+    )
+}
+
+/// An autoscaling/v1 Scale of `obj` with these replicas and selector.
+fn scale_json(obj: &Value, spec_replicas: Value, status_replicas: Value, selector: &str) -> Value {
+    let meta = obj.get("metadata").cloned().unwrap_or_default();
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -65,11 +75,8 @@ pub(super) fn scale_of(rt: &crate::registry::ResourceType, obj: &Value) -> Value
             "resourceVersion": meta.get("resourceVersion"),
             "creationTimestamp": meta.get("creationTimestamp"),
         },
-        "spec": {"replicas": at_path(obj, &paths.spec).and_then(Value::as_i64).unwrap_or(0)},
-        "status": {
-            "replicas": at_path(obj, &paths.status).and_then(Value::as_i64).unwrap_or(0),
-            "selector": selector,
-        },
+        "spec": {"replicas": spec_replicas},
+        "status": {"replicas": status_replicas, "selector": selector},
     })
 }
 
@@ -106,23 +113,12 @@ pub(super) fn to_scale(obj: &Value) -> Value {
                 .join(",")
         })
         .unwrap_or_default();
-    let meta = obj.get("metadata").cloned().unwrap_or_default();
-    json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-            "creationTimestamp": meta.get("creationTimestamp"),
-        },
-        "spec": {"replicas": obj.at(&["spec", "replicas"]).cloned().unwrap_or(json!(1))},
-        "status": {
-            "replicas": obj.at(&["status", "replicas"]).cloned().unwrap_or(json!(0)),
-            "selector": selector,
-        },
-    })
+    scale_json(
+        obj,
+        obj.at(&["spec", "replicas"]).cloned().unwrap_or(json!(1)),
+        obj.at(&["status", "replicas"]).cloned().unwrap_or(json!(0)),
+        &selector,
+    )
 }
 
 pub(super) async fn scale(

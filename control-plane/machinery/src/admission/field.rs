@@ -214,7 +214,8 @@ impl BadValue for Raw {
     }
 }
 
-/// Go's `%q` for a string: double quotes, with `"`, `\` and control characters escaped.
+/// Go's `%q` (`strconv.Quote`) for a string: double quotes, with `"`, `\`, control
+/// characters (by their short escapes where Go has one) and C1 controls escaped.
 pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -222,11 +223,18 @@ pub fn go_quote(s: &str) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if (0x80..0xa0).contains(&(c as u32)) => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
             }
             c => out.push(c),
         }

@@ -30,7 +30,7 @@ pub mod autoscaling;
 mod batch;
 mod certificates;
 mod core;
-mod field;
+pub(crate) mod field;
 mod kind;
 mod meta;
 mod names;

@@ -25,33 +25,8 @@ impl Num {
     }
 }
 
-/// Go's `%q` (`strconv.Quote`) of a string.
-pub(crate) fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if (0x80..0xa0).contains(&(c as u32)) => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+/// Go's `%q` (`strconv.Quote`) of a string: the admission errors' own.
+pub(crate) use crate::admission::field::go_quote as quote;
 
 /// The mantissa and decimal exponent of the shortest representation that round-trips.
 fn shortest_exp(f: f64) -> (String, i32) {
