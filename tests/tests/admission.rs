@@ -3,55 +3,20 @@
 //! failurePolicy Ignore vs Fail with the webhook down, the audit log's lines, and Secrets
 //! encrypted in the store yet readable through kubectl.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use skiff_apiserver::audit::{AuditConfig, Level};
 use skiff_control_plane::server::ServerConfig;
 use skiff_store::Store;
 use skiff_tests::TestServer;
+use skiff_tests::webhook::{Webhook, certs};
 
 const KUBECTL: u32 = 33;
 
-/// An HTTPS admission webhook on a loopback port, served by its own runtime until dropped.
 /// `/validate` denies pods named `denied`; `/mutate` labels pods named `mutated`.
-struct Webhook {
-    addr: SocketAddr,
-    ca_pem: String,
-    rt: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-fn certs() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(rcgen::DnType::CommonName, "webhook-test-ca");
-    let ca_cert = ca.self_signed(&ca_key).expect("CA cert");
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().expect("serving key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
-    let cert = params.signed_by(&key, &issuer).expect("serving cert");
-    (ca_cert.pem(), cert.pem(), key.serialize_pem())
-}
-
 fn review_response(path: &str, review: &Value) -> Value {
     let request = &review["request"];
     let uid = request["uid"].clone();
@@ -72,58 +37,6 @@ fn review_response(path: &str, review: &Value) -> Value {
         _ => json!({"uid": uid, "allowed": true}),
     };
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
-}
-
-async fn handle(req: hyper::Request<Incoming>) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let path = req.uri().path().to_string();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let out = review_response(&path, &review);
-    let mut resp = hyper::Response::new(Full::new(Bytes::from(out.to_string())));
-    resp.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
-    Ok(resp)
-}
-
-impl Webhook {
-    fn start() -> Webhook {
-        let (ca_pem, cert_pem, key_pem) = certs();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let certs = vec![rustls::pki_types::CertificateDer::from(pem_der(&cert_pem))];
-        let key = rustls::pki_types::PrivateKeyDer::try_from(pem_der(&key_pem)).expect("key der");
-        let cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("protocols")
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .expect("server config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        rt.spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else { continue };
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), hyper::service::service_fn(handle))
-                        .await;
-                });
-            }
-        });
-        Webhook { addr, ca_pem, rt: Some(rt) }
-    }
-}
-
-/// The DER bytes of the first PEM block.
-fn pem_der(pem: &str) -> Vec<u8> {
-    let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    base64::engine::general_purpose::STANDARD.decode(b64).expect("PEM base64")
 }
 
 fn webhook_configs(url_base: &str, ca_pem: &str, policy: &str) -> String {
@@ -183,7 +96,7 @@ fn pod(name: &str) -> String {
 
 #[test]
 fn webhook_denies_one_pod_and_mutates_another() {
-    let webhook = Webhook::start();
+    let webhook = Webhook::start(review_response);
     let server = TestServer::start();
     let k = server.kubectl(KUBECTL);
     let configs = webhook_configs(&format!("https://{}", webhook.addr), &webhook.ca_pem, "Fail");
@@ -389,7 +302,7 @@ fn secrets_are_encrypted_at_rest_and_still_readable() {
 
 #[test]
 fn webhooks_apply_to_custom_resources() {
-    let webhook = Webhook::start();
+    let webhook = Webhook::start(review_response);
     let server = TestServer::start_with_controllers();
     let k = server.kubectl(KUBECTL);
     k.ok_stdin(

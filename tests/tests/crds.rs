@@ -423,3 +423,132 @@ fn a_crd_is_established_and_its_resources_are_served_like_built_ins() {
     let listed = json(&k, &["get", "widgets", "-A", "-o", "json"]);
     assert_eq!(listed["items"].as_array().map(Vec::len), Some(0), "{listed}");
 }
+
+const GADGETS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gadgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: gadgets, kind: Gadget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    selectableFields:
+    - jsonPath: .spec.color
+    - jsonPath: .spec.size
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              color: {type: string}
+              size: {type: integer}
+"#;
+
+/// The CRD's spec defaults (singular, listKind, conversion None), field selectors on its
+/// `selectableFields` for list and watch, and creates refused while it is terminating.
+#[test]
+fn selectable_fields_spec_defaults_and_a_terminating_crd() {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(33);
+    k.ok_stdin(&["apply", "-f", "-"], Some(GADGETS));
+    k.ok(&["wait", "--for=condition=Established", "crd/gadgets.example.com", "--timeout=20s"]);
+    let crd = json(&k, &["get", "crd", "gadgets.example.com", "-o", "json"]);
+    assert_eq!(crd["spec"]["names"]["singular"], "gadget", "{crd}");
+    assert_eq!(crd["spec"]["names"]["listKind"], "GadgetList");
+    assert_eq!(crd["spec"]["conversion"], serde_json::json!({"strategy": "None"}));
+    wait_for("gadgets in discovery", || {
+        k.ok(&["api-resources", "--api-group=example.com"]).contains("gadgets")
+    });
+
+    for (name, color, size) in [("g1", "red", 1), ("g2", "blue", 2), ("g3", "blue", 3)] {
+        k.ok_stdin(
+            &["apply", "-f", "-"],
+            Some(&format!(
+                "apiVersion: example.com/v1\nkind: Gadget\nmetadata: {{name: {name}, namespace: default}}\nspec: {{color: {color}, size: {size}}}\n"
+            )),
+        );
+    }
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g4, namespace: default}\nspec: {}\n"),
+    );
+    let names = |sel: &str| -> Vec<String> {
+        let list = json(&k, &["get", "gadgets", "--field-selector", sel, "-o", "json"]);
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names("spec.color=blue"), ["g2", "g3"]);
+    assert_eq!(names("spec.color!=blue"), ["g1", "g4"]);
+    assert_eq!(names("spec.color=blue,spec.size=3"), ["g3"]);
+    assert_eq!(names("spec.color="), ["g4"], "an unset field selects as empty");
+    assert_eq!(names("metadata.name=g1"), ["g1"]);
+    let err = k.fails(&["get", "gadgets", "--field-selector", "spec.shape=round"]);
+    assert!(err.contains("field label not supported: spec.shape"), "{err}");
+
+    // A watch with the selector sees only the matching changes.
+    let list = json(&k, &["get", "--raw", "/apis/example.com/v1/namespaces/default/gadgets"]);
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    k.ok(&["patch", "gadget", "g1", "--type=merge", "-p", r#"{"spec":{"size":7}}"#]);
+    k.ok(&["patch", "gadget", "g2", "--type=merge", "-p", r#"{"spec":{"size":5}}"#]);
+    let events = k.ok(&[
+        "get",
+        "--raw",
+        &format!(
+            "/apis/example.com/v1/namespaces/default/gadgets?watch=1&resourceVersion={rv}&fieldSelector=spec.color%3Dblue&timeoutSeconds=1"
+        ),
+    ]);
+    let seen: Vec<(String, String)> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().into(),
+                e["object"]["metadata"]["name"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(seen, [("MODIFIED".to_string(), "g2".to_string())], "{events}");
+
+    // Terminating: an object whose finalizer holds the CRD's deletion.
+    k.ok(&[
+        "patch",
+        "gadget",
+        "g1",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+    ]);
+    k.ok(&["delete", "crd", "gadgets.example.com", "--wait=false"]);
+    wait_for("the CRD terminating", || {
+        let crd = json(&k, &["get", "crd", "gadgets.example.com", "-o", "json"]);
+        crd["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Terminating" && c["status"] == "True")
+    });
+    let err = k.fails_stdin(
+        &["create", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g9, namespace: default}\nspec: {}\n"),
+    );
+    assert!(
+        err.contains("create not allowed while custom resource definition is terminating"),
+        "{err}"
+    );
+    k.ok(&["patch", "gadget", "g1", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
+    wait_for("the CRD gone", || {
+        let out = k.run(&["get", "crd", "gadgets.example.com"], None);
+        String::from_utf8_lossy(&out.stderr).contains("NotFound")
+    });
+}

@@ -335,7 +335,9 @@ fn the_crds_of_public_projects_install_and_serve_their_objects() {
         ["apiextensions-controller Update", "kubectl Apply", "kubectl-last-applied Apply"],
         "{rules}"
     );
-    // Applying the same directory again (an upgrade to the same release) writes nothing.
+    // Applying the same directory again (an upgrade to the same release) writes nothing
+    // (once the controllers have written the CRDs' status).
+    k.ok(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"]);
     let rv = |name: &str| k.ok(&["get", "crd", name, "-o", "jsonpath={.metadata.resourceVersion}"]);
     let before = rv("prometheuses.monitoring.coreos.com");
     k.ok(&["apply", "--server-side", "-f", fixtures("prometheus-operator").to_str().unwrap()]);

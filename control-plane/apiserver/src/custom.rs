@@ -41,6 +41,42 @@ pub struct CustomInfo {
     pub scale: Option<Value>,
     /// The warning of a `deprecated` version.
     pub deprecation: Option<String>,
+    /// The CRD is being deleted (its `Terminating` condition is True): creates are refused
+    /// while the finalizer deletes the objects, as upstream.
+    pub terminating: bool,
+    /// `spec.conversion.webhook` when the strategy is `Webhook` (else conversion only
+    /// rewrites `apiVersion`).
+    pub webhook: Option<Arc<ConversionWebhook>>,
+    /// `selectableFields` of this version, as field selector names (the JSONPath without
+    /// its leading dot), beside `metadata.name` and `metadata.namespace`.
+    pub selectable: &'static [&'static str],
+}
+
+/// A CRD's `spec.conversion.webhook`: where the reviews go, and the review version
+/// (`v1` when the CRD accepts it, else `v1beta1`).
+#[derive(Debug)]
+pub struct ConversionWebhook {
+    pub client: k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+    pub review_version: &'static str,
+}
+
+impl ConversionWebhook {
+    /// The webhook of a CRD whose conversion strategy is `Webhook` (`None` otherwise, or
+    /// when its clientConfig does not decode, which the CRD's validation refuses).
+    pub fn of_crd(crd: &Value) -> Option<Arc<ConversionWebhook>> {
+        let conversion = crd.pointer("/spec/conversion")?;
+        if conversion["strategy"] != "Webhook" {
+            return None;
+        }
+        let webhook = conversion.get("webhook")?;
+        let client = serde_json::from_value(webhook.get("clientConfig")?.clone()).ok()?;
+        let versions = webhook["conversionReviewVersions"].as_array();
+        let v1 = versions.is_none_or(|v| v.iter().any(|v| v == "v1"));
+        Some(Arc::new(ConversionWebhook {
+            client,
+            review_version: if v1 { "v1" } else { "v1beta1" },
+        }))
+    }
 }
 
 /// The custom resources served at one moment.
@@ -100,27 +136,23 @@ fn served_types(crd: &Value, builtin_group: impl Fn(&str) -> bool) -> Vec<Arc<Re
     types_of(crd).into_iter().map(Arc::new).collect()
 }
 
-/// Conversion between a CRD's versions, strategy `None` (upstream's nop converter): only
-/// `apiVersion` changes. Objects are stored at the storage version and served at the
-/// version of the request.
-pub fn to_storage_version(rt: &ResourceType, obj: &mut Value) {
-    if let Some(info) = &rt.custom
-        && let Some(m) = obj.as_object_mut()
-    {
-        m.insert("apiVersion".into(), format!("{}/{}", rt.desc.group, info.storage_version).into());
-    }
+/// Whether stored JSON is certainly at the version `rt` serves: it begins with that
+/// `apiVersion` (stored objects are encoded with their members in order, `apiVersion`
+/// first unless the schema has members that sort before it; those are parsed instead).
+pub fn at_version(rt: &ResourceType, json: &[u8]) -> bool {
+    let Some(rest) = json.strip_prefix(b"{\"apiVersion\":\"") else { return false };
+    let (group, version) = (rt.desc.group.as_bytes(), rt.desc.version.as_bytes());
+    rest.strip_prefix(group)
+        .and_then(|r| r.strip_prefix(b"/"))
+        .and_then(|r| r.strip_prefix(version))
+        .is_some_and(|r| r.starts_with(b"\""))
 }
 
-/// A stored custom object as the request's version serves it: its apiVersion, and the
-/// version's defaults applied (upstream defaults on reads from storage too).
-pub fn to_request_version(rt: &ResourceType, obj: &mut Value) {
-    let Some(info) = &rt.custom else { return };
-    if let Some(m) = obj.as_object_mut()
-        && m.get("apiVersion").and_then(Value::as_str) != Some(rt.desc.api_version().as_str())
-    {
-        m.insert("apiVersion".into(), rt.desc.api_version().into());
-    }
-    if info.has_defaults
+/// The request version's defaults on an object read from storage (upstream defaults on
+/// reads too, so a default added later shows on old objects).
+pub fn apply_read_defaults(rt: &ResourceType, obj: &mut Value) {
+    if let Some(info) = &rt.custom
+        && info.has_defaults
         && let Some(schema) = &info.structural
     {
         skiff_machinery::crd::apply_defaults(schema, obj);
@@ -133,18 +165,6 @@ fn has_default(schema: &Value) -> bool {
         Value::Array(a) => a.iter().any(has_default),
         _ => false,
     }
-}
-
-/// [`to_request_version`] of stored JSON: `None` when the bytes serve as they are (a
-/// built-in kind, or the storage version asked for of a schema without defaults).
-pub fn json_to_request_version(rt: &ResourceType, json: &[u8]) -> Option<bytes::Bytes> {
-    let info = rt.custom.as_ref()?;
-    if info.storage_version == rt.desc.version && !info.has_defaults {
-        return None;
-    }
-    let mut v: Value = serde_json::from_slice(json).ok()?;
-    to_request_version(rt, &mut v);
-    serde_json::to_vec(&v).ok().map(bytes::Bytes::from)
 }
 
 /// Whether the CRD's `Established` condition is True.
@@ -191,6 +211,8 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
         .unwrap_or_default()
         .to_string();
     let crd_name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let terminating = condition_true(crd, "Terminating");
+    let webhook = ConversionWebhook::of_crd(crd);
     let mut out = Vec::new();
     for v in versions.iter().filter(|v| v["served"] == true) {
         let Some(version) = v["name"].as_str() else { continue };
@@ -220,10 +242,19 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
             categories: intern_list(&strs(names.get("categories"))),
             subresources,
         };
+        let selectable = intern_list(
+            &v["selectableFields"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f["jsonPath"].as_str())
+                .map(|p| p.strip_prefix('.').unwrap_or(p))
+                .collect::<Vec<_>>(),
+        );
         out.push(ResourceType {
             desc,
             normalize: NORMALIZE,
-            fields: &[],
+            fields: selectable,
             tracks_generation: true,
             has_status: status,
             custom: Some(Arc::new(CustomInfo {
@@ -238,6 +269,9 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
                     .map(Arc::new),
                 scale,
                 deprecation,
+                terminating,
+                webhook: webhook.clone(),
+                selectable,
             })),
         });
     }

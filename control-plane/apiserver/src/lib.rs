@@ -14,6 +14,7 @@ pub mod authz;
 pub mod cache;
 mod componentstatus;
 pub mod config;
+mod conversion;
 pub mod custom;
 mod discovery;
 mod gate;

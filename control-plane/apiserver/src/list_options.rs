@@ -106,6 +106,10 @@ pub struct Filter {
     pub labels: LabelSelector,
     pub fields: FieldSelector,
     pub namespace: Option<String>,
+    /// A custom resource type whose `selectableFields` the field selector uses: the watch
+    /// cache indexes custom objects by name and namespace only (a CRD's fields differ by
+    /// version and change with it), so those are read from each object as it is matched.
+    selectable: Option<&'static [&'static str]>,
 }
 
 impl Filter {
@@ -116,11 +120,20 @@ impl Filter {
             |f| rt.supports_field(f),
             rt.plural(),
         )?;
-        Ok(Filter { labels, fields, namespace: ns.map(str::to_string) })
+        let selectable = (rt.custom.is_some() && fields.uses_any(rt.fields)).then_some(rt.fields);
+        Ok(Filter { labels, fields, namespace: ns.map(str::to_string), selectable })
     }
 
     pub fn matches(&self, obj: &CachedObject) -> bool {
-        self.labels.matches(&obj.labels) && self.fields.matches(&obj.fields)
+        if !self.labels.matches(&obj.labels) {
+            return false;
+        }
+        match &self.selectable {
+            Some(fields) => {
+                self.fields.matches(&crate::registry::field_values(fields, true, &obj.value()))
+            }
+            None => self.fields.matches(&obj.fields),
+        }
     }
 
     /// The narrowest key prefix: a namespace, or one object by metadata.name.

@@ -99,21 +99,32 @@ impl ResourceType {
 
     /// The selectable field values of an object.
     pub fn field_values(&self, obj: &Value) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(2 + self.fields.len());
-        out.push(("metadata.name", str_at(obj, &["metadata", "name"])));
-        out.push(("metadata.namespace", str_at(obj, &["metadata", "namespace"])));
-        for &f in self.fields {
-            let (path, unset) = selectable_field(f);
-            let v = match path.split('.').try_fold(obj, |v, p| v.get(p)) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Bool(b)) => b.to_string(),
-                Some(Value::Number(n)) => n.to_string(),
-                _ => unset.to_string(),
-            };
-            out.push((f, v));
-        }
-        out
+        field_values(self.fields, self.custom.is_some(), obj)
     }
+}
+
+/// `metadata.name`, `metadata.namespace` and `fields` of an object. A CRD's
+/// selectableFields (`custom`) name their paths, and unset is "" (upstream's custom
+/// resource strategy); a built-in kind's are as [`selectable_field`] says.
+pub(crate) fn field_values(
+    fields: &[&'static str],
+    custom: bool,
+    obj: &Value,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(2 + fields.len());
+    out.push(("metadata.name", str_at(obj, &["metadata", "name"])));
+    out.push(("metadata.namespace", str_at(obj, &["metadata", "namespace"])));
+    for &f in fields {
+        let (path, unset) = if custom { (f, "") } else { selectable_field(f) };
+        let v = match path.split('.').try_fold(obj, |v, p| v.get(p)) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Bool(b)) => b.to_string(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => unset.to_string(),
+        };
+        out.push((f, v));
+    }
+    out
 }
 
 /// Where a field selector's value is read from, and its value when the object leaves that

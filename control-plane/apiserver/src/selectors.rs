@@ -177,6 +177,11 @@ impl FieldSelector {
         })
     }
 
+    /// Whether any term selects on one of `fields`.
+    pub fn uses_any(&self, fields: &[&str]) -> bool {
+        self.reqs.iter().any(|(f, _, _)| fields.contains(&f.as_str()))
+    }
+
     /// The value required for `field` by an equality term, if any (used to narrow lists).
     pub fn required(&self, field: &str) -> Option<&str> {
         self.reqs.iter().find(|(f, eq, _)| f == field && *eq).map(|(_, _, v)| v.as_str())

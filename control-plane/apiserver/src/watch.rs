@@ -177,7 +177,7 @@ impl WatchTask {
 
     /// The line for one event as this watcher sees it (selector transitions become
     /// ADDED/DELETED, as upstream's cacher does), or None when it is filtered out.
-    fn encode(&self, ev: &CacheEvent, first: &mut bool) -> Option<Bytes> {
+    async fn encode(&self, ev: &CacheEvent, first: &mut bool) -> Option<Bytes> {
         if !ev.obj.key.starts_with(&self.prefix) {
             return None;
         }
@@ -192,10 +192,17 @@ impl WatchTask {
             _ => return None,
         };
         match self.encoder.output {
-            Output::Json => match crate::custom::json_to_request_version(self.rt(), &ev.obj.json) {
-                Some(converted) => Some(line(kind.as_str(), &converted)),
-                None => Some(line(kind.as_str(), &ev.obj.json)),
-            },
+            // A custom object the CRD's webhook fails to convert is an ERROR event (the
+            // watch goes on, as upstream's watch of a custom resource does).
+            Output::Json => {
+                match crate::conversion::json_for_request(&self.state, self.rt(), &ev.obj.json)
+                    .await
+                {
+                    Ok(Some(converted)) => Some(line(kind.as_str(), &converted)),
+                    Ok(None) => Some(line(kind.as_str(), &ev.obj.json)),
+                    Err(e) => Some(line("ERROR", &serde_json::to_vec(&e.to_status()).ok()?)),
+                }
+            }
             Output::Table(version) => {
                 let obj = ev.obj.value();
                 let t = table::table(self.rt(), std::slice::from_ref(&obj), version, None, *first);
@@ -237,7 +244,7 @@ impl WatchTask {
         let mut last_rv: Revision = 0;
         for ev in &backlog {
             last_rv = last_rv.max(ev.rv);
-            if let Some(b) = self.encode(ev, &mut first)
+            if let Some(b) = self.encode(ev, &mut first).await
                 && tx.send(b).await.is_err()
             {
                 return;
@@ -263,7 +270,7 @@ impl WatchTask {
                             Ok(ev) => {
                                 if ev.rv < last_rv { continue; }
                                 last_rv = ev.rv;
-                                if let Some(b) = self.encode(&ev, &mut first)
+                                if let Some(b) = self.encode(&ev, &mut first).await
                                     && tx.send(b).await.is_err() { return; }
                             }
                             Err(broadcast::error::TryRecvError::Empty) => break,
@@ -280,7 +287,7 @@ impl WatchTask {
                     Ok(ev) => {
                         if ev.rv < last_rv { continue; }
                         last_rv = ev.rv;
-                        if let Some(b) = self.encode(&ev, &mut first)
+                        if let Some(b) = self.encode(&ev, &mut first).await
                             && tx.send(b).await.is_err() { return; }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => { self.expire(&tx).await; return; }
@@ -314,7 +321,7 @@ impl WatchTask {
                     Some(Ok(ev)) => {
                         last_rv = ev.revision;
                         let Some(cache_event) = store_event(self.rt(), ev) else { continue };
-                        if let Some(b) = self.encode(&cache_event, &mut first)
+                        if let Some(b) = self.encode(&cache_event, &mut first).await
                             && tx.send(b).await.is_err() { return; }
                     }
                     Some(Err(_)) | None => { self.expire(&tx).await; return; }

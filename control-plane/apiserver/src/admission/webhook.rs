@@ -531,8 +531,13 @@ fn tls_config(ca_bundle: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
     Ok(cfg)
 }
 
-/// POST the review and return the response body (HTTP/1.1 over TLS).
-async fn post(state: &State, cc: &reg::WebhookClientConfig, body: Bytes) -> Result<Bytes, Error> {
+/// POST a review to a webhook (admission or CRD conversion) and return the response body
+/// (HTTP/1.1 over TLS).
+pub(crate) async fn post(
+    state: &State,
+    cc: &reg::WebhookClientConfig,
+    body: Bytes,
+) -> Result<Bytes, Error> {
     let t = target(state, cc)?;
     let cfg = tls_config(cc.ca_bundle.as_ref().map(|b| b.0.as_slice()))?;
     let tcp = tokio::net::TcpStream::connect(&t.addr)

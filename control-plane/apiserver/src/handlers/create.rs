@@ -33,6 +33,13 @@ pub(super) async fn create_rendered(
 ) -> ApiResult<(Written, StatusCode, Vec<String>)> {
     let Input { query, headers, body } = input;
     let Target { rt, .. } = t;
+    if rt.custom.as_ref().is_some_and(|c| c.terminating) {
+        // Upstream's NewMethodNotSupported with its message replaced.
+        let mut e =
+            ApiError::method_not_allowed("create").with_details(rt.desc.group, rt.desc.plural, "");
+        e.message = "create not allowed while custom resource definition is terminating".into();
+        return Err(e);
+    }
     let mut warnings = Vec::new();
     let body_type = negotiate::body_type(headers)?;
     let obj = decode_for(rt, body_type, body, query.field_validation()?, &mut warnings)?;
@@ -163,7 +170,7 @@ pub(super) async fn create_object(
             }
             return Ok(Written::Object(candidate));
         }
-        crate::custom::to_storage_version(rt, &mut candidate);
+        crate::conversion::for_storage(&server.state, rt, &mut candidate).await?;
         let stored = encode(&candidate);
         let key = rt.key(ns, &name);
         let cache = server.cache.resource(rt);

@@ -48,16 +48,16 @@ pub async fn resource(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    // A deprecated custom resource version warns on every request, as upstream.
-    let deprecation = server
+    let served = server
         .registry
         .lookup(&info.group, &info.version, &info.resource)
-        .and_then(|rt| rt.custom.as_ref().and_then(|c| c.deprecation.clone()));
-    let answer = serve(server, info, query, headers, body).await;
-    match (answer, deprecation) {
+        .ok_or_else(ApiError::path_not_found)?;
+    let answer = serve(server, &served, info, query, headers, body).await;
+    // A deprecated custom resource version warns on every request, as upstream.
+    match (answer, served.custom.as_ref().and_then(|c| c.deprecation.as_ref())) {
         (Ok(resp), Some(warning)) => {
             let code = resp.status();
-            Ok(with_warnings(resp, code, &[warning]))
+            Ok(with_warnings(resp, code, std::slice::from_ref(warning)))
         }
         (answer, _) => answer,
     }
@@ -65,16 +65,12 @@ pub async fn resource(
 
 async fn serve(
     server: &Arc<ApiServer>,
+    rt: &crate::registry::ResourceType,
     info: RequestInfo,
     query: Query,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let served = server
-        .registry
-        .lookup(&info.group, &info.version, &info.resource)
-        .ok_or_else(ApiError::path_not_found)?;
-    let rt: &crate::registry::ResourceType = &served;
     if let Some(sub) = info.subresource.as_deref()
         && !rt.has_subresource(sub)
     {
@@ -100,7 +96,7 @@ async fn serve(
     match (info.verb, name, info.subresource.as_deref()) {
         (Verb::Get, Some(name), None | Some("status") | Some("approval")) => {
             let (mut obj, _) = get_object(t, name).await?;
-            crate::custom::to_request_version(rt, &mut obj);
+            crate::conversion::for_request(&server.state, rt, &mut obj).await?;
             Ok(render_object(rt, obj, output))
         }
         (Verb::Get, Some(name), Some("scale")) => {
@@ -114,7 +110,7 @@ async fn serve(
             let (created, code, warnings) =
                 create_rendered(t, Input { query: &query, headers: &headers, body: &body }, answer)
                     .await?;
-            Ok(with_warnings(created.respond(rt, output), code, &warnings))
+            Ok(with_warnings(created.respond(&server.state, rt, output).await?, code, &warnings))
         }
         (Verb::Create, Some(name), Some("binding")) => {
             let obj =
@@ -141,7 +137,7 @@ async fn serve(
                 answer,
             )
             .await?;
-            Ok(with_warnings(written.respond(rt, output), code, &warnings))
+            Ok(with_warnings(written.respond(&server.state, rt, output).await?, code, &warnings))
         }
         (Verb::Update | Verb::Patch, Some(name), Some("scale")) => {
             let obj =
@@ -159,7 +155,7 @@ async fn serve(
                 answer,
             )
             .await?;
-            Ok(with_warnings(written.respond(rt, output), code, &warnings))
+            Ok(with_warnings(written.respond(&server.state, rt, output).await?, code, &warnings))
         }
         (Verb::Delete, Some(name), None) => {
             let options = negotiate::decode_delete_options(&headers, &body)?;

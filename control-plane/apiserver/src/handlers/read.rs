@@ -175,6 +175,9 @@ pub(super) async fn list(t: Target<'_>, query: &Query, output: Output) -> ApiRes
             Ok(json_response(StatusCode::OK, &v))
         }
         Output::Json => {
+            // Custom objects not at the request's version are converted in one review.
+            let jsons: Vec<&[u8]> = items.iter().map(|o| &o.json[..]).collect();
+            let converted = crate::conversion::jsons_for_request(&server.state, rt, &jsons).await?;
             // Assemble the list from the cached bytes without re-encoding each item.
             let meta = list_meta(list_rv, next.as_deref(), remaining);
             let mut out =
@@ -186,14 +189,11 @@ pub(super) async fn list(t: Target<'_>, query: &Query, output: Output) -> ApiRes
             out.extend_from_slice(b"\",\"metadata\":");
             out.extend_from_slice(meta.to_string().as_bytes());
             out.extend_from_slice(b",\"items\":[");
-            for (i, o) in items.iter().enumerate() {
+            for (i, (o, converted)) in items.iter().zip(&converted).enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
-                match crate::custom::json_to_request_version(rt, &o.json) {
-                    Some(converted) => out.extend_from_slice(&converted),
-                    None => out.extend_from_slice(&o.json),
-                }
+                out.extend_from_slice(converted.as_deref().unwrap_or(&o.json));
             }
             out.extend_from_slice(b"]}");
             Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(out)))

@@ -131,7 +131,7 @@ pub(super) async fn guaranteed_write(
         };
         // The write works at the request's version (a custom resource's may not be the
         // storage version); it is stored at the storage version again.
-        crate::custom::to_request_version(rt, &mut current);
+        crate::conversion::for_request(&server.state, rt, &mut current).await?;
         let decided = async {
             if let Some(want) = &precondition
                 && want != &rev.to_string()
@@ -205,7 +205,7 @@ pub(super) async fn guaranteed_write(
                     set_resource_version(&mut obj, rev);
                     return unwritten(obj);
                 }
-                crate::custom::to_storage_version(rt, &mut obj);
+                crate::conversion::for_storage(&server.state, rt, &mut obj).await?;
                 let stored = encode(&obj);
                 let cache = server.cache.resource(rt);
                 cache.expect(rt, &key, &stored, &obj);

@@ -112,18 +112,26 @@ impl Written {
         }
     }
 
-    pub(super) fn respond(self, rt: &ResourceType, output: Output) -> Response {
-        match (self, output) {
+    /// The answer at the request's version (a custom object is stored at the storage
+    /// version).
+    pub(super) async fn respond(
+        self,
+        state: &crate::state::State,
+        rt: &ResourceType,
+        output: Output,
+    ) -> ApiResult<Response> {
+        Ok(match (self, output) {
             (Written::Json(json), Output::Json) => {
-                let json = crate::custom::json_to_request_version(rt, &json).unwrap_or(json);
+                let json =
+                    crate::conversion::json_for_request(state, rt, &json).await?.unwrap_or(json);
                 bytes_response(StatusCode::OK, "application/json", json)
             }
             (written, output) => {
                 let mut obj = written.object();
-                crate::custom::to_request_version(rt, &mut obj);
+                crate::conversion::for_request(state, rt, &mut obj).await?;
                 render_object(rt, obj, output)
             }
-        }
+        })
     }
 }
 

@@ -309,6 +309,34 @@ fn validate_conversion(conv: Option<&Value>, p: &Path, errs: &mut Vec<FieldError
     }
 }
 
+/// Upstream's `SetDefaults_CustomResourceDefinitionSpec` (v1): the singular name is the
+/// kind in lower case, the list kind `<Kind>List`, conversion `None`, and a conversion
+/// webhook's service port 443 (`SetDefaults_ServiceReference`).
+pub(crate) fn default_crd(obj: &mut serde_json::Map<String, Value>) {
+    use super::value::{default_ptr, ensure};
+    let Some(spec) = ensure(obj, "spec") else { return };
+    if let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) {
+        let kind = names.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+        let empty = |v: &Value| v.as_str().is_none_or(str::is_empty);
+        if !kind.is_empty() && names.get("singular").is_none_or(empty) {
+            names.insert("singular".into(), kind.to_lowercase().into());
+        }
+        if !kind.is_empty() && names.get("listKind").is_none_or(empty) {
+            names.insert("listKind".into(), format!("{kind}List").into());
+        }
+    }
+    let Some(conversion) = ensure(spec, "conversion") else { return };
+    default_ptr(conversion, "strategy", "None");
+    if let Some(service) = conversion
+        .get_mut("webhook")
+        .and_then(|w| w.get_mut("clientConfig"))
+        .and_then(|c| c.get_mut("service"))
+        .and_then(Value::as_object_mut)
+    {
+        default_ptr(service, "port", 443);
+    }
+}
+
 /// The finalizer a CRD is created with: its objects are deleted before it goes.
 pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
@@ -404,6 +432,23 @@ mod tests {
 
     fn fields(errs: &[FieldError]) -> Vec<String> {
         errs.iter().map(|e| format!("{}: {}", e.field, e.detail)).collect()
+    }
+
+    #[test]
+    fn spec_defaults_as_upstream() {
+        let mut c = crd();
+        c["spec"]["names"] = json!({"plural": "widgets", "kind": "Widget"});
+        default_crd(c.as_object_mut().unwrap());
+        assert_eq!(c["spec"]["names"]["singular"], "widget");
+        assert_eq!(c["spec"]["names"]["listKind"], "WidgetList");
+        assert_eq!(c["spec"]["conversion"], json!({"strategy": "None"}));
+        c["spec"]["conversion"] = json!({"strategy": "Webhook", "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": {"service": {"namespace": "ns", "name": "conv"}}}});
+        default_crd(c.as_object_mut().unwrap());
+        assert_eq!(c["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["port"], 443);
+        assert_eq!(c["spec"]["conversion"]["strategy"], "Webhook");
+        assert_eq!(fields(&validate_crd(&c, None)), Vec::<String>::new());
     }
 
     #[test]

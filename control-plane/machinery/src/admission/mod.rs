@@ -111,6 +111,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("discovery.k8s.io", "EndpointSlice") => other::default_endpoint_slice(o),
         ("rbac.authorization.k8s.io", _) => other::default_rbac(gvk.kind, o),
         ("scheduling.k8s.io", "PriorityClass") => other::default_priority_class(o),
+        (apiextensions::GROUP, "CustomResourceDefinition") => apiextensions::default_crd(o),
         _ => {}
     }
     Ok(())
