@@ -1,4 +1,5 @@
-//! Runs the Python `kubernetes` client suite (tests/python) with pytest from the venv that
+//! Runs the Python `kubernetes` client suite (tests/python: core, apps, watch, dynamic
+//! discovery, CRDs and custom objects) with pytest from the venv that
 //! `cargo xtask setup` creates, against a fresh skiff-server.
 
 use std::process::Command;
@@ -14,7 +15,8 @@ fn python_kubernetes_client() {
         "{} is missing: run `cargo xtask setup` (or `cargo xtask test`) to create the client venv",
         python.display()
     );
-    let server = TestServer::start();
+    // The controllers name and establish the CRD of test_crds.py.
+    let server = TestServer::start_with_controllers();
     let out = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(root.join("tests/python"))
@@ -27,5 +29,5 @@ fn python_kubernetes_client() {
         "pytest failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("4 passed"), "expected all four Python tests to run:\n{stdout}");
+    assert!(stdout.contains("5 passed"), "expected all five Python tests to run:\n{stdout}");
 }
