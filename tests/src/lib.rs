@@ -124,14 +124,29 @@ impl TestServer {
     }
 }
 
-impl Drop for TestServer {
-    fn drop(&mut self) {
+impl TestServer {
+    /// Stops the server and starts it again with `config` on the same data directory
+    /// (the serving certificate and the embedded store kept).
+    pub fn restart_with(mut self, config: ServerConfig) -> TestServer {
+        self.stop();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+        let data_dir = dir.path().to_path_buf();
+        TestServer::start_with(dir, ServerConfig { data_dir, ..config })
+    }
+
+    fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
