@@ -132,7 +132,7 @@ pub(super) async fn create_object(
                 None,
             ));
             if let Some(schema) = &info.structural {
-                errs.extend(admission::apiextensions::validate_custom(schema, &candidate));
+                errs.extend(admission::apiextensions::validate_custom(schema, &candidate, None));
             }
         }
         if let Some(managed) = managed {

@@ -367,7 +367,7 @@ pub(super) fn prepare_update(
         let mut errs =
             admission::apiextensions::validate_custom_meta(rt.desc.namespaced, &new, Some(old));
         if let Some(schema) = &info.structural {
-            errs.extend(admission::apiextensions::validate_custom(schema, &new));
+            errs.extend(admission::apiextensions::validate_custom(schema, &new, Some(old)));
         }
         errs
     } else {

@@ -364,9 +364,30 @@ pub fn decode_custom(schema: &crate::crd::Structural, obj: &mut Value) -> Vec<St
     pruned
 }
 
-/// The schema's validation of a custom resource (after the metadata checks).
-pub fn validate_custom(schema: &crate::crd::Structural, obj: &Value) -> Vec<FieldError> {
-    crate::crd::validate(schema, obj, &Path::root(""))
+/// The schema's validation of a custom resource (after the metadata checks), then its
+/// `x-kubernetes-validations` rules with `old` (the stored object, on update) for the
+/// transition rules. As upstream, the rules are not run when the schema found a value of
+/// the wrong type (they would see a value their schema does not describe): one error says
+/// so instead.
+pub fn validate_custom(
+    schema: &crate::crd::Structural,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
+    let mut errs = crate::crd::validate(schema, obj, &Path::root(""));
+    if !schema.rules.below && schema.rules.compiled.is_empty() {
+        return errs;
+    }
+    if errs.iter().any(|e| e.detail.contains(" must be of type ")) {
+        errs.push(FieldError::invalid(
+            &Path::root(""),
+            "null",
+            "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+        ));
+    } else {
+        crate::crd::validate_rules(schema, obj, old, &mut errs);
+    }
+    errs
 }
 
 /// The metadata rules of a custom resource (upstream validates custom objects' names as

@@ -3,8 +3,8 @@
 //! validator it uses): checking a CRD version's `openAPIV3Schema`
 //! ([`check_structural`]), and, on custom resources, pruning unknown fields ([`prune`]),
 //! defaulting ([`prune_non_nullable_nulls`], [`apply_defaults`]) and validation
-//! ([`validate`]). CEL (`x-kubernetes-validations`) is evaluated elsewhere; the rules are
-//! kept in the tree as written.
+//! ([`validate`]), and the CEL rules of `x-kubernetes-validations` (compiled once with the
+//! tree, evaluated by [`validate_rules`]).
 //!
 //! Pure functions over `serde_json::Value`s. The apiserver runs them on a custom resource
 //! in upstream's order: when decoding the request body [`prune`] (its paths are the
@@ -12,6 +12,10 @@
 //! [`prune_non_nullable_nulls`] and [`apply_defaults`]; after the ObjectMeta checks,
 //! [`validate`] with an empty root path. Reading from storage prunes and defaults again.
 
+mod cel;
+mod cel_lib;
+#[cfg(test)]
+mod cel_tests;
 mod formats;
 mod gofmt;
 mod pruning;
@@ -21,6 +25,7 @@ mod validation;
 #[cfg(test)]
 mod tests;
 
+pub use cel::{CompiledRule, Rules, validate_rules};
 pub use schema::{
     AdditionalProperties, ListType, MapType, Pattern, Structural, ValueValidation, apply_defaults,
     check_structural, prune, prune_non_nullable_nulls, validate,

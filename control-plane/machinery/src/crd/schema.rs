@@ -17,7 +17,7 @@ use std::fmt;
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use super::{formats, gofmt, pruning, validation};
+use super::{cel, formats, gofmt, pruning, validation};
 use crate::admission::{FieldError, Path, aggregate};
 
 pub use super::pruning::{apply_defaults, prune, prune_non_nullable_nulls};
@@ -67,8 +67,11 @@ pub struct Structural {
     pub x_list_map_keys: Vec<String>,
     /// `x-kubernetes-map-type` as written (`granular` or `atomic`).
     pub x_map_type: Option<String>,
-    /// `x-kubernetes-validations`, the raw rules (CEL is evaluated elsewhere).
+    /// `x-kubernetes-validations`, the raw rules.
     pub x_validations: Vec<Value>,
+    /// The rules compiled (once, when the schema is parsed with [`Structural::from_value`]),
+    /// and whether nodes below have rules.
+    pub rules: cel::Rules,
     /// The value validation keywords.
     pub validation: ValueValidation,
 }
@@ -302,6 +305,12 @@ fn analyze(raw: &Value, path: &Path) -> (Vec<FieldError>, Option<Structural>) {
         && let Some(msg) = unsupported
     {
         errs.push(FieldError::invalid(path, "", msg));
+    }
+    let mut s = s;
+    if errs.is_empty() {
+        // Upstream compiles the rules only where the schema is otherwise valid.
+        cel::compile_tree(&mut s);
+        errs.extend(cel::rule_errors(&s, path));
     }
     (errs, Some(s))
 }
@@ -552,6 +561,7 @@ pub(crate) fn parse(v: &Value) -> Structural {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default(),
+        rules: cel::Rules::default(),
         validation: ValueValidation {
             maximum: float("maximum"),
             exclusive_maximum: flag("exclusiveMaximum"),
