@@ -552,3 +552,117 @@ fn selectable_fields_spec_defaults_and_a_terminating_crd() {
         String::from_utf8_lossy(&out.stderr).contains("NotFound")
     });
 }
+
+const ROUTES: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: routes.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: routes, kind: Route}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              rules:
+                type: array
+                x-kubernetes-list-type: map
+                x-kubernetes-list-map-keys: [name]
+                items:
+                  type: object
+                  required: [name]
+                  properties:
+                    name: {type: string}
+                    weight: {type: integer}
+              tags:
+                type: array
+                x-kubernetes-list-type: set
+                items: {type: string}
+              hosts:
+                type: array
+                items: {type: string}
+              selector:
+                type: object
+                x-kubernetes-map-type: atomic
+                additionalProperties: {type: string}
+"#;
+
+fn route(spec: &str) -> String {
+    format!(
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {{name: r, namespace: default}}\nspec: {spec}\n"
+    )
+}
+
+/// Server-side apply merges a custom object by its CRD's schema: list-map items by key
+/// and sets by value are owned each by the manager that applied them, atomic lists and
+/// maps as a whole, and a change to another manager's field is a conflict.
+#[test]
+fn server_side_apply_merges_custom_objects_by_their_schema() {
+    let server = TestServer::start_with_controllers();
+    let k = server.kubectl(33);
+    k.ok_stdin(&["apply", "-f", "-"], Some(ROUTES));
+    k.ok(&["wait", "--for=condition=Established", "crd/routes.example.com", "--timeout=20s"]);
+    wait_for("routes in discovery", || {
+        k.ok(&["api-resources", "--api-group=example.com"]).contains("routes")
+    });
+    let apply = |manager: &str, spec: &str| {
+        k.run(
+            &["apply", "--server-side", "--field-manager", manager, "-f", "-"],
+            Some(&route(spec)),
+        )
+    };
+    let ok = |manager: &str, spec: &str| {
+        let out = apply(manager, spec);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    ok("a", "{rules: [{name: one, weight: 1}], tags: [t1], hosts: [h1], selector: {app: a}}");
+    ok("b", "{rules: [{name: two, weight: 2}], tags: [t2]}");
+    let r = json(&k, &["get", "route", "r", "-o", "json"]);
+    assert_eq!(
+        r["spec"]["rules"],
+        serde_json::json!([{"name": "one", "weight": 1}, {"name": "two", "weight": 2}]),
+        "list-map items merged by key: {r}"
+    );
+    assert_eq!(r["spec"]["tags"], serde_json::json!(["t1", "t2"]), "set items merged");
+    let r = json(&k, &["get", "route", "r", "-o", "json", "--show-managed-fields"]);
+    let managed = r["metadata"]["managedFields"].as_array().unwrap();
+    let b = managed.iter().find(|m| m["manager"] == "b").unwrap();
+    let fields = b["fieldsV1"].to_string();
+    assert!(
+        fields.contains(r#"k:{\"name\":\"two\"}"#) && fields.contains(r#"v:\"t2\""#),
+        "{fields}"
+    );
+    // Another manager's item: a conflict, unless forced.
+    let out = apply("b", "{rules: [{name: one, weight: 5}, {name: two, weight: 2}], tags: [t2]}");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("conflict") && err.contains(r#".spec.rules[name="one"].weight"#), "{err}");
+    // Dropping an item from one's own apply removes only that manager's item.
+    ok("b", "{tags: [t2]}");
+    let r = json(&k, &["get", "route", "r", "-o", "json"]);
+    assert_eq!(r["spec"]["rules"], serde_json::json!([{"name": "one", "weight": 1}]), "{r}");
+    // Atomic list and map: replaced whole by the manager who forces them.
+    let out = apply("b", "{tags: [t2], hosts: [h2]}");
+    assert!(!out.status.success(), "the atomic list belongs to a");
+    let out = k.run(
+        &["apply", "--server-side", "--force-conflicts", "--field-manager", "b", "-f", "-"],
+        Some(&route("{tags: [t2], hosts: [h2], selector: {tier: b}}")),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = json(&k, &["get", "route", "r", "-o", "json"]);
+    assert_eq!(r["spec"]["hosts"], serde_json::json!(["h2"]));
+    assert_eq!(
+        r["spec"]["selector"],
+        serde_json::json!({"tier": "b"}),
+        "atomic map replaced whole"
+    );
+}

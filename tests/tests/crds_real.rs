@@ -288,21 +288,20 @@ fn the_crds_of_public_projects_install_and_serve_their_objects() {
     let server = TestServer::start_with_controllers();
     let k = server.kubectl(33);
 
-    // Installing, as the projects document it: each directory server-side. One small CRD
-    // is applied client-side first, its last-applied annotation fitting; the server-side
-    // apply of its directory then takes it over from kubectl-client-side-apply. (That one
-    // has no minimum/maximum in its schema: skiff's typed round trip of a CRD writes them
-    // as floats, `0.0` for `0`, so taking over a CRD with bounds, such as servicemonitors,
-    // conflicts on .spec.versions where upstream sees the same value.)
+    // Installing, as the projects document it: each directory server-side. One CRD is
+    // applied client-side first, its last-applied annotation fitting; the server-side
+    // apply of its directory then takes it over from kubectl-client-side-apply. (Its
+    // schema has minimum/maximum bounds: a typed round trip writes them as floats, `0.0`
+    // for `0`, which managed fields compare by value, as upstream.)
     let projects = ["cert-manager", "gateway-api", "prometheus-operator"];
     let out = k.ok(&[
         "apply",
         "-f",
-        &fixture("prometheus-operator", "monitoring.coreos.com_prometheusrules.yaml"),
+        &fixture("prometheus-operator", "monitoring.coreos.com_servicemonitors.yaml"),
     ]);
     assert_eq!(
         out.trim(),
-        "customresourcedefinition.apiextensions.k8s.io/prometheusrules.monitoring.coreos.com created"
+        "customresourcedefinition.apiextensions.k8s.io/servicemonitors.monitoring.coreos.com created"
     );
     for project in ["cert-manager", "gateway-api"] {
         let out = k.ok(&["apply", "--server-side", "-f", fixtures(project).to_str().unwrap()]);
@@ -317,7 +316,7 @@ fn the_crds_of_public_projects_install_and_serve_their_objects() {
         &[
             "get",
             "crd",
-            "prometheusrules.monitoring.coreos.com",
+            "servicemonitors.monitoring.coreos.com",
             "-o",
             "json",
             "--show-managed-fields",

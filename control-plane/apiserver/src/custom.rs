@@ -34,6 +34,10 @@ pub struct CustomInfo {
     /// The same, parsed: what custom objects are pruned, defaulted and validated with
     /// (`None` when it does not parse, which the CRD's validation refuses).
     pub structural: Option<Arc<skiff_machinery::crd::Structural>>,
+    /// The same with `metadata` as ObjectMeta (a `$ref` into the built-in schemas) and
+    /// `apiVersion`/`kind` strings: the schema server-side apply, strategic merge and
+    /// managed fields walk (list and map types, list-map keys), as upstream builds it.
+    pub apply_schema: Option<Value>,
     /// Whether the schema has any `default` (objects read from storage are defaulted then,
     /// as upstream does, so a default added later shows on old objects).
     pub has_defaults: bool,
@@ -159,6 +163,26 @@ pub fn apply_read_defaults(rt: &ResourceType, obj: &mut Value) {
     }
 }
 
+/// A CRD version's schema as the managed-fields walk reads it: ObjectMeta for `metadata`,
+/// strings for `apiVersion` and `kind`.
+fn apply_schema(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Some(m) = s.as_object_mut() {
+        let props = m.entry("properties").or_insert_with(|| Value::Object(Default::default()));
+        if let Some(props) = props.as_object_mut() {
+            let meta = format!(
+                "{}io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+                skiff_machinery::schema::REF_PREFIX
+            );
+            props.insert("metadata".into(), serde_json::json!({"$ref": meta}));
+            for field in ["apiVersion", "kind"] {
+                props.insert(field.into(), serde_json::json!({"type": "string"}));
+            }
+        }
+    }
+    s
+}
+
 fn has_default(schema: &Value) -> bool {
     match schema {
         Value::Object(m) => m.contains_key("default") || m.values().any(has_default),
@@ -263,6 +287,7 @@ fn types_of(crd: &Value) -> Vec<ResourceType> {
                 columns: v["additionalPrinterColumns"].as_array().cloned().unwrap_or_default(),
                 schema: v.pointer("/schema/openAPIV3Schema").cloned(),
                 has_defaults: v.pointer("/schema/openAPIV3Schema").is_some_and(has_default),
+                apply_schema: v.pointer("/schema/openAPIV3Schema").map(apply_schema),
                 structural: v
                     .pointer("/schema/openAPIV3Schema")
                     .and_then(|s| skiff_machinery::crd::Structural::from_value(s).ok())

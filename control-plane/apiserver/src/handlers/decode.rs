@@ -234,9 +234,13 @@ pub(super) fn validate_fields(
 }
 
 /// The schema of a kind's objects (an empty schema for kinds without one).
-pub(super) fn kind_schema(rt: &ResourceType) -> schema::FieldSchema<'static> {
+pub(super) fn kind_schema(rt: &ResourceType) -> schema::FieldSchema<'_> {
     static EMPTY: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
     let schemas = schema::Schemas::builtin();
+    // A custom resource's: its CRD's schema, with ObjectMeta's for metadata.
+    if let Some(s) = rt.custom.as_ref().and_then(|c| c.apply_schema.as_ref()) {
+        return schemas.field(s);
+    }
     match schemas.for_kind(rt.group(), rt.desc.version, rt.kind()) {
         Some(root) => schemas.field(root),
         None => schemas.field(&EMPTY),

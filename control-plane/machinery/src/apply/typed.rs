@@ -356,8 +356,24 @@ fn diff_leaf(l: Option<&Value>, r: Option<&Value>, d: &mut Diff) {
     match (l, r) {
         (None, Some(_)) => d.added.member = true,
         (Some(_), None) => d.removed.member = true,
-        (Some(a), Some(b)) if a != b => d.modified.member = true,
+        (Some(a), Some(b)) if !same_value(a, b) => d.modified.member = true,
         _ => {}
+    }
+}
+
+/// Equal as values: numbers by value (`0` and `0.0` are the same number, as they are to
+/// upstream's comparison of the decoded values; a typed round trip writes a float field's
+/// `0` as `0.0`), anything else as JSON.
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x == y || x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_value(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, a)| y.get(k).is_some_and(|b| same_value(a, b)))
+        }
+        _ => a == b,
     }
 }
 
@@ -816,6 +832,15 @@ mod tests {
     use super::*;
     use crate::apply::test_schemas::{kind, schemas};
     use crate::schema::Schemas;
+
+    #[test]
+    fn numbers_compare_by_value_at_any_depth() {
+        assert!(same_value(&json!(0), &json!(0.0)));
+        assert!(same_value(&json!([{"min": 1, "s": "a"}]), &json!([{"min": 1.0, "s": "a"}])));
+        assert!(!same_value(&json!([{"min": 1}]), &json!([{"min": 1.5}])));
+        assert!(!same_value(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
+        assert!(!same_value(&json!("0"), &json!(0)));
+    }
 
     fn keyed_list_schemas() -> Schemas {
         let mut c = BTreeMap::new();
