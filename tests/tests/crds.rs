@@ -666,3 +666,71 @@ fn server_side_apply_merges_custom_objects_by_their_schema() {
         "atomic map replaced whole"
     );
 }
+
+const POLICIES: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: policies.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: policies, singular: policy, kind: Policy}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer}}}
+          status: {type: object, properties: {replicas: {type: integer}, selector: {type: string}}}
+"#;
+
+/// A HorizontalPodAutoscaler scales a custom resource through its scale subresource
+/// (the target's plural found by discovery, as upstream's REST mapper): below its
+/// minimum, the object is raised to it without metrics. Its plural is not the kind's
+/// lower case plus "s".
+#[test]
+fn an_hpa_scales_a_custom_resource() {
+    use skiff_control_plane::server::ServerConfig;
+    use skiff_controllers::ControllerConfig;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        controllers: Some(ControllerConfig {
+            hpa_sync_period: Duration::from_secs(1),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let server = TestServer::start_with(dir, config);
+    let k = server.kubectl(33);
+    k.ok_stdin(&["apply", "-f", "-"], Some(POLICIES));
+    k.ok(&["wait", "--for=condition=Established", "crd/policies.example.com", "--timeout=20s"]);
+    wait_for("policies in discovery", || {
+        k.ok(&["api-resources", "--api-group=example.com"]).contains("policies")
+    });
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Policy\nmetadata: {name: w1, namespace: default}\nspec: {replicas: 1}\n"),
+    );
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {name: w1, namespace: default}\nspec:\n  scaleTargetRef: {apiVersion: example.com/v1, kind: Policy, name: w1}\n  minReplicas: 3\n  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: cpu, target: {type: Utilization, averageUtilization: 50}}\n",
+        ),
+    );
+    wait_for("the HPA to scale the policy", || {
+        json(&k, &["get", "policy", "w1", "-o", "json"])["spec"]["replicas"] == 3
+    });
+    let scale = json(&k, &["get", "policy", "w1", "--subresource=scale", "-o", "json"]);
+    assert_eq!(scale["spec"]["replicas"], 3, "{scale}");
+    let events = k.ok(&["get", "events", "--field-selector", "involvedObject.name=w1"]);
+    assert!(events.contains("SuccessfulRescale") && events.contains("New size: 3"), "{events}");
+}

@@ -431,17 +431,30 @@ pub async fn run(ctx: Arc<Context>) {
     }
 }
 
-/// The target's resource (its plural) from the reference's kind.
-fn target_resource(api_version: &str, kind: &str) -> ApiResource {
+/// The target's resource (its plural) from the reference's kind: the built-in scalable
+/// kinds by name, any other kind (a custom resource with a scale subresource) through
+/// discovery of its group version, as upstream's REST mapper does.
+async fn target_resource(
+    client: &kube::Client,
+    api_version: &str,
+    kind: &str,
+) -> Result<ApiResource, String> {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let plural = match kind {
-        "Deployment" => "deployments".to_string(),
-        "ReplicaSet" => "replicasets".to_string(),
-        "StatefulSet" => "statefulsets".to_string(),
-        "ReplicationController" => "replicationcontrollers".to_string(),
-        other => format!("{}s", other.to_lowercase()),
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let builtin = match (group, kind) {
+        ("apps", "Deployment") => Some("deployments"),
+        ("apps", "ReplicaSet") => Some("replicasets"),
+        ("apps", "StatefulSet") => Some("statefulsets"),
+        ("", "ReplicationController") => Some("replicationcontrollers"),
+        _ => None,
     };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
+    if let Some(plural) = builtin {
+        return Ok(ApiResource::from_gvk_with_plural(&gvk, plural));
+    }
+    kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map(|(ar, _)| ar)
+        .map_err(|e| format!("no matches for kind \"{kind}\" in group \"{group}\": {e}"))
 }
 
 fn pod_metrics_resource() -> ApiResource {
@@ -665,9 +678,20 @@ async fn sync(
     let able =
         |ok: bool, (reason, message): (&str, &str)| condition("AbleToScale", ok, reason, message);
 
-    let ar = target_resource(target.api_version.as_deref().unwrap_or(""), &target.kind);
-    let targets: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
-    let scale = match targets.get_scale(&target.name).await {
+    let ar =
+        target_resource(&ctx.client, target.api_version.as_deref().unwrap_or(""), &target.kind)
+            .await;
+    let scaled = match ar {
+        Ok(ar) => {
+            let targets: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
+            match targets.get_scale(&target.name).await {
+                Ok(scale) => Ok((targets, scale)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let (targets, scale) = match scaled {
         Ok(s) => s,
         Err(e) => {
             let message =
