@@ -10,6 +10,7 @@ use std::time::Duration;
 use skiff_control_plane::server::{self, ServerConfig};
 
 pub mod lab;
+pub mod process;
 pub mod webhook;
 
 /// A skiff-server running on a background thread until dropped.

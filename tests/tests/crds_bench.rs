@@ -1,13 +1,13 @@
-//! `cargo xtask bench crds`: custom resources against built-ins in one run, on one
-//! in-process server (dev profile, as the end-to-end tests build it):
-//! - creates/s of a custom resource with a 100-field schema against creates/s of a
-//!   ConfigMap of the same size (target >= 0.5x);
+//! `cargo xtask bench crds`: custom resources against built-ins in one run, against
+//! skiff-server as its own process (target/debug/skiff-server, the dev profile the
+//! end-to-end tests build, with its controllers):
+//! - creates/s of a custom resource with a 100-field schema and CEL rules against
+//!   creates/s of a ConfigMap of the same size (target >= 0.5x);
 //! - CRD create to Established, to served in discovery and to listed in OpenAPI v3, with
 //!   50 CRDs installed (target p99 < 1 s);
-//! - the process's RSS growth with 50 large CRDs installed (target < 50 MB).
-//!
-//! The process holds the server and the load generator: RSS is the whole process's, read
-//! before and after the CRDs (the load generator allocates nothing meanwhile).
+//! - skiff-server's RSS growth with those 50 CRDs installed, and, on a second server, with
+//!   the real CRDs of tests/fixtures/crds (cert-manager, Gateway API, prometheus-operator)
+//!   installed and their OpenAPI served (target < 50 MB).
 
 use std::time::{Duration, Instant};
 
@@ -16,27 +16,27 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
-use skiff_tests::TestServer;
+use skiff_tests::process::{ServerProcess, start_server_with};
 
 const FIELDS: usize = 100;
 const CREATES: usize = 400;
 const CONCURRENCY: usize = 8;
 const CRDS: usize = 50;
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+async fn server() -> ServerProcess {
+    let bin = skiff_tests::workspace_root().join("target/debug/skiff-server");
+    assert!(bin.exists(), "{} is missing: cargo xtask bench crds builds it", bin.display());
+    start_server_with(&bin, &[]).await.expect("skiff-server")
+}
+
+/// The server's RSS once it has settled (freed memory handed back).
+async fn settled_rss_mb(server: &ServerProcess) -> f64 {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.rss_mb()
 }
 
 /// A CRD whose spec has `FIELDS` typed, bounded, patterned fields and a nested list of
-/// maps (a Gateway-style object).
+/// maps, with CEL rules on the list items and across fields (a Gateway-style object).
 fn crd(plural: &str, kind: &str) -> Value {
     let mut props = serde_json::Map::new();
     for i in 0..FIELDS {
@@ -51,7 +51,12 @@ fn crd(plural: &str, kind: &str) -> Value {
             _ => json!({"type": "array", "maxItems": 8, "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["name"],
                 "items": {"type": "object", "required": ["name"], "properties": {
-                    "name": {"type": "string"}, "port": {"type": "integer", "minimum": 1}}}}),
+                    "name": {"type": "string", "maxLength": 32}, "port": {"type": "integer", "minimum": 1}},
+                    "x-kubernetes-validations": [
+                        {"rule": "self.name != 'admin' || self.port < 1024", "message": "admin ports are privileged"}]},
+                "x-kubernetes-validations": [
+                    {"rule": "self.all(p, p.port <= 65535)"},
+                    {"rule": "self.map(p, p.name).size() == self.size()"}]}),
         };
         props.insert(format!("f{i}"), p);
     }
@@ -63,7 +68,9 @@ fn crd(plural: &str, kind: &str) -> Value {
             "versions": [{"name": "v1", "served": true, "storage": true,
                 "subresources": {"status": {}},
                 "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": props},
+                    "spec": {"type": "object", "properties": props, "x-kubernetes-validations": [
+                        {"rule": "self.f1 <= 65535 && self.f0.startsWith('value')", "messageExpression": "'f0 is ' + self.f0"},
+                        {"rule": "!has(self.f2) || self.f2 in ['a', 'b', 'c']"}]},
                     "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]},
     })
 }
@@ -101,12 +108,11 @@ fn p99(mut v: Vec<f64>) -> f64 {
 #[test]
 #[ignore = "a benchmark: cargo xtask bench crds"]
 fn bench_crds() {
-    let server = TestServer::start_with_controllers();
-    let kubeconfig = server.kubeconfig.clone();
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
-        let client = skiff_tests::client_from(&kubeconfig).await;
+        let server = server().await;
+        let client = skiff_tests::client_from(&server.kubeconfig).await;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let established = |name: String| {
             let crds = crds.clone();
@@ -175,7 +181,7 @@ fn bench_crds() {
         .await;
 
         // 2. and 3. Fifty CRDs: time to Established, to discovery, to OpenAPI; RSS.
-        let before = rss_kib();
+        let before = settled_rss_mb(&server).await;
         let (mut to_established, mut to_discovery, mut to_openapi) = (vec![], vec![], vec![]);
         for i in 0..CRDS {
             let plural = format!("things{i}");
@@ -214,17 +220,18 @@ fn bench_crds() {
             to_openapi.push(start.elapsed().as_secs_f64());
             if std::env::var_os("SKIFF_BENCH_TRACE").is_some() {
                 eprintln!(
-                    "crd {i}: established {:.3}s rss {} MB",
+                    "crd {i}: established {:.3}s rss {:.1} MB",
                     to_established[i],
-                    rss_kib() / 1024
+                    server.rss_mb()
                 );
             }
         }
-        let after = rss_kib();
-        let growth_mb = after.saturating_sub(before) as f64 / 1024.0;
+        let growth_mb = settled_rss_mb(&server).await - before;
+        drop(server);
+        let (real_crds, real_growth_mb, real_rest_mb) = real_crds_rss().await;
 
         println!(
-            "crds benchmark (dev profile, in-process server, {CONCURRENCY} concurrent clients)"
+            "crds benchmark (dev profile, skiff-server process, {CONCURRENCY} concurrent clients)"
         );
         println!("  object size {size} B, {FIELDS} schema fields, {CREATES} creates each");
         println!("  ConfigMap creates/s        {cm_rate:>10.1}");
@@ -234,15 +241,69 @@ fn bench_crds() {
         println!("    create -> Established    {:>10.3}", p99(to_established.clone()));
         println!("    create -> discovery      {:>10.3}", p99(to_discovery.clone()));
         println!("    create -> OpenAPI v3     {:>10.3}", p99(to_openapi.clone()));
-        println!("  RSS growth with {CRDS} CRDs   {growth_mb:>10.1} MB (target < 50)");
+        println!("  skiff-server RSS growth (target < 50 MB):");
+        println!("    with {CRDS} bench CRDs       {growth_mb:>10.1} MB");
+        println!("    with {real_crds} real CRDs        {real_growth_mb:>10.1} MB");
+        println!("    same, restarted with them  {real_rest_mb:>10.1} MB");
         let report = json!({
             "configmap_creates_per_s": cm_rate, "custom_creates_per_s": cr_rate,
             "ratio": cr_rate / cm_rate,
             "p99_established_s": p99(to_established), "p99_discovery_s": p99(to_discovery),
             "p99_openapi_s": p99(to_openapi), "rss_growth_mb": growth_mb,
+            "real_crds": real_crds, "real_crds_rss_growth_mb": real_growth_mb,
+            "real_crds_rss_at_rest_mb": real_rest_mb,
         });
         let dir = skiff_tests::workspace_root().join("target/bench");
         let _ = std::fs::create_dir_all(&dir);
         let _ = std::fs::write(dir.join("crds.json"), serde_json::to_vec_pretty(&report).unwrap());
     });
+}
+
+/// A fresh server's RSS growth with every CRD of tests/fixtures/crds applied (server-side,
+/// as the projects install them), Established, and their groups' OpenAPI v3 served; and
+/// the same server's growth over that first reading once restarted with them.
+async fn real_crds_rss() -> (usize, f64, f64) {
+    let server = server().await;
+    let client = skiff_tests::client_from(&server.kubeconfig).await;
+    let before = settled_rss_mb(&server).await;
+    let k = skiff_tests::Kubectl::new(33, &server.kubeconfig);
+    let fixtures = skiff_tests::workspace_root().join("tests/fixtures/crds");
+    let mut groups = std::collections::BTreeSet::new();
+    let mut count = 0;
+    for project in ["cert-manager", "gateway-api", "prometheus-operator"] {
+        let dir = fixtures.join(project);
+        tokio::task::block_in_place(|| {
+            k.ok(&["apply", "--server-side", "-f", dir.to_str().unwrap()]);
+        });
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for c in crds.list(&Default::default()).await.expect("CRDs").items {
+            groups.insert(c.spec.group.clone());
+        }
+    }
+    tokio::task::block_in_place(|| {
+        k.ok(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=120s"]);
+        count = k.ok(&["get", "crd", "-o", "name"]).lines().count();
+    });
+    let openapi = |client: kube::Client| {
+        let groups = groups.clone();
+        async move {
+            for group in &groups {
+                let req = http::Request::get(format!("/openapi/v3/apis/{group}/v1"))
+                    .body(Vec::new())
+                    .unwrap();
+                let _ = client.request_text(req).await;
+            }
+        }
+    };
+    openapi(client).await;
+    let installed = settled_rss_mb(&server).await - before;
+    // At rest: the same server restarted with the CRDs in its store (what they hold, without
+    // what installing them left in the allocator and the watch cache's history).
+    let bin = skiff_tests::workspace_root().join("target/debug/skiff-server");
+    let server = server.restart(&bin, &[]).await.expect("restart");
+    let client = skiff_tests::client_from(&server.kubeconfig).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert_eq!(crds.list(&Default::default()).await.expect("CRDs").items.len(), count);
+    openapi(client).await;
+    (count, installed, settled_rss_mb(&server).await - before)
 }

@@ -51,16 +51,25 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
         }
         // tests/tests/crds_bench.rs: custom resources against ConfigMaps, CRD readiness with
         // 50 CRDs, RSS growth.
-        "crds" => run(cargo().current_dir(root).args([
-            "test",
-            "-p",
-            "skiff-tests",
-            "--test",
-            "crds_bench",
-            "--",
-            "--ignored",
-            "--nocapture",
-        ])),
+        "crds" => {
+            run(cargo().current_dir(root).args([
+                "build",
+                "-p",
+                "skiff-control-plane",
+                "--bin",
+                "skiff-server",
+            ]))?;
+            run(cargo().current_dir(root).args([
+                "test",
+                "-p",
+                "skiff-tests",
+                "--test",
+                "crds_bench",
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]))
+        }
         // tests/tests/proxy_daemonset.rs bench_install: kubectl apply -k deploy/proxy to
         // every proxy Ready and programmed in a 3-node lab, and a rolling update under load.
         "install" => {

@@ -13,7 +13,6 @@
 //! skiff-server and skiff-agent in a one-node lab, at 10k pods and 100 Services).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,6 +24,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 use skiff_store::StoreExt;
+use skiff_tests::process::{ServerProcess, free_port, start_server, start_server_with, vm_rss_mb};
 
 #[path = "bench_controllers/mod.rs"]
 mod bench_controllers;
@@ -37,78 +37,6 @@ mod bench_scheduler;
 /// skiff-server), and the load generators leave the shared CPUs to the server.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-struct ServerProcess {
-    child: Child,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl ServerProcess {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn rss_mb(&self) -> f64 {
-        vm_rss_mb(self.child.id()).unwrap_or(0.0)
-    }
-}
-
-/// VmRSS of process `pid` in MB; `None` when it is gone.
-fn vm_rss_mb(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(16443)
-}
-
-async fn start_server(bin: &Path) -> Result<ServerProcess> {
-    start_server_with(bin, &[]).await
-}
-
-async fn start_server_with(bin: &Path, extra_args: &[&str]) -> Result<ServerProcess> {
-    let dir = tempfile::tempdir()?;
-    let port = free_port();
-    let child = Command::new(bin)
-        .args(extra_args)
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        // The apiserver alone: no in-process scheduler/controllers reacting to the pods.
-        .arg("--no-controllers")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let kubeconfig = dir.path().join("admin.kubeconfig");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !kubeconfig.exists() {
-        if Instant::now() > deadline {
-            bail!("skiff-server did not write its kubeconfig");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    Ok(ServerProcess { child, kubeconfig, _dir: dir })
-}
 
 async fn client(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
@@ -810,7 +738,8 @@ async fn get_latency_us(client: &Client, n: usize) -> Result<f64> {
 async fn auth_cost(server_bin: &Path) -> Result<Vec<(String, f64, &'static str, String)>> {
     let rbac_server = start_server(server_bin).await?;
     let allow_server =
-        start_server_with(server_bin, &["--authorization-mode", "AlwaysAllow"]).await?;
+        start_server_with(server_bin, &["--no-controllers", "--authorization-mode", "AlwaysAllow"])
+            .await?;
     let rbac = auth_fixture(&rbac_server).await?;
     let allow = auth_fixture(&allow_server).await?;
     let (mut best_rbac, mut best_allow) = (f64::MAX, f64::MAX);

@@ -96,7 +96,7 @@ async fn one_run(bin: &Path, pods: usize) -> Result<Run> {
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let kubeconfig = dir.path().join("admin.kubeconfig");
-    let server = ServerProcess { child, kubeconfig: kubeconfig.clone(), _dir: dir };
+    let server = ServerProcess { child, kubeconfig: kubeconfig.clone(), dir };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !kubeconfig.exists() {
         if Instant::now() > deadline {
