@@ -1,6 +1,6 @@
 //! `cargo xtask bench crds`: custom resources against built-ins in one run, against
-//! skiff-server as its own process (target/debug/skiff-server, the dev profile the
-//! end-to-end tests build, with its controllers):
+//! skiff-server as its own process (target/release/skiff-server, as the apiserver bench
+//! runs it, with its controllers):
 //! - creates/s of a custom resource with a 100-field schema and CEL rules against
 //!   creates/s of a ConfigMap of the same size (target >= 0.5x);
 //! - CRD create to Established, to served in discovery and to listed in OpenAPI v3, with
@@ -24,7 +24,7 @@ const CONCURRENCY: usize = 8;
 const CRDS: usize = 50;
 
 async fn server() -> ServerProcess {
-    let bin = skiff_tests::workspace_root().join("target/debug/skiff-server");
+    let bin = skiff_tests::workspace_root().join("target/release/skiff-server");
     assert!(bin.exists(), "{} is missing: cargo xtask bench crds builds it", bin.display());
     start_server_with(&bin, &[]).await.expect("skiff-server")
 }
@@ -230,9 +230,7 @@ fn bench_crds() {
         drop(server);
         let (real_crds, real_growth_mb, real_rest_mb) = real_crds_rss().await;
 
-        println!(
-            "crds benchmark (dev profile, skiff-server process, {CONCURRENCY} concurrent clients)"
-        );
+        println!("crds benchmark (release skiff-server process, {CONCURRENCY} concurrent clients)");
         println!("  object size {size} B, {FIELDS} schema fields, {CREATES} creates each");
         println!("  ConfigMap creates/s        {cm_rate:>10.1}");
         println!("  custom resource creates/s  {cr_rate:>10.1}");
@@ -299,7 +297,7 @@ async fn real_crds_rss() -> (usize, f64, f64) {
     let installed = settled_rss_mb(&server).await - before;
     // At rest: the same server restarted with the CRDs in its store (what they hold, without
     // what installing them left in the allocator and the watch cache's history).
-    let bin = skiff_tests::workspace_root().join("target/debug/skiff-server");
+    let bin = skiff_tests::workspace_root().join("target/release/skiff-server");
     let server = server.restart(&bin, &[]).await.expect("restart");
     let client = skiff_tests::client_from(&server.kubeconfig).await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

@@ -52,8 +52,11 @@ pub fn run_bench(root: &Path, name: &str) -> Result<()> {
         // tests/tests/crds_bench.rs: custom resources against ConfigMaps, CRD readiness with
         // 50 CRDs, RSS growth.
         "crds" => {
+            // The server as users run it (release, as the apiserver bench); the load
+            // generator in the test binary.
             run(cargo().current_dir(root).args([
                 "build",
+                "--release",
                 "-p",
                 "skiff-control-plane",
                 "--bin",
