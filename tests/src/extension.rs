@@ -67,14 +67,17 @@ impl Extension {
         for c in rustls::pki_types::CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
             roots.add(c.expect("client CA PEM")).expect("client CA");
         }
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .expect("client verifier");
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .expect("client verifier");
         let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .expect("cert");
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key");
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key");
         let cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("protocols")
@@ -99,9 +102,8 @@ impl Extension {
                         .and_then(|c| c.first())
                         .and_then(|der| common_name(der.as_ref()))
                         .unwrap_or_default();
-                    let service = hyper::service::service_fn(move |req| {
-                        handle(req, cn.clone(), log.clone())
-                    });
+                    let service =
+                        hyper::service::service_fn(move |req| handle(req, cn.clone(), log.clone()));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), service)
                         .await;
@@ -197,7 +199,8 @@ async fn handle(
         });
         let body = BodyExt::boxed(StreamBody::new(first.chain(rest)));
         let mut resp = hyper::Response::new(body);
-        resp.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
+        resp.headers_mut()
+            .insert("content-type", http::HeaderValue::from_static("application/json"));
         return Ok(resp);
     }
     if path == format!("{gv}/widgets") {

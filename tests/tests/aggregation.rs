@@ -31,7 +31,8 @@ fn row(k: &Kubectl, name: &str) -> Option<Vec<String>> {
     let out = k.run(&["get", "apiservices", name, "--no-headers"], None);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let line = text.lines().next()?;
-    let cols: Vec<String> = line.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect();
+    let cols: Vec<String> =
+        line.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect();
     Some(cols)
 }
 
@@ -50,7 +51,8 @@ fn local_apiservices_list_what_skiff_serves() {
     // The controllers finalize the CRD deleted below.
     let server = TestServer::start_with_controllers();
     let k = server.kubectl(33);
-    for name in ["v1.", "v1.apps", "v1.apiextensions.k8s.io", "v1.apiregistration.k8s.io", "v2.autoscaling"]
+    for name in
+        ["v1.", "v1.apps", "v1.apiextensions.k8s.io", "v1.apiregistration.k8s.io", "v2.autoscaling"]
     {
         let cols = wait_for(20, &format!("{name} Available"), || {
             row(&k, name).filter(|c| c.get(2).map(String::as_str) == Some("True"))
@@ -70,7 +72,10 @@ fn local_apiservices_list_what_skiff_serves() {
     assert_eq!(obj["spec"]["groupPriorityMinimum"], 17800);
     // kubectl 1.27 lists them too.
     let old = server.kubectl(27).ok(&["get", "apiservices"]);
-    assert!(old.lines().any(|l| l.starts_with("v1.apps ") && l.contains("Local") && l.contains("True")), "{old}");
+    assert!(
+        old.lines().any(|l| l.starts_with("v1.apps ") && l.contains("Local") && l.contains("True")),
+        "{old}"
+    );
 
     // A CRD's served versions get theirs, and lose them with the CRD.
     let crd = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -82,13 +87,15 @@ fn local_apiservices_list_what_skiff_serves() {
                 {"name": "v1beta1", "served": true, "storage": false, "schema": {"openAPIV3Schema": {"type": "object"}}}]}}"#;
     k.ok_stdin(&["apply", "-f", "-"], Some(crd));
     for name in ["v1.agg.example", "v1beta1.agg.example"] {
-        wait_for(20, &format!("{name}"), || {
-            row(&k, name).filter(|c| c[1] == "Local" && c[2] == "True")
-        });
+        wait_for(20, name, || row(&k, name).filter(|c| c[1] == "Local" && c[2] == "True"));
     }
     let crd_owned: Value =
-        serde_json::from_str(&k.ok(&["get", "apiservice", "v1.agg.example", "-o", "json"])).unwrap();
-    assert_eq!(crd_owned["metadata"]["labels"]["kube-aggregator.kubernetes.io/automanaged"], "true");
+        serde_json::from_str(&k.ok(&["get", "apiservice", "v1.agg.example", "-o", "json"]))
+            .unwrap();
+    assert_eq!(
+        crd_owned["metadata"]["labels"]["kube-aggregator.kubernetes.io/automanaged"],
+        "true"
+    );
     assert_eq!(crd_owned["spec"]["groupPriorityMinimum"], 1000);
     k.ok(&["delete", "crd", "gadgets.agg.example"]);
     wait_for(20, "the CRD's APIServices to go", || {
@@ -115,7 +122,12 @@ fn local_apiservices_list_what_skiff_serves() {
         "spec": {"group": "local.example", "version": "v1", "groupPriorityMinimum": 10, "versionPriority": 10,
             "caBundle": "YWJj"}});
     let err = k.fails_stdin(&["create", "-f", "-"], Some(&local_with_ca.to_string()));
-    assert!(err.contains("spec.caBundle: Invalid value: \"3 bytes\": local APIServices may not have a caBundle"), "{err}");
+    assert!(
+        err.contains(
+            "spec.caBundle: Invalid value: \"3 bytes\": local APIServices may not have a caBundle"
+        ),
+        "{err}"
+    );
 }
 
 fn extension_objects(ext: &Extension) -> String {
@@ -167,7 +179,15 @@ fn an_extension_apiserver_serves_its_group_through_skiff() {
     // What extension apiservers read to trust the front proxy.
     let cm: Value = wait_for(20, "extension-apiserver-authentication", || {
         let out = k.run(
-            &["get", "configmap", "-n", "kube-system", "extension-apiserver-authentication", "-o", "json"],
+            &[
+                "get",
+                "configmap",
+                "-n",
+                "kube-system",
+                "extension-apiserver-authentication",
+                "-o",
+                "json",
+            ],
             None,
         );
         serde_json::from_slice(&out.stdout).ok()
@@ -178,7 +198,8 @@ fn an_extension_apiserver_serves_its_group_through_skiff() {
     assert_eq!(data["requestheader-extra-headers-prefix"], "[\"X-Remote-Extra-\"]");
     assert_eq!(data["requestheader-allowed-names"], "[\"front-proxy-client\"]");
     assert_eq!(data["client-ca-file"].as_str(), Some(server.pki().ca_cert_pem.as_str()));
-    let requestheader_ca = data["requestheader-client-ca-file"].as_str().expect("the CA").to_string();
+    let requestheader_ca =
+        data["requestheader-client-ca-file"].as_str().expect("the CA").to_string();
     assert_ne!(requestheader_ca, server.pki().ca_cert_pem, "a CA of its own");
 
     // Endpoints refuse loopback addresses (as upstream's): the extension listens on one of
@@ -198,17 +219,29 @@ fn an_extension_apiserver_serves_its_group_through_skiff() {
     let group = groups["groups"].as_array().unwrap().iter().find(|g| g["name"] == GROUP);
     assert_eq!(group.expect("the group in /apis")["preferredVersion"]["version"], VERSION);
     let list: Value =
-        serde_json::from_str(&k.ok(&["get", "--raw", &format!("/apis/{GROUP}/{VERSION}")])).unwrap();
+        serde_json::from_str(&k.ok(&["get", "--raw", &format!("/apis/{GROUP}/{VERSION}")]))
+            .unwrap();
     assert_eq!(list["resources"][0]["name"], "widgets");
     let resources = wait_for(20, "widgets in api-resources", || {
         let out = k.ok(&["api-resources", "--api-group", GROUP]);
         out.contains("widgets").then_some(out)
     });
-    assert!(resources.lines().any(|l| l.starts_with("widgets") && l.contains("wdg") && l.contains(&format!("{GROUP}/{VERSION}"))), "{resources}");
+    assert!(
+        resources.lines().any(|l| l.starts_with("widgets")
+            && l.contains("wdg")
+            && l.contains(&format!("{GROUP}/{VERSION}"))),
+        "{resources}"
+    );
 
     // The extension's list, with the caller's identity as it arrived.
-    let got: Value = serde_json::from_str(&k.ok(&["get", &format!("widgets.{GROUP}"), "-o", "json"])).unwrap();
-    let names: Vec<&str> = got["items"].as_array().unwrap().iter().filter_map(|i| i["metadata"]["name"].as_str()).collect();
+    let got: Value =
+        serde_json::from_str(&k.ok(&["get", &format!("widgets.{GROUP}"), "-o", "json"])).unwrap();
+    let names: Vec<&str> = got["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
     assert_eq!(names, ["alpha", "caller"]);
     let caller = &got["items"][1]["spec"];
     assert_eq!(caller["user"], "kubernetes-admin");
@@ -285,12 +318,19 @@ fn an_extension_apiserver_serves_its_group_through_skiff() {
         available(&k, &name).filter(|c| c["status"] == "False")
     });
     assert_eq!(cond["reason"], "FailedDiscoveryCheck", "{cond}");
-    assert!(cond["message"].as_str().unwrap().starts_with("failing or missing response from https://"), "{cond}");
+    assert!(
+        cond["message"].as_str().unwrap().starts_with("failing or missing response from https://"),
+        "{cond}"
+    );
     // kubectl sees the group Stale in aggregated discovery and finds no such resource;
     // the request itself answers upstream's 503.
     k.fails(&["get", &format!("widgets.{GROUP}")]);
     let raw = k.fails(&["get", "--raw", &format!("/apis/{GROUP}/{VERSION}/widgets")]);
-    assert!(raw.contains("the server is currently unable to handle the request") || raw.contains("ServiceUnavailable"), "{raw}");
+    assert!(
+        raw.contains("the server is currently unable to handle the request")
+            || raw.contains("ServiceUnavailable"),
+        "{raw}"
+    );
 
     // Deleting the APIService takes the group out of discovery.
     k.ok(&["delete", "apiservice", &name]);

@@ -77,10 +77,8 @@ pub fn groups_root(state: &State, headers: &HeaderMap) -> Response {
 }
 
 pub fn group(state: &State, group: &str) -> ApiResult<Response> {
-    let found = groups(state)
-        .into_iter()
-        .find(|(g, _)| g == group)
-        .ok_or_else(ApiError::path_not_found)?;
+    let found =
+        groups(state).into_iter().find(|(g, _)| g == group).ok_or_else(ApiError::path_not_found)?;
     let mut body = group_json(&found.0, &found.1);
     body["kind"] = json!("APIGroup");
     body["apiVersion"] = json!("v1");
@@ -257,7 +255,9 @@ fn add_remote_groups(state: &State, items: &mut Vec<Value>) {
         let version = remote_version(&r.group, &r.version, &doc, r.available);
         let at = items.iter().position(|i| i["metadata"]["name"] == r.group.as_str());
         let at = at.unwrap_or_else(|| {
-            items.push(json!({"metadata": {"name": r.group, "creationTimestamp": null}, "versions": []}));
+            items.push(
+                json!({"metadata": {"name": r.group, "creationTimestamp": null}, "versions": []}),
+            );
             items.len() - 1
         });
         if let Some(vs) = items[at]["versions"].as_array_mut() {

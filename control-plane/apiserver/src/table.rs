@@ -428,7 +428,12 @@ fn columns(kind: &str) -> Vec<Col> {
         // Upstream's APIService printer: where it is served from, and whether it is.
         "APIService" => vec![
             NAME,
-            col("Service", "string", 0, "The reference to the service that hosts this API endpoint."),
+            col(
+                "Service",
+                "string",
+                0,
+                "The reference to the service that hosts this API endpoint.",
+            ),
             col("Available", "string", 0, "Whether this service is available."),
             AGE,
         ],

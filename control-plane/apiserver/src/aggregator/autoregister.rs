@@ -157,8 +157,11 @@ pub async fn run(server: Weak<ApiServer>) {
                 Err(e) => tracing::warn!(error = %e, "registering the local APIServices"),
             }
         }
-        let _ = tokio::time::timeout(if first { Duration::from_secs(1) } else { RESYNC }, wake.notified())
-            .await;
+        let _ = tokio::time::timeout(
+            if first { Duration::from_secs(1) } else { RESYNC },
+            wake.notified(),
+        )
+        .await;
     }
 }
 

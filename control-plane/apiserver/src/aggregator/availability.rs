@@ -149,11 +149,8 @@ async fn write(
     verdict: &Verdict,
 ) -> Result<(), kube::Error> {
     let status = if verdict.available { "True" } else { "False" };
-    let conditions: Vec<Value> = obj
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let conditions: Vec<Value> =
+        obj.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
     let current = conditions.iter().find(|c| c["type"] == "Available");
     if let Some(c) = current
         && c["status"] == status

@@ -83,7 +83,10 @@ async fn follow_api_services(state: Arc<State>) {
 }
 
 /// A [`tokio::sync::Notify`] woken whenever an object of one of `resources` changes.
-pub(crate) fn on_changes(state: &Arc<State>, resources: &[(&'static str, &'static str)]) -> Arc<tokio::sync::Notify> {
+pub(crate) fn on_changes(
+    state: &Arc<State>,
+    resources: &[(&'static str, &'static str)],
+) -> Arc<tokio::sync::Notify> {
     let notify = Arc::new(tokio::sync::Notify::new());
     for &(group, plural) in resources {
         let Some(rt) = state.registry.find(group, "v1", plural) else { continue };
@@ -151,10 +154,13 @@ async fn publish_authentication(server: Weak<ApiServer>) {
                 "metadata": {"name": name, "namespace": ns}, "data": data});
             match current {
                 None => {
-                    let cm: ConfigMap = serde_json::from_value(wanted).map_err(kube::Error::SerdeError)?;
+                    let cm: ConfigMap =
+                        serde_json::from_value(wanted).map_err(kube::Error::SerdeError)?;
                     api.create(&Default::default(), &cm).await?;
                 }
-                Some(cm) if serde_json::to_value(&cm.data).ok() != Some(Value::Object(data.clone())) => {
+                Some(cm)
+                    if serde_json::to_value(&cm.data).ok() != Some(Value::Object(data.clone())) =>
+                {
                     let patch = json!({"data": data});
                     api.patch(name, &Default::default(), &kube::api::Patch::Merge(patch)).await?;
                 }

@@ -133,7 +133,8 @@ where
 {
     let addr = resolve::endpoint(state, &remote.service).map_err(Error::Resolve)?;
     let dns = format!("{}.{}.svc", remote.service.name, remote.service.namespace);
-    let server_name = ServerName::try_from(dns.clone()).map_err(|_| Error::ServerName(dns.clone()))?;
+    let server_name =
+        ServerName::try_from(dns.clone()).map_err(|_| Error::ServerName(dns.clone()))?;
     let cfg = tls_config(state.config.front_proxy.as_ref(), remote)?;
     let connect = async {
         let tcp = tokio::net::TcpStream::connect(addr)
@@ -164,7 +165,10 @@ where
 }
 
 /// The TLS client towards one extension: its CA (or none), the front proxy's certificate.
-fn tls_config(front_proxy: Option<&FrontProxy>, remote: &Remote) -> Result<rustls::ClientConfig, Error> {
+fn tls_config(
+    front_proxy: Option<&FrontProxy>,
+    remote: &Remote,
+) -> Result<rustls::ClientConfig, Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -243,7 +247,22 @@ fn escape_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for b in key.bytes() {
         let token = b.is_ascii_alphanumeric()
-            || matches!(b, b'!' | b'#' | b'$' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~');
+            || matches!(
+                b,
+                b'!' | b'#'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
         if token {
             out.push(b.to_ascii_lowercase() as char);
         } else {
@@ -302,12 +321,14 @@ mod tests {
             name: "jane".into(),
             uid: String::new(),
             groups: vec!["dev".into(), "system:authenticated".into()],
-            extra: BTreeMap::from([("example.org/Scopes Key".into(), vec!["a".into(), "b".into()])]),
+            extra: BTreeMap::from([(
+                "example.org/Scopes Key".into(),
+                vec!["a".into(), "b".into()],
+            )]),
         };
         let out = forwarded_headers(&incoming, &user);
-        let all = |n: &str| -> Vec<&str> {
-            out.get_all(n).iter().map(|v| v.to_str().unwrap()).collect()
-        };
+        let all =
+            |n: &str| -> Vec<&str> { out.get_all(n).iter().map(|v| v.to_str().unwrap()).collect() };
         assert_eq!(all("x-remote-user"), ["jane"]);
         assert_eq!(all("x-remote-group"), ["dev", "system:authenticated"]);
         assert_eq!(all("x-remote-extra-example.org%2Fscopes%20key"), ["a", "b"]);

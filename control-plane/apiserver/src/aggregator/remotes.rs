@@ -38,11 +38,14 @@ impl Remote {
     pub fn of(obj: &Value) -> Option<Remote> {
         let spec = obj.get("spec")?;
         let service = spec.get("service").filter(|s| s.is_object())?;
-        let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        let s =
+            |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let ca_bundle = spec
             .get("caBundle")
             .and_then(Value::as_str)
-            .and_then(|b| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b).ok())
+            .and_then(|b| {
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b).ok()
+            })
             .unwrap_or_default();
         let available = obj
             .pointer("/status/conditions")

@@ -51,21 +51,20 @@ pub fn endpoint(state: &State, service: &ServiceRef) -> Result<SocketAddr, Unres
         ),
     };
     let slices = slices_of(state, service);
-    let found = if slices.is_empty() {
-        let endpoints =
-            get(state, "", "endpoints", &service.namespace, &service.name).ok_or_else(|| {
-                Unresolved {
+    let found =
+        if slices.is_empty() {
+            let endpoints = get(state, "", "endpoints", &service.namespace, &service.name)
+                .ok_or_else(|| Unresolved {
                     reason: "EndpointsNotFound",
                     message: format!(
                         "cannot find endpoints for service/{} in {:?}",
                         service.name, service.namespace
                     ),
-                }
-            })?;
-        from_endpoints(&endpoints, port_name)
-    } else {
-        slices.iter().find_map(|s| from_slice(s, port_name))
-    };
+                })?;
+            from_endpoints(&endpoints, port_name)
+        } else {
+            slices.iter().find_map(|s| from_slice(s, port_name))
+        };
     found.ok_or_else(missing)
 }
 
@@ -140,7 +139,8 @@ mod tests {
                           {"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]});
         assert_eq!(from_slice(&slice, "https"), Some("127.0.0.1:8443".parse().unwrap()));
         assert_eq!(from_slice(&slice, "other"), None);
-        let endpoints = json!({"subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": 4443}]}]});
+        let endpoints =
+            json!({"subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": 4443}]}]});
         assert_eq!(from_endpoints(&endpoints, ""), Some("127.0.0.1:4443".parse().unwrap()));
         assert_eq!(from_endpoints(&json!({"subsets": []}), ""), None);
     }

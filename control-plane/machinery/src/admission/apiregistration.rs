@@ -19,10 +19,8 @@ const GVK: Gvk<'static> = Gvk::new(GROUP, "v1", "APIService");
 
 /// `SetDefaults_ServiceReference`: a service reference without a port means 443.
 pub fn default_api_service(o: &mut Obj) {
-    if let Some(service) = o
-        .get_mut("spec")
-        .and_then(|s| s.get_mut("service"))
-        .and_then(Value::as_object_mut)
+    if let Some(service) =
+        o.get_mut("spec").and_then(|s| s.get_mut("service")).and_then(Value::as_object_mut)
     {
         default_ptr(service, "port", 443);
     }
@@ -53,8 +51,7 @@ fn validate_spec(svc: &APIService) -> ErrorList {
     let version = spec.version.as_deref().unwrap_or_default();
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let required = format!("{version}.{group}");
-    if !name.is_empty() && names::is_valid_path_segment_name(name).is_empty() && name != required
-    {
+    if !name.is_empty() && names::is_valid_path_segment_name(name).is_empty() && name != required {
         errs.push(FieldError::invalid(
             &Path::root("metadata").child("name"),
             name,
@@ -221,7 +218,9 @@ mod tests {
         );
         assert_eq!(
             messages(&legacy),
-            ["spec.group: Required value: only v1 may have an empty group and it better be legacy kube"]
+            [
+                "spec.group: Required value: only v1 may have an empty group and it better be legacy kube"
+            ]
         );
     }
 

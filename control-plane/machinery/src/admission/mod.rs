@@ -327,7 +327,9 @@ pub fn validate(
             }
             errs
         }
-        (apiregistration::GROUP, "APIService", _) => apiregistration::validate(subresource, new, old),
+        (apiregistration::GROUP, "APIService", _) => {
+            apiregistration::validate(subresource, new, old)
+        }
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         ("networking.k8s.io", "Ingress", _) => networking::validate_ingress(subresource, new, old),
         ("networking.k8s.io", "IngressClass", _) => networking::validate_ingress_class(new, old),
