@@ -247,6 +247,11 @@ pub async fn start(config: ServerConfig) -> Result<Running, Error> {
     api_config.auth = auth_config(&config, &pki)?;
     api_config.kubelet_client =
         Some(apiserver::kubelet::KubeletClient::new(pki.kubelet_client_config()?));
+    api_config.front_proxy = Some(apiserver::config::FrontProxy {
+        ca_cert_pem: pki.front_proxy_ca_cert_pem.clone(),
+        client_cert_pem: pki.front_proxy_client_cert_pem.clone(),
+        client_key_pem: pki.front_proxy_client_key_pem.clone(),
+    });
     let store = open_store(&config).await?;
     let api = ApiServer::start(store, api_config).await?;
     api.spawn_compactor(config.api.compaction_interval);

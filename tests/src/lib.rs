@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use skiff_control_plane::server::{self, ServerConfig};
 
+pub mod extension;
 pub mod lab;
 pub mod process;
 pub mod webhook;

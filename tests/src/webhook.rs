@@ -94,6 +94,11 @@ async fn handle(
 
 /// A CA, and a serving certificate and key for 127.0.0.1 signed by it (PEM).
 pub fn certs() -> (String, String, String) {
+    certs_for(&[])
+}
+
+/// [`certs`] with DNS names besides 127.0.0.1 in the serving certificate.
+pub fn certs_for(dns_names: &[&str]) -> (String, String, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -104,6 +109,10 @@ pub fn certs() -> (String, String, String) {
     let key = KeyPair::generate().expect("serving key");
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
     params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    for name in dns_names {
+        let name = (*name).to_string().try_into().expect("a DNS name");
+        params.subject_alt_names.push(SanType::DnsName(name));
+    }
     let cert = params.signed_by(&key, &issuer).expect("serving cert");
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }

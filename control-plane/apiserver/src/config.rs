@@ -39,6 +39,31 @@ pub struct ApiConfig {
     pub audit: audit::AuditConfig,
     /// Authentication and authorization (off by default in the library; skiff-server on).
     pub auth: AuthConfig,
+    /// The identity requests proxied to extension apiservers carry (upstream's
+    /// `--requestheader-client-ca-file` and `--proxy-client-cert-file`); without it they
+    /// are proxied without a client certificate, which extension apiservers refuse.
+    pub front_proxy: Option<FrontProxy>,
+    /// How often every APIService's availability is checked besides on changes (upstream's
+    /// availability controller: 30 s; a little faster, so that a dead extension apiserver
+    /// leaves aggregated discovery sooner).
+    pub apiservice_check_interval: Duration,
+}
+
+/// The front proxy's CA and client certificate (PEM), from the cluster PKI.
+#[derive(Clone)]
+pub struct FrontProxy {
+    /// The request-header CA: published in `kube-system/extension-apiserver-authentication`
+    /// as `requestheader-client-ca-file`, for extension apiservers to trust.
+    pub ca_cert_pem: String,
+    /// The client certificate (CN `front-proxy-client`) and its key.
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+impl std::fmt::Debug for FrontProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontProxy").finish_non_exhaustive()
+    }
 }
 
 impl Default for ApiConfig {
@@ -55,6 +80,8 @@ impl Default for ApiConfig {
             metric_resolution: Duration::from_secs(15),
             audit: audit::AuditConfig::default(),
             auth: AuthConfig::default(),
+            front_proxy: None,
+            apiservice_check_interval: Duration::from_secs(10),
         }
     }
 }

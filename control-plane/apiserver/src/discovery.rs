@@ -1,5 +1,12 @@
 //! Discovery: legacy (`/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>`) and aggregated
 //! (`apidiscovery.k8s.io` v2 and v2beta1, chosen by the Accept header).
+//!
+//! The group/versions of APIServices proxied to extension apiservers are merged in (in
+//! their priority order, after the ones served here, and in place of a local one of the
+//! same group/version): `/apis` lists every one of them, available or not, as upstream
+//! does; aggregated discovery lists their resources from the document each extension last
+//! answered its availability check with (`Stale` while it is unavailable). Their
+//! `/apis/<g>/<v>` is the extension's own answer, proxied (the crate root routes it).
 
 use axum::response::Response;
 use bytes::Bytes;
@@ -62,7 +69,7 @@ pub fn groups_root(state: &State, headers: &HeaderMap) -> Response {
         return aggregated_response(v, discovery_list(state, v, false));
     }
     let groups: Vec<Value> =
-        groups(state).into_iter().map(|(g, versions)| group_json(g, &versions)).collect();
+        groups(state).into_iter().map(|(g, versions)| group_json(&g, &versions)).collect();
     json_response(
         StatusCode::OK,
         &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
@@ -70,11 +77,9 @@ pub fn groups_root(state: &State, headers: &HeaderMap) -> Response {
 }
 
 pub fn group(state: &State, group: &str) -> ApiResult<Response> {
-    let found = groups(state)
-        .into_iter()
-        .find(|(g, _)| *g == group)
-        .ok_or_else(ApiError::path_not_found)?;
-    let mut body = group_json(found.0, &found.1);
+    let found =
+        groups(state).into_iter().find(|(g, _)| g == group).ok_or_else(ApiError::path_not_found)?;
+    let mut body = group_json(&found.0, &found.1);
     body["kind"] = json!("APIGroup");
     body["apiVersion"] = json!("v1");
     Ok(json_response(StatusCode::OK, &body))
@@ -91,21 +96,28 @@ fn group_versions(descs: &[ResourceDesc]) -> Vec<(&'static str, &'static str)> {
     out
 }
 
-fn groups(state: &State) -> Vec<(&'static str, Vec<&'static str>)> {
-    let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+fn groups(state: &State) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    let mut add = |g: &str, v: &str| match out.iter_mut().find(|(og, _)| og == g) {
+        Some((_, vs)) => {
+            if !vs.iter().any(|ov| ov == v) {
+                vs.push(v.to_string())
+            }
+        }
+        None => out.push((g.to_string(), vec![v.to_string()])),
+    };
     for (g, v) in group_versions(&state.registry.served_descs()) {
-        if g.is_empty() {
-            continue;
+        if !g.is_empty() && state.remotes.find(g, v).is_none() {
+            add(g, v);
         }
-        match out.iter_mut().find(|(og, _)| *og == g) {
-            Some((_, vs)) => vs.push(v),
-            None => out.push((g, vec![v])),
-        }
+    }
+    for r in state.remotes.all().iter().filter(|r| !r.group.is_empty()) {
+        add(&r.group, &r.version);
     }
     out
 }
 
-fn group_json(group: &str, versions: &[&str]) -> Value {
+fn group_json(group: &str, versions: &[String]) -> Value {
     let vs: Vec<Value> = versions
         .iter()
         .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
@@ -171,15 +183,16 @@ fn discovery_list(state: &State, version: &str, legacy: bool) -> Value {
     let mut group_names: Vec<&'static str> = Vec::new();
     let all = state.registry.served_descs();
     let gvs = group_versions(&all);
-    for &(g, _) in &gvs {
-        if g.is_empty() == legacy && !group_names.contains(&g) {
+    for &(g, v) in &gvs {
+        if g.is_empty() == legacy && !group_names.contains(&g) && state.remotes.find(g, v).is_none()
+        {
             group_names.push(g);
         }
     }
     for g in group_names {
         let mut versions = Vec::new();
         for &(gg, v) in &gvs {
-            if gg != g {
+            if gg != g || state.remotes.find(g, v).is_some() {
                 continue;
             }
             let resources: Vec<Value> = all
@@ -223,12 +236,76 @@ fn discovery_list(state: &State, version: &str, legacy: bool) -> Value {
             json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions}),
         );
     }
+    if !legacy {
+        add_remote_groups(state, &mut items);
+    }
     json!({
         "kind": "APIGroupDiscoveryList",
         "apiVersion": format!("apidiscovery.k8s.io/{version}"),
         "metadata": {},
         "items": items,
     })
+}
+
+/// The proxied group/versions whose extension answered a discovery check, each in its
+/// group's item (a new one after the local groups, or a built-in group's).
+fn add_remote_groups(state: &State, items: &mut Vec<Value>) {
+    for r in state.remotes.all().iter().filter(|r| !r.group.is_empty()) {
+        let Some(doc) = state.remotes.discovery(&r.name) else { continue };
+        let version = remote_version(&r.group, &r.version, &doc, r.available);
+        let at = items.iter().position(|i| i["metadata"]["name"] == r.group.as_str());
+        let at = at.unwrap_or_else(|| {
+            items.push(
+                json!({"metadata": {"name": r.group, "creationTimestamp": null}, "versions": []}),
+            );
+            items.len() - 1
+        });
+        if let Some(vs) = items[at]["versions"].as_array_mut() {
+            vs.push(version);
+        }
+    }
+}
+
+/// An extension's `APIResourceList` as an aggregated discovery version: its resources
+/// with their subresources (`widgets/status`) folded in, as upstream converts the
+/// discovery of extensions that serve only the legacy format.
+fn remote_version(group: &str, version: &str, doc: &Value, fresh: bool) -> Value {
+    let listed = doc["resources"].as_array().cloned().unwrap_or_default();
+    let mut resources: Vec<Value> = Vec::new();
+    for r in listed.iter().filter(|r| !r["name"].as_str().unwrap_or_default().contains('/')) {
+        let kind = |r: &Value| {
+            json!({
+                "group": r["group"].as_str().unwrap_or(group),
+                "version": r["version"].as_str().unwrap_or(version),
+                "kind": r["kind"],
+            })
+        };
+        let mut out = json!({
+            "resource": r["name"],
+            "responseKind": kind(r),
+            "scope": if r["namespaced"] == true { "Namespaced" } else { "Cluster" },
+            "singularResource": r["singularName"],
+            "verbs": r["verbs"],
+        });
+        for key in ["shortNames", "categories"] {
+            if r[key].as_array().is_some_and(|a| !a.is_empty()) {
+                out[key] = r[key].clone();
+            }
+        }
+        let prefix = format!("{}/", r["name"].as_str().unwrap_or_default());
+        let subs: Vec<Value> = listed
+            .iter()
+            .filter_map(|s| {
+                let sub = s["name"].as_str()?.strip_prefix(&prefix)?;
+                Some(json!({"subresource": sub, "responseKind": kind(s), "verbs": s["verbs"]}))
+            })
+            .collect();
+        if !subs.is_empty() {
+            out["subresources"] = Value::Array(subs);
+        }
+        resources.push(out);
+    }
+    json!({"version": version, "resources": resources, "freshness": if fresh { "Current" } else { "Stale" }})
 }
 
 #[allow(dead_code)]

@@ -7,6 +7,7 @@
 //! API (in one process, over [`ApiServer::client`]).
 
 pub mod admission;
+pub mod aggregator;
 pub mod alloc;
 pub mod audit;
 pub mod authn;
@@ -107,6 +108,7 @@ impl ApiServer {
                 alloc,
                 config,
                 components: Arc::default(),
+                remotes: Default::default(),
             }),
             openapi,
             openapi_custom: Default::default(),
@@ -121,6 +123,7 @@ impl ApiServer {
         tokio::spawn(custom::follow_crds(server.state.clone()));
         server.bootstrap().await?;
         server.ensure_policy().await?;
+        aggregator::spawn(&server);
         Ok(server)
     }
 
@@ -350,6 +353,11 @@ async fn route(server: &Arc<ApiServer>, req: Request) -> Result<Response, ApiErr
     }
     if let Some(gv) = path.strip_prefix("/openapi/v3/") {
         return openapi_v3_group_version(server, gv, &query).await;
+    }
+    // Everything under `/apis/<group>/<version>` of a proxied APIService, its discovery
+    // document included, is the extension apiserver's to answer.
+    if let Some(remote) = server.remotes.for_path(path) {
+        return aggregator::proxy::serve(server, &remote, parts, body).await;
     }
     let watch_param = query.flag("watch");
     match request::parse(&parts.method, path, watch_param)? {

@@ -1,6 +1,8 @@
 //! The cluster's PKI: a CA, the apiserver's serving certificate, the admin client
-//! certificate and the apiserver's client certificate towards the agents (logs, exec), generated on first start under the data dir and reused afterwards, plus the
-//! admin kubeconfig that kubectl uses as is.
+//! certificate and the apiserver's client certificate towards the agents (logs, exec), the
+//! front proxy's own CA and client certificate (the identity requests proxied to extension
+//! apiservers arrive with), generated on first start under the data dir and reused
+//! afterwards, plus the admin kubeconfig that kubectl uses as is.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -55,7 +57,19 @@ pub struct Pki {
     /// ServiceAccount token signing key (PKCS#8 EC P-256) and its public key (SPKI).
     pub sa_key_pem: String,
     pub sa_pub_pem: String,
+    /// The request-header CA (upstream's front-proxy-ca, `--requestheader-client-ca-file`):
+    /// apart from the cluster CA, so that no ordinary client certificate can pass as the
+    /// front proxy.
+    pub front_proxy_ca_cert_pem: String,
+    /// The aggregator's client certificate towards extension apiservers (CN
+    /// [`FRONT_PROXY_CLIENT_CN`], `--proxy-client-cert-file`), signed by that CA.
+    pub front_proxy_client_cert_pem: String,
+    pub front_proxy_client_key_pem: String,
 }
+
+/// The common name of the front proxy's client certificate, which extension apiservers
+/// accept as `requestheader-allowed-names` (kubeadm's `front-proxy-client`).
+pub const FRONT_PROXY_CLIENT_CN: &str = "front-proxy-client";
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_path_buf(), source }
@@ -128,7 +142,34 @@ impl Pki {
                 (key.serialize_pem(), key.public_key_pem())
             }
         };
+        let (front_proxy_ca_cert_pem, front_proxy_ca_key_pem) =
+            match (read("front-proxy-ca.crt"), read("front-proxy-ca.key")) {
+                (Some(c), Some(k)) => (c, k),
+                _ => {
+                    let (c, k) = ca_cert("front-proxy-ca")?;
+                    write_private(&dir.join("front-proxy-ca.key"), &k)?;
+                    write(&dir.join("front-proxy-ca.crt"), &c)?;
+                    (c, k)
+                }
+            };
+        let (front_proxy_client_cert_pem, front_proxy_client_key_pem) =
+            match (read("front-proxy-client.crt"), read("front-proxy-client.key")) {
+                (Some(c), Some(k)) => (c, k),
+                _ => {
+                    let key = KeyPair::from_pem(&front_proxy_ca_key_pem)
+                        .map_err(gen_err("loading the front proxy CA key"))?;
+                    let issuer = Issuer::from_ca_cert_pem(&front_proxy_ca_cert_pem, key)
+                        .map_err(gen_err("loading the front proxy CA"))?;
+                    let (c, k) = client_cert(&issuer, FRONT_PROXY_CLIENT_CN, &[])?;
+                    write_private(&dir.join("front-proxy-client.key"), &k)?;
+                    write(&dir.join("front-proxy-client.crt"), &c)?;
+                    (c, k)
+                }
+            };
         Ok(Pki {
+            front_proxy_ca_cert_pem,
+            front_proxy_client_cert_pem,
+            front_proxy_client_key_pem,
             dir,
             sa_key_pem,
             sa_pub_pem,
@@ -338,7 +379,7 @@ fn serving_cert(
 
 /// Accepts any serving certificate (signatures of the handshake are still checked).
 #[derive(Debug)]
-struct UnverifiedServer(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct UnverifiedServer(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for UnverifiedServer {
     fn verify_server_cert(
@@ -383,6 +424,22 @@ impl rustls::client::danger::ServerCertVerifier for UnverifiedServer {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// A self-signed CA certificate and its key (PEM).
+fn ca_cert(common_name: &str) -> Result<(String, String)> {
+    let key = KeyPair::generate().map_err(gen_err("a CA key"))?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("a CA"))?;
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let cert = params.self_signed(&key).map_err(gen_err("a CA"))?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn client_cert(

@@ -691,6 +691,27 @@ pub fn builtin() -> Vec<ResourceType> {
             has_status: true,
             custom: None,
         },
+        // Cluster-scoped, with /status (the availability controller's); `spec.service`
+        // set means the group/version is proxied to that Service (`aggregator`).
+        ResourceType {
+            desc: desc(
+                "apiregistration.k8s.io",
+                "v1",
+                "APIService",
+                "apiservices",
+                "apiservice",
+                false,
+            )
+            .with_categories(&["api-extensions"])
+            .with_subresources(&[STATUS]),
+            normalize: normalize::<
+                k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+            >(),
+            fields: &[],
+            tracks_generation: false,
+            has_status: true,
+            custom: None,
+        },
         ResourceType {
             desc: desc("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true),
             normalize: normalize::<rbac::v1::Role>(),

@@ -22,4 +22,6 @@ pub struct State {
     /// The supervised components running beside the apiserver (controllers, scheduler):
     /// their failures show in /healthz, /readyz and /metrics.
     pub components: Arc<ComponentHealth>,
+    /// The APIServices proxied to extension apiservers, for routing and discovery.
+    pub remotes: crate::aggregator::remotes::Remotes,
 }

@@ -425,6 +425,18 @@ fn columns(kind: &str) -> Vec<Col> {
             col("RequestedDuration", "string", 0, "The lifetime the request asked for."),
             col("Condition", "string", 0, "Approved, Denied or Pending, and Failed or Issued."),
         ],
+        // Upstream's APIService printer: where it is served from, and whether it is.
+        "APIService" => vec![
+            NAME,
+            col(
+                "Service",
+                "string",
+                0,
+                "The reference to the service that hosts this API endpoint.",
+            ),
+            col("Available", "string", 0, "Whether this service is available."),
+            AGE,
+        ],
         "PriorityClass" => vec![
             NAME,
             col(
@@ -1497,6 +1509,27 @@ fn cells(kind: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
                 json!(duration),
                 json!(condition),
             ]
+        }
+        "APIService" => {
+            let service = match o.at(&["spec", "service"]).filter(|s| s.is_object()) {
+                Some(s) => format!(
+                    "{}/{}",
+                    s["namespace"].as_str().unwrap_or_default(),
+                    s["name"].as_str().unwrap_or_default()
+                ),
+                None => "Local".to_string(),
+            };
+            let available = arr(o, &["status", "conditions"])
+                .iter()
+                .find(|c| c["type"] == "Available")
+                .map_or_else(
+                    || "Unknown".to_string(),
+                    |c| match c["status"].as_str().unwrap_or("Unknown") {
+                        "True" => "True".to_string(),
+                        status => format!("{status} ({})", c["reason"].as_str().unwrap_or("")),
+                    },
+                );
+            vec![json!(name), json!(service), json!(available), json!(age)]
         }
         "PriorityClass" => vec![
             json!(name),

@@ -68,6 +68,7 @@ pub(crate) fn kind_info(gvk: Gvk) -> Option<KindInfo> {
         ("coordination.k8s.io", "Lease") => k(true, Subdomain, false, false),
         ("certificates.k8s.io", "CertificateSigningRequest") => k(false, PathSegment, true, false),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => k(false, Subdomain, true, true),
+        ("apiregistration.k8s.io", "APIService") => k(false, PathSegment, true, false),
         ("rbac.authorization.k8s.io", "Role" | "RoleBinding") => k(true, PathSegment, false, false),
         ("rbac.authorization.k8s.io", "ClusterRole" | "ClusterRoleBinding") => {
             k(false, PathSegment, false, false)

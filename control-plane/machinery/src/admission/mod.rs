@@ -25,6 +25,7 @@
 //! Kinds not listed in `kind_info` pass through untouched and valid.
 
 pub mod apiextensions;
+pub mod apiregistration;
 mod apps;
 pub mod autoscaling;
 mod batch;
@@ -112,6 +113,7 @@ pub fn default_object(gvk: Gvk, obj: &mut Value) -> Result<()> {
         ("rbac.authorization.k8s.io", _) => other::default_rbac(gvk.kind, o),
         ("scheduling.k8s.io", "PriorityClass") => other::default_priority_class(o),
         (apiextensions::GROUP, "CustomResourceDefinition") => apiextensions::default_crd(o),
+        (apiregistration::GROUP, "APIService") => apiregistration::default_api_service(o),
         _ => {}
     }
     Ok(())
@@ -324,6 +326,9 @@ pub fn validate(
                 errs.splice(0..0, kind::validate_meta(gvk, &n.metadata, o.as_ref().map(|o| &o.metadata)));
             }
             errs
+        }
+        (apiregistration::GROUP, "APIService", _) => {
+            apiregistration::validate(subresource, new, old)
         }
         ("policy", "PodDisruptionBudget", _) => policy::validate_pdb(subresource, new, old),
         ("networking.k8s.io", "Ingress", _) => networking::validate_ingress(subresource, new, old),

@@ -108,6 +108,7 @@ pub(super) fn build() -> BTreeMap<String, Value> {
         kind::<admissionregistration::v1::MutatingWebhookConfiguration>(g, true),
         kind::<admissionregistration::v1::ValidatingWebhookConfiguration>(g, true),
         kind::<scheduling::v1::PriorityClass>(g, true),
+        kind::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>(g, true),
     ];
     g.subschema_for::<meta::Status>();
     g.subschema_for::<meta::DeleteOptions>();
