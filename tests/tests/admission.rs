@@ -189,7 +189,11 @@ fn audit_log_records_requests_as_json_lines() {
     }
     let create = events
         .iter()
-        .find(|e| e["verb"] == "create" && e["objectRef"]["resource"] == "configmaps")
+        .find(|e| {
+            e["verb"] == "create"
+                && e["objectRef"]["resource"] == "configmaps"
+                && e["objectRef"]["namespace"] == "default"
+        })
         .expect("the create is logged");
     assert_eq!(create["stage"], "ResponseComplete");
     assert_eq!(

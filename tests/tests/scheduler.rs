@@ -179,6 +179,15 @@ async fn replicas_spread_over_nodes_and_get_scheduled_events() {
     for n in ["n1", "n2", "n3"] {
         node(&rig.client, n, "4", json!({})).await;
     }
+    // The scheduler has seen every node once a pod that fits only the last one is bound
+    // (its node informer may still be catching up on a loaded machine).
+    let probe = json!({"metadata": {"labels": {"app": "probe"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "n3"}}});
+    pod(&rig.client, "probe", "1m", probe).await;
+    assert_eq!(bound(&rig.client, "probe").await, "n3");
+    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
+    let now = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    pods.delete("probe", &now).await.expect("delete probe");
     for i in 0..3 {
         pod(&rig.client, &format!("web-{i}"), "100m", owned_by_rs()).await;
     }
