@@ -47,6 +47,17 @@ impl TestServer {
     }
 
     pub fn start_with(dir: tempfile::TempDir, config: ServerConfig) -> TestServer {
+        match Self::try_start(dir, config) {
+            Ok(server) => server,
+            Err((_, e)) => panic!("skiff-server failed to start: {e}"),
+        }
+    }
+
+    /// [`TestServer::start_with`], the directory handed back with the error.
+    fn try_start(
+        dir: tempfile::TempDir,
+        config: ServerConfig,
+    ) -> Result<TestServer, (tempfile::TempDir, String)> {
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -68,11 +79,18 @@ impl TestServer {
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         });
-        let (addr, kubeconfig) = ready_rx
+        let ready = ready_rx
             .recv_timeout(Duration::from_secs(30))
-            .expect("skiff-server did not start within 30 s")
-            .unwrap_or_else(|e| panic!("skiff-server failed to start: {e}"));
-        TestServer { addr, kubeconfig, dir, stop: Some(stop_tx), thread: Some(thread) }
+            .expect("skiff-server did not start within 30 s");
+        match ready {
+            Ok((addr, kubeconfig)) => {
+                Ok(TestServer { addr, kubeconfig, dir, stop: Some(stop_tx), thread: Some(thread) })
+            }
+            Err(e) => {
+                let _ = thread.join();
+                Err((dir, e))
+            }
+        }
     }
 
     pub fn kubectl(&self, minor: u32) -> Kubectl {
@@ -131,9 +149,24 @@ impl TestServer {
     /// (the serving certificate and the embedded store kept).
     pub fn restart_with(mut self, config: ServerConfig) -> TestServer {
         self.stop();
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
-        let data_dir = dir.path().to_path_buf();
-        TestServer::start_with(dir, ServerConfig { data_dir, ..config })
+        let mut dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+        let config = ServerConfig { data_dir: dir.path().to_path_buf(), ..config };
+        // The stopped server's embedded store closes when the last of its blocking tasks
+        // ends, which a loaded machine may leave running past the runtime's shutdown.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match TestServer::try_start(dir, config.clone()) {
+                Ok(server) => return server,
+                Err((d, e))
+                    if e.contains("DatabaseAlreadyOpen")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    dir = d;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err((_, e)) => panic!("skiff-server failed to restart: {e}"),
+            }
+        }
     }
 
     fn stop(&mut self) {

@@ -168,6 +168,19 @@ async fn events_for(client: &Client, name: &str, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Returns once the scheduler has seen the nodes created up to `last` (its node informer
+/// may still be catching up on a loaded machine): a pod that fits only `last` is bound,
+/// then deleted at once.
+async fn seen_through(client: &Client, last: &str) {
+    let probe = json!({"metadata": {"labels": {"app": "probe"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": last}}});
+    pod(client, "probe", "1m", probe).await;
+    assert_eq!(bound(client, "probe").await, last);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let now = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    pods.delete("probe", &now).await.expect("delete probe");
+}
+
 fn owned_by_rs() -> Value {
     json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
         "uid": "6d1f8f8e-0000-4000-8000-000000000001", "controller": true}]}})
@@ -179,15 +192,7 @@ async fn replicas_spread_over_nodes_and_get_scheduled_events() {
     for n in ["n1", "n2", "n3"] {
         node(&rig.client, n, "4", json!({})).await;
     }
-    // The scheduler has seen every node once a pod that fits only the last one is bound
-    // (its node informer may still be catching up on a loaded machine).
-    let probe = json!({"metadata": {"labels": {"app": "probe"}},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": "n3"}}});
-    pod(&rig.client, "probe", "1m", probe).await;
-    assert_eq!(bound(&rig.client, "probe").await, "n3");
-    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
-    let now = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-    pods.delete("probe", &now).await.expect("delete probe");
+    seen_through(&rig.client, "n3").await;
     for i in 0..3 {
         pod(&rig.client, &format!("web-{i}"), "100m", owned_by_rs()).await;
     }
@@ -227,6 +232,7 @@ async fn insufficient_resources_then_a_node_is_added() {
     for n in ["n1", "n2", "n3"] {
         node(&rig.client, n, "1", json!({})).await;
     }
+    seen_through(&rig.client, "n3").await;
     pod(&rig.client, "big", "2", json!({})).await;
     unschedulable_as(&rig.client, "big", Some("0/3 nodes are available: 3 Insufficient cpu."))
         .await;
