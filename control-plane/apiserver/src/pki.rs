@@ -79,6 +79,24 @@ fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
     move |source| Error::Generate { what, source }
 }
 
+/// The certificate (or public key) and private key stored as `cert` and `key` in `dir`,
+/// or, when either is missing, a new pair from `make`, written there (the key private).
+fn kept_pair(
+    dir: &Path,
+    cert: &str,
+    key: &str,
+    make: impl FnOnce() -> Result<(String, String)>,
+) -> Result<(String, String)> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    if let (Some(c), Some(k)) = (read(cert), read(key)) {
+        return Ok((c, k));
+    }
+    let (c, k) = make()?;
+    write_private(&dir.join(key), &k)?;
+    write(&dir.join(cert), &c)?;
+    Ok((c, k))
+}
+
 impl Pki {
     /// Load the PKI from `data_dir/pki`, creating what is missing. `hosts` are extra names
     /// and addresses for the serving certificate (the listen address, the node's IPs,
@@ -88,84 +106,52 @@ impl Pki {
         let dir = data_dir.join("pki");
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-        let (ca_cert_pem, ca_key_pem) = match (read("ca.crt"), read("ca.key")) {
-            (Some(c), Some(k)) => (c, k),
-            _ => {
-                let key = KeyPair::generate().map_err(gen_err("the CA key"))?;
-                let mut params =
-                    CertificateParams::new(Vec::<String>::new()).map_err(gen_err("the CA"))?;
-                params.distinguished_name.push(DnType::CommonName, "skiff-ca");
-                params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-                params.key_usages = vec![
-                    KeyUsagePurpose::KeyCertSign,
-                    KeyUsagePurpose::CrlSign,
-                    KeyUsagePurpose::DigitalSignature,
-                ];
-                params.not_after = rcgen::date_time_ymd(2036, 1, 1);
-                let cert = params.self_signed(&key).map_err(gen_err("the CA"))?;
-                write_private(&dir.join("ca.key"), &key.serialize_pem())?;
-                write(&dir.join("ca.crt"), &cert.pem())?;
-                (cert.pem(), key.serialize_pem())
-            }
-        };
+        let (ca_cert_pem, ca_key_pem) = kept_pair(&dir, "ca.crt", "ca.key", || {
+            let key = KeyPair::generate().map_err(gen_err("the CA key"))?;
+            let mut params =
+                CertificateParams::new(Vec::<String>::new()).map_err(gen_err("the CA"))?;
+            params.distinguished_name.push(DnType::CommonName, "skiff-ca");
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+            let cert = params.self_signed(&key).map_err(gen_err("the CA"))?;
+            Ok((cert.pem(), key.serialize_pem()))
+        })?;
         let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(gen_err("loading the CA key"))?;
         let issuer =
             Issuer::from_ca_cert_pem(&ca_cert_pem, ca_key).map_err(gen_err("loading the CA"))?;
 
         let (server_cert_pem, server_key_pem) =
             serving_cert(&dir, &issuer, read("apiserver.crt"), read("apiserver.key"), hosts)?;
-        let (admin_cert_pem, admin_key_pem) = match (read("admin.crt"), read("admin.key")) {
-            (Some(c), Some(k)) => (c, k),
-            _ => {
-                let (c, k) = client_cert(&issuer, "kubernetes-admin", &["system:masters"])?;
-                write_private(&dir.join("admin.key"), &k)?;
-                write(&dir.join("admin.crt"), &c)?;
-                (c, k)
-            }
-        };
-        let (kubelet_client_cert_pem, kubelet_client_key_pem) =
-            match (read("apiserver-kubelet-client.crt"), read("apiserver-kubelet-client.key")) {
-                (Some(c), Some(k)) => (c, k),
-                _ => {
-                    let (c, k) = client_cert(&issuer, KUBELET_CLIENT_CN, &["system:masters"])?;
-                    write_private(&dir.join("apiserver-kubelet-client.key"), &k)?;
-                    write(&dir.join("apiserver-kubelet-client.crt"), &c)?;
-                    (c, k)
-                }
-            };
-        let (sa_key_pem, sa_pub_pem) = match (read("sa.key"), read("sa.pub")) {
-            (Some(k), Some(p)) => (k, p),
-            _ => {
-                let key = KeyPair::generate().map_err(gen_err("the service account key"))?;
-                write_private(&dir.join("sa.key"), &key.serialize_pem())?;
-                write(&dir.join("sa.pub"), &key.public_key_pem())?;
-                (key.serialize_pem(), key.public_key_pem())
-            }
-        };
+        let (admin_cert_pem, admin_key_pem) = kept_pair(&dir, "admin.crt", "admin.key", || {
+            client_cert(&issuer, "kubernetes-admin", &["system:masters"])
+        })?;
+        let (kubelet_client_cert_pem, kubelet_client_key_pem) = kept_pair(
+            &dir,
+            "apiserver-kubelet-client.crt",
+            "apiserver-kubelet-client.key",
+            || client_cert(&issuer, KUBELET_CLIENT_CN, &["system:masters"]),
+        )?;
+        let (sa_pub_pem, sa_key_pem) = kept_pair(&dir, "sa.pub", "sa.key", || {
+            let key = KeyPair::generate().map_err(gen_err("the service account key"))?;
+            Ok((key.public_key_pem(), key.serialize_pem()))
+        })?;
         let (front_proxy_ca_cert_pem, front_proxy_ca_key_pem) =
-            match (read("front-proxy-ca.crt"), read("front-proxy-ca.key")) {
-                (Some(c), Some(k)) => (c, k),
-                _ => {
-                    let (c, k) = ca_cert("front-proxy-ca")?;
-                    write_private(&dir.join("front-proxy-ca.key"), &k)?;
-                    write(&dir.join("front-proxy-ca.crt"), &c)?;
-                    (c, k)
-                }
-            };
+            kept_pair(&dir, "front-proxy-ca.crt", "front-proxy-ca.key", || {
+                ca_cert("front-proxy-ca")
+            })?;
         let (front_proxy_client_cert_pem, front_proxy_client_key_pem) =
-            match (read("front-proxy-client.crt"), read("front-proxy-client.key")) {
-                (Some(c), Some(k)) => (c, k),
-                _ => {
-                    let key = KeyPair::from_pem(&front_proxy_ca_key_pem)
-                        .map_err(gen_err("loading the front proxy CA key"))?;
-                    let issuer = Issuer::from_ca_cert_pem(&front_proxy_ca_cert_pem, key)
-                        .map_err(gen_err("loading the front proxy CA"))?;
-                    let (c, k) = client_cert(&issuer, FRONT_PROXY_CLIENT_CN, &[])?;
-                    write_private(&dir.join("front-proxy-client.key"), &k)?;
-                    write(&dir.join("front-proxy-client.crt"), &c)?;
-                    (c, k)
-                }
-            };
+            kept_pair(&dir, "front-proxy-client.crt", "front-proxy-client.key", || {
+                let key = KeyPair::from_pem(&front_proxy_ca_key_pem)
+                    .map_err(gen_err("loading the front proxy CA key"))?;
+                let issuer = Issuer::from_ca_cert_pem(&front_proxy_ca_cert_pem, key)
+                    .map_err(gen_err("loading the front proxy CA"))?;
+                client_cert(&issuer, FRONT_PROXY_CLIENT_CN, &[])
+            })?;
         Ok(Pki {
             front_proxy_ca_cert_pem,
             front_proxy_client_cert_pem,
