@@ -179,6 +179,15 @@ impl TestServer {
     }
 }
 
+/// Polls `f` until it is true, failing with `what` after `timeout` (every 100 ms).
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.stop();

@@ -3,7 +3,7 @@
 //! every verb like a built-in one, bad CRDs refused with their causes, names in conflict
 //! not accepted, and deleting the CRD deleting its objects first.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use skiff_tests::{Kubectl, TestServer};
@@ -66,20 +66,12 @@ fn json(k: &Kubectl, args: &[&str]) -> Value {
     serde_json::from_str(&k.ok(args)).unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    skiff_tests::wait_until(what, Duration::from_secs(20), f);
 }
 
-fn wait_for_long(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+fn wait_for_long(what: &str, f: impl FnMut() -> bool) {
+    skiff_tests::wait_until(what, Duration::from_secs(60), f);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! request with upstream's 500.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use skiff_tests::TestServer;
@@ -97,12 +97,8 @@ spec:
     )
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    skiff_tests::wait_until(what, Duration::from_secs(20), f);
 }
 
 #[test]

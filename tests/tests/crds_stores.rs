@@ -3,7 +3,7 @@
 //! CRD), and on etcd a second server sharing the cluster serves them and watches the
 //! first one's writes through its own watch cache.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use skiff_control_plane::server::{ServerConfig, StoreConfig};
@@ -41,12 +41,8 @@ fn note(name: &str, text: &str) -> String {
     )
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    skiff_tests::wait_until(what, Duration::from_secs(30), f);
 }
 
 fn served(k: &Kubectl) -> bool {
